@@ -1,0 +1,100 @@
+"""The one error tree of histoserve.
+
+::
+
+    HistoserveError
+    ├── InvalidInput (ValueError)        client input is wrong: 400 / INVALID_ARGUMENT
+    ├── Unavailable                       try again later:       503 / UNAVAILABLE
+    │   ├── ForwardError (RuntimeError)   the batch's forward failed
+    │   │   └── DeviceLost                ...and the device is unusable (liveness fails)
+    │   ├── Overloaded                    queue full (carries retry_after_s)
+    │   └── ModelNotReady                 not loaded, unhealthy or draining
+    └── StartupError                      fail-fast at start-up: exit non-zero, one line
+        ├── SpecError                     a spec is malformed or unknown
+        ├── CheckpointError               missing, ambiguous, corrupt or tampered package
+        ├── IncompatiblePackage           built for another device, ISA or GPU
+        └── SpecMismatch                  spec and package disagree (dims, inputs)
+
+Errors carry no HTTP status: :mod:`predictor.server.edge` maps them to HTTP
+and gRPC in one table. Third-party errors are wrapped with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+
+class HistoserveError(Exception):
+    """Root of every error histoserve raises on purpose."""
+
+
+class InvalidInput(HistoserveError, ValueError):
+    """Client input that cannot be served; affects only its own request.
+
+    The message names the input, the tile index (when there is one) and the
+    reason, e.g. ``input 'tiles' tile 3: not a decodable image``.
+    """
+
+    def __init__(self, reason: str, *, input_name: str | None = None, tile: int | None = None):
+        self.reason = reason
+        self.input_name = input_name
+        self.tile = tile
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = []
+        if self.input_name is not None:
+            where.append(f"input '{self.input_name}'")
+        if self.tile is not None:
+            where.append(f"tile {self.tile}")
+        return f"{' '.join(where)}: {self.reason}" if where else self.reason
+
+    def at(self, *, input_name: str | None = None, tile: int | None = None) -> InvalidInput:
+        """A copy located at an input/tile, keeping any location already set."""
+        return InvalidInput(
+            self.reason,
+            input_name=self.input_name if self.input_name is not None else input_name,
+            tile=self.tile if self.tile is not None else tile,
+        )
+
+
+class Unavailable(HistoserveError):
+    """The server cannot serve this request now; the client may retry."""
+
+
+class ForwardError(Unavailable, RuntimeError):
+    """The forward pass of the batch this request was in failed."""
+
+
+class DeviceLost(ForwardError):
+    """A sticky device error: the device is unusable until the process restarts."""
+
+
+class Overloaded(Unavailable):
+    """The queue is full; retry after ``retry_after_s`` seconds."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0):
+        self.retry_after_s = retry_after_s
+        super().__init__(message)
+
+
+class ModelNotReady(Unavailable):
+    """The model is not loaded, unhealthy or draining for shutdown."""
+
+
+class StartupError(HistoserveError):
+    """Start-up cannot go on; the CLI prints the message and exits non-zero."""
+
+
+class SpecError(StartupError, ValueError):
+    """A spec is malformed, incomplete or unknown."""
+
+
+class CheckpointError(StartupError):
+    """A checkpoint is missing, ambiguous, corrupt or fails its SHA-256 check."""
+
+
+class IncompatiblePackage(StartupError):
+    """A package was built for another device key, CPU ISA or GPU capability."""
+
+
+class SpecMismatch(StartupError):
+    """The spec and the package disagree (output dims, inputs, gene lists)."""

@@ -1,0 +1,231 @@
+"""Model specs: the facts a served model is built on.
+
+A :class:`ModelSpec` says what a package expects (tile geometry, normalisation,
+input transforms) and what it returns (output dims, modes). Five specs are
+built in (``h0-mini``, ``h0``, ``h1``, ``m-optimus``, ``tissue-seg``); others
+load from a JSON or YAML file. A spec travels inside its ``.pt2`` package as
+JSON under :data:`METADATA_KEY`, so a package describes itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from predictor.errors import SpecError
+
+METADATA_KEY = "histoserve.spec"
+
+FAMILIES = ("embedding", "multimodal", "segmentation")
+MODES = ("embedding", "prediction", "prediction_with_embedding")
+
+_ENCODER_MEAN = (0.707223, 0.578729, 0.703617)
+_ENCODER_STD = (0.211883, 0.230117, 0.177517)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a tile model expects and returns.
+
+    Attributes:
+        name: Spec name; the default model name in URLs.
+        family: ``embedding``, ``multimodal`` or ``segmentation``; picks the
+            server model class from the family registry.
+        tile_size: Tile edge in pixels (tiles are square RGB).
+        mean: Per-channel mean applied after ``/255``; ``None`` means 0.
+        std: Per-channel std applied after ``/255``; ``None`` means 1.
+        embedding_dim: Floats per tile in the embedding output (0: none).
+        modes: Modes the model answers; the first is the default.
+        hf_repo: Where the vendor publishes the weights.
+        mpp: Microns per pixel the model was trained at.
+        patch_size: ViT patch size (informational).
+        prefix_tokens: ViT prefix tokens (informational).
+        interpolation: Resize interpolation the vendor used (informational).
+        precision: Reference precision (informational).
+        bulk_rna_transform: ``log1p`` or ``None``: applied to raw bulk RNA.
+        prediction_transform: ``expm1`` or ``None``: applied to predictions.
+        prediction_decimals: Rounding of transformed predictions.
+        genes_in_file: CSV of input gene IDs beside the checkpoint.
+        genes_out_file: CSV of output gene IDs beside the checkpoint.
+        mask_threshold: Sigmoid threshold for segmentation masks.
+        version: Spec version string.
+    """
+
+    name: str
+    family: str
+    tile_size: int
+    mean: tuple[float, float, float] | None
+    std: tuple[float, float, float] | None
+    embedding_dim: int
+    modes: tuple[str, ...]
+    hf_repo: str = ""
+    mpp: float = 0.5
+    patch_size: int | None = 14
+    prefix_tokens: int = 1
+    interpolation: str = "bicubic"
+    precision: str = "fp32"
+    bulk_rna_transform: str | None = None
+    prediction_transform: str | None = None
+    prediction_decimals: int = 3
+    genes_in_file: str | None = None
+    genes_out_file: str | None = None
+    mask_threshold: float = 0.5
+    version: str = "1"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise SpecError("spec name must not be empty")
+        if self.family not in FAMILIES:
+            raise SpecError(f"spec {self.name!r}: family {self.family!r} not one of {FAMILIES}")
+        if self.tile_size <= 0:
+            raise SpecError(f"spec {self.name!r}: tile_size must be > 0, got {self.tile_size}")
+        for label, triple in (("mean", self.mean), ("std", self.std)):
+            if triple is not None and len(triple) != 3:
+                raise SpecError(f"spec {self.name!r}: {label} needs 3 values, got {triple!r}")
+        if self.std is not None and any(s <= 0 for s in self.std):
+            raise SpecError(f"spec {self.name!r}: std values must be > 0, got {self.std!r}")
+        if not self.modes or any(m not in MODES for m in self.modes):
+            raise SpecError(f"spec {self.name!r}: modes {self.modes!r} must be drawn from {MODES}")
+        if self.bulk_rna_transform not in (None, "log1p"):
+            raise SpecError(f"spec {self.name!r}: unknown bulk_rna_transform {self.bulk_rna_transform!r}")
+        if self.prediction_transform not in (None, "expm1"):
+            raise SpecError(
+                f"spec {self.name!r}: unknown prediction_transform {self.prediction_transform!r}"
+            )
+
+    @property
+    def default_mode(self) -> str:
+        """The mode a request gets when it names none."""
+        return self.modes[0]
+
+    @property
+    def takes_bulk_rna(self) -> bool:
+        """Whether requests may carry a ``bulk_rna`` vector per tile."""
+        return self.family == "multimodal"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; :func:`spec_from_dict` reads it back."""
+        data = dataclasses.asdict(self)
+        data["extra"] = dict(self.extra)
+        return data
+
+    def to_json(self) -> str:
+        """Compact JSON, as embedded in package metadata."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def spec_from_dict(data: Mapping[str, Any]) -> ModelSpec:
+    """Builds a spec from a mapping, rejecting unknown keys by name."""
+    known = {f.name for f in dataclasses.fields(ModelSpec)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise SpecError(f"unknown spec keys {unknown}; known keys are {sorted(known)}")
+    values = dict(data)
+    for key in ("mean", "std"):
+        if values.get(key) is not None:
+            values[key] = tuple(float(v) for v in values[key])
+    if "modes" in values:
+        values["modes"] = tuple(values["modes"])
+    try:
+        return ModelSpec(**values)
+    except TypeError as exc:
+        raise SpecError(f"incomplete spec: {exc}") from exc
+
+
+def spec_from_json(text: str) -> ModelSpec:
+    """Reads a spec from its JSON form (e.g. package metadata)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"spec is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SpecError(f"spec JSON must be an object, got {type(data).__name__}")
+    return spec_from_dict(data)
+
+
+def load_spec_file(path: Path) -> ModelSpec:
+    """Loads a spec from a ``.json`` or ``.yaml``/``.yml`` file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot read spec file {path}: {exc}") from exc
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise SpecError(f"spec file {path} is not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise SpecError(f"spec file {path} must hold a mapping")
+        return spec_from_dict(data)
+    return spec_from_json(text)
+
+
+def resolve_spec(name_or_path: str) -> ModelSpec:
+    """A built-in spec by name, or a spec file by path."""
+    if name_or_path in BUILTIN_SPECS:
+        return BUILTIN_SPECS[name_or_path]
+    path = Path(name_or_path)
+    if path.suffix in (".json", ".yaml", ".yml") or path.exists():
+        return load_spec_file(path)
+    raise SpecError(
+        f"unknown spec {name_or_path!r}: not a built-in ({sorted(BUILTIN_SPECS)}) nor a spec file"
+    )
+
+
+def _encoder(name: str, repo: str, **kwargs: Any) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        family="embedding",
+        tile_size=224,
+        mean=_ENCODER_MEAN,
+        std=_ENCODER_STD,
+        embedding_dim=1536,
+        modes=("embedding",),
+        hf_repo=repo,
+        **kwargs,
+    )
+
+
+BUILTIN_SPECS: Mapping[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        _encoder("h0-mini", "bioptimus/H0-mini", extra={"timm_kwargs": "mlp_layer=SwiGLUPacked,act_layer=SiLU", "pooling": "cls+mean"}),
+        _encoder("h0", "bioptimus/H-optimus-0", extra={"timm_kwargs": "init_values=1e-5,dynamic_img_size=False"}),
+        _encoder("h1", "bioptimus/H-optimus-1", extra={"timm_kwargs": "init_values=1e-5,dynamic_img_size=False"}),
+        ModelSpec(
+            name="m-optimus",
+            family="multimodal",
+            tile_size=224,
+            mean=_ENCODER_MEAN,
+            std=_ENCODER_STD,
+            embedding_dim=1536,
+            modes=("prediction", "embedding", "prediction_with_embedding"),
+            hf_repo="bioptimus/M-Optimus",
+            prefix_tokens=5,
+            bulk_rna_transform="log1p",
+            prediction_transform="expm1",
+            genes_in_file="genes_in.csv",
+            genes_out_file="genes_out.csv",
+        ),
+        ModelSpec(
+            name="tissue-seg",
+            family="segmentation",
+            tile_size=512,
+            mean=None,
+            std=None,
+            embedding_dim=0,
+            modes=("prediction",),
+            hf_repo="bioptimus/tissue-seg",
+            mpp=8.0,
+            patch_size=None,
+            prefix_tokens=0,
+        ),
+    )
+}
