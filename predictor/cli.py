@@ -1,0 +1,123 @@
+"""Command line: ``python -m predictor`` / ``histoserve serve`` and ``histoserve export``.
+
+All of KServe's ``ModelServer`` flags plus histoserve's (DESIGN.md, "Serving
+CLI"). Parsing, environment reads and metric registration happen here, in
+functions called from :func:`main`, never at import. Start-up is fail-fast: a
+missing, corrupt, incompatible or spec-inconsistent checkpoint exits 2 with
+one clear line before the server reports ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
+
+logger = logging.getLogger("histoserve")
+
+EXIT_STARTUP_ERROR = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The serve parser: KServe's flags plus histoserve's."""
+    from kserve.model_server import parser as kserve_parser
+
+    parser = argparse.ArgumentParser(
+        prog="histoserve serve",
+        parents=[kserve_parser],
+        description="Serve a histopathology .pt2 tile model over KServe V1/V2 REST and V2 gRPC.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.set_defaults(model_name=None)
+    batching, limits = BatchingConfig(), LimitsConfig()
+    add = parser.add_argument
+    add("--model_dir", type=Path, default=Path("/opt/ml/model"), help="where checkpoints live")
+    add("--checkpoint", default=None, help="file name in model_dir (default: the only *.pt2)")
+    add("--spec", default=None, help="built-in spec name or spec file; overrides the embedded one")
+    add("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    add("--max_batch_size", type=int, default=batching.max_batch_size, help="tiles per forward")
+    add("--max_latency_ms", type=float, default=batching.max_latency_ms, help="longest wait to fill a batch")
+    add("--max_queue_size", type=int, default=batching.max_queue_size, help="tiles waiting before 503")
+    add("--preprocess_workers", type=int, default=os.cpu_count() or 1, help="stage-1 threads")
+    add("--drain_timeout_s", type=float, default=30.0, help="longest drain after SIGTERM")
+    add("--max_tiles_per_request", type=int, default=limits.max_tiles_per_request)
+    add("--max_image_pixels", type=int, default=limits.max_image_pixels, help="decoded size cap (bombs)")
+    add("--max_body_bytes", type=int, default=limits.max_body_bytes, help="HTTP body / gRPC message cap")
+    add("--fault_injection", default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def configs_from_args(args: argparse.Namespace) -> tuple[ModelConfig, BatchingConfig, LimitsConfig]:
+    """Frozen configs from parsed flags; a bad value raises ValueError naming it."""
+    model = ModelConfig(
+        model_dir=args.model_dir,
+        checkpoint=args.checkpoint,
+        spec=args.spec,
+        model_name=args.model_name,
+        device=args.device,
+        preprocess_workers=args.preprocess_workers,
+        fault_injection=args.fault_injection,
+    )
+    batching = BatchingConfig(
+        max_batch_size=args.max_batch_size,
+        max_latency_ms=args.max_latency_ms,
+        max_queue_size=args.max_queue_size,
+    )
+    limits = LimitsConfig(
+        max_tiles_per_request=args.max_tiles_per_request,
+        max_image_pixels=args.max_image_pixels,
+        max_body_bytes=args.max_body_bytes,
+    )
+    return model, batching, limits
+
+
+def serve(argv: Sequence[str] | None = None) -> int:
+    """Parses flags, loads the model (fail-fast) and serves until drained."""
+    from predictor.errors import StartupError
+    from predictor.loading import build_model
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        model_config, batching, limits = configs_from_args(args)
+        model = build_model(model_config, batching, limits)
+    except (StartupError, ValueError) as exc:
+        print(f"histoserve: cannot start: {exc}", file=sys.stderr)
+        return EXIT_STARTUP_ERROR
+    logger.info(
+        "serving %s: batching %s, limits %s, %d preprocess workers",
+        model.name, asdict(batching), asdict(limits), model_config.preprocess_workers,
+    )
+    from predictor.server.app import HistoModelServer
+
+    server = HistoModelServer(
+        drain_timeout_s=args.drain_timeout_s,
+        max_body_bytes=limits.max_body_bytes,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        workers=args.workers,
+        max_threads=args.max_threads,
+        max_asyncio_workers=args.max_asyncio_workers,
+        enable_grpc=args.enable_grpc,
+        grace_period=int(args.drain_timeout_s) + 5,
+    )
+    server.start([model])
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``histoserve serve ...`` or ``histoserve export ...``; plain flags mean serve."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "export":
+        from predictor.export import main as export_main
+
+        return export_main(argv[1:])
+    if argv and argv[0] == "serve":
+        argv = argv[1:]
+    return serve(argv)

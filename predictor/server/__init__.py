@@ -1,0 +1,1 @@
+"""The server edge: KServe's ModelServer with histoserve's overrides."""

@@ -1,0 +1,196 @@
+"""``HistoModelServer``: KServe's ModelServer with histoserve's edge and lifecycle.
+
+What it changes, and why (DESIGN.md, "KServe 0.21 behaviour to override"):
+
+- errors map through one table (:mod:`predictor.server.edge`), 422 becomes 400;
+- binary V2 bodies keep ``BYTES`` as bytes (:mod:`predictor.server.dataplane`);
+- request bodies are bounded (HTTP ``max_body_bytes``, gRPC message size);
+- batchers start inside the serving loop;
+- SIGTERM drains: readiness false at once, new requests refused with 503,
+  admitted requests finish (or 503 at the drain deadline), then the servers
+  stop and the process exits 0. Stock KServe unloads models at once.
+- ``GET /v2/models/{name}/config`` returns the full spec, provenance and the
+  effective batching configuration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from grpc import aio
+from kserve import ModelServer
+from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
+from kserve.errors import ModelNotFound
+from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
+from kserve.protocol.grpc.servicer import InferenceServicer
+from kserve.protocol.rest.server import RESTServer
+
+from predictor.errors import InvalidInput
+from predictor.server.dataplane import HistoDataPlane
+from predictor.server.edge import GrpcErrorInterceptor, install_http_handlers
+
+logger = logging.getLogger("histoserve")
+
+
+class BodyLimitMiddleware:
+    """Refuses HTTP bodies over ``max_body_bytes`` before they are buffered whole."""
+
+    def __init__(self, app: Any, max_body_bytes: int):
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers", ())).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            response = JSONResponse(
+                status_code=413,
+                content={"error": f"request body of {int(length)} bytes exceeds the limit of {self.max_body_bytes}"},
+            )
+            await response(scope, receive, send)
+            return
+        seen = 0
+
+        async def bounded_receive() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body_bytes:
+                raise InvalidInput(f"request body exceeds the limit of {self.max_body_bytes} bytes")
+            return message
+
+        await self.app(scope, bounded_receive, send)
+
+
+class _GrpcServer:
+    """KServe's V2 gRPC service with our interceptor and message-size limits."""
+
+    def __init__(self, port: int, dataplane: Any, repository: Any, max_message_bytes: int, grace_s: float):
+        self._port = port
+        self._dataplane = dataplane
+        self._repository = repository
+        self._max_message_bytes = max_message_bytes
+        self._grace_s = grace_s
+        self._server: aio.Server | None = None
+
+    async def start(self, max_workers: int) -> None:
+        from concurrent import futures
+
+        self._server = aio.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers),
+            interceptors=(GrpcErrorInterceptor(),),
+            options=[
+                ("grpc.max_send_message_length", self._max_message_bytes),
+                ("grpc.max_receive_message_length", self._max_message_bytes),
+            ],
+        )
+        servicer = InferenceServicer(self._dataplane, self._repository)
+        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
+        self._server.add_insecure_port(f"[::]:{self._port}")
+        await self._server.start()
+        await self._server.wait_for_termination()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=self._grace_s)
+
+
+class HistoModelServer(ModelServer):
+    """ModelServer with drain-on-SIGTERM, bounded bodies and histoserve's error table.
+
+    Args:
+        drain_timeout_s: Longest wait for admitted requests after SIGTERM.
+        max_body_bytes: Largest HTTP body and gRPC message accepted.
+        **kwargs: KServe ``ModelServer`` arguments (ports, workers, ...).
+    """
+
+    def __init__(self, *, drain_timeout_s: float = 30.0, max_body_bytes: int = 256 << 20, **kwargs: Any):
+        super().__init__(**kwargs)
+        if self.workers != 1:
+            raise ValueError(f"--workers must be 1 (one batcher owns the device), got {self.workers}")
+        if drain_timeout_s < 0:
+            raise ValueError(f"drain_timeout_s must be >= 0, got {drain_timeout_s}")
+        self.dataplane = HistoDataPlane(model_registry=self.registered_models)
+        self._drain_timeout_s = drain_timeout_s
+        self._max_body_bytes = max_body_bytes
+        self._stopping = False
+
+    def start(self, models: list[Any]) -> None:
+        """Registers ``models`` and serves until SIGTERM/SIGINT and the drain complete."""
+        self._register_and_check_atleast_one_model_is_ready(models)
+        self._rest_server = RESTServer(
+            FASTAPI_APP_IMPORT_STRING,
+            self.dataplane,
+            self.model_repository_extension,
+            self.http_port,
+            access_log_format=self.access_log_format,
+            workers=1,
+            grace_period=self.grace_period,
+            event_loop=self.event_loop,
+            timeout_keep_alive=self.timeout_keep_alive,
+            ssl_certfile=self.ssl_certfile,
+            ssl_keyfile=self.ssl_keyfile,
+        )
+        # We own SIGTERM (drain first); uvicorn must not exit on it by itself.
+        self._rest_server._server.capture_signals = contextlib.nullcontext
+        self._configure_app(_kserve_app())
+        self._grpc_server = _GrpcServer(
+            self.grpc_port, self.dataplane, self.model_repository_extension,
+            self._max_body_bytes, float(self.grace_period),
+        ) if self.enable_grpc else None
+        self.setup_event_loop()
+        asyncio.run(self._serve())
+
+    def _configure_app(self, app: FastAPI) -> None:
+        install_http_handlers(app)
+        app.add_middleware(BodyLimitMiddleware, max_body_bytes=self._max_body_bytes)
+        app.add_api_route("/v2/models/{model_name}/config", self._model_config, methods=["GET"])
+
+    async def _model_config(self, model_name: str) -> dict[str, Any]:
+        model = self.registered_models.get_model(model_name)
+        if model is None:
+            raise ModelNotFound(model_name)
+        return model.get_metadata()
+
+    async def _serve(self) -> None:
+        for model in self.registered_models.get_models().values():
+            if hasattr(model, "start_batching"):
+                await model.start_batching()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda s=sig: asyncio.ensure_future(self.shutdown(s)))
+        servers = [self._rest_server.start()]
+        if self._grpc_server is not None:
+            servers.append(self._grpc_server.start(self.max_threads))
+        await asyncio.gather(*servers)
+
+    async def shutdown(self, sig: int | None = None) -> None:
+        """Drains every model, then stops HTTP and gRPC; safe to call twice."""
+        if self._stopping:
+            return
+        self._stopping = True
+        logger.info("signal %s: draining (deadline %.1fs)", sig, self._drain_timeout_s)
+        models = list(self.registered_models.get_models().values())
+        drained = await asyncio.gather(
+            *(m.drain(self._drain_timeout_s) for m in models if hasattr(m, "drain"))
+        )
+        logger.info("drain %s; stopping servers", "complete" if all(drained) else "deadline passed")
+        self._rest_server._server.should_exit = True
+        if self._grpc_server is not None:
+            await self._grpc_server.stop()
+        for model in models:
+            model.stop()
+
+
+def _kserve_app() -> FastAPI:
+    from kserve import model_server
+
+    return model_server.app

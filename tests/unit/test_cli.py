@@ -1,0 +1,49 @@
+"""CLI: the contract's flags exist with their defaults; bad values fail clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from predictor.cli import build_parser, configs_from_args, main
+
+
+def test_contract_flags_and_defaults():
+    args = build_parser().parse_args([])
+    assert args.model_dir == Path("/opt/ml/model")
+    assert args.checkpoint is None and args.spec is None and args.model_name is None
+    assert args.device == "auto"
+    assert args.http_port == 8080 and args.grpc_port == 8081
+    model, batching, limits = configs_from_args(args)
+    assert batching.max_batch_size >= 1 and batching.max_queue_size >= batching.max_batch_size
+    assert model.preprocess_workers >= 1 and limits.max_body_bytes > 5_000_000
+
+
+def test_flags_reach_the_configs():
+    args = build_parser().parse_args(
+        ["--max_batch_size", "16", "--max_latency_ms", "2.5", "--max_queue_size", "64",
+         "--preprocess_workers", "3", "--device", "cuda:1", "--model_name", "enc"]
+    )
+    model, batching, _ = configs_from_args(args)
+    assert (batching.max_batch_size, batching.max_latency_ms, batching.max_queue_size) == (16, 2.5, 64)
+    assert (model.preprocess_workers, model.device, model.model_name) == (3, "cuda:1", "enc")
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--max_batch_size", "0"], "max_batch_size"),
+        (["--max_batch_size", "64", "--max_queue_size", "8"], "max_queue_size"),
+        (["--device", "tpu"], "tpu"),
+    ],
+)
+def test_bad_values_name_themselves(flags, needle):
+    with pytest.raises(ValueError, match=needle):
+        configs_from_args(build_parser().parse_args(flags))
+
+
+def test_startup_error_exits_2_with_one_line(tmp_path, capsys):
+    assert main(["serve", "--model_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("histoserve: cannot start") and str(tmp_path) in err[0]
