@@ -1,0 +1,598 @@
+"""Unit tests of :mod:`predictor.batcher`, through its public API only.
+
+The fake ``run_batch`` records each call and can be held on a
+``threading.Event`` so a test controls exactly what arrives while the worker
+is busy; waits on events are bounded so a bug fails fast instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import random
+import threading
+import time
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Any, TypeVar
+
+import pytest
+
+from predictor.batcher import BatchObserver, DynamicBatcher, ErrorKind, NullObserver
+from predictor.config import BatchingConfig
+from predictor.errors import (
+    DeviceLost,
+    ForwardError,
+    ModelNotReady,
+    Overloaded,
+)
+
+WAIT_S = 5.0
+X = TypeVar("X")
+
+
+class FakeOOM(RuntimeError):
+    """Stands in for ``torch.cuda.OutOfMemoryError``."""
+
+
+class FakeDeviceError(RuntimeError):
+    """Stands in for a sticky CUDA error."""
+
+
+class Boom(BaseException):
+    """A non-Exception escaping ``run_batch``."""
+
+
+def classify(exc: BaseException) -> ErrorKind:
+    if isinstance(exc, FakeOOM):
+        return ErrorKind.OOM
+    if isinstance(exc, FakeDeviceError):
+        return ErrorKind.FATAL
+    return ErrorKind.BATCH
+
+
+class Fake:
+    """A ``run_batch`` that records calls; ``hold`` blocks it until released.
+
+    Args:
+        fail: Called with (items, key) before returning; may raise.
+    """
+
+    def __init__(self, fail: Callable[[list[Any], Hashable], None] | None = None) -> None:
+        self.calls: list[tuple[list[Any], Hashable]] = []
+        self.times: list[float] = []
+        self.threads: set[int] = set()
+        self.started: queue.Queue[list[Any]] = queue.Queue()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail = fail
+
+    def hold(self) -> None:
+        self.gate.clear()
+
+    def release(self) -> None:
+        self.gate.set()
+
+    def __call__(self, items: list[Any], key: Hashable) -> list[Any]:
+        self.calls.append((list(items), key))
+        self.times.append(time.monotonic())
+        self.threads.add(threading.get_ident())
+        self.started.put(list(items))
+        assert self.gate.wait(WAIT_S), "test never released the fake"
+        if self.fail is not None:
+            self.fail(items, key)
+        return [f"r{x}" for x in items]
+
+    async def next_call(self) -> list[Any]:
+        """Wait (bounded) until the worker enters the next batch."""
+        return await asyncio.to_thread(self.started.get, True, WAIT_S)
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(items) for items, _ in self.calls]
+
+
+class Recorder(NullObserver):
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+
+    def on_enqueue(self, n_items: int, queue_depth: int) -> None:
+        self.events.append(("enqueue", n_items, queue_depth))
+
+    def on_reject(self, n_items: int) -> None:
+        self.events.append(("reject", n_items))
+
+    def on_dispatch(self, batch_size: int, queue_wait_s: Sequence[float], queue_depth: int) -> None:
+        self.events.append(("dispatch", batch_size, list(queue_wait_s), queue_depth))
+
+    def on_forward(self, batch_size: int, seconds: float, ok: bool) -> None:
+        self.events.append(("forward", batch_size, seconds, ok))
+
+
+def cfg(batch: int = 4, latency_ms: float = 10_000, queue_size: int = 64) -> BatchingConfig:
+    return BatchingConfig(
+        max_batch_size=batch, max_latency_ms=latency_ms, max_queue_size=queue_size
+    )
+
+
+def run(body: Callable[[], Awaitable[X]]) -> X:
+    """Run ``body`` in a fresh loop with a bound; fail on any loop-level error."""
+    errors: list[dict[str, Any]] = []
+
+    async def main() -> X:
+        asyncio.get_running_loop().set_exception_handler(lambda _l, ctx: errors.append(ctx))
+        return await asyncio.wait_for(body(), 20)
+
+    result = asyncio.run(main())
+    assert not errors, errors
+    return result
+
+
+async def started(fake: Fake, config: BatchingConfig, **kwargs: Any) -> DynamicBatcher[Any, Any]:
+    batcher: DynamicBatcher[Any, Any] = DynamicBatcher(fake, config, **kwargs)
+    await batcher.start()
+    return batcher
+
+
+async def outcomes(futures: Sequence[asyncio.Future[Any]]) -> list[Any]:
+    return await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), WAIT_S)
+
+
+async def busy(fake: Fake, batcher: DynamicBatcher[Any, Any]) -> asyncio.Future[Any]:
+    """Hold the worker inside a one-item batch; return that item's future."""
+    fake.hold()
+    (first,) = batcher.submit(["busy"])
+    assert await fake.next_call() == ["busy"]
+    return first
+
+
+def test_runs_in_one_worker_thread_off_the_loop() -> None:
+    fake = Fake()
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=2, latency_ms=1))
+        results = [await f for f in b.submit(list(range(5)))]
+        assert results == [f"r{i}" for i in range(5)]
+        assert fake.threads and threading.get_ident() not in fake.threads
+        assert len(fake.threads) == 1
+        await b.close()
+
+    run(body)
+
+
+def test_size_cap_and_full_batch_dispatches_before_latency() -> None:
+    fake = Fake()
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=4, latency_ms=10_000))
+        first = await busy(fake, b)
+        futures = b.submit(list(range(8)))
+        fake.release()
+        t0 = time.monotonic()
+        assert await outcomes([first, *futures]) == ["rbusy"] + [f"r{i}" for i in range(8)]
+        assert time.monotonic() - t0 < 2.0  # full batches never wait for the latency
+        assert fake.sizes == [1, 4, 4]
+        await b.close()
+
+    run(body)
+
+
+def test_latency_cap_from_oldest_waiting_item() -> None:
+    fake = Fake()
+    latency_s = 0.3
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=8, latency_ms=latency_s * 1000))
+        first = await busy(fake, b)
+        t0 = time.monotonic()
+        early = b.submit(["a", "b"])
+        await asyncio.sleep(0.15)  # let time pass: the batch must still go at t0 + latency
+        fake.release()
+        await outcomes([first])
+        t1 = time.monotonic()
+        late = b.submit(["c"])  # arrives while the worker waits for the batch to fill
+        assert await outcomes(early + late) == ["ra", "rb", "rc"]
+        assert fake.calls[1][0] == ["a", "b", "c"]
+        dispatched = fake.times[1]
+        assert dispatched - t0 >= latency_s
+        assert dispatched < t1 + latency_s - 0.02  # deadline from the oldest, not the newest
+        await b.close()
+
+    run(body)
+
+
+def test_items_past_their_deadline_go_as_soon_as_the_worker_is_free() -> None:
+    fake = Fake()
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=8, latency_ms=100))
+        first = await busy(fake, b)
+        waiting = b.submit(["a"])
+        await asyncio.sleep(0.15)  # the busy batch outlasts the waiting item's deadline
+        released = time.monotonic()
+        fake.release()
+        assert await outcomes([first, *waiting]) == ["rbusy", "ra"]
+        assert fake.times[1] - released < 0.08  # no fresh latency wait after the batch
+        await b.close()
+
+    run(body)
+
+
+def test_idle_lone_item_dispatched_at_once() -> None:
+    fake = Fake()
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=32, latency_ms=10_000))
+        for i in range(3):  # each time the worker is idle again
+            t0 = time.monotonic()
+            assert await asyncio.wait_for(b.submit([i])[0], WAIT_S) == f"r{i}"
+            assert time.monotonic() - t0 < 1.0
+        assert fake.sizes == [1, 1, 1]
+        await b.close()
+
+    run(body)
+
+
+def test_big_request_split_in_order_and_requests_share_batches() -> None:
+    fake = Fake()
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=4, latency_ms=5))
+        first = await busy(fake, b)
+        a = b.submit([f"a{i}" for i in range(6)])
+        c = b.submit(["c0", "c1"])
+        fake.release()
+        assert await outcomes(a) == [f"ra{i}" for i in range(6)]
+        assert await outcomes(c) == ["rc0", "rc1"]
+        await first
+        assert [items for items, _ in fake.calls[1:]] == [
+            ["a0", "a1", "a2", "a3"],
+            ["a4", "a5", "c0", "c1"],
+        ]
+        await b.close()
+
+    run(body)
+
+
+def test_batches_are_homogeneous_in_key_and_fifo() -> None:
+    fake = Fake()
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=8, latency_ms=20))
+        first = await busy(fake, b)
+        futures = b.submit(["x0", "x1"], key="x") + b.submit(["y0"], key="y")
+        futures += b.submit(["x2"], key="x") + b.submit(["y1", "y2"], key="y")
+        fake.release()
+        assert await outcomes(futures) == ["rx0", "rx1", "ry0", "rx2", "ry1", "ry2"]
+        await first
+        assert fake.calls[1:] == [
+            (["x0", "x1"], "x"),
+            (["y0"], "y"),
+            (["x2"], "x"),
+            (["y1", "y2"], "y"),
+        ]
+        await b.close()
+
+    run(body)
+
+
+def test_bounded_queue_overload_is_all_or_nothing() -> None:
+    fake = Fake()
+    rec = Recorder()
+
+    async def body() -> None:
+        config = BatchingConfig(
+            max_batch_size=2, max_latency_ms=1, max_queue_size=4, retry_after_s=3.5
+        )
+        b = await started(fake, config, observer=rec)
+        first = await busy(fake, b)
+        ok = b.submit([1, 2, 3])
+        with pytest.raises(Overloaded) as info:
+            b.submit([4, 5])
+        assert info.value.retry_after_s == 3.5
+        assert b.queue_depth == 3
+        assert ("reject", 2) in rec.events
+        ok += b.submit([6])  # exactly fills the bound
+        assert b.queue_depth == 4
+        with pytest.raises(Overloaded):
+            b.submit([7])
+        assert b.submit([]) == []
+        fake.release()
+        assert await outcomes([first, *ok]) == ["rbusy", "r1", "r2", "r3", "r6"]
+        assert not any(x in items for items, _ in fake.calls for x in (4, 5, 7))
+        await b.close()
+
+    run(body)
+
+
+def test_cancelled_items_are_dropped_before_forward() -> None:
+    fake = Fake()
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=8, latency_ms=1))
+        first = await busy(fake, b)
+        futures = b.submit(["a", "b", "c"])
+        futures[1].cancel()
+        gone = b.submit(["d", "e"])
+        for f in gone:
+            f.cancel()
+        fake.release()
+        assert await outcomes([futures[0], futures[2]]) == ["ra", "rc"]
+        await first
+        assert [items for items, _ in fake.calls] == [["busy"], ["a", "c"]]
+        await b.close()
+
+    run(body)
+
+
+def test_oom_splits_and_retries_halves() -> None:
+    def fail(items: list[Any], key: Hashable) -> None:
+        if len(items) > 2 or (len(items) > 0 and "bad" in items):
+            raise FakeOOM(f"CUDA out of memory ({len(items)})")
+
+    fake = Fake(fail)
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=8, latency_ms=1), classify_error=classify)
+        results = await outcomes(b.submit(list(range(8))))
+        assert results == [f"r{i}" for i in range(8)]
+        assert fake.sizes == [8, 4, 2, 2, 4, 2, 2]
+        fake.calls.clear()
+        results = await outcomes(b.submit([0, 1, "bad", 3]))
+        assert [r for i, r in enumerate(results) if i != 2] == ["r0", "r1", "r3"]
+        assert isinstance(results[2], ForwardError)
+        assert isinstance(results[2].__cause__, FakeOOM)
+        assert "batch of 1" in str(results[2])
+        assert b.healthy
+        await b.close()
+
+    run(body)
+
+
+def test_fatal_error_marks_unhealthy_and_fails_queued() -> None:
+    def fail(items: list[Any], key: Hashable) -> None:
+        raise FakeDeviceError("illegal memory access")
+
+    fake = Fake(fail)
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=2, latency_ms=1), classify_error=classify)
+        first = await busy(fake, b)
+        queued = b.submit([1, 2, 3])
+        fake.release()
+        results = await outcomes([first, *queued])
+        assert all(isinstance(r, DeviceLost) for r in results), results
+        assert isinstance(results[0].__cause__, FakeDeviceError)
+        assert not b.healthy and not b.accepting
+        assert fake.sizes == [1]  # nothing else ran on the lost device
+        with pytest.raises(ModelNotReady):
+            b.submit([4])
+        assert await b.drain(1.0)
+        await b.close()
+
+    run(body)
+
+
+def test_batch_error_isolated_to_its_batch() -> None:
+    def fail(items: list[Any], key: Hashable) -> None:
+        if "bad" in items:
+            raise ValueError("kaput")
+
+    fake = Fake(fail)
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=2, latency_ms=1), classify_error=classify)
+        fake.hold()
+        bad = b.submit(["bad", "x"])
+        assert await fake.next_call() == ["bad", "x"]
+        good = b.submit(["y", "z"])
+        fake.release()
+        results = await outcomes(bad)
+        assert all(isinstance(r, ForwardError) for r in results)
+        assert results[0] is results[1]
+        assert isinstance(results[0].__cause__, ValueError)
+        assert "batch of 2" in str(results[0]) and "kaput" in str(results[0])
+        assert await outcomes(good) == ["ry", "rz"]
+        assert b.healthy and b.accepting
+        await b.close()
+
+    run(body)
+
+
+def test_histoserve_errors_pass_through_and_wrong_length_fails() -> None:
+    injected = ForwardError("injected fault")
+    mode = {"n": 0}
+
+    def run_batch(items: list[Any], key: Hashable) -> list[Any]:
+        mode["n"] += 1
+        if mode["n"] == 1:
+            raise injected
+        if mode["n"] == 2:
+            return items[:-1]
+        if mode["n"] == 3:
+            raise Boom()
+        return items
+
+    async def body() -> None:
+        b: DynamicBatcher[Any, Any] = DynamicBatcher(run_batch, cfg())
+        await b.start()
+        assert await outcomes(b.submit([1, 2])) == [injected, injected]
+        short = await outcomes(b.submit([1, 2]))
+        assert isinstance(short[0], ForwardError) and "returned 1 results" in str(short[0])
+        boom = await outcomes(b.submit([1]))
+        assert isinstance(boom[0], ForwardError) and isinstance(boom[0].__cause__, Boom)
+        assert await outcomes(b.submit([5])) == [5]
+        await b.close()
+
+    run(body)
+
+
+def test_drain_finishes_admitted_work_and_refuses_new() -> None:
+    fake = Fake()
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=2, latency_ms=1))
+        first = await busy(fake, b)
+        queued = b.submit([1, 2, 3])
+        drain = asyncio.ensure_future(b.drain(WAIT_S))
+        await asyncio.sleep(0)
+        assert not b.accepting
+        with pytest.raises(ModelNotReady, match="draining"):
+            b.submit([4])
+        assert not drain.done()
+        fake.release()
+        assert await drain is True
+        assert [f.result() for f in [first, *queued]] == ["rbusy", "r1", "r2", "r3"]
+        await b.close()
+
+    run(body)
+
+
+def test_drain_timeout_fails_leftover_queued_items() -> None:
+    fake = Fake()
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=2, latency_ms=1))
+        first = await busy(fake, b)
+        queued = b.submit([1, 2, 3])
+        assert await b.drain(0.05) is False
+        for f in queued:
+            with pytest.raises(ModelNotReady, match="draining deadline passed"):
+                f.result()
+        assert b.queue_depth == 0
+        fake.release()
+        assert await asyncio.wait_for(first, WAIT_S) == "rbusy"  # the running batch finishes
+        await b.close()
+
+    run(body)
+
+
+def test_close_mid_batch_settles_everything_once() -> None:
+    fake = Fake()
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=2, latency_ms=1))
+        first = await busy(fake, b)
+        queued = b.submit([1, 2, 3])
+        await b.close()
+        results = await outcomes([first, *queued])
+        assert all(isinstance(r, ModelNotReady) for r in results), results
+        with pytest.raises(ModelNotReady, match="closed"):
+            b.submit([4])
+        fake.release()
+        await asyncio.to_thread(time.sleep, 0.05)  # the worker thread returns into nothing
+
+    run(body)
+
+
+def test_not_started_refuses_and_start_twice_fails() -> None:
+    async def body() -> None:
+        b: DynamicBatcher[Any, Any] = DynamicBatcher(Fake(), cfg())
+        assert not b.accepting and b.healthy
+        with pytest.raises(ModelNotReady, match="not started"):
+            b.submit([1])
+        await b.start()
+        with pytest.raises(RuntimeError):
+            await b.start()
+        await b.close()
+
+    run(body)
+
+
+def test_observer_sees_depth_waits_and_forward_and_its_bugs_are_contained() -> None:
+    def fail(items: list[Any], key: Hashable) -> None:
+        if 9 in items:
+            raise ValueError("nine")
+
+    fake = Fake(fail)
+    rec = Recorder()
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=2, latency_ms=1), observer=rec)
+        first = await busy(fake, b)
+        queued = b.submit([1, 9])
+        fake.release()
+        await outcomes([first, *queued])
+        assert rec.events[0] == ("enqueue", 1, 1)
+        assert rec.events[1] == ("dispatch", 1, rec.events[1][2], 0)
+        assert ("enqueue", 2, 2) in rec.events
+        dispatches = [e for e in rec.events if e[0] == "dispatch"]
+        assert [d[1] for d in dispatches] == [1, 2]
+        assert all(len(d[2]) == d[1] and min(d[2]) >= 0 for d in dispatches)
+        forwards = [(e[1], e[3]) for e in rec.events if e[0] == "forward"]
+        assert forwards == [(1, True), (2, False)]
+        await b.close()
+
+        class Broken(NullObserver):
+            def on_enqueue(self, n_items: int, queue_depth: int) -> None:
+                raise RuntimeError("observer bug")
+
+        observer: BatchObserver = Broken()
+        b2 = await started(Fake(), cfg(), observer=observer)
+        assert await outcomes(b2.submit([1])) == ["r1"]
+        await b2.close()
+
+    run(body)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_exactly_once_under_concurrent_submits_and_cancellations(seed: int) -> None:
+    rng = random.Random(seed)
+
+    def fail(items: list[Any], key: Hashable) -> None:
+        if len(items) > 6:
+            raise FakeOOM("oom")
+        if any(x % 97 == 0 for x in items):
+            raise ValueError("poison")
+        time.sleep(0.0002)  # a batch takes a moment, so some cancellations land mid-batch
+
+    fake = Fake(fail)
+    rec = Recorder()
+
+    async def client(b: DynamicBatcher[Any, Any], start: int, n: int) -> list[tuple[int, Any]]:
+        await asyncio.sleep(rng.random() * 0.05)
+        items = list(range(start, start + n))
+        try:
+            futures = b.submit(items, key=n % 2)
+        except Overloaded:
+            return []
+        for f in futures:
+            if rng.random() < 0.2:
+                f.cancel()
+        if rng.random() < 0.3:
+            await asyncio.sleep(0)
+            futures[-1].cancel()
+        results = await outcomes(futures)
+        return list(zip(items, results, strict=True))
+
+    async def body() -> None:
+        b = await started(
+            fake, cfg(batch=8, latency_ms=2, queue_size=512), classify_error=classify, observer=rec
+        )
+        sizes = [rng.randint(1, 20) for _ in range(150)]
+        starts = [sum(sizes[:i]) + 1 for i in range(len(sizes))]
+        done = await asyncio.gather(*(client(b, s, n) for s, n in zip(starts, sizes, strict=True)))
+        pairs = [p for chunk in done for p in chunk]
+        for item, result in pairs:
+            if isinstance(result, BaseException):
+                assert isinstance(result, (asyncio.CancelledError, ForwardError)), result
+            else:
+                assert result == f"r{item}"
+        key_of = {x: n % 2 for s, n in zip(starts, sizes, strict=True) for x in range(s, s + n)}
+        assert all(0 < len(items) <= 8 for items, _ in fake.calls)
+        assert all({key_of[x] for x in items} == {key} for items, key in fake.calls)
+        ran_ok = [
+            x
+            for items, _ in fake.calls
+            if len(items) <= 6 and not any(x % 97 == 0 for x in items)
+            for x in items
+        ]
+        assert len(ran_ok) == len(set(ran_ok))  # no item succeeded twice
+        served = {item for item, r in pairs if isinstance(r, str)}
+        assert served <= set(ran_ok)
+        assert b.queue_depth == 0 and b.healthy
+        assert await b.drain(1.0)
+        admitted = sum(e[1] for e in rec.events if e[0] == "enqueue")
+        assert admitted == len(pairs)
+        await b.close()
+
+    run(body)
