@@ -1,0 +1,339 @@
+"""Open Inference Protocol (V2) requests to tiles, and results back.
+
+One codec serves REST JSON, the REST binary tensor extension and gRPC, because
+KServe turns all three into a ``kserve.InferRequest``; they differ only in
+where each input's data sits (see :mod:`predictor.codecs.tensors`):
+
+=====================  ==============================  ===========================
+arrival                ``BYTES`` ``tiles``             ``UINT8``/``FP32`` tensors
+=====================  ==============================  ===========================
+REST JSON              ``data``: base64 ``str`` list   ``data``: (nested) list
+REST binary (ours)     ``data``: raw ``bytes`` list    ``_raw_data``: memoryview
+gRPC ``contents``      ``data``: raw ``bytes`` list    ``data``: flat list
+gRPC raw contents      ``_raw_data``: length-prefixed  ``_raw_data``: bytes
+=====================  ==============================  ===========================
+
+Decisions: unknown *inputs* are refused (a misspelt ``bulk_rna`` must not be
+silently ignored) but unknown request *parameters* are allowed (V2 clients
+send their own, e.g. tritonclient's ``priority`` and ``timeout``). Requested
+outputs are honoured in REST and gRPC alike; a per-output ``binary_data``
+parameter overrides the request's ``binary_data_output``, as the binary
+extension specifies (stock KServe ignores ``binary_data_output`` as soon as
+outputs are named).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from kserve import InferOutput, InferRequest, InferResponse
+from kserve.protocol.infer_type import to_http_parameters
+
+from predictor.codecs.binary import parse_binary_body
+from predictor.codecs.common import bool_parameter, decode_base64, string_parameter
+from predictor.codecs.images import check_encoded_size
+from predictor.codecs.tensors import NUMERIC_DTYPES, bytes_elements, numeric_tensor, parse_shape
+from predictor.codecs.v2_response import V2Response
+from predictor.config import LimitsConfig
+from predictor.errors import InvalidInput
+from predictor.samples import DecodedRequest, ModelRequest, ModelResponse
+from predictor.spec import ModelSpec
+
+__all__ = [
+    "INPUTS",
+    "V2DecodedRequest",
+    "V2Response",
+    "decode_v2",
+    "encode_v2",
+    "parse_binary_body",
+    "select_outputs",
+]
+
+TILES, PIXELS, BULK_RNA = "tiles", "pixels", "bulk_rna"
+
+INPUTS: Mapping[str, tuple[str, str]] = {
+    TILES: ("BYTES", "[N]"),
+    PIXELS: ("UINT8", "[N, H, W, 3]"),
+    BULK_RNA: ("FP32", "[N, G]"),
+}
+"""Input name to (datatype, shape) as the V2 contract fixes them."""
+
+
+@dataclass
+class V2DecodedRequest(DecodedRequest):
+    """A :class:`DecodedRequest` plus the per-output ``binary_data`` choices.
+
+    Attributes:
+        output_binary: Requested output name to its ``binary_data`` parameter,
+            for the outputs where the client set one.
+    """
+
+    output_binary: dict[str, bool] = field(default_factory=dict)
+
+
+def decode_v2(request: InferRequest, *, spec: ModelSpec, limits: LimitsConfig) -> V2DecodedRequest:
+    """Turns a V2 request (REST JSON, REST binary or gRPC) into one item per tile.
+
+    Only the protocol is checked here (names, datatypes, shapes, sizes, value
+    ranges, limits); the mode, tile geometry and gene count are the model's to
+    check. ``pixels`` and ``bulk_rna`` items are views of one array, never
+    copies; tiles stay encoded (stage 1 decodes them in parallel).
+
+    Args:
+        request: What KServe built from the wire (or :func:`parse_binary_body`).
+        spec: The served model's spec (whether it takes ``bulk_rna``).
+        limits: Tile count, image size and bulk RNA length limits.
+
+    Returns:
+        A :class:`V2DecodedRequest` with ``protocol="v2"``.
+
+    Raises:
+        InvalidInput: Naming the input, the tile where there is one, and the reason.
+    """
+    params = request_parameters(request.parameters)
+    inputs = _inputs_by_name(request.inputs, spec)
+    tile_input = _tile_input(inputs)
+    if tile_input == TILES:
+        items = _decode_tiles(inputs[TILES], limits)
+    else:
+        items = _decode_pixels(inputs[PIXELS], limits)
+    if BULK_RNA in inputs:
+        _attach_bulk_rna(items, inputs[BULK_RNA], limits)
+    requested, output_binary = _requested_outputs(request.request_outputs)
+    return V2DecodedRequest(
+        items=items,
+        mode=string_parameter(params, "mode"),
+        tile_input=tile_input,
+        protocol="v2",
+        binary_output=bool_parameter(params, "binary_data_output"),
+        requested_outputs=requested,
+        request_id=str(request.id) if request.id else None,
+        output_binary=output_binary,
+    )
+
+
+def request_parameters(parameters: Any) -> dict[str, Any]:
+    """Request parameters as a plain dict (gRPC gives ``InferParameter`` messages)."""
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, Mapping):
+        raise InvalidInput(f"request parameters must be an object, got {type(parameters).__name__}")
+    return to_http_parameters(parameters)
+
+
+def _inputs_by_name(inputs: Sequence[Any] | None, spec: ModelSpec) -> dict[str, Any]:
+    allowed = [TILES, PIXELS] + ([BULK_RNA] if spec.takes_bulk_rna else [])
+    if not inputs:
+        raise InvalidInput("request has no inputs; expected one of 'tiles' or 'pixels'")
+    by_name: dict[str, Any] = {}
+    for inp in inputs:
+        name = inp.name
+        if name not in allowed:
+            why = f"model '{spec.name}' takes no bulk RNA" if name == BULK_RNA else "unknown input"
+            raise InvalidInput(f"{why}; inputs are {allowed}", input_name=name)
+        if name in by_name:
+            raise InvalidInput("input given twice", input_name=name)
+        datatype, shape = INPUTS[name]
+        if inp.datatype != datatype:
+            raise InvalidInput(
+                f"datatype must be {datatype} (shape {shape}), got {inp.datatype!r}",
+                input_name=name,
+            )
+        by_name[name] = inp
+    return by_name
+
+
+def _tile_input(inputs: Mapping[str, Any]) -> str:
+    present = [name for name in (TILES, PIXELS) if name in inputs]
+    if len(present) != 1:
+        what = "both" if present else "neither"
+        raise InvalidInput(f"send exactly one of 'tiles' or 'pixels', got {what}")
+    return present[0]
+
+
+def _shape(inp: Any, rank: int, limits: LimitsConfig) -> tuple[int, ...]:
+    """The input's shape, checked for rank and a tile count within limits."""
+    try:
+        shape = parse_shape(inp.shape)
+    except InvalidInput as exc:
+        raise exc.at(input_name=inp.name) from None
+    if len(shape) != rank:
+        raise InvalidInput(
+            f"shape must be {INPUTS[inp.name][1]}, got {list(shape)}", input_name=inp.name
+        )
+    if shape[0] == 0:
+        raise InvalidInput("no tiles: N is 0", input_name=inp.name)
+    if shape[0] > limits.max_tiles_per_request:
+        raise InvalidInput(
+            f"{shape[0]} tiles, more than the limit of {limits.max_tiles_per_request} per request",
+            input_name=inp.name,
+        )
+    return shape
+
+
+def _decode_tiles(inp: Any, limits: LimitsConfig) -> list[ModelRequest]:
+    (count,) = _shape(inp, 1, limits)
+    try:
+        elements = bytes_elements(inp.data, inp._raw_data, count)
+    except InvalidInput as exc:
+        raise exc.at(input_name=TILES) from None
+    return [
+        ModelRequest(index=i, image_data=_tile_bytes(e, i, limits)) for i, e in enumerate(elements)
+    ]
+
+
+def _tile_bytes(element: Any, index: int, limits: LimitsConfig) -> bytes:
+    try:
+        if isinstance(element, str):
+            return decode_base64(element, limits=limits)
+        if isinstance(element, (bytes, bytearray, memoryview)):
+            check_encoded_size(memoryview(element).nbytes, limits=limits)
+            return bytes(element)
+        raise InvalidInput(f"expected image bytes or a base64 string, got {type(element).__name__}")
+    except InvalidInput as exc:
+        raise exc.at(input_name=TILES, tile=index) from None
+
+
+def _decode_pixels(inp: Any, limits: LimitsConfig) -> list[ModelRequest]:
+    shape = _shape(inp, 4, limits)
+    _, height, width, channels = shape
+    if channels != 3 or height == 0 or width == 0:
+        raise InvalidInput(f"shape must be [N, H, W, 3] RGB, got {list(shape)}", input_name=PIXELS)
+    if height * width > limits.max_image_pixels:
+        raise InvalidInput(
+            f"tiles of {width}x{height} = {width * height} pixels exceed the limit of "
+            f"{limits.max_image_pixels}",
+            input_name=PIXELS,
+        )
+    array = _numeric(inp, shape)
+    return [ModelRequest(index=i, pixels=array[i]) for i in range(shape[0])]
+
+
+def _attach_bulk_rna(items: list[ModelRequest], inp: Any, limits: LimitsConfig) -> None:
+    shape = _shape(inp, 2, limits)
+    rows, genes = shape
+    if rows != len(items):
+        raise InvalidInput(
+            f"{rows} rows for {len(items)} tiles; shape must be [N, G]", input_name=BULK_RNA
+        )
+    if not 0 < genes <= limits.max_bulk_rna_length:
+        raise InvalidInput(
+            f"{genes} genes per tile; expected 1..{limits.max_bulk_rna_length}", input_name=BULK_RNA
+        )
+    array = _numeric(inp, shape)
+    finite = np.isfinite(array).all(axis=1)
+    if not finite.all():
+        tile = int(np.flatnonzero(~finite)[0])
+        raise InvalidInput(
+            "non-finite value (NaN, inf or out of FP32 range)", input_name=BULK_RNA, tile=tile
+        )
+    for item, row in zip(items, array, strict=True):
+        item.bulk_rna = row
+
+
+def _numeric(inp: Any, shape: tuple[int, ...]) -> np.ndarray:
+    try:
+        return numeric_tensor(inp.data, inp._raw_data, inp.datatype, shape)
+    except InvalidInput as exc:
+        raise exc.at(input_name=inp.name) from None
+
+
+def _requested_outputs(outputs: Any) -> tuple[tuple[str, ...] | None, dict[str, bool]]:
+    if not outputs:
+        return None, {}
+    names: list[str] = []
+    binary: dict[str, bool] = {}
+    for out in outputs:
+        name = out.name
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(
+                f"requested output name must be a non-empty string, got {name!r:.40}"
+            )
+        if name in names:
+            raise InvalidInput(f"output '{name}' requested twice")
+        names.append(name)
+        params = request_parameters(out.parameters)
+        if params.get("binary_data") is not None:
+            try:
+                binary[name] = bool_parameter(params, "binary_data")
+            except InvalidInput as exc:
+                raise InvalidInput(f"requested output '{name}': {exc.reason}") from None
+    return tuple(names), binary
+
+
+def select_outputs(decoded: DecodedRequest, output_names: Sequence[str]) -> list[str]:
+    """The outputs to return: the requested ones, in request order, else all.
+
+    The model should call this as soon as it knows the mode's outputs, so an
+    unknown requested output fails before any compute.
+
+    Raises:
+        InvalidInput: A requested output is not among ``output_names``.
+    """
+    if decoded.requested_outputs is None:
+        return list(output_names)
+    for name in decoded.requested_outputs:
+        if name not in output_names:
+            raise InvalidInput(
+                f"requested output '{name}' is not produced here; outputs are {list(output_names)}"
+            )
+    return list(decoded.requested_outputs)
+
+
+def encode_v2(
+    responses: list[ModelResponse],
+    *,
+    model_name: str,
+    output_names: Sequence[str],
+    decoded: DecodedRequest,
+    datatypes: Mapping[str, str],
+) -> InferResponse:
+    """Stacks per-tile results into one V2 response tensor per output.
+
+    Each output becomes ``[N, ...]`` (``np.stack`` of the tiles' arrays, cast to
+    its datatype). The returned :class:`V2Response` keeps the arrays as numpy:
+    in REST it writes binary outputs straight from the array buffers and JSON
+    outputs with one ``tolist``; in gRPC it always sends raw output contents.
+
+    Args:
+        responses: One result per tile, in request order.
+        model_name: Name echoed in the response.
+        output_names: The outputs this request's mode produces, in order.
+        decoded: The request (id, requested outputs, binary choices).
+        datatypes: Output name to V2 datatype (``FP32``, ``UINT8``).
+
+    Raises:
+        InvalidInput: A requested output is not produced in this mode.
+        RuntimeError: The model's results disagree with ``output_names``
+            (a server bug, not the client's).
+    """
+    names = select_outputs(decoded, output_names)
+    if not responses:
+        raise RuntimeError("encode_v2 needs at least one tile result")
+    outputs = [_stack_output(name, responses, datatypes) for name in names]
+    per_output = getattr(decoded, "output_binary", {})
+    binary = {name: per_output.get(name, decoded.binary_output) for name in names}
+    return V2Response(
+        response_id=decoded.request_id or str(uuid.uuid4()),
+        model_name=model_name,
+        infer_outputs=outputs,
+        binary=binary,
+    )
+
+
+def _stack_output(
+    name: str, responses: list[ModelResponse], datatypes: Mapping[str, str]
+) -> InferOutput:
+    datatype = datatypes.get(name)
+    if datatype not in NUMERIC_DTYPES:
+        raise RuntimeError(f"output '{name}' has no numeric V2 datatype (got {datatype!r})")
+    try:
+        arrays = [r.outputs[name] for r in responses]
+        stacked = np.stack(arrays).astype(NUMERIC_DTYPES[datatype], copy=False)
+    except (KeyError, ValueError) as exc:
+        raise RuntimeError(f"cannot stack output '{name}' across tiles: {exc!r}") from exc
+    return InferOutput(name=name, shape=list(stacked.shape), datatype=datatype, data=stacked)
