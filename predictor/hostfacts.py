@@ -1,0 +1,161 @@
+"""What this host can run, and whether a package's build facts fit it.
+
+A ``.pt2`` package holds native code. Its metadata says what it was built for:
+torch writes ``AOTI_DEVICE_KEY``, ``AOTI_PLATFORM``, ``AOTI_MACHINE``,
+``AOTI_CPU_ISA`` (the inductor vector ISA, e.g. ``AVX512 AVX512_VNNI AMX_TILE``)
+and ``AOTI_COMPUTE_CAPABILITY`` (e.g. ``90``). Inductor also compiles all C++
+(CPU kernels and the CUDA wrapper alike) with ``-march=native`` unless told
+otherwise, so histoserve's exporter records the build host's instruction-set
+flags under ``histoserve.cpu_build``; packages without it are checked from
+``AOTI_CPU_ISA``. Running code built for instructions the CPU lacks dies with
+SIGILL, not an exception, hence these checks happen before loading.
+
+:class:`HostFacts` is injectable so tests can describe a host they do not run
+on (a GPU host, a CPU without AVX-512); that fake is the only one in the suite.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from predictor.errors import IncompatiblePackage
+
+# cpuinfo flags a compiler may emit instructions for under -march=native.
+_ISA_FLAG = re.compile(
+    r"^(sse\d?|sse4_[12]|sse4a|ssse3|avx\w*|amx\w*|fma4?|f16c|bmi[12]|popcnt|abm|movbe|"
+    r"aes|vaes|pclmulqdq|vpclmulqdq|gfni|sha_ni|adx|asimd\w*|sve\w*|fphp|fp16|bf16|i8mm)$"
+)
+
+# AOTI_CPU_ISA tokens (inductor's VecISA names) -> the cpuinfo flags its build flags need.
+ISA_FLAGS: Mapping[str, frozenset[str]] = {
+    "AVX2": frozenset({"avx2", "fma", "f16c"}),
+    "AVX512": frozenset({"avx512f", "avx512dq", "avx512vl", "avx512bw", "fma"}),
+    "AVX512_VNNI": frozenset({"avx512_vnni"}),
+    "AMX_TILE": frozenset({"amx_tile", "amx_bf16", "amx_int8", "avx512_bf16"}),
+    "ASIMD": frozenset({"asimd"}),
+    "NEON": frozenset({"asimd"}),
+    "SVE128": frozenset({"sve", "bf16"}),
+    "SVE256": frozenset({"sve", "bf16"}),
+}
+_NO_ISA = ("", "INVALID_VEC_ISA")
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """The facts about this host that decide which packages it can run.
+
+    Attributes:
+        platform: ``sys.platform`` (``linux``).
+        machine: ``platform.machine()`` (``x86_64``, ``aarch64``).
+        cpu_flags: Instruction-set flags from ``/proc/cpuinfo``.
+        cuda_capabilities: Compute capability per visible GPU, as
+            ``AOTI_COMPUTE_CAPABILITY`` spells it (``"90"`` for sm_90); empty
+            without a usable GPU.
+    """
+
+    platform: str
+    machine: str
+    cpu_flags: frozenset[str]
+    cuda_capabilities: tuple[str, ...] = ()
+
+    @classmethod
+    def detect(cls, cpuinfo: Path = Path("/proc/cpuinfo")) -> HostFacts:
+        """The facts of the host this process runs on."""
+        return cls(
+            platform=sys.platform,
+            machine=platform.machine(),
+            cpu_flags=read_cpu_flags(cpuinfo),
+            cuda_capabilities=_cuda_capabilities(),
+        )
+
+
+def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """ISA flags of the first CPU in ``/proc/cpuinfo`` (``flags`` on x86, ``Features`` on Arm)."""
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def isa_flags(flags: frozenset[str]) -> frozenset[str]:
+    """The subset of cpuinfo flags that name instruction sets a compiler may use."""
+    return frozenset(f for f in flags if _ISA_FLAG.match(f))
+
+
+def _cuda_capabilities() -> tuple[str, ...]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return ()
+    caps = []
+    for index in range(torch.cuda.device_count()):
+        if torch.version.hip:
+            caps.append(torch.cuda.get_device_properties(index).gcnArchName.split(":", 1)[0])
+        else:
+            major, minor = torch.cuda.get_device_capability(index)
+            caps.append(f"{major}{minor}")
+    return tuple(caps)
+
+
+def check_platform(metadata: Mapping[str, str], host: HostFacts) -> None:
+    """Refuses a package built for another OS or CPU architecture."""
+    for key, have in (("AOTI_PLATFORM", host.platform), ("AOTI_MACHINE", host.machine)):
+        built = metadata.get(key)
+        if built and built != have:
+            raise IncompatiblePackage(
+                f"package was built for {key} {built!r}; this host is {have!r}"
+            )
+
+
+def check_cpu_isa(
+    metadata: Mapping[str, str], cpu_build: Mapping[str, Any], host: HostFacts
+) -> None:
+    """Refuses a package whose native code uses instructions this CPU lacks.
+
+    Args:
+        metadata: The package metadata (``AOTI_CPU_ISA``).
+        cpu_build: histoserve's ``histoserve.cpu_build`` record (``required_flags``,
+            ``march``), or ``{}`` for packages built elsewhere.
+        host: This host's facts.
+    """
+    if "required_flags" in cpu_build:
+        required = frozenset(cpu_build["required_flags"])
+        source = f"built with -march={cpu_build.get('march', 'native')}"
+    else:
+        tokens = metadata.get("AOTI_CPU_ISA", "").upper().split()
+        required = frozenset().union(
+            *(ISA_FLAGS.get(t, frozenset()) for t in tokens if t not in _NO_ISA)
+        )
+        source = f"AOTI_CPU_ISA {metadata.get('AOTI_CPU_ISA')!r}"
+    missing = sorted(required - host.cpu_flags)
+    if missing:
+        raise IncompatiblePackage(
+            f"package needs CPU instructions this host lacks ({source}): missing {', '.join(missing)}; "
+            f"re-export on this kind of host or with --cpu_target x86-64-v3"
+        )
+
+
+def check_compute_capability(metadata: Mapping[str, str], index: int, host: HostFacts) -> None:
+    """Refuses a CUDA package built for another GPU architecture than ``cuda:index``."""
+    built = metadata.get("AOTI_COMPUTE_CAPABILITY", "")
+    if index >= len(host.cuda_capabilities):
+        raise IncompatiblePackage(
+            f"package needs a CUDA GPU (built for sm_{built or '?'}) but cuda:{index} is not available"
+        )
+    have = host.cuda_capabilities[index]
+    if built and built != have:
+        raise IncompatiblePackage(
+            f"package was built for sm_{built} (AOTI_COMPUTE_CAPABILITY {built}) "
+            f"but cuda:{index} is sm_{have}; re-export on this GPU type"
+        )
