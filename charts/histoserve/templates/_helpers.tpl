@@ -1,0 +1,472 @@
+{{/*
+Names. The InferenceService is named <fullname>; KServe appends "-predictor"
+(and Knative a revision suffix), so the name is kept to 45 characters.
+*/}}
+{{- define "histoserve.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 45 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "histoserve.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 45 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 45 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 45 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "histoserve.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Name of KServe's predictor component (Deployment/Service/Knative Service). */}}
+{{- define "histoserve.predictorName" -}}
+{{- printf "%s-predictor" (include "histoserve.fullname" .) -}}
+{{- end -}}
+
+{{- define "histoserve.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "histoserve.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "histoserve.labels" -}}
+helm.sh/chart: {{ include "histoserve.chart" . }}
+{{ include "histoserve.selectorLabels" . }}
+app.kubernetes.io/version: {{ (include "histoserve.imageTag" .) | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: histoserve
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Labels KServe puts on every predictor pod: what PDB, NetworkPolicy and PodMonitor select. */}}
+{{- define "histoserve.predictorPodSelector" -}}
+serving.kserve.io/inferenceservice: {{ include "histoserve.fullname" . }}
+component: predictor
+{{- end -}}
+
+{{- define "histoserve.commonAnnotations" -}}
+{{- with .Values.commonAnnotations }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Metadata block shared by every object: labels and common annotations. */}}
+{{- define "histoserve.metadata" -}}
+namespace: {{ .Release.Namespace }}
+labels:
+  {{- include "histoserve.labels" . | nindent 2 }}
+{{- with .Values.commonAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Images. */}}
+{{- define "histoserve.imageTag" -}}
+{{- default .Chart.AppVersion .Values.image.tag -}}
+{{- end -}}
+
+{{- define "histoserve.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (include "histoserve.imageTag" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "histoserve.testImage" -}}
+{{- if .Values.tests.image.repository -}}
+{{- printf "%s:%s" .Values.tests.image.repository (default "latest" .Values.tests.image.tag) -}}
+{{- else if .Values.tests.image.tag -}}
+{{- printf "%s:%s" .Values.image.repository .Values.tests.image.tag -}}
+{{- else -}}
+{{- include "histoserve.image" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "histoserve.imagePullSecrets" -}}
+{{- if .Values.imagePullSecrets }}
+imagePullSecrets:
+{{- range .Values.imagePullSecrets }}
+{{- if kindIs "string" . }}
+  - name: {{ . }}
+{{- else }}
+  - name: {{ .name }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "histoserve.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "histoserve.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "histoserve.runtimeName" -}}
+{{- default "histoserve" .Values.servingRuntime.name -}}
+{{- end -}}
+
+{{/*
+Autoscaler class actually used ("kpa", "hpa", "keda", "none", "external").
+*/}}
+{{- define "histoserve.autoscalerClass" -}}
+{{- $a := .Values.autoscaling -}}
+{{- if $a.class -}}
+{{- $a.class -}}
+{{- else if eq .Values.deploymentMode "Knative" -}}
+kpa
+{{- else if has $a.metric (list "gpu-utilization" "queue-depth" "prometheus") -}}
+keda
+{{- else if has $a.metric (list "cpu" "memory") -}}
+hpa
+{{- else if eq (int $a.minReplicas) (int $a.maxReplicas) -}}
+none
+{{- else -}}
+hpa
+{{- end -}}
+{{- end -}}
+
+{{/* Scaling metric actually used ("" when the class takes none). */}}
+{{- define "histoserve.autoscalerMetric" -}}
+{{- $class := include "histoserve.autoscalerClass" . -}}
+{{- $m := .Values.autoscaling.metric -}}
+{{- if $m -}}
+{{- $m -}}
+{{- else if eq $class "kpa" -}}
+concurrency
+{{- else if eq $class "hpa" -}}
+cpu
+{{- else if eq $class "keda" -}}
+queue-depth
+{{- end -}}
+{{- end -}}
+
+{{/* Target per replica, with per-metric defaults. */}}
+{{- define "histoserve.autoscalerTarget" -}}
+{{- $metric := include "histoserve.autoscalerMetric" . -}}
+{{- $defaults := dict "concurrency" 4 "rps" 50 "cpu" 80 "memory" 80 "gpu-utilization" 80 "queue-depth" 64 "prometheus" 1 -}}
+{{- if ne .Values.autoscaling.target nil -}}
+{{- .Values.autoscaling.target -}}
+{{- else -}}
+{{- get $defaults $metric -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+PromQL for the KEDA presets. Each aggregates with sum(...) over this
+predictor's pods; KEDA divides by the target (AverageValue) to get replicas.
+*/}}
+{{- define "histoserve.kedaQuery" -}}
+{{- $k := .Values.autoscaling.keda -}}
+{{- $metric := include "histoserve.autoscalerMetric" . -}}
+{{- $sel := printf "%s=%q, %s=~%q" $k.namespaceLabel .Release.Namespace $k.podLabel (printf "%s-.*" (include "histoserve.predictorName" .)) -}}
+{{- if eq $metric "gpu-utilization" -}}
+{{- printf "sum(DCGM_FI_DEV_GPU_UTIL{%s})" $sel -}}
+{{- else if eq $metric "queue-depth" -}}
+{{- printf "sum(histoserve_queue_depth{%s})" $sel -}}
+{{- else -}}
+{{- $k.query -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Where the server reads checkpoints (--model_dir). */}}
+{{- define "histoserve.modelDir" -}}
+{{- if and .Values.storage.storageUri (eq .Values.storage.storageUriMode "env") -}}
+/mnt/models
+{{- else -}}
+{{- .Values.storage.mountPath -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "histoserve.pvcName" -}}
+{{- if .Values.storage.pvc.existingClaim -}}
+{{- .Values.storage.pvc.existingClaim -}}
+{{- else -}}
+{{- default (printf "%s-models" (include "histoserve.fullname" .)) .Values.storage.pvc.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* True ("true") when checkpoints come from a PVC volume the chart mounts. */}}
+{{- define "histoserve.usesPvc" -}}
+{{- if and (not .Values.storage.storageUri) (or .Values.storage.pvc.existingClaim .Values.storage.pvc.create) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* Container port the HTTP endpoint listens on, and gRPC. */}}
+{{- define "histoserve.httpPort" -}}8080{{- end -}}
+{{- define "histoserve.grpcPort" -}}8081{{- end -}}
+
+{{/*
+Container ports. Knative exposes exactly one port, named http1 or h2c;
+Standard exposes both (KServe maps the first to Service port 80 and names
+the h2c one with appProtocol kubernetes.io/h2c).
+*/}}
+{{- define "histoserve.containerPorts" -}}
+{{- if eq .Values.deploymentMode "Knative" }}
+{{- if eq .Values.knative.protocol "grpc" }}
+- name: h2c
+  containerPort: {{ include "histoserve.grpcPort" . }}
+  protocol: TCP
+{{- else }}
+- name: http1
+  containerPort: {{ include "histoserve.httpPort" . }}
+  protocol: TCP
+{{- end }}
+{{- else }}
+- name: http1
+  containerPort: {{ include "histoserve.httpPort" . }}
+  protocol: TCP
+- name: h2c
+  containerPort: {{ include "histoserve.grpcPort" . }}
+  protocol: TCP
+{{- end }}
+{{- end -}}
+
+{{/* Server flags that do not depend on the model (shared with the ServingRuntime). */}}
+{{- define "histoserve.serverArgs" -}}
+- --http_port={{ include "histoserve.httpPort" . }}
+- --grpc_port={{ include "histoserve.grpcPort" . }}
+- --drain_timeout_s={{ .Values.server.drainTimeoutSeconds }}
+- --grpc_max_receive_message_length={{ int64 .Values.server.grpcMaxMessageBytes }}
+{{- with .Values.server.workers }}
+- --workers={{ . }}
+{{- end }}
+{{- with .Values.server.maxTilesPerRequest }}
+- --max_tiles_per_request={{ int64 . }}
+{{- end }}
+{{- with .Values.server.maxBodyBytes }}
+- --max_body_bytes={{ int64 . }}
+{{- end }}
+{{- end -}}
+
+{{/* Model-specific flags (the InferenceService's own). */}}
+{{- define "histoserve.modelArgs" -}}
+- --model_name={{ .Values.model.name }}
+- --model_dir={{ include "histoserve.modelDir" . }}
+{{- with .Values.model.checkpoint }}
+- --checkpoint={{ . }}
+{{- end }}
+{{- with .Values.model.spec }}
+- --spec={{ . }}
+{{- end }}
+- --device={{ .Values.model.device }}
+{{- $b := .Values.batching }}
+{{- if ne $b.maxBatchSize nil }}
+- --max_batch_size={{ $b.maxBatchSize }}
+{{- end }}
+{{- if ne $b.maxLatencyMs nil }}
+- --max_latency_ms={{ $b.maxLatencyMs }}
+{{- end }}
+{{- if ne $b.maxQueueSize nil }}
+- --max_queue_size={{ $b.maxQueueSize }}
+{{- end }}
+{{- if ne $b.preprocessWorkers nil }}
+- --preprocess_workers={{ $b.preprocessWorkers }}
+{{- end }}
+{{- range .Values.server.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/*
+Environment. The root filesystem is read-only: every path torch writes goes
+to an emptyDir. aoti_load_package extracts the package (weights included)
+under TMPDIR; torch._inductor probes the CPU ISA and caches kernels under
+TORCHINDUCTOR_CACHE_DIR; Triton and the CUDA JIT cache go under the cache dir.
+*/}}
+{{- define "histoserve.env" -}}
+- name: HOME
+  value: /home/histoserve
+- name: TMPDIR
+  value: /tmp
+- name: XDG_CACHE_HOME
+  value: /var/cache/histoserve
+- name: TORCHINDUCTOR_CACHE_DIR
+  value: /var/cache/histoserve/torchinductor
+- name: TRITON_CACHE_DIR
+  value: /var/cache/histoserve/triton
+- name: CUDA_CACHE_PATH
+  value: /var/cache/histoserve/nv
+- name: TORCH_HOME
+  value: /var/cache/histoserve/torch
+- name: USER
+  value: histoserve
+- name: PYTHONDONTWRITEBYTECODE
+  value: "1"
+- name: PYTHONUNBUFFERED
+  value: "1"
+{{- end -}}
+
+{{/* Scratch volume mounts for the server container. */}}
+{{- define "histoserve.scratchMounts" -}}
+- name: tmp
+  mountPath: /tmp
+- name: cache
+  mountPath: /var/cache/histoserve
+- name: home
+  mountPath: /home/histoserve
+{{- if .Values.shm.enabled }}
+- name: dshm
+  mountPath: /dev/shm
+{{- end }}
+{{- end -}}
+
+{{- define "histoserve.scratchVolumes" -}}
+- name: tmp
+  emptyDir:
+    {{- with .Values.scratch.tmp.medium }}
+    medium: {{ . }}
+    {{- end }}
+    sizeLimit: {{ .Values.scratch.tmp.sizeLimit }}
+- name: cache
+  emptyDir:
+    sizeLimit: {{ .Values.scratch.cache.sizeLimit }}
+- name: home
+  emptyDir:
+    sizeLimit: {{ .Values.scratch.home.sizeLimit }}
+{{- if .Values.shm.enabled }}
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .Values.shm.sizeLimit }}
+{{- end }}
+{{- end -}}
+
+{{/* Resources with the GPU merged into requests and limits. */}}
+{{- define "histoserve.resources" -}}
+{{- $res := deepCopy (default dict .Values.resources) -}}
+{{- if gt (int .Values.gpu.count) 0 -}}
+{{- $req := deepCopy (default dict $res.requests) -}}
+{{- $lim := deepCopy (default dict $res.limits) -}}
+{{- $_ := set $req .Values.gpu.resourceName (int .Values.gpu.count) -}}
+{{- $_ := set $lim .Values.gpu.resourceName (int .Values.gpu.count) -}}
+{{- $_ := set $res "requests" $req -}}
+{{- $_ := set $res "limits" $lim -}}
+{{- end -}}
+{{- toYaml $res -}}
+{{- end -}}
+
+{{/* Readiness path on the HTTP port. */}}
+{{- define "histoserve.readyPath" -}}
+{{- printf "/v2/models/%s/ready" .Values.model.name -}}
+{{- end -}}
+
+{{- define "histoserve.probes" -}}
+{{- $p := .Values.probes -}}
+{{- if $p.startup.enabled }}
+startupProbe:
+  httpGet:
+    path: {{ include "histoserve.readyPath" . }}
+    port: {{ include "histoserve.httpPort" . }}
+  periodSeconds: {{ $p.startup.periodSeconds }}
+  failureThreshold: {{ $p.startup.failureThreshold }}
+  timeoutSeconds: {{ $p.startup.timeoutSeconds }}
+{{- end }}
+{{- if $p.readiness.enabled }}
+readinessProbe:
+  httpGet:
+    path: {{ include "histoserve.readyPath" . }}
+    port: {{ include "histoserve.httpPort" . }}
+  periodSeconds: {{ $p.readiness.periodSeconds }}
+  failureThreshold: {{ $p.readiness.failureThreshold }}
+  timeoutSeconds: {{ $p.readiness.timeoutSeconds }}
+{{- end }}
+{{- if $p.liveness.enabled }}
+livenessProbe:
+  httpGet:
+    path: /v2/health/live
+    port: {{ include "histoserve.httpPort" . }}
+  periodSeconds: {{ $p.liveness.periodSeconds }}
+  failureThreshold: {{ $p.liveness.failureThreshold }}
+  timeoutSeconds: {{ $p.liveness.timeoutSeconds }}
+{{- end }}
+{{- end -}}
+
+{{- define "histoserve.lifecycle" -}}
+{{- if gt (int .Values.server.preStopSleepSeconds) 0 }}
+lifecycle:
+  preStop:
+    sleep:
+      seconds: {{ int .Values.server.preStopSleepSeconds }}
+{{- end }}
+{{- end -}}
+
+{{- define "histoserve.terminationGracePeriodSeconds" -}}
+{{- if ne .Values.server.terminationGracePeriodSeconds nil -}}
+{{- .Values.server.terminationGracePeriodSeconds -}}
+{{- else -}}
+{{- add (int .Values.server.drainTimeoutSeconds) (int .Values.server.preStopSleepSeconds) 15 -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Node selector: user's, plus the GPU product when set. */}}
+{{- define "histoserve.nodeSelector" -}}
+{{- $ns := deepCopy (default dict .Values.nodeSelector) -}}
+{{- if and .Values.gpu.product (gt (int .Values.gpu.count) 0) -}}
+{{- $_ := set $ns "nvidia.com/gpu.product" .Values.gpu.product -}}
+{{- end -}}
+{{- if $ns -}}
+{{- toYaml $ns -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "histoserve.tolerations" -}}
+{{- $t := list -}}
+{{- if and .Values.gpu.tolerateTaint (gt (int .Values.gpu.count) 0) -}}
+{{- $t = append $t (dict "key" "nvidia.com/gpu" "operator" "Exists" "effect" "NoSchedule") -}}
+{{- end -}}
+{{- range .Values.tolerations -}}
+{{- $t = append $t . -}}
+{{- end -}}
+{{- if $t -}}
+{{- toYaml $t -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Base URL of the predictor from inside the cluster. */}}
+{{- define "histoserve.clusterUrl" -}}
+{{- printf "http://%s.%s.svc" (include "histoserve.predictorName" .) .Release.Namespace -}}
+{{- end -}}
+
+{{/*
+Checks the schema cannot express (it cannot compare two values).
+*/}}
+{{- define "histoserve.validate" -}}
+{{- $a := .Values.autoscaling -}}
+{{- if gt (int $a.minReplicas) (int $a.maxReplicas) -}}
+{{- fail (printf "autoscaling.minReplicas (%d) must be <= autoscaling.maxReplicas (%d)" (int $a.minReplicas) (int $a.maxReplicas)) -}}
+{{- end -}}
+{{- $class := include "histoserve.autoscalerClass" . -}}
+{{- $metric := include "histoserve.autoscalerMetric" . -}}
+{{- if and (eq .Values.deploymentMode "Knative") (ne $class "kpa") -}}
+{{- fail (printf "deploymentMode Knative scales with autoscaling.class kpa, not %q" $class) -}}
+{{- end -}}
+{{- if and (eq .Values.deploymentMode "Standard") (eq $class "kpa") -}}
+{{- fail "autoscaling.class kpa needs deploymentMode Knative; Standard uses hpa, keda, none or external" -}}
+{{- end -}}
+{{- if and (eq $class "kpa") (not (has $metric (list "concurrency" "rps"))) -}}
+{{- fail (printf "autoscaling.metric %q does not work with KPA: use concurrency or rps" $metric) -}}
+{{- end -}}
+{{- if and (eq $class "hpa") (not (has $metric (list "cpu" "memory"))) -}}
+{{- fail (printf "autoscaling.metric %q does not work with HPA: use cpu or memory (or class keda)" $metric) -}}
+{{- end -}}
+{{- if and (eq $class "keda") (not (has $metric (list "gpu-utilization" "queue-depth" "prometheus"))) -}}
+{{- fail (printf "autoscaling.metric %q does not work with KEDA: use gpu-utilization, queue-depth or prometheus" $metric) -}}
+{{- end -}}
+{{- if and (eq (int $a.minReplicas) 0) (ne $class "kpa") -}}
+{{- fail "autoscaling.minReplicas 0 (scale to zero) needs deploymentMode Knative (KPA): a scaled-to-zero Deployment never reports the load that would wake it" -}}
+{{- end -}}
+{{- if and (eq $metric "gpu-utilization") (eq (int .Values.gpu.count) 0) -}}
+{{- fail "autoscaling.metric gpu-utilization needs gpu.count > 0" -}}
+{{- end -}}
+{{- end -}}
