@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 
 import numpy as np
@@ -45,3 +48,28 @@ def encoder_spec() -> ModelSpec:
 @pytest.fixture
 def multimodal_spec() -> ModelSpec:
     return BUILTIN_SPECS["m-optimus"]
+
+
+def _run_triton_grpc(script: str, payload: str = "") -> str:
+    """Runs ``script`` with tritonclient.grpc in a fresh interpreter (no kserve)."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        input=payload,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="session")
+def triton_grpc() -> Callable[[str, str], str]:
+    """``triton_grpc(script, stdin) -> stdout`` in a subprocess.
+
+    tritonclient.grpc and kserve register the same protobuf symbols
+    (``inference.*`` in the default descriptor pool), so importing both in one
+    process fails: the outside gRPC client must run in its own interpreter.
+    """
+    return _run_triton_grpc

@@ -97,6 +97,33 @@ def test_sixteen_bit_grayscale_keeps_the_high_byte(encode, limits):
         np.testing.assert_array_equal(out[..., 1], (gray16 >> 8).astype(np.uint8))
 
 
+def png16(array: np.ndarray, color_type: int) -> bytes:
+    """A 16-bit PNG written by hand (PIL cannot save 16-bit RGB)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        return struct.pack(">I", len(data)) + kind + data + crc
+
+    height, width = array.shape[:2]
+    rows = b"".join(b"\x00" + array[y].astype(">u2").tobytes() for y in range(height))
+    ihdr = struct.pack(">IIBBBBB", width, height, 16, color_type, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+def test_sixteen_bit_colour_keeps_the_high_byte(limits):
+    rgb16 = (np.arange(2 * 3 * 3).reshape(2, 3, 3) * 7000).astype(np.uint16)
+    np.testing.assert_array_equal(decode_tile(png16(rgb16, 2), limits=limits), rgb16 >> 8)
+    rgba16 = (np.arange(2 * 3 * 4).reshape(2, 3, 4) * 5000).astype(np.uint16)
+    rgba16[..., 3] = 0xFFFF
+    out = decode_tile(png16(rgba16, 6), limits=limits)
+    np.testing.assert_array_equal(out, rgba16[..., :3] >> 8)
+
+
 def test_alpha_is_composited_over_white(encode, limits):
     rgba = np.zeros((2, 3, 4), np.uint8)
     rgba[0, 0] = (10, 20, 30, 255)  # opaque: kept exactly

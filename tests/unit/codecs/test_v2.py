@@ -1,28 +1,23 @@
-"""decode_v2/encode_v2 over each way a request reaches KServe: REST JSON, gRPC, in process.
+"""decode_v2 over each way a request reaches KServe: REST JSON, gRPC, in process.
 
-tritonclient.grpc and kserve register the same protobuf symbols
-(``inference.*``) and cannot share a process, so the gRPC client runs in a
-subprocess and hands over serialized messages.
+The gRPC requests come from tritonclient.grpc in a subprocess (see the
+``triton_grpc`` fixture: it cannot share a process with kserve).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput
-from kserve.protocol.rest.v2_datamodels import InferenceRequest, InferenceResponse
+from kserve.protocol.rest.v2_datamodels import InferenceRequest
 
-from predictor.codecs.v2 import V2Response, decode_v2, encode_v2, select_outputs
+from predictor.codecs.v2 import decode_v2
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
-from predictor.samples import DecodedRequest, ModelResponse
 from predictor.spec import BUILTIN_SPECS
 
 ENCODER = BUILTIN_SPECS["h0-mini"]
@@ -37,20 +32,6 @@ def json_request(inputs, **extra) -> InferRequest:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def run_triton_grpc(script: str, payload: str = "") -> str:
-    """Runs ``script`` with tritonclient.grpc in a fresh interpreter (no kserve)."""
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        input=payload,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 @pytest.fixture
@@ -137,7 +118,7 @@ _GRPC_CLIENT = """
 
 
 @pytest.fixture(scope="module")
-def grpc_requests() -> tuple[list[bytes], list[bytes]]:
+def grpc_requests(triton_grpc) -> tuple[list[bytes], list[bytes]]:
     rng = np.random.default_rng(9)
     import io
 
@@ -148,7 +129,7 @@ def grpc_requests() -> tuple[list[bytes], list[bytes]]:
         buffer = io.BytesIO()
         Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(buffer, "PNG")
         tiles.append(buffer.getvalue())
-    out = run_triton_grpc(_GRPC_CLIENT, json.dumps([b64(t) for t in tiles]))
+    out = triton_grpc(_GRPC_CLIENT, json.dumps([b64(t) for t in tiles]))
     return tiles, [base64.b64decode(m) for m in json.loads(out)]
 
 
@@ -373,107 +354,6 @@ def test_non_finite_binary_bulk_rna_names_the_tile():
 def test_no_inputs_is_invalid():
     with pytest.raises(InvalidInput, match="no inputs"):
         decode_v2(InferRequest("m", []), spec=ENCODER, limits=LimitsConfig())
-
-
-# --- encode -----------------------------------------------------------------
-
-
-def results(n: int) -> list[ModelResponse]:
-    rng = np.random.default_rng(n)
-    return [
-        ModelResponse(
-            outputs={
-                "prediction": rng.standard_normal(4).astype(np.float32),
-                "embedding": rng.standard_normal(6).astype(np.float64),  # cast to FP32
-                "mask": rng.integers(0, 2, (3, 5)).astype(bool),  # cast to UINT8
-            }
-        )
-        for _ in range(n)
-    ]
-
-
-DATATYPES = {"prediction": "FP32", "embedding": "FP32", "mask": "UINT8"}
-
-
-def decoded_request(**kwargs) -> DecodedRequest:
-    return DecodedRequest(items=[], mode=None, tile_input="pixels", protocol="v2", **kwargs)
-
-
-def encode(responses, names, decoded) -> V2Response:
-    out = encode_v2(
-        responses, model_name="m", output_names=names, decoded=decoded, datatypes=DATATYPES
-    )
-    assert isinstance(out, V2Response)
-    return out
-
-
-def test_outputs_are_stacked_and_cast():
-    responses = results(3)
-    response = encode(
-        responses, ["prediction", "embedding", "mask"], decoded_request(request_id="r")
-    )
-    body, length = response.to_rest()
-    assert length is None and body["id"] == "r" and body["model_name"] == "m"
-    by_name = {o["name"]: o for o in body["outputs"]}
-    assert by_name["prediction"]["shape"] == [3, 4] and by_name["prediction"]["datatype"] == "FP32"
-    assert by_name["mask"]["shape"] == [3, 3, 5] and by_name["mask"]["datatype"] == "UINT8"
-    expected = np.stack([r.outputs["embedding"] for r in responses]).astype(np.float32)
-    assert by_name["embedding"]["data"] == expected.reshape(-1).tolist()
-    InferenceResponse.model_validate(body)  # what KServe's V2 endpoint does with a dict
-
-
-def test_requested_outputs_in_request_order_and_binary_choices():
-    decoded = decoded_request(requested_outputs=("mask", "prediction"), binary_output=True)
-    decoded.output_binary = {"prediction": False}
-    response = encode(results(2), ["prediction", "embedding", "mask"], decoded)
-    body, length = response.to_rest()
-    header = json.loads(body[:length])
-    assert [o["name"] for o in header["outputs"]] == ["mask", "prediction"]
-    assert header["outputs"][0]["parameters"] == {"binary_data_size": 2 * 3 * 5}
-    assert "data" in header["outputs"][1] and len(body) == length + 30
-
-
-def test_unknown_requested_output_is_invalid():
-    decoded = decoded_request(requested_outputs=("mask",))
-    with pytest.raises(InvalidInput, match="requested output 'mask' is not produced here"):
-        select_outputs(decoded, ["embedding"])
-    with pytest.raises(InvalidInput, match="requested output 'mask'"):
-        encode(results(1), ["embedding"], decoded)
-
-
-def test_missing_model_output_is_a_server_error():
-    with pytest.raises(RuntimeError, match="cannot stack output 'nope'"):
-        encode_v2(
-            results(1),
-            model_name="m",
-            output_names=["nope"],
-            decoded=decoded_request(),
-            datatypes={"nope": "FP32"},
-        )
-
-
-_GRPC_READER = """
-    import base64, json, sys
-    import tritonclient.grpc as tg
-    from tritonclient.grpc import service_pb2
-    message = service_pb2.ModelInferResponse.FromString(base64.b64decode(sys.stdin.read()))
-    result = tg.InferResult(message)
-    print(json.dumps({o.name: result.as_numpy(o.name).tolist() for o in message.outputs}))
-"""
-
-
-def test_grpc_response_reads_back_with_tritonclient():
-    responses = results(2)
-    decoded = decoded_request(requested_outputs=("embedding", "mask"))
-    message = encode(responses, ["prediction", "embedding", "mask"], decoded).to_grpc()
-    assert len(message.raw_output_contents) == 2
-    got = json.loads(run_triton_grpc(_GRPC_READER, b64(message.SerializeToString())))
-    assert list(got) == ["embedding", "mask"]
-    expected = np.stack([r.outputs["embedding"] for r in responses]).astype(np.float32)
-    np.testing.assert_array_equal(np.array(got["embedding"], np.float32), expected)
-    np.testing.assert_array_equal(
-        got["mask"], np.stack([r.outputs["mask"] for r in responses]).astype(np.uint8)
-    )
 
 
 def test_requested_output_objects_from_kserve_are_understood(limits):
