@@ -8,7 +8,11 @@ Each module knows one wire format and nothing of scheduling or models:
   and results back to an ``InferResponse``.
 * :mod:`predictor.codecs.binary`: our strict parser of the V2 binary tensor
   extension body (KServe's decodes ``BYTES`` as UTF-8 text).
+* :mod:`predictor.codecs.v2_response`: the ``InferResponse`` subclass that
+  serialises numpy outputs without per-element Python work.
 * :mod:`predictor.codecs.v1`: the V1 ``instances``/``predictions`` format.
+* :mod:`predictor.codecs.tensors`, :mod:`predictor.codecs.common`: shared
+  helpers (tensor data, base64, parameters).
 
 Every client mistake becomes :class:`predictor.errors.InvalidInput` naming the
 input, the tile and the reason. Importing this package imports nothing heavy.

@@ -312,8 +312,8 @@ def encode_v2(
             (a server bug, not the client's).
     """
     names = select_outputs(decoded, output_names)
-    if not responses:
-        raise RuntimeError("encode_v2 needs at least one tile result")
+    if not responses or (decoded.items and len(responses) != len(decoded.items)):
+        raise RuntimeError(f"encode_v2 got {len(responses)} results for {len(decoded.items)} tiles")
     outputs = [_stack_output(name, responses, datatypes) for name in names]
     per_output = getattr(decoded, "output_binary", {})
     binary = {name: per_output.get(name, decoded.binary_output) for name in names}
