@@ -1,0 +1,70 @@
+# syntax=docker/dockerfile:1
+# histoserve: KServe predictor image for AOTInductor .pt2 tile encoders (CUDA, non-root).
+#
+#   docker build -t ghcr.io/histoserve/histoserve:0.1.0 .
+#
+# The base is pinned by version; pin it by digest for reproducible builds:
+#   docker build --build-arg BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime@sha256:<digest> .
+# Its torch is the version the test suite runs (Makefile TORCH_SPEC); the
+# package's other runtime dependencies come from pyproject.toml, no extras.
+ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime
+
+# ---- builder: build the histoserve wheel (build tools never reach the runtime stage)
+FROM ${BASE_IMAGE} AS builder
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY predictor/ predictor/
+RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+# ---- runtime
+FROM ${BASE_IMAGE} AS runtime
+# Must match the chart's podSecurityContext/securityContext (runAsUser/runAsGroup/fsGroup).
+ARG HISTOSERVE_UID=10001
+ARG HISTOSERVE_GID=10001
+
+LABEL org.opencontainers.image.title="histoserve" \
+      org.opencontainers.image.description="KServe predictor serving histopathology foundation models from AOTInductor .pt2 packages" \
+      org.opencontainers.image.source="https://github.com/histoserve/histoserve" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+# The chart mounts the root filesystem read-only and emptyDirs at these paths.
+# aoti_load_package extracts packages under TMPDIR; torch._inductor writes its
+# CPU-ISA probes and kernel cache under TORCHINDUCTOR_CACHE_DIR.
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HOME=/home/histoserve \
+    USER=histoserve \
+    TMPDIR=/tmp \
+    XDG_CACHE_HOME=/var/cache/histoserve \
+    TORCHINDUCTOR_CACHE_DIR=/var/cache/histoserve/torchinductor \
+    TRITON_CACHE_DIR=/var/cache/histoserve/triton \
+    CUDA_CACHE_PATH=/var/cache/histoserve/nv \
+    TORCH_HOME=/var/cache/histoserve/torch
+
+RUN groupadd --gid "${HISTOSERVE_GID}" histoserve \
+ && useradd --uid "${HISTOSERVE_UID}" --gid "${HISTOSERVE_GID}" --no-log-init \
+      --home-dir /home/histoserve --create-home --shell /usr/sbin/nologin histoserve \
+ && mkdir -p /opt/ml/model /var/cache/histoserve \
+ && chown "${HISTOSERVE_UID}:${HISTOSERVE_GID}" /home/histoserve /var/cache/histoserve
+
+# Install the wheel with its runtime dependencies only (no test/bench/export
+# extras). The base image's torch, triton and CUDA wheels are held as constraints
+# so pip never swaps them for other builds.
+COPY --from=builder /wheels /wheels
+RUN python -m pip list --format=freeze \
+      | grep -iE '^(torch|triton|nvidia-[a-z0-9-]+)==' > /tmp/base-constraints.txt \
+ && python -m pip install --no-cache-dir --constraint /tmp/base-constraints.txt /wheels/histoserve-*.whl \
+ && python -m pip check \
+ && rm -rf /wheels /tmp/base-constraints.txt
+
+WORKDIR /home/histoserve
+USER ${HISTOSERVE_UID}:${HISTOSERVE_GID}
+
+# Checkpoints (.pt2 packages) are mounted here read-only (--model_dir default).
+# 8080: HTTP (V1/V2 REST, /metrics, probes); 8081: V2 gRPC.
+EXPOSE 8080 8081
+
+ENTRYPOINT ["python", "-m", "predictor"]
+CMD []
