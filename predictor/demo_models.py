@@ -176,8 +176,10 @@ class DemoSegmenter(nn.Module):
         logits = self.net(tiles)
         if self.pad_to_batch is None:
             return logits
-        pad = logits.new_zeros((self.pad_to_batch - logits.shape[0], *logits.shape[1:]))
-        return torch.cat([logits, pad], dim=0)
+        # slice_scatter, not cat with a [P - B, ...] block: a tensor sized P - B
+        # makes torch.export specialise on it and reject the dynamic batch.
+        padded = logits.new_zeros((self.pad_to_batch, *logits.shape[1:]))
+        return torch.slice_scatter(padded, logits, dim=0, start=0, end=logits.shape[0])
 
 
 def _vit_config(preset: str, opts: dict[str, Any]) -> ViTConfig:
