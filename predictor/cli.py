@@ -42,13 +42,33 @@ def build_parser() -> argparse.ArgumentParser:
     add("--spec", default=None, help="built-in spec name or spec file; overrides the embedded one")
     add("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     add("--max_batch_size", type=int, default=batching.max_batch_size, help="tiles per forward")
-    add("--max_latency_ms", type=float, default=batching.max_latency_ms, help="longest wait to fill a batch")
-    add("--max_queue_size", type=int, default=batching.max_queue_size, help="tiles waiting before 503")
+    add(
+        "--max_latency_ms",
+        type=float,
+        default=batching.max_latency_ms,
+        help="longest wait to fill a batch",
+    )
+    add(
+        "--max_queue_size",
+        type=int,
+        default=batching.max_queue_size,
+        help="tiles waiting before 503",
+    )
     add("--preprocess_workers", type=int, default=os.cpu_count() or 1, help="stage-1 threads")
     add("--drain_timeout_s", type=float, default=30.0, help="longest drain after SIGTERM")
     add("--max_tiles_per_request", type=int, default=limits.max_tiles_per_request)
-    add("--max_image_pixels", type=int, default=limits.max_image_pixels, help="decoded size cap (bombs)")
-    add("--max_body_bytes", type=int, default=limits.max_body_bytes, help="HTTP body / gRPC message cap")
+    add(
+        "--max_image_pixels",
+        type=int,
+        default=limits.max_image_pixels,
+        help="decoded size cap (bombs)",
+    )
+    add(
+        "--max_body_bytes",
+        type=int,
+        default=limits.max_body_bytes,
+        help="HTTP body / gRPC message cap",
+    )
     add("--fault_injection", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -83,7 +103,9 @@ def serve(argv: Sequence[str] | None = None) -> int:
     from predictor.loading import build_model
 
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         model_config, batching, limits = configs_from_args(args)
         model = build_model(model_config, batching, limits)
@@ -92,7 +114,10 @@ def serve(argv: Sequence[str] | None = None) -> int:
         return EXIT_STARTUP_ERROR
     logger.info(
         "serving %s: batching %s, limits %s, %d preprocess workers",
-        model.name, asdict(batching), asdict(limits), model_config.preprocess_workers,
+        model.name,
+        asdict(batching),
+        asdict(limits),
+        model_config.preprocess_workers,
     )
     from predictor.server.app import HistoModelServer
 

@@ -54,20 +54,30 @@ class HistoserveClient:
     def __enter__(self) -> HistoserveClient:
         return self
 
-    def __exit__(self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]) -> None:
+    def __exit__(
+        self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
+    ) -> None:
         self.close()
 
     def close(self) -> None:
         """Closes the connection pool."""
         self._http.close()
 
-    def infer_pixels(self, tiles: np.ndarray, *, mode: str | None = None, bulk_rna: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    def infer_pixels(
+        self, tiles: np.ndarray, *, mode: str | None = None, bulk_rna: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
         """Runs raw RGB tiles ``uint8 [N, H, W, 3]`` (the fast path)."""
         tiles = np.ascontiguousarray(tiles, dtype=np.uint8)
         tensors = [("pixels", "UINT8", list(tiles.shape), tiles.tobytes())]
         return self._infer(tensors, mode, bulk_rna)
 
-    def infer_images(self, images: Sequence[bytes], *, mode: str | None = None, bulk_rna: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    def infer_images(
+        self,
+        images: Sequence[bytes],
+        *,
+        mode: str | None = None,
+        bulk_rna: np.ndarray | None = None,
+    ) -> dict[str, np.ndarray]:
         """Runs encoded tiles (PNG, JPEG, TIFF bytes)."""
         payload = b"".join(struct.pack("<I", len(img)) + bytes(img) for img in images)
         return self._infer([("tiles", "BYTES", [len(images)], payload)], mode, bulk_rna)
@@ -85,7 +95,12 @@ class HistoserveClient:
         _raise_for_status(response)
         return response.json()
 
-    def _infer(self, tensors: list[tuple[str, str, list[int], bytes]], mode: str | None, bulk_rna: np.ndarray | None) -> dict[str, np.ndarray]:
+    def _infer(
+        self,
+        tensors: list[tuple[str, str, list[int], bytes]],
+        mode: str | None,
+        bulk_rna: np.ndarray | None,
+    ) -> dict[str, np.ndarray]:
         if bulk_rna is not None:
             rna = np.ascontiguousarray(bulk_rna, dtype=np.float32)
             tensors.append(("bulk_rna", "FP32", list(rna.shape), rna.tobytes()))
@@ -128,7 +143,9 @@ def _decode_response(response: httpx.Response) -> dict[str, np.ndarray]:
         if size is None:
             outputs[out["name"]] = np.asarray(out["data"], dtype=dtype).reshape(out["shape"])
             continue
-        outputs[out["name"]] = np.frombuffer(body, dtype=dtype, count=size // np.dtype(dtype).itemsize, offset=offset).reshape(out["shape"])
+        outputs[out["name"]] = np.frombuffer(
+            body, dtype=dtype, count=size // np.dtype(dtype).itemsize, offset=offset
+        ).reshape(out["shape"])
         offset += size
     return outputs
 

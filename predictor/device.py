@@ -50,7 +50,11 @@ class Normalizer:
         if self.device.type != "cuda":
             return torch.stack(hwc)
         shape = (len(hwc), *hwc[0].shape)
-        if self._pinned is None or self._pinned.shape[0] < shape[0] or self._pinned.shape[1:] != shape[1:]:
+        if (
+            self._pinned is None
+            or self._pinned.shape[0] < shape[0]
+            or self._pinned.shape[1:] != shape[1:]
+        ):
             self._pinned = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
         host = self._pinned[: shape[0]]
         torch.stack(hwc, out=host)
@@ -71,7 +75,11 @@ def dtype_from_name(name: str) -> torch.dtype:
     if name in _DTYPES:
         return _DTYPES[name]
     key = name.removeprefix("torch.")
-    for label, dtype in (("float32", torch.float32), ("float16", torch.float16), ("bfloat16", torch.bfloat16)):
+    for label, dtype in (
+        ("float32", torch.float32),
+        ("float16", torch.float16),
+        ("bfloat16", torch.bfloat16),
+    ):
         if key == label:
             return dtype
     raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(_DTYPES)}")

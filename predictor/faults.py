@@ -59,7 +59,9 @@ class FaultHook:
             or (self.kind == "marker" and any(_all_equal(t, self.marker) for t in tiles))
         )
         if hit:
-            raise ForwardError(f"injected forward failure in batch {count} (fault hook {self.kind})")
+            raise ForwardError(
+                f"injected forward failure in batch {count} (fault hook {self.kind})"
+            )
 
 
 def _all_equal(tile: torch.Tensor, value: int) -> bool:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from predictor import package as pkg
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.errors import SpecError
-from predictor.faults import parse_fault_spec
 from predictor.families import model_class_for
+from predictor.faults import parse_fault_spec
 from predictor.metrics import create_metrics
 from predictor.model import BaseServerModel, ServingOptions
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec, spec_from_json
@@ -27,7 +27,9 @@ def resolve_model_spec(metadata: dict[str, str], override: str | None) -> ModelS
     return spec_from_json(embedded)
 
 
-def build_model(config: ModelConfig, batching: BatchingConfig, limits: LimitsConfig) -> BaseServerModel:
+def build_model(
+    config: ModelConfig, batching: BatchingConfig, limits: LimitsConfig
+) -> BaseServerModel:
     """Builds and loads the model the config describes (fail-fast)."""
     checkpoint = pkg.find_checkpoint(config.model_dir, config.checkpoint)
     pkg.verify_sha256(checkpoint)

@@ -87,10 +87,15 @@ def create_metrics(model: str, registry: CollectorRegistry | None = None) -> Met
     return Metrics(
         model=model,
         batch_size=Histogram(
-            "histoserve_batch_size", "Tiles per forward call.", labels,
-            buckets=_BATCH_BUCKETS, registry=reg,
+            "histoserve_batch_size",
+            "Tiles per forward call.",
+            labels,
+            buckets=_BATCH_BUCKETS,
+            registry=reg,
         ),
-        queue_depth=Gauge("histoserve_queue_depth", "Tiles waiting for a batch.", labels, registry=reg),
+        queue_depth=Gauge(
+            "histoserve_queue_depth", "Tiles waiting for a batch.", labels, registry=reg
+        ),
         inflight_requests=Gauge(
             "histoserve_inflight_requests", "Requests being served.", labels, registry=reg
         ),
@@ -98,15 +103,24 @@ def create_metrics(model: str, registry: CollectorRegistry | None = None) -> Met
             "histoserve_tiles_total", "Tiles by outcome.", ("model", "outcome"), registry=reg
         ),
         queue_wait_seconds=Histogram(
-            "histoserve_queue_wait_seconds", "Enqueue to dispatch, per tile.", labels,
-            buckets=_SECONDS_BUCKETS, registry=reg,
+            "histoserve_queue_wait_seconds",
+            "Enqueue to dispatch, per tile.",
+            labels,
+            buckets=_SECONDS_BUCKETS,
+            registry=reg,
         ),
         forward_seconds=Histogram(
-            "histoserve_forward_seconds", "Forward pass per batch (incl. copies).", labels,
-            buckets=_SECONDS_BUCKETS, registry=reg,
+            "histoserve_forward_seconds",
+            "Forward pass per batch (incl. copies).",
+            labels,
+            buckets=_SECONDS_BUCKETS,
+            registry=reg,
         ),
         preprocess_seconds=Histogram(
-            "histoserve_preprocess_seconds", "Stage 1 (decode, validate) per request.", labels,
-            buckets=_SECONDS_BUCKETS, registry=reg,
+            "histoserve_preprocess_seconds",
+            "Stage 1 (decode, validate) per request.",
+            labels,
+            buckets=_SECONDS_BUCKETS,
+            registry=reg,
         ),
     )

@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from predictor import package as pkg
 from predictor.batcher import DynamicBatcher
 from predictor.codecs.images import decode_tile
 from predictor.codecs.v1 import decode_v1, encode_v1
-from predictor.codecs.v2 import decode_v2, encode_v2
+from predictor.codecs.v2 import decode_v2, encode_v2, select_outputs
 from predictor.config import BatchingConfig, LimitsConfig
 from predictor.device import Normalizer, as_forward_error, classify_error, synchronize
 from predictor.errors import InvalidInput, ModelNotReady
@@ -50,8 +50,8 @@ MODEL_ROOT = Path("/opt/ml/model")
 class ServingOptions:
     """Runtime options beside the spec; built by the CLI, defaults fit tests."""
 
-    batching: BatchingConfig = BatchingConfig()
-    limits: LimitsConfig = LimitsConfig()
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     preprocess_workers: int = 2
     name: str | None = None
 
@@ -197,14 +197,22 @@ class BaseServerModel(Model):
         """Codecs validate; KServe's dict checks would misread our payload."""
         return payload
 
-    async def preprocess(self, payload: dict | InferRequest, headers: dict[str, str] | None = None) -> _Prepared:
+    async def preprocess(
+        self, payload: dict | InferRequest, headers: dict[str, str] | None = None
+    ) -> _Prepared:
         """Stage 1: decode the request and prepare every tile; 400 on any bad input."""
         if self._draining or self._pool is None:
-            raise ModelNotReady(f"model {self.name!r} is not accepting requests (draining or not loaded)")
+            raise ModelNotReady(
+                f"model {self.name!r} is not accepting requests (draining or not loaded)"
+            )
         started = time.monotonic()
         decoded = self._decode(payload)
         try:
             mode = self._resolve_mode(decoded.mode)
+            if decoded.protocol == "v2":
+                select_outputs(
+                    decoded, self.output_names(mode)
+                )  # unknown outputs fail before compute
             samples = await self._prepare_all(decoded)
         except InvalidInput:
             self._count("invalid", len(decoded.items))
@@ -213,7 +221,9 @@ class BaseServerModel(Model):
             self._metrics.observe_preprocess(time.monotonic() - started)
         return _Prepared(decoded, mode, samples)
 
-    async def predict(self, payload: _Prepared, headers: dict[str, str] | None = None) -> tuple[_Prepared, list[ModelResponse]]:
+    async def predict(
+        self, payload: _Prepared, headers: dict[str, str] | None = None
+    ) -> tuple[_Prepared, list[ModelResponse]]:
         """Stage 2: enqueue the samples and await one response per tile, in order."""
         if self._batcher is None:
             raise ModelNotReady(f"model {self.name!r} has no running batcher")
@@ -227,7 +237,9 @@ class BaseServerModel(Model):
         self._count("ok", len(items))
         return payload, list(results)
 
-    async def postprocess(self, result: tuple[_Prepared, list[ModelResponse]], headers: dict[str, str] | None = None) -> dict | InferResponse:
+    async def postprocess(
+        self, result: tuple[_Prepared, list[ModelResponse]], headers: dict[str, str] | None = None
+    ) -> dict | InferResponse:
         """Encodes the responses in the protocol the request came in."""
         prepared, responses = result
         names = self.output_names(prepared.mode)
@@ -263,19 +275,26 @@ class BaseServerModel(Model):
     async def _prepare_all(self, decoded: DecodedRequest) -> list[PreparedSample]:
         items = decoded.items
         if not any(item.image_data is not None for item in items):
-            return self._prepare_chunk(items, decoded.tile_input)  # raw pixels: no decoding to spread
+            return self._prepare_chunk(
+                items, decoded.tile_input
+            )  # raw pixels: no decoding to spread
         workers = self._options.preprocess_workers
         size = max(1, -(-len(items) // workers))
         chunks = [items[i : i + size] for i in range(0, len(items), size)]
         loop = asyncio.get_running_loop()
-        jobs = [loop.run_in_executor(self._pool, self._prepare_chunk, c, decoded.tile_input) for c in chunks]
+        jobs = [
+            loop.run_in_executor(self._pool, self._prepare_chunk, c, decoded.tile_input)
+            for c in chunks
+        ]
         results = await asyncio.gather(*jobs, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
         return [sample for chunk in results for sample in chunk]
 
-    def _prepare_chunk(self, items: Sequence[ModelRequest], tile_input: str) -> list[PreparedSample]:
+    def _prepare_chunk(
+        self, items: Sequence[ModelRequest], tile_input: str
+    ) -> list[PreparedSample]:
         prepared = []
         for item in items:
             try:
@@ -311,13 +330,17 @@ class BaseServerModel(Model):
         return values
 
     # -- stage 2 --------------------------------------------------------------------------
-    def _run_batch(self, items: list[tuple[PreparedSample, ModelRequest]], mode: str) -> list[ModelResponse]:
+    def _run_batch(
+        self, items: list[tuple[PreparedSample, ModelRequest]], mode: str
+    ) -> list[ModelResponse]:
         samples = [sample for sample, _ in items]
         requests = [request for _, request in items]
         return self.forward_batch(samples, requests, mode)
 
     @torch.inference_mode()
-    def forward_batch(self, samples: list[PreparedSample], requests: list[ModelRequest], mode: str = "prediction") -> list[ModelResponse]:
+    def forward_batch(
+        self, samples: list[PreparedSample], requests: list[ModelRequest], mode: str = "prediction"
+    ) -> list[ModelResponse]:
         """Runs one batch on the device; any failure is the whole batch's ``ForwardError``.
 
         Stacks, moves to the device, normalises there, runs the package,
@@ -346,10 +369,14 @@ class BaseServerModel(Model):
         """Device output (trimmed to the real batch) to a host tensor; fp32 by default."""
         return output.float().cpu() if output.is_floating_point() else output.cpu()
 
-    def build_responses(self, outputs: Sequence[np.ndarray], requests: Sequence[ModelRequest], mode: str) -> list[ModelResponse]:
+    def build_responses(
+        self, outputs: Sequence[np.ndarray], requests: Sequence[ModelRequest], mode: str
+    ) -> list[ModelResponse]:
         """One response per sample from the host outputs (views, no copies)."""
         embeddings = outputs[0]
-        return [ModelResponse({"embedding": embeddings[i]}, r.metadata) for i, r in enumerate(requests)]
+        return [
+            ModelResponse({"embedding": embeddings[i]}, r.metadata) for i, r in enumerate(requests)
+        ]
 
     # -- description ----------------------------------------------------------------------
     def output_names(self, mode: str) -> tuple[str, ...]:
@@ -377,7 +404,9 @@ class BaseServerModel(Model):
 
     def get_output_types(self) -> list[dict[str, Any]]:
         types = self.output_datatypes()
-        return [{"name": n, "datatype": types[n], "shape": s} for n, s in self.output_shapes().items()]
+        return [
+            {"name": n, "datatype": types[n], "shape": s} for n, s in self.output_shapes().items()
+        ]
 
     def get_metadata(self) -> dict[str, Any]:
         """Model name, inputs/outputs, the spec, the package's provenance and the batching config."""
@@ -390,8 +419,8 @@ class BaseServerModel(Model):
             "checkpoint": str(self._checkpoint),
             "device": str(self._device),
             "package_metadata": dict(package.metadata) if package else {},
-            "batching": vars(self._options.batching) | {},
-            "limits": vars(self._options.limits) | {},
+            "batching": asdict(self._options.batching),
+            "limits": asdict(self._options.limits),
             "preprocess_workers": self._options.preprocess_workers,
         }
 

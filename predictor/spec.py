@@ -92,7 +92,9 @@ class ModelSpec:
         if not self.modes or any(m not in MODES for m in self.modes):
             raise SpecError(f"spec {self.name!r}: modes {self.modes!r} must be drawn from {MODES}")
         if self.bulk_rna_transform not in (None, "log1p"):
-            raise SpecError(f"spec {self.name!r}: unknown bulk_rna_transform {self.bulk_rna_transform!r}")
+            raise SpecError(
+                f"spec {self.name!r}: unknown bulk_rna_transform {self.bulk_rna_transform!r}"
+            )
         if self.prediction_transform not in (None, "expm1"):
             raise SpecError(
                 f"spec {self.name!r}: unknown prediction_transform {self.prediction_transform!r}"
@@ -196,9 +198,21 @@ def _encoder(name: str, repo: str, **kwargs: Any) -> ModelSpec:
 BUILTIN_SPECS: Mapping[str, ModelSpec] = {
     spec.name: spec
     for spec in (
-        _encoder("h0-mini", "bioptimus/H0-mini", extra={"timm_kwargs": "mlp_layer=SwiGLUPacked,act_layer=SiLU", "pooling": "cls+mean"}),
-        _encoder("h0", "bioptimus/H-optimus-0", extra={"timm_kwargs": "init_values=1e-5,dynamic_img_size=False"}),
-        _encoder("h1", "bioptimus/H-optimus-1", extra={"timm_kwargs": "init_values=1e-5,dynamic_img_size=False"}),
+        _encoder(
+            "h0-mini",
+            "bioptimus/H0-mini",
+            extra={"timm_kwargs": "mlp_layer=SwiGLUPacked,act_layer=SiLU", "pooling": "cls+mean"},
+        ),
+        _encoder(
+            "h0",
+            "bioptimus/H-optimus-0",
+            extra={"timm_kwargs": "init_values=1e-5,dynamic_img_size=False"},
+        ),
+        _encoder(
+            "h1",
+            "bioptimus/H-optimus-1",
+            extra={"timm_kwargs": "init_values=1e-5,dynamic_img_size=False"},
+        ),
         ModelSpec(
             name="m-optimus",
             family="multimodal",

@@ -48,8 +48,8 @@ class MultimodalServerModel(BaseServerModel):
     def check_package(self, package: pkg.LoadedPackage) -> None:
         root = Path(package.path).parent
         spec = self.model_spec
-        self.genes_in = genes.read_gene_list(root / (spec.genes_in_file or "genes_in.csv"))
-        self.genes_out = genes.read_gene_list(root / (spec.genes_out_file or "genes_out.csv"))
+        self.genes_in = list(genes.read_gene_ids(root / (spec.genes_in_file or "genes_in.csv")))
+        self.genes_out = list(genes.read_gene_ids(root / (spec.genes_out_file or "genes_out.csv")))
         shapes = pkg.probe_outputs(package, spec, self.extra_input_shapes(package))
         pkg.check_consistency(spec, shapes)
         predicted = shapes[0][-1]
@@ -105,7 +105,9 @@ class MultimodalServerModel(BaseServerModel):
         rna = torch.stack([s.extra_tensors["bulk_rna"] for s in samples])
         return tiles, rna.to(self.device, dtype=tiles.dtype, non_blocking=True)
 
-    def build_responses(self, outputs: Sequence[np.ndarray], requests: Sequence[ModelRequest], mode: str) -> list[ModelResponse]:
+    def build_responses(
+        self, outputs: Sequence[np.ndarray], requests: Sequence[ModelRequest], mode: str
+    ) -> list[ModelResponse]:
         log_prediction, embedding = outputs[0], outputs[1]
         names = _OUTPUTS_BY_MODE[mode]
         per_output: dict[str, np.ndarray] = {}
@@ -135,10 +137,16 @@ class MultimodalServerModel(BaseServerModel):
         return {"prediction": "FP32", "embedding": "FP32"}
 
     def output_shapes(self) -> Mapping[str, list[int]]:
-        return {"prediction": [-1, len(self.genes_out)], "embedding": [-1, self.model_spec.embedding_dim]}
+        return {
+            "prediction": [-1, len(self.genes_out)],
+            "embedding": [-1, self.model_spec.embedding_dim],
+        }
 
     def input_descriptions(self) -> list[dict[str, Any]]:
-        return [*super().input_descriptions(), {"name": "bulk_rna", "datatype": "FP32", "shape": [-1, len(self.genes_in)]}]
+        return [
+            *super().input_descriptions(),
+            {"name": "bulk_rna", "datatype": "FP32", "shape": [-1, len(self.genes_in)]},
+        ]
 
     def get_metadata(self) -> dict[str, Any]:
         return super().get_metadata() | {"genes_in": self.genes_in, "genes_out": self.genes_out}

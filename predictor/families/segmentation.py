@@ -32,7 +32,9 @@ class SegmentationServerModel(BaseServerModel):
         cut = math.log(threshold / (1.0 - threshold))
         return (logits > cut).to(torch.uint8).cpu()
 
-    def build_responses(self, outputs: Sequence[np.ndarray], requests: Sequence[ModelRequest], mode: str) -> list[ModelResponse]:
+    def build_responses(
+        self, outputs: Sequence[np.ndarray], requests: Sequence[ModelRequest], mode: str
+    ) -> list[ModelResponse]:
         masks = outputs[0]
         return [ModelResponse({"mask": masks[i]}, r.metadata) for i, r in enumerate(requests)]
 

@@ -53,7 +53,9 @@ class BodyLimitMiddleware:
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             response = JSONResponse(
                 status_code=413,
-                content={"error": f"request body of {int(length)} bytes exceeds the limit of {self.max_body_bytes}"},
+                content={
+                    "error": f"request body of {int(length)} bytes exceeds the limit of {self.max_body_bytes}"
+                },
             )
             await response(scope, receive, send)
             return
@@ -73,7 +75,9 @@ class BodyLimitMiddleware:
 class _GrpcServer:
     """KServe's V2 gRPC service with our interceptor and message-size limits."""
 
-    def __init__(self, port: int, dataplane: Any, repository: Any, max_message_bytes: int, grace_s: float):
+    def __init__(
+        self, port: int, dataplane: Any, repository: Any, max_message_bytes: int, grace_s: float
+    ):
         self._port = port
         self._dataplane = dataplane
         self._repository = repository
@@ -112,10 +116,14 @@ class HistoModelServer(ModelServer):
         **kwargs: KServe ``ModelServer`` arguments (ports, workers, ...).
     """
 
-    def __init__(self, *, drain_timeout_s: float = 30.0, max_body_bytes: int = 256 << 20, **kwargs: Any):
+    def __init__(
+        self, *, drain_timeout_s: float = 30.0, max_body_bytes: int = 256 << 20, **kwargs: Any
+    ):
         super().__init__(**kwargs)
         if self.workers != 1:
-            raise ValueError(f"--workers must be 1 (one batcher owns the device), got {self.workers}")
+            raise ValueError(
+                f"--workers must be 1 (one batcher owns the device), got {self.workers}"
+            )
         if drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {drain_timeout_s}")
         self.dataplane = HistoDataPlane(model_registry=self.registered_models)
@@ -142,10 +150,17 @@ class HistoModelServer(ModelServer):
         # We own SIGTERM (drain first); uvicorn must not exit on it by itself.
         self._rest_server._server.capture_signals = contextlib.nullcontext
         self._configure_app(_kserve_app())
-        self._grpc_server = _GrpcServer(
-            self.grpc_port, self.dataplane, self.model_repository_extension,
-            self._max_body_bytes, float(self.grace_period),
-        ) if self.enable_grpc else None
+        self._grpc_server = (
+            _GrpcServer(
+                self.grpc_port,
+                self.dataplane,
+                self.model_repository_extension,
+                self._max_body_bytes,
+                float(self.grace_period),
+            )
+            if self.enable_grpc
+            else None
+        )
         self.setup_event_loop()
         asyncio.run(self._serve())
 

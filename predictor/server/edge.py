@@ -103,7 +103,9 @@ def install_http_handlers(app: FastAPI) -> None:
 class GrpcErrorInterceptor(ExceptionToStatusInterceptor):
     """KServe's gRPC interceptor, taught the histoserve table first."""
 
-    async def handle_exception(self, ex: Exception, request_or_iterator: Any, context: Any, method_name: str) -> None:
+    async def handle_exception(
+        self, ex: Exception, request_or_iterator: Any, context: Any, method_name: str
+    ) -> None:
         status = status_for(ex)
         if status is None:
             await super().handle_exception(ex, request_or_iterator, context, method_name)

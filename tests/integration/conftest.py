@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -78,15 +80,26 @@ class Server:
         return self.proc.returncode
 
 
-def start_server(model_dir: Path, tmp_path: Path, *extra: str, model_name: str | None = None,
-                 wait: bool = True) -> Server:
+def start_server(
+    model_dir: Path, tmp_path: Path, *extra: str, model_name: str | None = None, wait: bool = True
+) -> Server:
     """Starts ``python -m predictor`` on free ports and waits for model readiness."""
     http_port, grpc_port = free_port(), free_port()
     args = [
-        sys.executable, "-m", "predictor",
-        "--model_dir", str(model_dir), "--device", "cpu",
-        "--http_port", str(http_port), "--grpc_port", str(grpc_port),
-        "--preprocess_workers", "2", *extra,
+        sys.executable,
+        "-m",
+        "predictor",
+        "--model_dir",
+        str(model_dir),
+        "--device",
+        "cpu",
+        "--http_port",
+        str(http_port),
+        "--grpc_port",
+        str(grpc_port),
+        "--preprocess_workers",
+        "2",
+        *extra,
     ]
     log_path = tmp_path / f"server-{http_port}.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="2")
@@ -112,7 +125,12 @@ def wait_ready(server: Server) -> None:
             if not server.model_name:
                 models = httpx.get(f"{server.base}/v1/models", timeout=2).json()["models"]
                 server.model_name = models[0]
-            if httpx.get(f"{server.base}/v2/models/{server.model_name}/ready", timeout=2).status_code == 200:
+            if (
+                httpx.get(
+                    f"{server.base}/v2/models/{server.model_name}/ready", timeout=2
+                ).status_code
+                == 200
+            ):
                 return
         except (httpx.HTTPError, KeyError, IndexError, ValueError):
             pass
@@ -122,9 +140,17 @@ def wait_ready(server: Server) -> None:
 
 
 @pytest.fixture(scope="module")
-def embedding_server(embedding_package_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = start_server(embedding_package_dir, tmp_path_factory.mktemp("emb"),
-                          "--max_batch_size", "8", "--max_latency_ms", "20")
+def embedding_server(
+    embedding_package_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    server = start_server(
+        embedding_package_dir,
+        tmp_path_factory.mktemp("emb"),
+        "--max_batch_size",
+        "8",
+        "--max_latency_ms",
+        "20",
+    )
     yield server
     server.stop()
 
@@ -147,7 +173,9 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def normalise_reference(tiles: np.ndarray, mean: np.ndarray | None = MEAN, std: np.ndarray | None = STD) -> torch.Tensor:
+def normalise_reference(
+    tiles: np.ndarray, mean: np.ndarray | None = MEAN, std: np.ndarray | None = STD
+) -> torch.Tensor:
     """The vendor's preprocessing, done independently of the server: /255, mean/std, NCHW."""
     x = tiles.astype(np.float32) / 255.0
     if mean is not None:
@@ -171,3 +199,74 @@ class Reference:
 def package_in(model_dir: Path) -> Path:
     (path,) = sorted(model_dir.glob("*.pt2"))
     return path
+
+
+# -- outside gRPC client (its own interpreter: tritonclient.grpc clashes with kserve) -----
+class GrpcError(Exception):
+    """A gRPC call failed; ``status`` is e.g. ``StatusCode.INVALID_ARGUMENT``."""
+
+    def __init__(self, status: str, message: str):
+        self.status, self.message = status, message
+        super().__init__(f"{status}: {message}")
+
+
+class GrpcClient:
+    """Proxy to ``grpc_worker.py``: ``infer(model, {name: (datatype, array)}) -> {name: array}``."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self._proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("grpc_worker.py"))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        self._lock = threading.Lock()
+
+    def _call(self, payload: dict) -> dict:
+        with self._lock:
+            self._proc.stdin.write(json.dumps(payload) + "\n")
+            self._proc.stdin.flush()
+            line = self._proc.stdout.readline()
+        if not line:
+            raise AssertionError("gRPC worker died")
+        return json.loads(line)
+
+    def infer(
+        self, model: str, inputs: dict[str, tuple[str, np.ndarray]], parameters: dict | None = None
+    ) -> dict[str, np.ndarray]:
+        payload = {
+            "op": "infer",
+            "url": self.url,
+            "model": model,
+            "parameters": parameters,
+            "inputs": [{"name": n, "datatype": d, "data": _npy(a)} for n, (d, a) in inputs.items()],
+        }
+        answer = self._call(payload)
+        if "outputs" not in answer:
+            raise GrpcError(answer["status"], answer["message"])
+        return {
+            name: np.load(io.BytesIO(base64.b64decode(v)), allow_pickle=True)
+            for name, v in answer["outputs"].items()
+        }
+
+    def is_model_ready(self, model: str) -> bool:
+        return self._call({"op": "ready", "url": self.url, "model": model})["ready"]
+
+    def close(self) -> None:
+        self._proc.stdin.close()
+        self._proc.wait(30)
+
+
+def _npy(array: np.ndarray) -> str:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=True)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def bytes_array(items: Sequence[bytes]) -> np.ndarray:
+    """An object array of raw bytes for a ``BYTES`` input."""
+    arr = np.empty(len(items), dtype=np.object_)
+    arr[:] = list(items)
+    return arr

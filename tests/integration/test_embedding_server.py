@@ -8,13 +8,14 @@ import re
 import httpx
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.conftest import (
+    GrpcClient,
     Reference,
     b64,
+    bytes_array,
     encode_png,
     normalise_reference,
     package_in,
@@ -40,7 +41,7 @@ def http(embedding_server):
 
 @pytest.fixture(scope="module")
 def grpc(embedding_server):
-    client = grpcclient.InferenceServerClient(embedding_server.grpc_url)
+    client = GrpcClient(embedding_server.grpc_url)
     yield client
     client.close()
 
@@ -68,7 +69,9 @@ def test_ready_and_metadata(http, embedding_server):
 
 
 def test_config_endpoint_shows_spec_and_batching(embedding_server):
-    config = httpx.get(f"{embedding_server.base}/v2/models/{embedding_server.model_name}/config").json()
+    config = httpx.get(
+        f"{embedding_server.base}/v2/models/{embedding_server.model_name}/config"
+    ).json()
     assert config["spec"]["name"] == "h0-mini"
     assert config["spec"]["mean"] == pytest.approx([0.707223, 0.578729, 0.703617])
     assert config["batching"]["max_batch_size"] == 8
@@ -90,28 +93,32 @@ def test_v2_rest_tiles(http, embedding_server, reference, binary):
 def test_v2_rest_pixels(http, embedding_server, reference, binary):
     tiles = random_tiles(4, seed=2)
     result = http_infer(http, embedding_server, "pixels", tiles, "UINT8", binary=binary)
-    np.testing.assert_allclose(result.as_numpy("embedding"), expected(reference, tiles), atol=ATOL, rtol=1e-4)
+    np.testing.assert_allclose(
+        result.as_numpy("embedding"), expected(reference, tiles), atol=ATOL, rtol=1e-4
+    )
 
 
 @pytest.mark.parametrize("name", ["tiles", "pixels"])
 def test_v2_grpc(grpc, embedding_server, reference, name):
     tiles = random_tiles(2, seed=3)
     if name == "tiles":
-        data, datatype = np.array([encode_png(t) for t in tiles], dtype=np.object_), "BYTES"
+        data, datatype = bytes_array([encode_png(t) for t in tiles]), "BYTES"
     else:
         data, datatype = tiles, "UINT8"
-    inp = grpcclient.InferInput(name, list(data.shape), datatype)
-    inp.set_data_from_numpy(data)
-    result = grpc.infer(embedding_server.model_name, [inp], parameters={"mode": "embedding"})
-    np.testing.assert_allclose(result.as_numpy("embedding"), expected(reference, tiles), atol=ATOL, rtol=1e-4)
+    result = grpc.infer(
+        embedding_server.model_name, {name: (datatype, data)}, parameters={"mode": "embedding"}
+    )
+    np.testing.assert_allclose(
+        result["embedding"], expected(reference, tiles), atol=ATOL, rtol=1e-4
+    )
 
 
 def test_grpc_large_request_beyond_default_4mib(grpc, embedding_server, reference):
     tiles = random_tiles(32, seed=4)  # ~4.8 MB raw, over gRPC's default cap
-    inp = grpcclient.InferInput("pixels", list(tiles.shape), "UINT8")
-    inp.set_data_from_numpy(tiles)
-    result = grpc.infer(embedding_server.model_name, [inp])
-    np.testing.assert_allclose(result.as_numpy("embedding"), expected(reference, tiles), atol=ATOL, rtol=1e-4)
+    result = grpc.infer(embedding_server.model_name, {"pixels": ("UINT8", tiles)})
+    np.testing.assert_allclose(
+        result["embedding"], expected(reference, tiles), atol=ATOL, rtol=1e-4
+    )
 
 
 def test_v1_instances_echo_metadata_in_order(embedding_server, reference):
@@ -122,27 +129,42 @@ def test_v1_instances_echo_metadata_in_order(embedding_server, reference):
     ]
     response = httpx.post(
         f"{embedding_server.base}/v1/models/{embedding_server.model_name}:predict",
-        json={"instances": instances}, timeout=60,
+        json={"instances": instances},
+        timeout=60,
     )
     assert response.status_code == 200, response.text
     predictions = response.json()["predictions"]
     want = expected(reference, tiles)
     for i, prediction in enumerate(predictions):
-        assert prediction["slide_name"] == "S1" and prediction["x"] == i * 224 and prediction["patch_idx"] == i
-        np.testing.assert_allclose(np.asarray(prediction["output"], dtype=np.float32), want[i], atol=ATOL, rtol=1e-4)
+        assert (
+            prediction["slide_name"] == "S1"
+            and prediction["x"] == i * 224
+            and prediction["patch_idx"] == i
+        )
+        np.testing.assert_allclose(
+            np.asarray(prediction["output"], dtype=np.float32), want[i], atol=ATOL, rtol=1e-4
+        )
 
 
-def test_request_larger_than_batch_is_split_and_stitched_in_order(http, embedding_server, reference):
+def test_request_larger_than_batch_is_split_and_stitched_in_order(
+    http, embedding_server, reference
+):
     tiles = random_tiles(19, seed=6)  # max_batch_size is 8: three batches
     result = http_infer(http, embedding_server, "pixels", tiles, "UINT8", binary=True)
-    np.testing.assert_allclose(result.as_numpy("embedding"), expected(reference, tiles), atol=ATOL, rtol=1e-4)
+    np.testing.assert_allclose(
+        result.as_numpy("embedding"), expected(reference, tiles), atol=ATOL, rtol=1e-4
+    )
 
 
 def test_unknown_mode_is_400_naming_it(http, embedding_server):
     tiles = random_tiles(1, seed=7)
     with pytest.raises(InferenceServerException) as err:
         http_infer(http, embedding_server, "pixels", tiles, "UINT8", binary=True, mode="segment")
-    assert err.value.status() == "400" and "mode" in err.value.message() and "segment" in err.value.message()
+    assert (
+        err.value.status() == "400"
+        and "mode" in err.value.message()
+        and "segment" in err.value.message()
+    )
 
 
 def _histogram_sum_count(metrics: str, name: str) -> tuple[float, float]:
@@ -159,7 +181,9 @@ def test_concurrent_single_tile_requests_are_merged(embedding_server, reference)
     def one(i):
         client = httpclient.InferenceServerClient(embedding_server.http_url)
         try:
-            return http_infer(client, embedding_server, "pixels", tiles[i : i + 1], "UINT8", binary=True).as_numpy("embedding")
+            return http_infer(
+                client, embedding_server, "pixels", tiles[i : i + 1], "UINT8", binary=True
+            ).as_numpy("embedding")
         finally:
             client.close()
 
@@ -176,8 +200,12 @@ def test_concurrent_single_tile_requests_are_merged(embedding_server, reference)
 def test_metrics_exposed(embedding_server):
     text = embedding_server.metrics()
     for name in (
-        "histoserve_batch_size", "histoserve_queue_depth", "histoserve_inflight_requests",
-        "histoserve_tiles_total", "histoserve_queue_wait_seconds", "histoserve_forward_seconds",
+        "histoserve_batch_size",
+        "histoserve_queue_depth",
+        "histoserve_inflight_requests",
+        "histoserve_tiles_total",
+        "histoserve_queue_wait_seconds",
+        "histoserve_forward_seconds",
         "histoserve_preprocess_seconds",
     ):
         assert name in text, name

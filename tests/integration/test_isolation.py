@@ -35,7 +35,12 @@ def tiles_input(strings):
 
 
 def pixels_input(tiles):
-    return {"name": "pixels", "shape": list(tiles.shape), "datatype": "UINT8", "data": tiles.flatten().tolist()}
+    return {
+        "name": "pixels",
+        "shape": list(tiles.shape),
+        "datatype": "UINT8",
+        "data": tiles.flatten().tolist(),
+    }
 
 
 def _malformed_requests():
@@ -44,19 +49,66 @@ def _malformed_requests():
     small = b64(encode_png(random_tiles(1, size=100, seed=52)[0]))
     return {
         "bad base64": (v2_json([tiles_input([good, "!!!not base64!!!"])]), ["tiles", "tile 1"]),
-        "not an image": (v2_json([tiles_input([b64(b"hello, I am not a PNG")])]), ["tiles", "tile 0"]),
-        "truncated png": (v2_json([tiles_input([good, b64(png[: len(png) // 2])])]), ["tiles", "tile 1"]),
+        "not an image": (
+            v2_json([tiles_input([b64(b"hello, I am not a PNG")])]),
+            ["tiles", "tile 0"],
+        ),
+        "truncated png": (
+            v2_json([tiles_input([good, b64(png[: len(png) // 2])])]),
+            ["tiles", "tile 1"],
+        ),
         "wrong size": (v2_json([tiles_input([small])]), ["tiles", "tile 0", "224"]),
-        "wrong dtype": (v2_json([{"name": "pixels", "shape": [1, 224, 224, 3], "datatype": "FP32",
-                                  "data": [0.5] * (224 * 224 * 3)}]), ["pixels"]),
-        "wrong shape": (v2_json([{"name": "pixels", "shape": [1, 224, 3], "datatype": "UINT8",
-                                  "data": [0] * (224 * 3)}]), ["pixels"]),
-        "uint8 out of range": (v2_json([{"name": "pixels", "shape": [1, 1, 1, 3], "datatype": "UINT8",
-                                         "data": [300, 0, 0]}]), ["pixels"]),
-        "unknown mode": (v2_json([tiles_input([good])], {"mode": "nonsense"}), ["mode", "nonsense"]),
-        "both tiles and pixels": (v2_json([tiles_input([good]), pixels_input(random_tiles(1, seed=53))]),
-                                  ["tiles", "pixels"]),
-        "neither": (v2_json([{"name": "other", "shape": [1], "datatype": "BYTES", "data": ["x"]}]), ["other"]),
+        "wrong dtype": (
+            v2_json(
+                [
+                    {
+                        "name": "pixels",
+                        "shape": [1, 224, 224, 3],
+                        "datatype": "FP32",
+                        "data": [0.5] * (224 * 224 * 3),
+                    }
+                ]
+            ),
+            ["pixels"],
+        ),
+        "wrong shape": (
+            v2_json(
+                [
+                    {
+                        "name": "pixels",
+                        "shape": [1, 224, 3],
+                        "datatype": "UINT8",
+                        "data": [0] * (224 * 3),
+                    }
+                ]
+            ),
+            ["pixels"],
+        ),
+        "uint8 out of range": (
+            v2_json(
+                [
+                    {
+                        "name": "pixels",
+                        "shape": [1, 1, 1, 3],
+                        "datatype": "UINT8",
+                        "data": [300, 0, 0],
+                    }
+                ]
+            ),
+            ["pixels"],
+        ),
+        "unknown mode": (
+            v2_json([tiles_input([good])], {"mode": "nonsense"}),
+            ["mode", "nonsense"],
+        ),
+        "both tiles and pixels": (
+            v2_json([tiles_input([good]), pixels_input(random_tiles(1, seed=53))]),
+            ["tiles", "pixels"],
+        ),
+        "neither": (
+            v2_json([{"name": "other", "shape": [1], "datatype": "BYTES", "data": ["x"]}]),
+            ["other"],
+        ),
     }
 
 
@@ -71,7 +123,9 @@ def reference(embedding_package_dir):
 def _post(server, body, raw=None):
     url = f"{server.base}/v2/models/{server.model_name}/infer"
     if raw is not None:
-        return httpx.post(url, content=raw, headers={"content-type": "application/json"}, timeout=120)
+        return httpx.post(
+            url, content=raw, headers={"content-type": "application/json"}, timeout=120
+        )
     return httpx.post(url, json=body, timeout=120)
 
 
@@ -112,14 +166,24 @@ def test_malformed_and_valid_traffic_concurrently(embedding_server, reference):
             continue
         assert response.status_code == 200, response.text
         (out,) = response.json()["outputs"]
-        np.testing.assert_allclose(np.asarray(out["data"], np.float32), want[key], atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(
+            np.asarray(out["data"], np.float32), want[key], atol=1e-4, rtol=1e-4
+        )
 
 
 @pytest.fixture(scope="module")
 def faulty_server(embedding_package_dir, tmp_path_factory):
     # Fault hook: fail the batch holding a tile whose pixels are all 7 (test-only flag).
-    server = start_server(embedding_package_dir, tmp_path_factory.mktemp("faulty"),
-                          "--fault_injection", "marker:7", "--max_batch_size", "4", "--max_latency_ms", "50")
+    server = start_server(
+        embedding_package_dir,
+        tmp_path_factory.mktemp("faulty"),
+        "--fault_injection",
+        "marker:7",
+        "--max_batch_size",
+        "4",
+        "--max_latency_ms",
+        "50",
+    )
     yield server
     server.stop()
 
@@ -133,7 +197,10 @@ def test_forward_failure_fails_exactly_its_batch(faulty_server, reference):
     assert response.status_code == 200, response.text
     got = np.asarray(response.json()["outputs"][0]["data"], np.float32).reshape(2, -1)
     np.testing.assert_allclose(got, reference(normalise_reference(tiles))[0], atol=1e-4, rtol=1e-4)
-    assert httpx.get(f"{faulty_server.base}/v2/models/{faulty_server.model_name}/ready").status_code == 200
+    assert (
+        httpx.get(f"{faulty_server.base}/v2/models/{faulty_server.model_name}/ready").status_code
+        == 200
+    )
     assert httpx.get(f"{faulty_server.base}/v2/health/live").status_code == 200
 
 
@@ -169,7 +236,9 @@ def _failed_tiles(metrics: str) -> float:
 def test_startup_is_fail_fast_with_one_clear_line(embedding_package_dir, tmp_path, extra, needle):
     server = start_server(embedding_package_dir, tmp_path, *extra, model_name="x", wait=False)
     assert server.proc.wait(240) == 2
-    lines = [line for line in server.log().splitlines() if line.startswith("histoserve: cannot start")]
+    lines = [
+        line for line in server.log().splitlines() if line.startswith("histoserve: cannot start")
+    ]
     assert len(lines) == 1 and needle in lines[0], server.log()
 
 

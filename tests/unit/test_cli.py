@@ -22,11 +22,27 @@ def test_contract_flags_and_defaults():
 
 def test_flags_reach_the_configs():
     args = build_parser().parse_args(
-        ["--max_batch_size", "16", "--max_latency_ms", "2.5", "--max_queue_size", "64",
-         "--preprocess_workers", "3", "--device", "cuda:1", "--model_name", "enc"]
+        [
+            "--max_batch_size",
+            "16",
+            "--max_latency_ms",
+            "2.5",
+            "--max_queue_size",
+            "64",
+            "--preprocess_workers",
+            "3",
+            "--device",
+            "cuda:1",
+            "--model_name",
+            "enc",
+        ]
     )
     model, batching, _ = configs_from_args(args)
-    assert (batching.max_batch_size, batching.max_latency_ms, batching.max_queue_size) == (16, 2.5, 64)
+    assert (batching.max_batch_size, batching.max_latency_ms, batching.max_queue_size) == (
+        16,
+        2.5,
+        64,
+    )
     assert (model.preprocess_workers, model.device, model.model_name) == (3, "cuda:1", "enc")
 
 
@@ -46,4 +62,6 @@ def test_bad_values_name_themselves(flags, needle):
 def test_startup_error_exits_2_with_one_line(tmp_path, capsys):
     assert main(["serve", "--model_dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("histoserve: cannot start") and str(tmp_path) in err[0]
+    assert (
+        len(err) == 1 and err[0].startswith("histoserve: cannot start") and str(tmp_path) in err[0]
+    )

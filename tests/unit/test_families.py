@@ -16,8 +16,13 @@ from predictor.spec import BUILTIN_SPECS
 
 @pytest.mark.parametrize(
     ("name", "cls"),
-    [("h0-mini", BaseServerModel), ("h0", BaseServerModel), ("h1", BaseServerModel),
-     ("m-optimus", MultimodalServerModel), ("tissue-seg", SegmentationServerModel)],
+    [
+        ("h0-mini", BaseServerModel),
+        ("h0", BaseServerModel),
+        ("h1", BaseServerModel),
+        ("m-optimus", MultimodalServerModel),
+        ("tissue-seg", SegmentationServerModel),
+    ],
 )
 def test_builtin_specs_map_to_their_class(name, cls):
     assert model_class_for(BUILTIN_SPECS[name]) is cls

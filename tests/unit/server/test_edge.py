@@ -70,10 +70,14 @@ def test_http_mapping_and_422_override():
     client = _client()
     assert client.post("/echo", json={"inputs": [5, 6]}).json() == {"n": 2}
     bad = client.post("/echo", json={"inputs": [0]})
-    assert bad.status_code == 400 and bad.json() == {"error": "input 'inputs' tile 0: zero is not allowed"}
+    assert bad.status_code == 400 and bad.json() == {
+        "error": "input 'inputs' tile 0: zero is not allowed"
+    }
     full = client.post("/echo", json={"inputs": [1]})
     assert full.status_code == 503 and full.headers["retry-after"] == "2"
-    malformed = client.post("/echo", content=b'{"inputs": [', headers={"content-type": "application/json"})
+    malformed = client.post(
+        "/echo", content=b'{"inputs": [', headers={"content-type": "application/json"}
+    )
     assert malformed.status_code == 400 and "malformed request body" in malformed.json()["error"]
     missing = client.post("/echo", json={"outputs": []})
     assert missing.status_code == 400 and "inputs" in missing.json()["error"]

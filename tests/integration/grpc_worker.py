@@ -1,0 +1,61 @@
+"""An outside V2 gRPC client (tritonclient.grpc) in its own interpreter.
+
+tritonclient.grpc and kserve register the same protobuf symbols, so they
+cannot share the pytest process. The test side (``GrpcClient`` in
+``conftest.py``) sends one JSON line per call on stdin; this worker answers
+one JSON line: outputs as base64 ``.npy`` or the gRPC status and message.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import sys
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+
+def _load(b64: str) -> np.ndarray:
+    return np.load(io.BytesIO(base64.b64decode(b64)), allow_pickle=True)
+
+
+def _dump(array: np.ndarray) -> str:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=True)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def handle(call: dict, clients: dict) -> dict:
+    client = clients.setdefault(call["url"], grpcclient.InferenceServerClient(call["url"]))
+    if call["op"] == "ready":
+        return {"ready": client.is_model_ready(call["model"])}
+    inputs = []
+    for spec in call["inputs"]:
+        data = _load(spec["data"])
+        inp = grpcclient.InferInput(spec["name"], list(data.shape), spec["datatype"])
+        inp.set_data_from_numpy(data)
+        inputs.append(inp)
+    try:
+        result = client.infer(
+            call["model"],
+            inputs,
+            parameters=call.get("parameters") or None,
+            client_timeout=call.get("timeout_s", 120),
+        )
+    except InferenceServerException as exc:
+        return {"status": str(exc.status()), "message": exc.message()}
+    outputs = {out.name: _dump(result.as_numpy(out.name)) for out in result.get_response().outputs}
+    return {"outputs": outputs}
+
+
+def main() -> None:
+    clients: dict = {}
+    for line in sys.stdin:
+        print(json.dumps(handle(json.loads(line), clients)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
