@@ -10,6 +10,7 @@ HISTOSERVE_TARGETS      space-separated candidates: base URLs (http) or host:por
                         the first that reports the model ready is used
 HISTOSERVE_TIMEOUT_S    seconds to wait for readiness (default 900)
 HISTOSERVE_TILE_SIZE    tile edge when the model metadata does not say (default 224)
+HISTOSERVE_POLL_S       seconds between readiness polls (default 5)
 
 The tile is a `pixels` UINT8 tensor of shape [1, H, W, 3] with H and W read
 from the model's metadata, filled with a deterministic texture. Exit 0 only on
@@ -27,7 +28,7 @@ import urllib.error
 import urllib.request
 
 REQUEST_TIMEOUT_S = 120.0
-POLL_S = 5.0
+POLL_S = float(os.environ.get("HISTOSERVE_POLL_S", "5"))
 
 
 def log(message: str) -> None:
@@ -36,7 +37,12 @@ def log(message: str) -> None:
 
 def tile_bytes(height: int, width: int) -> bytes:
     """A deterministic RGB texture (not constant, so normalisation sees variance)."""
-    return bytes(((x * 7 + y * 13 + c * 101) % 256) for y in range(height) for x in range(width) for c in range(3))
+    return bytes(
+        ((x * 7 + y * 13 + c * 101) % 256)
+        for y in range(height)
+        for x in range(width)
+        for c in range(3)
+    )
 
 
 def tile_geometry(inputs: list, default: int) -> tuple[int, int]:
@@ -56,9 +62,9 @@ def check_outputs(outputs: list) -> None:
         if not shape or int(shape[0]) != 1:
             raise RuntimeError(f"output {out.get('name')!r} has shape {shape}, expected batch 1")
         data = out.get("data")
-        if isinstance(data, list) and out.get("datatype", "").startswith("FP"):
-            if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in data):
-                raise RuntimeError(f"output {out.get('name')!r} holds non-finite values")
+        floats = isinstance(data, list) and out.get("datatype", "").startswith("FP")
+        if floats and not all(isinstance(v, (int, float)) and math.isfinite(v) for v in data):
+            raise RuntimeError(f"output {out.get('name')!r} holds non-finite values")
         log(f"output {out.get('name')} {out.get('datatype')} {shape}")
 
 
@@ -138,7 +144,9 @@ def run_grpc(targets: list[str], model: str, deadline: float, default_tile: int)
     last = "no answer yet"
     while stub is None:
         for target in targets:
-            candidate = pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(target, options=options))
+            candidate = pb_grpc.GRPCInferenceServiceStub(
+                grpc.insecure_channel(target, options=options)
+            )
             try:
                 if candidate.ModelReady(pb.ModelReadyRequest(name=model), timeout=10).ready:
                     stub = candidate
