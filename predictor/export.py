@@ -36,7 +36,7 @@ from torch import nn
 
 from predictor import export_sources, genes, hostfacts
 from predictor.demo_models import PRESETS, build_demo_model, demo_example_inputs
-from predictor.errors import CheckpointError, HistoserveError, SpecError
+from predictor.errors import CheckpointError, HistoserveError, SpecError, SpecMismatch
 from predictor.package import sha256_file
 from predictor.package_meta import (
     CPU_BUILD_KEY,
@@ -100,14 +100,15 @@ def export_package(
         weights_digest: SHA-256 of the weights file, recorded in provenance.
         cpu_target: ``native`` (fastest, runs only on CPUs with the build host's
             instruction sets) or ``x86-64-v3`` (AVX2, portable).
-        gene_lists: Multimodal only: (input genes, output genes); demo IDs
-            of the right lengths when ``None``.
+        gene_lists: Multimodal only: (input genes, output genes), written
+            beside the package as the spec's CSVs; demo IDs when ``None``.
 
     Returns:
         The package path.
 
     Raises:
         SpecError: Bad dtype, device, batch range or cpu target.
+        SpecMismatch: Gene lists whose lengths differ from the model's ``G``/``K``.
         CheckpointError: Export or compilation failed (wraps torch's error).
     """
     _check_options(dtype, device, min_batch, max_batch, cpu_target)
@@ -123,11 +124,13 @@ def export_package(
         _provenance(source, weights_digest, dtype, target, min_batch, max_batch, cpu_target),
         sort_keys=True,
     )
+    if spec.family == "multimodal":  # check the gene lists before the slow part
+        gene_lists = _gene_lists(spec, args[1].shape[1], outputs[0].shape[1], gene_lists)
     program = _export(module, args, min_batch, max_batch)
     _compile(program, output, metadata, cpu_target)
     write_sha256(output)
-    if spec.family == "multimodal":
-        write_gene_lists(spec, output.parent, args[1].shape[1], outputs[0].shape[1], gene_lists)
+    if gene_lists is not None:
+        write_gene_lists(spec, output.parent, *gene_lists)
     return output
 
 
@@ -263,33 +266,39 @@ def write_sha256(path: Path) -> Path:
     return digest_file
 
 
-def write_gene_lists(
+def _gene_lists(
     spec: ModelSpec,
-    directory: Path,
     genes_in: int,
     genes_out: int,
-    gene_lists: tuple[Sequence[str], Sequence[str]] | None = None,
-) -> tuple[Path, Path]:
-    """Writes the spec's input/output gene CSVs into ``directory``.
-
-    Raises:
-        SpecError: The spec names no gene files.
-        SpecMismatch-like CheckpointError: Given lists whose lengths differ
-            from the package's ``G``/``K``, or malformed IDs.
-    """
+    given: tuple[Sequence[str], Sequence[str]] | None,
+) -> tuple[Sequence[str], Sequence[str]]:
     if not spec.genes_in_file or not spec.genes_out_file:
         raise SpecError(
             f"spec {spec.name!r} is multimodal but names no genes_in_file/genes_out_file"
         )
-    ids_in, ids_out = gene_lists or (genes.demo_gene_ids(genes_in), genes.demo_gene_ids(genes_out))
+    ids_in, ids_out = given or (genes.demo_gene_ids(genes_in), genes.demo_gene_ids(genes_out))
     for label, ids, count in (("input", ids_in, genes_in), ("output", ids_out, genes_out)):
         if len(ids) != count:
-            raise CheckpointError(
-                f"{label} gene list has {len(ids)} genes but the package uses {count}"
+            raise SpecMismatch(
+                f"the {label} gene list has {len(ids)} genes but the model uses {count}"
             )
+    return ids_in, ids_out
+
+
+def write_gene_lists(
+    spec: ModelSpec, directory: Path, genes_in: Sequence[str], genes_out: Sequence[str]
+) -> tuple[Path, Path]:
+    """Writes the spec's input/output gene CSVs (``genes_in_file``/``genes_out_file``) into ``directory``.
+
+    Raises:
+        SpecError: The spec names no gene files.
+        CheckpointError: Empty, malformed or duplicate gene IDs.
+    """
+    if not spec.genes_in_file or not spec.genes_out_file:
+        raise SpecError(f"spec {spec.name!r} names no genes_in_file/genes_out_file")
     return (
-        genes.write_gene_ids(directory / spec.genes_in_file, ids_in),
-        genes.write_gene_ids(directory / spec.genes_out_file, ids_out),
+        genes.write_gene_ids(directory / spec.genes_in_file, genes_in),
+        genes.write_gene_ids(directory / spec.genes_out_file, genes_out),
     )
 
 
@@ -305,8 +314,11 @@ def export_demo(spec: ModelSpec, output: Path, *, preset: str = "tiny", **opts: 
             :func:`~predictor.demo_models.build_demo_model` (e.g.
             ``embedding_dim``, ``pad_to_batch``, ``genes_in``).
     """
-    export_keys = ("device", "dtype", "min_batch", "max_batch", "cpu_target")
+    export_keys = ("device", "dtype", "min_batch", "max_batch", "cpu_target", "gene_lists")
     export_opts = {k: opts.pop(k) for k in export_keys if k in opts}
+    if "gene_lists" in export_opts:  # size the demo to the given gene lists
+        opts.setdefault("genes_in", len(export_opts["gene_lists"][0]))
+        opts.setdefault("genes_out", len(export_opts["gene_lists"][1]))
     module = build_demo_model(spec, preset, **opts)
     pad = opts.get("pad_to_batch")
     if pad is not None:
@@ -352,19 +364,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--min_batch", type=int, default=1)
     parser.add_argument("--max_batch", type=int, default=256)
     parser.add_argument("--cpu_target", default="native", choices=sorted(CPU_TARGETS))
+    parser.add_argument("--genes_in", type=Path, help="multimodal: input gene CSV to ship")
+    parser.add_argument("--genes_out", type=Path, help="multimodal: output gene CSV to ship")
     return parser
 
 
 def run(args: argparse.Namespace) -> Path:
     """Runs a parsed export command; returns the package path."""
     spec = resolve_spec(args.spec)
-    opts = {
+    opts: dict[str, Any] = {
         "device": args.device,
         "dtype": args.dtype,
         "min_batch": args.min_batch,
         "max_batch": args.max_batch,
         "cpu_target": args.cpu_target,
     }
+    if (args.genes_in is None) != (args.genes_out is None):
+        raise SpecError("--genes_in and --genes_out go together")
+    if args.genes_in is not None:
+        opts["gene_lists"] = (
+            genes.read_gene_ids(args.genes_in),
+            genes.read_gene_ids(args.genes_out),
+        )
     if args.demo:
         return export_demo(spec, args.output, preset=args.demo_preset, **opts)
     if args.timm:
@@ -373,9 +394,8 @@ def run(args: argparse.Namespace) -> Path:
         return export_timm(spec, args.output, args.timm, args.weights, **opts)
     module = export_sources.build_from_factory(export_sources.load_factory(args.module), spec)
     inputs = export_sources.module_example_inputs(module, spec)
-    return export_package(
-        module, spec, args.output, example_inputs=inputs, source=f"module:{args.module}", **opts
-    )
+    source = f"module:{args.module}"
+    return export_package(module, spec, args.output, example_inputs=inputs, source=source, **opts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from pathlib import Path
@@ -18,13 +19,17 @@ from predictor.demo_models import (
     build_demo_model,
     demo_example_inputs,
 )
-from predictor.errors import SpecError
-from predictor.genes import read_gene_ids
+from predictor.errors import IncompatiblePackage, SpecError, SpecMismatch
+from predictor.genes import demo_gene_ids, read_gene_ids, write_gene_ids
+from predictor.hostfacts import HostFacts
 from predictor.spec import BUILTIN_SPECS, METADATA_KEY, ModelSpec
 from tests.conftest import demo_package, module_package
 
 WRONG_DIM_TARGET = "tests.unit.test_export:wrong_dim_encoder"
 CPU = torch.device("cpu")
+AVX2_ONLY = frozenset(
+    {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "sse4_1", "sse4_2", "ssse3"}
+)
 
 
 def wrong_dim_encoder(spec: ModelSpec) -> nn.Module:
@@ -320,3 +325,48 @@ def test_build_from_factory_with_and_without_spec() -> None:
     assert got.in_features == 1536
     with pytest.raises(SpecError, match=r"not an nn\.Module"):
         export.export_sources.build_from_factory(lambda: 3, spec)
+
+
+def test_gene_lists_are_checked_before_compiling(tmp_path: Path) -> None:
+    spec = BUILTIN_SPECS["m-optimus"]
+    model = build_demo_model(spec, depth=1, genes_in=8, genes_out=4)
+    inputs = demo_example_inputs(spec, 2, genes_in=8)
+    lists = (demo_gene_ids(8), demo_gene_ids(5))
+    with pytest.raises(SpecMismatch, match="output gene list has 5 genes but the model uses 4"):
+        export.export_package(
+            model, spec, tmp_path / "m.pt2", example_inputs=inputs, gene_lists=lists
+        )
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_gene_list_flags_go_together(tmp_path: Path, capsys) -> None:
+    genes_in = write_gene_ids(tmp_path / "in.csv", demo_gene_ids(3))
+    argv = [
+        "--spec",
+        "m-optimus",
+        "--demo",
+        "--genes_in",
+        str(genes_in),
+        "--output",
+        str(tmp_path / "m.pt2"),
+    ]
+    assert export.main(argv) == 2
+    assert "--genes_in and --genes_out go together" in capsys.readouterr().err
+
+
+def test_portable_cpu_target(embedding_package_dir: Path) -> None:
+    path = demo_package("h0-mini", cpu_target="x86-64-v3", max_batch=8)
+    metadata = pkg.read_metadata(path)
+    assert metadata["AOTI_CPU_ISA"] == "AVX2"
+    assert json.loads(metadata[pkg.CPU_BUILD_KEY])["march"] == "x86-64-v3"
+    avx2_host = dataclasses.replace(HostFacts.detect(), cpu_flags=AVX2_ONLY)
+    pkg.check_host_compat(metadata, CPU, avx2_host)
+    native = pkg.read_metadata(only_pt2(embedding_package_dir))
+    if json.loads(native[pkg.CPU_BUILD_KEY])["required_flags"] != sorted(AVX2_ONLY):
+        with pytest.raises(IncompatiblePackage, match="--cpu_target x86-64-v3"):
+            pkg.check_host_compat(native, CPU, avx2_host)
+    loaded = pkg.load_package(path, CPU)
+    (tiles,) = demo_example_inputs(BUILTIN_SPECS["h0-mini"], 2)
+    with torch.no_grad():
+        expected = build_demo_model(BUILTIN_SPECS["h0-mini"])(tiles)
+    torch.testing.assert_close(loaded(tiles)[0], expected, rtol=1e-4, atol=1e-4)
