@@ -31,7 +31,12 @@ def test_builtin_names() -> None:
 def test_tile_encoders_share_the_vendor_geometry(name: str) -> None:
     spec = BUILTIN_SPECS[name]
     assert spec.family == "embedding"
-    assert (spec.tile_size, spec.patch_size, spec.prefix_tokens, spec.embedding_dim) == (224, 14, 1, 1536)
+    assert (spec.tile_size, spec.patch_size, spec.prefix_tokens, spec.embedding_dim) == (
+        224,
+        14,
+        1,
+        1536,
+    )
     assert spec.mean == ENCODER_MEAN and spec.std == ENCODER_STD
     assert spec.mpp == 0.5 and spec.interpolation == "bicubic" and spec.precision == "fp32"
     assert spec.default_mode == "embedding" and not spec.takes_bulk_rna
@@ -84,7 +89,12 @@ def test_load_yaml_file(tmp_path: Path) -> None:
         "embedding_dim: 0\nmodes: [prediction]\nmpp: 4.0\n"
     )
     spec = resolve_spec(str(path))
-    assert (spec.name, spec.family, spec.tile_size, spec.mpp) == ("my-seg", "segmentation", 256, 4.0)
+    assert (spec.name, spec.family, spec.tile_size, spec.mpp) == (
+        "my-seg",
+        "segmentation",
+        256,
+        4.0,
+    )
     assert spec.modes == ("prediction",)
 
 
