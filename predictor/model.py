@@ -99,6 +99,9 @@ class BaseServerModel(Model):
         self._pool: ThreadPoolExecutor | None = None
         self._batcher: DynamicBatcher | None = None
         self._draining = False
+        self._admitted = 0  # requests inside __call__ (stage 1 or 2); drain waits for them
+        self._all_done = asyncio.Event()
+        self._all_done.set()
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -159,12 +162,28 @@ class BaseServerModel(Model):
         await self._batcher.start()
 
     async def drain(self, timeout_s: float) -> bool:
-        """Turns readiness false, refuses new work and waits for admitted work."""
+        """Turns readiness false, refuses new work and waits for admitted work.
+
+        Admitted requests still in stage 1 (decoding) have not reached the
+        batcher yet, so the batcher keeps accepting their tiles until every
+        admitted request has finished or the deadline passes; then the
+        batcher drains whatever is left in the time that remains.
+        """
         self._draining = True
         self.ready = False
+        deadline = time.monotonic() + timeout_s
+        try:
+            await asyncio.wait_for(self._all_done.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            logger.warning(
+                "%s: %d admitted requests still running at the drain deadline",
+                self.name,
+                self._admitted,
+            )
         if self._batcher is None:
-            return True
-        return await self._batcher.drain(timeout_s)
+            return self._admitted == 0
+        drained = await self._batcher.drain(max(0.0, deadline - time.monotonic()))
+        return drained and self._admitted == 0
 
     async def healthy(self) -> bool:
         """Ready for traffic: loaded, not draining, device usable."""
@@ -183,10 +202,26 @@ class BaseServerModel(Model):
 
     # -- kserve entry points --------------------------------------------------------------
     async def __call__(self, body: Any, headers: dict[str, str] | None = None, verb: Any = None):
-        if self._metrics is None:
-            return await self._call(body, headers, verb)
-        with self._metrics.inflight():
-            return await self._call(body, headers, verb)
+        self._admit()
+        try:
+            if self._metrics is None:
+                return await self._call(body, headers, verb)
+            with self._metrics.inflight():
+                return await self._call(body, headers, verb)
+        finally:
+            self._release()
+
+    def _admit(self) -> None:
+        """Counts a request in, or refuses it once draining (no await: atomic on the loop)."""
+        if self._draining:
+            raise ModelNotReady(f"model {self.name!r} is draining for shutdown; retry elsewhere")
+        self._admitted += 1
+        self._all_done.clear()
+
+    def _release(self) -> None:
+        self._admitted -= 1
+        if self._admitted == 0:
+            self._all_done.set()
 
     async def _call(self, body: Any, headers: dict[str, str] | None, verb: Any):
         if verb is None:
