@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jsonschema
-import kubernetes_validate
 import pytest
 
 from tests.chart.helpers import (
@@ -25,6 +24,7 @@ from tests.chart.helpers import (
     crd_dir_path,
     find_helm,
     helm_template,
+    k8s_validate,
     load_yaml,
     missing,
     parse_docs,
@@ -116,15 +116,6 @@ def validate_object(crd_validators) -> Callable[[dict], None]:
             assert not errors, f"{kind}: " + "; ".join(e.message for e in errors[:5])
             return
         for version in K8S_VERSIONS:
-            try:
-                kubernetes_validate.validate(obj, version, strict=True)
-            except kubernetes_validate.ValidationError as exc:
-                path = ".".join(str(p) for p in exc.path)
-                raise AssertionError(
-                    f"{kind} {obj['metadata']['name']} fails Kubernetes {version} (strict): "
-                    f"{path}: {exc.message}"
-                ) from None
-            except kubernetes_validate.SchemaNotFoundError as exc:
-                raise AssertionError(f"no schema to validate {kind}: {exc.message}") from None
+            k8s_validate(obj, version)
 
     return _validate

@@ -284,8 +284,50 @@ def check_metadata(obj: dict) -> None:
         assert isinstance(value, str), f"annotation {key} value must be a string, got {value!r}"
     # ObjectMeta's own schema (field names and types) through a carrier kind.
     carrier = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}
-    kubernetes_validate.validate(carrier, K8S_VERSIONS[-1], strict=True)
+    k8s_validate(carrier, K8S_VERSIONS[-1])
+
+
+@functools.lru_cache(maxsize=128)
+def _k8s_validator(kind: str, api_version: str, version: str) -> Any:
+    """kubernetes-validate's strict schema for kind, built once (it re-reads files per call)."""
+    import referencing
+    import referencing.jsonschema
+    from kubernetes_validate import utils
+
+    versions = [v for v in utils.all_versions() if utils.major_minor(v) <= version]
+    schema_dir = f"v{versions[-1]}-local-strict"
+    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    try:
+        schema = utils.schema_contents(
+            f"kubernetes-json-schema/{schema_dir}/{kind.lower()}-{group_version}.json", version
+        )
+    except FileNotFoundError:
+        raise AssertionError(f"no Kubernetes {version} schema for {api_version} {kind}") from None
+    definitions = utils.schema_contents(
+        f"kubernetes-json-schema/{schema_dir}/_definitions.json", version
+    )
+    registry = referencing.Resource.from_contents(schema) @ referencing.Registry()
+    registry = referencing.Resource.from_contents(definitions) @ registry
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+def k8s_validate(obj: dict, version: str) -> None:
+    """Strict validation of a core object against Kubernetes version's schema."""
+    validator = _k8s_validator(obj["kind"], obj["apiVersion"], version)
+    errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        path = ".".join(str(p) for p in e.absolute_path)
+        raise AssertionError(
+            f"{obj['kind']} {obj['metadata'].get('name')} fails Kubernetes {version} (strict): "
+            f"{path}: {e.message[:300]}"
+        )
 
 
 def ci_values_files() -> list[str]:
     return sorted(p.name for p in CI_VALUES.glob("*.yaml"))
+
+
+def preset_files() -> list[str]:
+    """The documented presets (absolute paths: template_key keeps them as they are)."""
+    return sorted(str(p) for p in (CHART / "presets").glob("*.yaml"))

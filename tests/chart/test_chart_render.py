@@ -13,9 +13,10 @@ from tests.chart.helpers import (
     by_kind,
     ci_values_files,
     one,
+    preset_files,
 )
 
-MATRIX = ci_values_files()
+MATRIX = ci_values_files() + preset_files()
 
 # The matrix the issue asks for must stay covered (renaming a file must not drop a case).
 REQUIRED_CASES = {
@@ -51,7 +52,7 @@ def test_lint_strict_defaults(helm_bin):
 
 @pytest.mark.parametrize("values", MATRIX)
 def test_lint_strict_ci_values(helm_bin, values):
-    proc = lint(helm_bin, "--values", str(CI_VALUES / values))
+    proc = lint(helm_bin, "--values", str(CI_VALUES / values) if "/" not in values else values)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

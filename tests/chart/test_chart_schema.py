@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
 
-from tests.chart.helpers import CHART, CI_VALUES, ci_values_files, load_yaml
+from tests.chart.helpers import CHART, CI_VALUES, ci_values_files, load_yaml, preset_files
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 DEFAULTS = load_yaml((CHART / "values.yaml").read_text())
@@ -25,9 +26,9 @@ def _merge(base, override):
     return out
 
 
-@pytest.mark.parametrize("values", ci_values_files())
+@pytest.mark.parametrize("values", ci_values_files() + preset_files())
 def test_ci_values_validate_against_schema(values):
-    merged = _merge(DEFAULTS, load_yaml((CI_VALUES / values).read_text()))
+    merged = _merge(DEFAULTS, load_yaml((CI_VALUES / Path(values)).read_text()))
     jsonschema.Draft7Validator(SCHEMA).validate(merged)
 
 

@@ -94,7 +94,9 @@ def fake_server():
         }
         handler = type("Handler", (FakeV2,), {"state": {**defaults, **state}})
         server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_port}", handler.state
 
