@@ -31,19 +31,34 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.rest.server import RESTServer
 
-from predictor.errors import InvalidInput
 from predictor.server.dataplane import HistoDataPlane
 from predictor.server.edge import GrpcErrorInterceptor, install_http_handlers
 
 logger = logging.getLogger("histoserve")
 
 
+class _BodyTooLarge(Exception):
+    """Raised from the bounded ``receive`` when a streamed body passes the limit."""
+
+
 class BodyLimitMiddleware:
-    """Refuses HTTP bodies over ``max_body_bytes`` before they are buffered whole."""
+    """Refuses HTTP bodies over ``max_body_bytes`` with 413, before they are buffered whole.
+
+    A declared ``Content-Length`` over the limit is refused before reading.
+    A streamed (chunked) body is counted as it arrives; once over the limit,
+    whatever the app would answer (FastAPI turns a failing ``receive`` into its
+    own 400 ``{"detail": ...}``) is replaced by the same 413.
+    """
 
     def __init__(self, app: Any, max_body_bytes: int):
         self.app = app
         self.max_body_bytes = max_body_bytes
+
+    def _too_large(self, what: str) -> JSONResponse:
+        limit = self.max_body_bytes
+        return JSONResponse(
+            status_code=413, content={"error": f"{what} exceeds the limit of {limit} bytes"}
+        )
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -51,25 +66,31 @@ class BodyLimitMiddleware:
             return
         length = dict(scope.get("headers", ())).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            response = JSONResponse(
-                status_code=413,
-                content={
-                    "error": f"request body of {int(length)} bytes exceeds the limit of {self.max_body_bytes}"
-                },
-            )
-            await response(scope, receive, send)
+            await self._too_large(f"request body of {int(length)} bytes")(scope, receive, send)
             return
         seen = 0
+        exceeded = False
 
         async def bounded_receive() -> dict:
-            nonlocal seen
+            nonlocal seen, exceeded
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_body_bytes:
-                raise InvalidInput(f"request body exceeds the limit of {self.max_body_bytes} bytes")
+                exceeded = True
+                raise _BodyTooLarge()
             return message
 
-        await self.app(scope, bounded_receive, send)
+        async def guarded_send(message: dict) -> None:
+            if not exceeded:  # once over the limit, the 413 below is the only answer
+                await send(message)
+
+        try:
+            await self.app(scope, bounded_receive, guarded_send)
+        except Exception:
+            if not exceeded:
+                raise
+        if exceeded:
+            await self._too_large("streamed request body")(scope, receive, send)
 
 
 class _GrpcServer:
