@@ -106,3 +106,58 @@ def test_selectors_match_predictor_pods(render, values):
     selectors += [o["spec"]["selector"]["matchLabels"] for o in by_kind(objs, "ServiceMonitor")]
     for sel in selectors:
         assert sel.items() <= kserve_pod_labels.items(), sel
+
+
+# ------------------------------------------------- the validators are not vacuous
+
+
+def _refused(validate_object, obj):
+    with pytest.raises(AssertionError):
+        validate_object(obj)
+
+
+def test_crd_validation_rejects_unknown_and_mistyped_fields(render, validate_object):
+    import copy
+
+    isvc = one(render(), "InferenceService")
+    validate_object(isvc)
+    bad = copy.deepcopy(isvc)
+    bad["spec"]["predictor"]["replicas"] = 2  # not a predictor field
+    _refused(validate_object, bad)
+    bad = copy.deepcopy(isvc)
+    bad["spec"]["predictor"]["containers"][0]["volumeMount"] = []  # typo deep in the PodSpec
+    _refused(validate_object, bad)
+    bad = copy.deepcopy(isvc)
+    bad["spec"]["predictor"]["minReplicas"] = "1"
+    _refused(validate_object, bad)
+    # int-or-string fields take both
+    ok = copy.deepcopy(isvc)
+    ok["spec"]["predictor"]["deploymentStrategy"] = {
+        "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0}
+    }
+    validate_object(ok)
+
+
+def test_core_validation_rejects_unknown_fields_and_bad_labels(render, validate_object):
+    import copy
+
+    pvc = one(render(), "PersistentVolumeClaim")
+    bad = copy.deepcopy(pvc)
+    bad["spec"]["size"] = "1Gi"
+    _refused(validate_object, bad)
+    bad = copy.deepcopy(pvc)
+    bad["metadata"]["labels"]["app.kubernetes.io/version"] = "x" * 64
+    _refused(validate_object, bad)
+
+
+def test_missing_prerequisites_fail_in_ci_and_skip_elsewhere(monkeypatch, tmp_path):
+    from tests.chart import helpers
+
+    monkeypatch.setenv("HISTOSERVE_KSERVE_CRDS", str(tmp_path / "absent"))
+    assert helpers.crd_dir_path() == tmp_path / "absent"
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        helpers.missing("KServe CRD schemas not found")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="KServe CRD schemas not found"):
+        helpers.missing("KServe CRD schemas not found")
