@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -35,7 +36,7 @@ from predictor.codecs.v1 import decode_v1, encode_v1
 from predictor.codecs.v2 import decode_v2, encode_v2, select_outputs
 from predictor.config import BatchingConfig, LimitsConfig
 from predictor.device import Normalizer, as_forward_error, classify_error, synchronize
-from predictor.errors import InvalidInput, ModelNotReady
+from predictor.errors import InvalidInput, ModelNotReady, Overloaded
 from predictor.faults import FaultHook
 from predictor.metrics import Metrics
 from predictor.samples import DecodedRequest, ModelRequest, ModelResponse, PreparedSample
@@ -102,6 +103,7 @@ class BaseServerModel(Model):
         self._admitted = 0  # requests inside __call__ (stage 1 or 2); drain waits for them
         self._all_done = asyncio.Event()
         self._all_done.set()
+        self._staged = 0  # tiles in stage 1 (admitted, not yet queued); bounded with the queue
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -127,6 +129,8 @@ class BaseServerModel(Model):
         ready (e.g. while draining), which must not reload anything.
         """
         if self._package is None:
+            # Decoded and binary tiles are read-only numpy views; we never write them.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             pkg.verify_sha256(self._checkpoint)
             metadata = pkg.read_metadata(self._checkpoint)
             pkg.check_host_compat(metadata, self._device)
@@ -248,7 +252,7 @@ class BaseServerModel(Model):
                 select_outputs(
                     decoded, self.output_names(mode)
                 )  # unknown outputs fail before compute
-            samples = await self._prepare_all(decoded)
+            samples = await self._prepare_staged(decoded)
         except InvalidInput:
             self._count("invalid", len(decoded.items))
             raise
@@ -306,6 +310,33 @@ class BaseServerModel(Model):
                 input_name="parameters.mode",
             )
         return mode
+
+    def _check_room(self, n: int) -> None:
+        """Refuses overload before stage 1: tiles decoding plus queued stay within the queue bound.
+
+        The batcher checks its queue only when a request is submitted, after
+        its tiles were decoded; under overload that spent the CPU the admitted
+        requests need and made the 503 as slow as a success.
+        """
+        if self._batcher is None:
+            return
+        limit = self._options.batching.max_queue_size
+        waiting = self._staged + self._batcher.queue_depth
+        if waiting + n > limit:
+            self._count("rejected", n)
+            raise Overloaded(
+                f"{self.name}: queue full ({waiting} tiles waiting + {n} new > {limit})",
+                retry_after_s=self._options.batching.retry_after_s,
+            )
+
+    async def _prepare_staged(self, decoded: DecodedRequest) -> list[PreparedSample]:
+        n = len(decoded.items)
+        self._check_room(n)
+        self._staged += n
+        try:
+            return await self._prepare_all(decoded)
+        finally:
+            self._staged -= n
 
     async def _prepare_all(self, decoded: DecodedRequest) -> list[PreparedSample]:
         items = decoded.items

@@ -1,0 +1,144 @@
+"""BaseServerModel's seed API in-process: prepare_sample, forward_batch, forward, metadata."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from predictor.errors import ForwardError, InvalidInput, ModelNotReady
+from predictor.families import model_class_for
+from predictor.faults import parse_fault_spec
+from predictor.model import ServingOptions
+from predictor.samples import ModelRequest
+from predictor.spec import BUILTIN_SPECS
+from tests.integration.conftest import (
+    Reference,
+    encode_png,
+    normalise_reference,
+    package_in,
+    random_tiles,
+)
+
+
+def _model(model_dir, spec_name="h0-mini", **kwargs):
+    spec = BUILTIN_SPECS[spec_name]
+    path = package_in(model_dir)
+    model = model_class_for(spec)(spec, path.name, device="cpu", model_root=model_dir, **kwargs)
+    model.load()
+    return model
+
+
+@pytest.fixture(scope="module")
+def model(embedding_package_dir):
+    return _model(embedding_package_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(embedding_package_dir):
+    return Reference(package_in(embedding_package_dir))
+
+
+def test_prepare_sample_keeps_uint8_chw(model):
+    tile = random_tiles(1, seed=1)[0]
+    from_png = model.prepare_sample(ModelRequest(0, image_data=encode_png(tile)))
+    from_pixels = model.prepare_sample(ModelRequest(0, pixels=tile))
+    assert from_png.tile.dtype == torch.uint8 and from_png.tile.shape == (3, 224, 224)
+    assert torch.equal(from_png.tile, from_pixels.tile)
+
+
+@pytest.mark.parametrize(
+    ("request_", "needle"),
+    [
+        (ModelRequest(0), "no image"),
+        (ModelRequest(0, pixels=np.zeros((100, 224, 3), np.uint8)), "224x224"),
+        (ModelRequest(0, pixels=np.zeros((224, 224, 3), np.float32)), "uint8"),
+        (ModelRequest(0, image_data=b"GIF89a-not-really"), "image|format|decod"),
+    ],
+)
+def test_prepare_sample_rejects_bad_tiles(model, request_, needle):
+    with pytest.raises(InvalidInput, match=needle):
+        model.prepare_sample(request_)
+
+
+def test_forward_batch_matches_the_package(model, reference):
+    tiles = random_tiles(5, seed=2)
+    requests = [ModelRequest(i, pixels=t, metadata={"patch_idx": i}) for i, t in enumerate(tiles)]
+    samples = [model.prepare_sample(r) for r in requests]
+    responses = model.forward_batch(samples, requests, mode="embedding")
+    want = reference(normalise_reference(tiles))[0]
+    for i, response in enumerate(responses):
+        assert response.metadata == {"patch_idx": i}
+        np.testing.assert_allclose(response.outputs["embedding"], want[i], atol=1e-4, rtol=1e-4)
+
+
+def test_legacy_forward_returns_the_batch_tensor(model, reference):
+    tiles = random_tiles(3, seed=3)
+    out = model.forward([ModelRequest(i, pixels=t) for i, t in enumerate(tiles)])
+    assert out.shape == (3, 1536)
+    np.testing.assert_allclose(
+        out.numpy(), reference(normalise_reference(tiles))[0], atol=1e-4, rtol=1e-4
+    )
+
+
+def test_forward_batch_failure_is_a_forward_error(embedding_package_dir):
+    model = _model(embedding_package_dir, fault_hook=parse_fault_spec("nth:1"))
+    tile = random_tiles(1, seed=4)[0]
+    request = ModelRequest(0, pixels=tile)
+    with pytest.raises(ForwardError, match="injected"):
+        model.forward_batch([model.prepare_sample(request)], [request])
+    assert model.forward_batch([model.prepare_sample(request)], [request])[0].outputs[
+        "embedding"
+    ].shape == (1536,)
+
+
+def test_metadata_describes_model_and_config(embedding_package_dir):
+    from predictor.config import BatchingConfig
+
+    options = ServingOptions(
+        batching=BatchingConfig(max_batch_size=7, max_queue_size=70), name="enc"
+    )
+    model = _model(embedding_package_dir, options=options)
+    meta = model.get_metadata()
+    assert meta["name"] == "enc" and model.model_name == "enc"
+    assert meta["batching"]["max_batch_size"] == 7 and meta["spec"]["embedding_dim"] == 1536
+    assert {i["name"] for i in meta["inputs"]} == {"tiles", "pixels"}
+    assert meta["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 1536]}]
+
+
+def test_preprocess_bulk_rna_applies_log1p():
+    from predictor.families.multimodal import MultimodalServerModel
+
+    model = MultimodalServerModel.__new__(MultimodalServerModel)
+    model._spec = BUILTIN_SPECS["m-optimus"]
+    np.testing.assert_allclose(
+        model.preprocess_bulk_rna([0.0, 1.0, 9.0]), np.log1p([0.0, 1.0, 9.0]), rtol=1e-6
+    )
+
+
+def test_end_to_end_through_the_batcher_and_drain(embedding_package_dir, reference):
+    model = _model(embedding_package_dir)
+    tiles = random_tiles(3, seed=5)
+
+    async def scenario():
+        await model.start_batching()
+        body = {
+            "instances": [
+                {"image_data": __import__("base64").b64encode(encode_png(t)).decode()}
+                for t in tiles
+            ]
+        }
+        prepared = await model.preprocess(body)
+        result = await model.postprocess(await model.predict(prepared))
+        assert await model.drain(5.0)
+        assert not await model.healthy()
+        with pytest.raises(ModelNotReady):
+            await model.preprocess(body)
+        return result
+
+    result = asyncio.run(scenario())
+    want = reference(normalise_reference(tiles))[0]
+    got = np.stack([np.asarray(p["output"]) for p in result["predictions"]])
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
