@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 
@@ -97,6 +98,23 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ModelConfig, BatchingCo
     return model, batching, limits
 
 
+def build_server(args: argparse.Namespace, limits: LimitsConfig) -> Any:
+    """The HTTP + gRPC server from the parsed flags (``--workers`` must be 1)."""
+    from predictor.server.app import HistoModelServer
+
+    return HistoModelServer(
+        drain_timeout_s=args.drain_timeout_s,
+        max_body_bytes=limits.max_body_bytes,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        workers=args.workers,
+        max_threads=args.max_threads,
+        max_asyncio_workers=args.max_asyncio_workers,
+        enable_grpc=args.enable_grpc,
+        grace_period=int(args.drain_timeout_s) + 5,
+    )
+
+
 def serve(argv: Sequence[str] | None = None) -> int:
     """Parses flags, loads the model (fail-fast) and serves until drained."""
     from predictor.errors import StartupError
@@ -108,6 +126,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
     )
     try:
         model_config, batching, limits = configs_from_args(args)
+        server = build_server(args, limits)
         model = build_model(model_config, batching, limits)
     except (StartupError, ValueError) as exc:
         print(f"histoserve: cannot start: {exc}", file=sys.stderr)
@@ -118,19 +137,6 @@ def serve(argv: Sequence[str] | None = None) -> int:
         asdict(batching),
         asdict(limits),
         model_config.preprocess_workers,
-    )
-    from predictor.server.app import HistoModelServer
-
-    server = HistoModelServer(
-        drain_timeout_s=args.drain_timeout_s,
-        max_body_bytes=limits.max_body_bytes,
-        http_port=args.http_port,
-        grpc_port=args.grpc_port,
-        workers=args.workers,
-        max_threads=args.max_threads,
-        max_asyncio_workers=args.max_asyncio_workers,
-        enable_grpc=args.enable_grpc,
-        grace_period=int(args.drain_timeout_s) + 5,
     )
     server.start([model])
     return 0

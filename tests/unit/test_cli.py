@@ -65,3 +65,8 @@ def test_startup_error_exits_2_with_one_line(tmp_path, capsys):
     assert (
         len(err) == 1 and err[0].startswith("histoserve: cannot start") and str(tmp_path) in err[0]
     )
+
+
+def test_more_than_one_worker_is_refused_at_start(tmp_path, capsys):
+    assert main(["--model_dir", str(tmp_path), "--workers", "2"]) == 2
+    assert "--workers must be 1" in capsys.readouterr().err
