@@ -326,6 +326,40 @@ def test_knative_mode_one_http_port_and_progress_deadline(render):
     assert pred(objs)["timeout"] == 300
 
 
+@pytest.mark.parametrize(
+    "values", ["knative-kpa-scale-to-zero-values.yaml", "knative-grpc-values.yaml"]
+)
+def test_knative_mode_omits_what_knative_rejects(render, values):
+    """Knative's webhook refuses lifecycle hooks, terminationGracePeriodSeconds and
+    pod securityContext fields beyond its allow-list (fsGroupChangePolicy...)."""
+    objs = render(values=[values])
+    p = pred(objs)
+    assert "terminationGracePeriodSeconds" not in p
+    assert "lifecycle" not in isvc_container(objs)
+    assert set(p["securityContext"]) <= {
+        "runAsUser",
+        "runAsGroup",
+        "runAsNonRoot",
+        "fsGroup",
+        "supplementalGroups",
+        "seccompProfile",
+    }
+    assert p["securityContext"]["runAsNonRoot"] is True and p["securityContext"]["fsGroup"] == 10001
+    allowed_container = {
+        "name", "args", "command", "env", "workingDir", "envFrom", "image", "imagePullPolicy",
+        "livenessProbe", "ports", "readinessProbe", "resources", "securityContext", "startupProbe",
+        "terminationMessagePath", "terminationMessagePolicy", "volumeMounts",
+    }  # fmt: skip
+    assert set(isvc_container(objs)) <= allowed_container
+
+
+def test_runtime_has_no_lifecycle_but_standard_isvc_adds_it(render):
+    objs = render(values=["serving-runtime-values.yaml"])
+    (c,) = one(objs, "ClusterServingRuntime")["spec"]["containers"]
+    assert "lifecycle" not in c
+    assert pred(objs)["model"]["lifecycle"]["preStop"]["sleep"]["seconds"] == 5
+
+
 def test_knative_grpc_exposes_only_h2c(render):
     objs = render(values=["knative-grpc-values.yaml"])
     c = isvc_container(objs)

@@ -392,13 +392,29 @@ livenessProbe:
 {{- end }}
 {{- end -}}
 
+{{/* Knative rejects lifecycle hooks (its queue-proxy drains the pod itself). */}}
 {{- define "histoserve.lifecycle" -}}
-{{- if gt (int .Values.server.preStopSleepSeconds) 0 }}
+{{- if and (gt (int .Values.server.preStopSleepSeconds) 0) (ne .Values.deploymentMode "Knative") }}
 lifecycle:
   preStop:
     sleep:
       seconds: {{ int .Values.server.preStopSleepSeconds }}
 {{- end }}
+{{- end -}}
+
+{{/*
+Pod security context. Knative only accepts runAsUser/Group/NonRoot, fsGroup,
+supplementalGroups and seccompProfile (with its kubernetes.podspec-securitycontext
+feature flag): fsGroupChangePolicy and the rest are dropped in that mode.
+*/}}
+{{- define "histoserve.podSecurityContext" -}}
+{{- $psc := deepCopy (default dict .Values.podSecurityContext) -}}
+{{- if eq .Values.deploymentMode "Knative" -}}
+{{- $psc = pick $psc "runAsUser" "runAsGroup" "runAsNonRoot" "fsGroup" "supplementalGroups" "seccompProfile" -}}
+{{- end -}}
+{{- if $psc -}}
+{{- toYaml $psc -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "histoserve.terminationGracePeriodSeconds" -}}
