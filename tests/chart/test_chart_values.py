@@ -435,6 +435,12 @@ def test_standard_keda_gpu_utilisation(render):
     assert p["minReplicas"] == 1 and p["maxReplicas"] == 8
 
 
+def test_keda_gpu_utilisation_is_per_replica_with_several_gpus(render):
+    p = pred(render(values=["standard-keda-gpu-values.yaml"], set_json={"gpu.count": 4}))
+    query = p["autoScaling"]["metrics"][0]["external"]["metric"]["query"]
+    assert query.startswith("sum(DCGM_FI_DEV_GPU_UTIL{") and query.endswith("}) / 4")
+
+
 def test_standard_keda_queue_depth(render):
     p = pred(render(values=["standard-keda-queue-depth-values.yaml"]))
     ext = p["autoScaling"]["metrics"][0]["external"]

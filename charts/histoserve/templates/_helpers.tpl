@@ -170,7 +170,9 @@ predictor's pods; KEDA divides by the target (AverageValue) to get replicas.
 {{- $metric := include "histoserve.autoscalerMetric" . -}}
 {{- $sel := printf "%s=%q, %s=~%q" $k.namespaceLabel .Release.Namespace $k.podLabel (printf "%s-.*" (include "histoserve.predictorName" .)) -}}
 {{- if eq $metric "gpu-utilization" -}}
-{{- printf "sum(DCGM_FI_DEV_GPU_UTIL{%s})" $sel -}}
+{{- /* per replica, i.e. averaged over a replica's GPUs */ -}}
+{{- $gpus := int .Values.gpu.count -}}
+{{- printf "sum(DCGM_FI_DEV_GPU_UTIL{%s})%s" $sel (ternary (printf " / %d" $gpus) "" (gt $gpus 1)) -}}
 {{- else if eq $metric "queue-depth" -}}
 {{- printf "sum(histoserve_queue_depth{%s})" $sel -}}
 {{- else -}}
