@@ -261,7 +261,6 @@ def test_server_values(render):
             "server.maxTilesPerRequest": 256,
             "server.maxBodyBytes": 1048576,
             "server.grpcMaxMessageBytes": 134217728,
-            "server.workers": 2,
             "server.extraArgs": ["--log_level=debug"],
             "server.extraEnv": [{"name": "FOO", "value": "bar"}],
         }
@@ -272,7 +271,7 @@ def test_server_values(render):
     assert args["max_tiles_per_request"] == "256"
     assert args["max_body_bytes"] == "1048576"
     assert args["grpc_max_receive_message_length"] == "134217728"
-    assert args["workers"] == "2"
+    assert "workers" not in args  # one process per pod: the server refuses --workers > 1
     assert args["log_level"] == "debug"
     assert env_of(c)["FOO"] == "bar"
     assert c["lifecycle"]["preStop"]["sleep"]["seconds"] == 10

@@ -240,9 +240,6 @@ the h2c one with appProtocol kubernetes.io/h2c).
 - --grpc_port={{ include "histoserve.grpcPort" . }}
 - --drain_timeout_s={{ .Values.server.drainTimeoutSeconds }}
 - --grpc_max_receive_message_length={{ int64 .Values.server.grpcMaxMessageBytes }}
-{{- with .Values.server.workers }}
-- --workers={{ . }}
-{{- end }}
 {{- with .Values.server.maxTilesPerRequest }}
 - --max_tiles_per_request={{ int64 . }}
 {{- end }}
