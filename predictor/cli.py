@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -25,6 +26,21 @@ logger = logging.getLogger("histoserve")
 EXIT_STARTUP_ERROR = 2
 
 
+def available_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """CPUs this process may use: the cgroup quota in a container, else the affinity mask.
+
+    ``os.cpu_count()`` reports the node's CPUs inside a pod, far more than its limit.
+    """
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        quota, period = cgroup_cpu_max.read_text().split()[:2]
+        if quota != "max":
+            count = min(count or 1, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, count or 1)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The serve parser: KServe's flags plus histoserve's."""
     from kserve.model_server import parser as kserve_parser
@@ -35,7 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a histopathology .pt2 tile model over KServe V1/V2 REST and V2 gRPC.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.set_defaults(model_name=None)
+    # None means "follow --max_body_bytes", not gRPC's 4 MiB (32 raw tiles are ~4.8 MB).
+    parser.set_defaults(
+        model_name=None, grpc_max_receive_message_length=None, grpc_max_send_message_length=None
+    )
     batching, limits = BatchingConfig(), LimitsConfig()
     add = parser.add_argument
     add("--model_dir", type=Path, default=Path("/opt/ml/model"), help="where checkpoints live")
@@ -55,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=batching.max_queue_size,
         help="tiles waiting before 503",
     )
-    add("--preprocess_workers", type=int, default=os.cpu_count() or 1, help="stage-1 threads")
+    add("--preprocess_workers", type=int, default=available_cpus(), help="stage-1 threads")
     add("--drain_timeout_s", type=float, default=30.0, help="longest drain after SIGTERM")
     add("--max_tiles_per_request", type=int, default=limits.max_tiles_per_request)
     add(
@@ -105,6 +124,7 @@ def build_server(args: argparse.Namespace, limits: LimitsConfig) -> Any:
     return HistoModelServer(
         drain_timeout_s=args.drain_timeout_s,
         max_body_bytes=limits.max_body_bytes,
+        grpc_max_message_bytes=args.grpc_max_receive_message_length,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         workers=args.workers,

@@ -133,12 +133,19 @@ class HistoModelServer(ModelServer):
 
     Args:
         drain_timeout_s: Longest wait for admitted requests after SIGTERM.
-        max_body_bytes: Largest HTTP body and gRPC message accepted.
+        max_body_bytes: Largest HTTP body accepted.
+        grpc_max_message_bytes: Largest gRPC message sent or received;
+            ``max_body_bytes`` when ``None`` (not gRPC's 4 MiB default).
         **kwargs: KServe ``ModelServer`` arguments (ports, workers, ...).
     """
 
     def __init__(
-        self, *, drain_timeout_s: float = 30.0, max_body_bytes: int = 256 << 20, **kwargs: Any
+        self,
+        *,
+        drain_timeout_s: float = 30.0,
+        max_body_bytes: int = 256 << 20,
+        grpc_max_message_bytes: int | None = None,
+        **kwargs: Any,
     ):
         super().__init__(**kwargs)
         if self.workers != 1:
@@ -150,6 +157,7 @@ class HistoModelServer(ModelServer):
         self.dataplane = HistoDataPlane(model_registry=self.registered_models)
         self._drain_timeout_s = drain_timeout_s
         self._max_body_bytes = max_body_bytes
+        self._grpc_max_message_bytes = grpc_max_message_bytes or max_body_bytes
         self._stopping = False
 
     def start(self, models: list[Any]) -> None:
@@ -176,7 +184,7 @@ class HistoModelServer(ModelServer):
                 self.grpc_port,
                 self.dataplane,
                 self.model_repository_extension,
-                self._max_body_bytes,
+                self._grpc_max_message_bytes,
                 float(self.grace_period),
             )
             if self.enable_grpc

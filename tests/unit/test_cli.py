@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from predictor.cli import build_parser, configs_from_args, main
+from predictor.cli import available_cpus, build_parser, configs_from_args, main
 
 
 def test_contract_flags_and_defaults():
@@ -70,3 +70,18 @@ def test_startup_error_exits_2_with_one_line(tmp_path, capsys):
 def test_more_than_one_worker_is_refused_at_start(tmp_path, capsys):
     assert main(["--model_dir", str(tmp_path), "--workers", "2"]) == 2
     assert "--workers must be 1" in capsys.readouterr().err
+
+
+def test_available_cpus_follows_the_cgroup_quota(tmp_path):
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("150000 100000\n")
+    assert available_cpus(cpu_max) == min(2, available_cpus(tmp_path / "absent"))
+    cpu_max.write_text("max 100000\n")
+    assert available_cpus(cpu_max) == available_cpus(tmp_path / "absent") >= 1
+
+
+def test_grpc_message_cap_follows_the_body_limit_unless_set():
+    args = build_parser().parse_args(["--max_body_bytes", "9000000"])
+    assert args.grpc_max_receive_message_length is None
+    args = build_parser().parse_args(["--grpc_max_receive_message_length", "1234"])
+    assert args.grpc_max_receive_message_length == 1234
