@@ -1,0 +1,164 @@
+"""Benchmark profiles: which models, which cells, how long each window lasts.
+
+``full`` is what ``make bench`` runs on the 2-core development machine (under
+15 minutes), ``tiny`` is the harness check of ``make test`` (under a minute),
+``gpu`` is for a CUDA node (``bench/gpu.sh``). Every number a result depends
+on lives here and is written into the results JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from bench.payloads import PROTOCOLS
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """One package to benchmark and the histoserve settings it is served with.
+
+    Attributes:
+        label: Short name in results (``demo``, ``vit-s``, ``vit-g``).
+        spec: Built-in spec name the package is exported for.
+        preset: Demo preset (``tiny``, ``vit-s``, ``vit-g``); random weights.
+        dtype: Package dtype (``fp32``, ``bf16``, ``fp16``); ``auto`` picks
+            ``bf16`` on CPUs with native bf16 (AMX/AVX512-BF16), else ``fp32``.
+        max_batch_size: histoserve's ``--max_batch_size`` for this model.
+        max_latency_ms: histoserve's ``--max_latency_ms``.
+        limit_batches: Batch sizes whose forward throughput is measured.
+        max_inflight_tiles: Matrix cells with more tiles in flight
+            (concurrency x tiles per request) are skipped, except target cells.
+        protocols: Protocols of the end-to-end matrix for this model.
+        baseline_cells: ``(concurrency, tiles)`` cells run against both baselines.
+    """
+
+    label: str
+    spec: str
+    preset: str
+    dtype: str = "fp32"
+    max_batch_size: int = 32
+    max_latency_ms: float = 5.0
+    limit_batches: tuple[int, ...] = (1, 4, 8, 16, 32)
+    max_inflight_tiles: int = 2048
+    protocols: tuple[str, ...] = PROTOCOLS
+    baseline_cells: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Cell timing: warm-up and measured window scale with one round's expected time.
+
+    A round is ``concurrency * tiles / limit`` seconds (every client served
+    once at the model's own speed); windows are clamped to these bounds.
+    Target cells get longer windows (``target_*``).
+    """
+
+    warmup_min_s: float = 0.5
+    warmup_max_s: float = 8.0
+    window_min_s: float = 2.0
+    window_max_s: float = 20.0
+    warmup_rounds: float = 1.5
+    window_rounds: float = 4.0
+    target_rounds: float = 8.0
+    target_min_s: float = 10.0
+    target_max_s: float = 30.0
+    limit_s: float = 2.0
+    max_requests: int = 20_000
+    timeout_s: float = 180.0
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A complete benchmark configuration.
+
+    Attributes:
+        name: ``full``, ``tiny`` or ``gpu``.
+        models: Packages to benchmark, in order.
+        concurrencies: Closed-loop client counts.
+        tile_counts: Tiles per request.
+        device: ``cpu`` or ``cuda``.
+        threads: ``OMP_NUM_THREADS`` / ``torch.set_num_threads`` in every process
+            (limit, servers, baselines). 1 on the 2-core CPU box: with 2, each of
+            a forward's hundreds of OpenMP regions waits for its slower thread,
+            and any other runnable process (the load client, HTTP handling, a
+            neighbour's job) stalls them; ViT-S fell from ~70 to ~6 tiles/s.
+        preprocess_workers: histoserve's stage-1 threads.
+        max_queue_size: histoserve's queue bound (above the largest in-flight count).
+        windows: Cell timing.
+        latency_pairs: Interleaved (forward, idle request) pairs for the latency target.
+        stage1_tiles: Tiles per stage-1 measurement.
+        target_clients: ``(concurrency, tiles)`` of the efficiency target and
+            the concurrency of the many-single-tile-clients target.
+    """
+
+    name: str
+    models: tuple[ModelCase, ...]
+    concurrencies: tuple[int, ...] = (1, 4, 16, 64)
+    tile_counts: tuple[int, ...] = (1, 32)
+    device: str = "cpu"
+    threads: int = 1
+    preprocess_workers: int = 2
+    max_queue_size: int = 4096
+    windows: Windows = field(default_factory=Windows)
+    latency_pairs: int = 40
+    stage1_tiles: int = 64
+    target_clients: tuple[int, int, int] = (16, 32, 64)
+
+
+_DEMO = ModelCase(
+    label="demo",
+    spec="h0-mini",
+    preset="tiny",
+    baseline_cells=((1, 1), (16, 1), (64, 1), (1, 32), (16, 32)),
+)
+_VITS = ModelCase(
+    label="vit-s",
+    spec="h0-mini",
+    preset="vit-s",
+    dtype="auto",
+    max_inflight_tiles=128,
+    baseline_cells=((1, 1), (64, 1), (4, 32)),
+)
+
+PROFILES: dict[str, Profile] = {
+    "full": Profile(name="full", models=(_DEMO, _VITS)),
+    "tiny": Profile(
+        name="tiny",
+        models=(replace(_DEMO, limit_batches=(1, 2, 4), baseline_cells=((1, 1), (4, 2))),),
+        concurrencies=(1, 4),
+        tile_counts=(1, 2),
+        windows=Windows(
+            warmup_min_s=0.2,
+            warmup_max_s=0.5,
+            window_min_s=0.6,
+            window_max_s=1.0,
+            target_min_s=1.0,
+            target_max_s=1.0,
+            limit_s=0.3,
+        ),
+        latency_pairs=6,
+        stage1_tiles=4,
+        target_clients=(4, 2, 4),
+    ),
+    "gpu": Profile(
+        name="gpu",
+        models=(
+            _DEMO,
+            ModelCase(
+                label="vit-g",
+                spec="h0",
+                preset="vit-g",
+                dtype="bf16",
+                max_batch_size=64,
+                max_latency_ms=5.0,
+                limit_batches=(1, 8, 32, 64),
+                max_inflight_tiles=2048,
+                baseline_cells=((1, 1), (64, 1), (16, 32)),
+            ),
+        ),
+        device="cuda",
+        threads=4,
+        preprocess_workers=8,
+        windows=Windows(window_max_s=15.0),
+    ),
+}

@@ -1,0 +1,147 @@
+"""Synthetic tiles and pre-built request bodies for every benchmarked protocol.
+
+Imported by the load-generator process, so it must not import ``kserve``,
+``predictor`` or ``torch`` (``tritonclient.grpc`` and ``kserve`` register the
+same protobuf symbols and cannot share a process). Bodies are built once per
+cell and reused, so the client spends its CPU on I/O, not on encoding.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+HEADER = "Inference-Header-Content-Length"
+PROTOCOLS = ("v2-pixels", "v2-png", "v2-json", "v2-grpc", "v1")
+"""Benchmarked protocols: V2 binary REST ``pixels``, V2 binary REST PNG ``tiles``,
+V2 JSON with base64 PNG ``tiles``, V2 gRPC ``pixels`` (raw contents), V1 JSON.
+:func:`build_payload` also takes ``v2-jpeg`` (stage-1 measurements only)."""
+
+
+def synthetic_tiles(n: int, size: int, seed: int = 0) -> np.ndarray:
+    """``uint8 [n, size, size, 3]`` tissue-like tiles: smooth colour fields plus noise.
+
+    Pure noise is the worst case for PNG (incompressible, slowest to decode);
+    H&E tiles are smoother. These compress roughly like real tiles (PNG about
+    half the raw size).
+    """
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    tiles = np.empty((n, size, size, 3), dtype=np.uint8)
+    for i in range(n):
+        fx, fy, phase = rng.uniform(1.0, 6.0, 3)
+        field = np.sin(2 * np.pi * (fx * xx + phase)) * np.cos(2 * np.pi * fy * yy)
+        base = np.array([200.0, 150.0, 190.0]) + 40.0 * field[..., None] * np.array([1, 1.4, 0.8])
+        noise = rng.normal(0.0, 8.0, (size, size, 3))
+        tiles[i] = np.clip(base + noise, 0, 255).astype(np.uint8)
+    return tiles
+
+
+def encode(tile: np.ndarray, fmt: str) -> bytes:
+    """One tile as ``PNG`` or ``JPEG`` (quality 90) bytes."""
+    buf = io.BytesIO()
+    Image.fromarray(tile).save(buf, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class Payload:
+    """A pre-built request: REST path, body and headers, or a gRPC message."""
+
+    protocol: str
+    tiles: int
+    path: str
+    body: bytes
+    headers: dict[str, str]
+
+
+def build_payload(protocol: str, model: str, tiles: np.ndarray) -> Payload:
+    """The request body ``protocol`` sends for ``tiles`` (``uint8 [N, H, W, 3]``).
+
+    Raises:
+        ValueError: Unknown protocol.
+    """
+    n = len(tiles)
+    v2_path = f"/v2/models/{model}/infer"
+    if protocol == "v2-pixels":
+        raw = np.ascontiguousarray(tiles).tobytes()
+        body, headers = _binary_body("pixels", "UINT8", list(tiles.shape), raw)
+        return Payload(protocol, n, v2_path, body, headers)
+    if protocol in ("v2-png", "v2-jpeg"):
+        fmt = "PNG" if protocol == "v2-png" else "JPEG"
+        raw = b"".join(struct.pack("<I", len(b)) + b for b in (encode(t, fmt) for t in tiles))
+        body, headers = _binary_body("tiles", "BYTES", [n], raw)
+        return Payload(protocol, n, v2_path, body, headers)
+    if protocol == "v2-json":
+        data = [base64.b64encode(encode(t, "PNG")).decode() for t in tiles]
+        doc = {"inputs": [{"name": "tiles", "shape": [n], "datatype": "BYTES", "data": data}]}
+        return Payload(protocol, n, v2_path, json.dumps(doc).encode(), _JSON)
+    if protocol == "v1":
+        instances = [{"image_data": base64.b64encode(encode(t, "PNG")).decode()} for t in tiles]
+        body = json.dumps({"instances": instances}).encode()
+        return Payload(protocol, n, f"/v1/models/{model}:predict", body, _JSON)
+    if protocol == "v2-grpc":
+        return Payload(protocol, n, "", grpc_request(model, tiles), {})
+    raise ValueError(f"unknown protocol {protocol!r}; expected one of {PROTOCOLS}")
+
+
+_JSON = {"content-type": "application/json"}
+
+
+def _binary_body(name: str, datatype: str, shape: list[int], raw: bytes) -> tuple[bytes, dict]:
+    header = {
+        "inputs": [
+            {
+                "name": name,
+                "shape": shape,
+                "datatype": datatype,
+                "parameters": {"binary_data_size": len(raw)},
+            }
+        ],
+        "parameters": {"binary_data_output": True},
+    }
+    head = json.dumps(header).encode()
+    headers = {HEADER: str(len(head)), "content-type": "application/octet-stream"}
+    return head + raw, headers
+
+
+def grpc_request(model: str, tiles: np.ndarray) -> bytes:
+    """A serialised ``ModelInferRequest`` with ``pixels`` in raw input contents.
+
+    Uses tritonclient's generated protobuf module (the load process never
+    imports kserve).
+    """
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name=model)
+    tensor = request.inputs.add()
+    tensor.name, tensor.datatype = "pixels", "UINT8"
+    tensor.shape.extend(tiles.shape)
+    request.raw_input_contents.append(np.ascontiguousarray(tiles).tobytes())
+    return request.SerializeToString()
+
+
+def rest_output_rows(body: bytes, headers: dict[str, str]) -> tuple[int, int]:
+    """``(rows, width)`` of the first output of a REST response (for validation)."""
+    length = int(headers.get(HEADER.lower(), headers.get(HEADER, len(body))))
+    doc = json.loads(body[:length])
+    if "predictions" in doc:  # V1
+        preds = doc["predictions"]
+        return len(preds), len(preds[0]["output"])
+    shape = doc["outputs"][0]["shape"]
+    return int(shape[0]), int(shape[-1])
+
+
+def grpc_output_rows(message: bytes) -> tuple[int, int]:
+    """``(rows, width)`` of the first output of a serialised ``ModelInferResponse``."""
+    from tritonclient.grpc import service_pb2
+
+    response = service_pb2.ModelInferResponse.FromString(message)
+    shape = list(response.outputs[0].shape)
+    return int(shape[0]), int(shape[-1])

@@ -1,0 +1,74 @@
+"""One PNG per model: throughput and p50 latency against concurrency, per protocol.
+
+Top row: tiles/s per protocol with the limit (dashed) and both baselines
+(V2 binary pixels); bottom row: p50 latency. Columns: tiles per request.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+STYLE = {"histoserve": "-o", "nobatch": ":s", "naive": "--^"}
+
+
+def _series(cells: list[dict[str, Any]], server: str, protocol: str, tiles: int, key: str):
+    points = sorted(
+        (c["concurrency"], c[key])
+        for c in cells
+        if c["server"] == server
+        and c["protocol"] == protocol
+        and c["tiles"] == tiles
+        and c.get(key) is not None
+    )
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def plot_model(label: str, model: dict[str, Any], path: Path) -> Path:
+    """Draws ``model``'s matrix and baselines to ``path`` (PNG) and returns it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = model["cells"] + model["baselines"]
+    sizes = sorted({c["tiles"] for c in cells})
+    protocols = list(dict.fromkeys(c["protocol"] for c in model["cells"]))
+    limit = max(r["tiles_per_s"] for r in model["limit"].values())
+    fig, axes = plt.subplots(2, len(sizes), figsize=(6 * len(sizes), 8), squeeze=False)
+    for col, tiles in enumerate(sizes):
+        top, bottom = axes[0][col], axes[1][col]
+        for protocol in protocols:
+            for key, ax in (("throughput", top), ("p50_ms", bottom)):
+                x, y = _series(cells, "histoserve", protocol, tiles, key)
+                if x:
+                    ax.plot(x, y, STYLE["histoserve"], label=f"histoserve {protocol}")
+        for server in ("nobatch", "naive"):
+            name = "(a) batching off" if server == "nobatch" else "(b) naive KServe"
+            for key, ax in (("throughput", top), ("p50_ms", bottom)):
+                x, y = _series(cells, server, "v2-pixels", tiles, key)
+                if x:
+                    ax.plot(
+                        x,
+                        y,
+                        STYLE[server],
+                        color="grey" if server == "nobatch" else "black",
+                        label=name,
+                    )
+        top.axhline(limit, color="red", linestyle="--", label="limit (best batch)")
+        top.set_title(f"{label}: {tiles}-tile requests")
+        top.set_ylabel("tiles/s")
+        bottom.set_ylabel("p50 latency (ms)")
+        bottom.set_yscale("log")
+        for ax in (top, bottom):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrent clients")
+            ax.grid(True, alpha=0.3)
+        top.legend(fontsize=7)
+    fig.suptitle(
+        f"{label} ({model['dtype']}): closed-loop load, side by side with the limit and baselines"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

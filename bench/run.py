@@ -1,0 +1,191 @@
+"""``python -m bench.run --out bench/results``: the whole benchmark in one run.
+
+For each model case of the profile: the limit (forward throughput per batch
+size, in-process), three servers side by side (histoserve, histoserve with
+batching off, the naive KServe model), idle latency, the end-to-end matrix,
+the baseline cells and the target cells; then stage-1 costs. Writes
+``results.json``, ``results.md`` and PNG plots under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from bench.config import PROFILES, ModelCase, Profile
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Command-line flags."""
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("bench/results"), help="results folder")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="full")
+    parser.add_argument("--models", default="", help="comma-separated model labels (default: all)")
+    parser.add_argument("--device", default=None, help="override the profile's device")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    return parser.parse_args(argv)
+
+
+def select_profile(args: argparse.Namespace) -> Profile:
+    """The profile with the command line's overrides applied."""
+    profile = PROFILES[args.profile]
+    if args.models:
+        wanted = set(args.models.split(","))
+        profile = replace(profile, models=tuple(m for m in profile.models if m.label in wanted))
+        if not profile.models:
+            raise SystemExit(f"no model labelled {sorted(wanted)} in profile {profile.name}")
+    if args.device:
+        profile = replace(profile, device=args.device)
+    return profile
+
+
+def log(message: str) -> None:
+    """Progress on stderr with the elapsed time."""
+    print(f"[bench {time.monotonic() - _T0:6.0f}s] {message}", file=sys.stderr, flush=True)
+
+
+_T0 = time.monotonic()
+
+
+def start_servers(
+    profile: Profile, case: ModelCase, package: Path, log_dir: Path
+) -> dict[str, Any]:
+    """histoserve, histoserve with batching off (baseline a) and the naive model (baseline b)."""
+    from bench import servers
+
+    common = {"device": profile.device, "threads": profile.threads, "log_dir": log_dir}
+    serve = {
+        "model": "bench",
+        "max_queue_size": profile.max_queue_size,
+        "workers": profile.preprocess_workers,
+        **common,
+    }
+    started = {
+        "histoserve": servers.start_histoserve(
+            package, max_batch_size=case.max_batch_size, max_latency_ms=case.max_latency_ms, **serve
+        ),
+        "nobatch": servers.start_histoserve(
+            package, max_batch_size=1, max_latency_ms=0.0, kind="nobatch", **serve
+        ),
+        "naive": servers.start_naive(package, model="bench", **common),
+    }
+    try:
+        for server in started.values():
+            server.wait_ready()
+    except Exception:
+        for server in started.values():
+            server.stop()
+        raise
+    return started
+
+
+def bench_model(profile: Profile, case: ModelCase, client: Any, log_dir: Path) -> dict[str, Any]:
+    """Everything measured for one model case (see the module docstring)."""
+    from bench import cells, targets
+    from bench.limit import ForwardRunner, limit_at
+    from bench.packages import package_for, resolve_dtype
+
+    log(f"{case.label}: package ({case.spec} {case.preset} {resolve_dtype(case, profile.device)})")
+    package = package_for(case, profile.device)
+    runner = ForwardRunner(package, profile.device)
+    tile_size = runner.package.embedded_spec.tile_size
+    batches = sorted({*case.limit_batches, case.max_batch_size, profile.target_clients[1]})
+    limit = runner.table(batches, profile.windows.limit_s)
+    log(
+        f"{case.label}: limit "
+        + ", ".join(f"b{b} {r['tiles_per_s']:.1f}/s" for b, r in limit.items())
+    )
+    top = limit_at(limit, case.max_batch_size)
+    servers = start_servers(profile, case, package, log_dir)
+    run = {"case": case, "tile_size": tile_size, "limit_tps": top, "windows": profile.windows}
+    try:
+        idle = targets.idle_latency(runner, servers, profile.latency_pairs, tile_size)
+        log(f"{case.label}: idle latency {idle}")
+        matrix = cells.run_cells(client, servers, cells.plan_matrix(profile, case), log=log, **run)
+        base_cells = [
+            cells.Cell(kind, "v2-pixels", c, n)
+            for kind in ("nobatch", "naive")
+            for c, n in case.baseline_cells
+        ]
+        baselines = cells.run_cells(client, servers, base_cells, log=log, **run)
+        efficiency = targets.efficiency(runner, client, servers["histoserve"], profile, tile_size)
+        log(f"{case.label}: efficiency {efficiency.get('efficiency')}")
+        many = targets.many_clients(client, servers, profile, tile_size, top)
+        log(f"{case.label}: many clients {many.get('throughput')}")
+    finally:
+        for server in servers.values():
+            server.stop()
+    for cell in matrix + baselines:
+        if "throughput" in cell:
+            batch = cell.get("mean_batch") or (cell["tiles"] if cell["server"] == "naive" else 1)
+            cell["limit_at_batch"] = limit_at(limit, batch)
+            cell["efficiency"] = cell["throughput"] / cell["limit_at_batch"]
+    return {
+        "case": asdict(case),
+        "dtype": resolve_dtype(case, profile.device),
+        "package": str(package),
+        "package_mb": package.stat().st_size / 2**20,
+        "tile_size": tile_size,
+        "limit": {str(b): r for b, r in limit.items()},
+        "single_tile_forward_ms": limit[1]["median_ms"] if 1 in limit else None,
+        "idle_latency": idle,
+        "cells": matrix,
+        "baselines": baselines,
+        "targets": {"efficiency": efficiency, "many_clients": many},
+        "server_settings": {
+            "histoserve": {
+                "max_batch_size": case.max_batch_size,
+                "max_latency_ms": case.max_latency_ms,
+                "max_queue_size": profile.max_queue_size,
+                "preprocess_workers": profile.preprocess_workers,
+            },
+            "nobatch": {"max_batch_size": 1, "max_latency_ms": 0.0},
+            "naive": {"server": "stock kserve.ModelServer", "batching": "none"},
+        },
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the profile and writes the results; returns the exit status."""
+    args = parse_args(argv)
+    profile = select_profile(args)
+    os.environ["OMP_NUM_THREADS"] = str(profile.threads)
+    import torch
+
+    from bench import report
+    from bench.cells import LoadClient
+    from bench.stage1 import measure_stage1
+
+    torch.set_num_threads(profile.threads)
+    started = time.time()
+    out: Path = args.out
+    log_dir = out / "logs.tmp"
+    results: dict[str, Any] = {"meta": report.machine(profile), "profile": asdict(profile)}
+    client = LoadClient()
+    try:
+        results["models"] = {
+            m.label: bench_model(profile, m, client, log_dir) for m in profile.models
+        }
+    finally:
+        client.close()
+    log("stage 1")
+    spec = profile.models[0].spec
+    budget = 0.2 if profile.name == "tiny" else 1.0
+    results["stage1"] = measure_stage1(
+        spec, profile.stage1_tiles, profile.preprocess_workers, budget
+    )
+    results["meta"]["duration_s"] = time.time() - started
+    results["meta"]["loadavg_end"] = report.loadavg()
+    paths = report.write(results, out, plots=not args.no_plots)
+    log("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
