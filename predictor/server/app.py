@@ -93,6 +93,33 @@ class BodyLimitMiddleware:
             await self._too_large("streamed request body")(scope, receive, send)
 
 
+class CloseWhileDrainingMiddleware:
+    """Answers ``Connection: close`` once the server is draining.
+
+    A keep-alive connection left idle until the server exits is closed under
+    the client's next request, which then fails without an answer. Closing
+    each connection after its answer during the drain sends clients to a new
+    connection, which the closed listener then refuses cleanly.
+    """
+
+    def __init__(self, app: Any, draining: Any):
+        self.app = app
+        self.draining = draining
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def closing_send(message: dict) -> None:
+            if message["type"] == "http.response.start" and self.draining():
+                headers = [h for h in message.get("headers", []) if h[0].lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, closing_send)
+
+
 class _GrpcServer:
     """KServe's V2 gRPC service with our interceptor and message-size limits."""
 
@@ -196,6 +223,7 @@ class HistoModelServer(ModelServer):
     def _configure_app(self, app: FastAPI) -> None:
         install_http_handlers(app)
         app.add_middleware(BodyLimitMiddleware, max_body_bytes=self._max_body_bytes)
+        app.add_middleware(CloseWhileDrainingMiddleware, draining=lambda: self._stopping)
         app.add_api_route("/v2/models/{model_name}/config", self._model_config, methods=["GET"])
 
     async def _model_config(self, model_name: str) -> dict[str, Any]:
