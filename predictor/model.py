@@ -100,6 +100,7 @@ class BaseServerModel(Model):
         self._pool: ThreadPoolExecutor | None = None
         self._batcher: DynamicBatcher | None = None
         self._draining = False
+        self._stopped = False
         self._admitted = 0  # requests inside __call__ (stage 1 or 2); drain waits for them
         self._all_done = asyncio.Event()
         self._all_done.set()
@@ -128,6 +129,8 @@ class BaseServerModel(Model):
         Idempotent: KServe calls ``load`` again whenever the model reports not
         ready (e.g. while draining), which must not reload anything.
         """
+        if self._stopped:
+            return False
         if self._package is None:
             # Decoded and binary tiles are read-only numpy views; we never write them.
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -199,10 +202,17 @@ class BaseServerModel(Model):
         return self._batcher is None or self._batcher.healthy
 
     def stop(self) -> None:
-        """Releases the stage-1 pool; the package is freed with the model."""
+        """Releases the stage-1 pool and the package for good (no reload after this).
+
+        Dropping the package runs its loader's destructor now, which deletes the
+        files it extracted, so the process can exit without a full garbage
+        collection (see ``predictor.__main__``).
+        """
         self.ready = False
+        self._stopped = True
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        self._package = None
 
     # -- kserve entry points --------------------------------------------------------------
     async def __call__(self, body: Any, headers: dict[str, str] | None = None, verb: Any = None):
