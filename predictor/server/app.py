@@ -36,6 +36,9 @@ from predictor.server.edge import GrpcErrorInterceptor, install_http_handlers
 
 logger = logging.getLogger("histoserve")
 
+GRPC_STOP_GRACE_S = 2.0
+"""Grace for gRPC calls still open after the drain: answers being sent, nothing admitted."""
+
 
 class _BodyTooLarge(Exception):
     """Raised from the bounded ``receive`` when a streamed body passes the limit."""
@@ -150,9 +153,10 @@ class _GrpcServer:
         await self._server.start()
         await self._server.wait_for_termination()
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stops accepting calls; open ones get ``grace_s`` (default: the server's grace)."""
         if self._server is not None:
-            await self._server.stop(grace=self._grace_s)
+            await self._server.stop(grace=self._grace_s if grace_s is None else grace_s)
 
 
 class HistoModelServer(ModelServer):
@@ -257,7 +261,11 @@ class HistoModelServer(ModelServer):
         logger.info("drain %s; stopping servers", "complete" if all(drained) else "deadline passed")
         self._rest_server._server.should_exit = True
         if self._grpc_server is not None:
-            await self._grpc_server.stop()
+            # After a complete drain every admitted call has its answer: calls still
+            # open were never dispatched (seen: one still uploading), and waiting the
+            # full grace for them only delayed the exit. Past the drain deadline, a
+            # call of the batch still running gets UNAVAILABLE, as the contract says.
+            await self._grpc_server.stop(GRPC_STOP_GRACE_S)
         for model in models:
             model.stop()
 
