@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -74,20 +75,27 @@ def plan_matrix(profile: Profile, case: ModelCase) -> list[Cell]:
     ]
 
 
-def skip_reason(cell: Cell, case: ModelCase, limit_tps: float) -> str | None:
+def skip_reason(cell: Cell, case: ModelCase, speed_tps: float) -> str | None:
     """Why a cell is not run (too many tiles in flight for this model), or None."""
     inflight = cell.concurrency * cell.tiles
     if not cell.target and inflight > case.max_inflight_tiles:
         return (
             f"{inflight} tiles in flight > {case.max_inflight_tiles} for this model "
-            f"(one round ~{inflight / limit_tps:.0f} s at the limit)"
+            f"(one round ~{inflight / speed_tps:.0f} s)"
         )
     return None
 
 
-def timing(cell: Cell, limit_tps: float, windows: Windows) -> dict[str, float]:
-    """Warm-up, window and drain bound for a cell, from its expected round time."""
-    round_s = cell.concurrency * cell.tiles / max(limit_tps, 1e-6)
+def timing(cell: Cell, speed_tps: float, windows: Windows) -> dict[str, float]:
+    """Warm-up, window and drain bound for a cell, from its expected round time.
+
+    Args:
+        cell: The cell.
+        speed_tps: Expected tiles/s of the cell's server (the limit for
+            histoserve, the idle single-tile rate for the naive baseline).
+        windows: The profile's bounds.
+    """
+    round_s = cell.concurrency * cell.tiles / max(speed_tps, 1e-6)
     warmup = min(max(windows.warmup_rounds * round_s, windows.warmup_min_s), windows.warmup_max_s)
     if cell.target:
         window = min(
@@ -97,7 +105,7 @@ def timing(cell: Cell, limit_tps: float, windows: Windows) -> dict[str, float]:
         window = min(
             max(windows.window_rounds * round_s, windows.window_min_s), windows.window_max_s
         )
-    drain = min(windows.timeout_s, 10.0 + 4.0 * round_s)
+    drain = min(windows.timeout_s, 10.0 + 3.0 * round_s)
     return {"warmup_s": warmup, "window_s": window, "drain_s": drain}
 
 
@@ -107,7 +115,7 @@ def run_cell(
     cell: Cell,
     *,
     tile_size: int,
-    limit_tps: float,
+    speed_tps: float,
     windows: Windows,
 ) -> dict[str, Any]:
     """Runs one cell against ``server``; the result carries the cell's coordinates."""
@@ -123,7 +131,7 @@ def run_cell(
         "timeout_s": windows.timeout_s,
         "server_pid": server.pid,
         "metrics": server.kind != "naive",
-        **timing(cell, limit_tps, windows),
+        **timing(cell, speed_tps, windows),
     }
     result = client.run(job)
     return {**asdict(cell), **{k: job[k] for k in ("warmup_s", "drain_s")}, **result}
@@ -136,14 +144,17 @@ def run_cells(
     *,
     case: ModelCase,
     tile_size: int,
-    limit_tps: float,
+    speeds: Mapping[str, float],
     windows: Windows,
     log: Any = print,
 ) -> list[dict[str, Any]]:
-    """Runs ``cells`` in order (skipping the ones :func:`skip_reason` refuses)."""
+    """Runs ``cells`` in order (skipping the ones :func:`skip_reason` refuses).
+
+    ``speeds`` maps a server kind to its expected tiles/s (see :func:`timing`).
+    """
     results = []
     for cell in cells:
-        reason = skip_reason(cell, case, limit_tps)
+        reason = skip_reason(cell, case, speeds[cell.server])
         if reason:
             results.append({**asdict(cell), "skipped": reason})
             continue
@@ -152,7 +163,7 @@ def run_cells(
             servers[cell.server],
             cell,
             tile_size=tile_size,
-            limit_tps=limit_tps,
+            speed_tps=speeds[cell.server],
             windows=windows,
         )
         log(_one_line(case.label, result))

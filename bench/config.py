@@ -54,14 +54,14 @@ class Windows:
     """
 
     warmup_min_s: float = 0.5
-    warmup_max_s: float = 8.0
+    warmup_max_s: float = 4.0
     window_min_s: float = 2.0
-    window_max_s: float = 20.0
+    window_max_s: float = 10.0
     warmup_rounds: float = 1.5
-    window_rounds: float = 4.0
-    target_rounds: float = 8.0
+    window_rounds: float = 3.0
+    target_rounds: float = 6.0
     target_min_s: float = 10.0
-    target_max_s: float = 30.0
+    target_max_s: float = 20.0
     limit_s: float = 2.0
     max_requests: int = 20_000
     timeout_s: float = 180.0
@@ -109,14 +109,15 @@ _DEMO = ModelCase(
     label="demo",
     spec="h0-mini",
     preset="tiny",
-    baseline_cells=((1, 1), (16, 1), (64, 1), (1, 32), (16, 32)),
+    max_inflight_tiles=512,
+    baseline_cells=((1, 1), (16, 1), (64, 1), (1, 32)),
 )
 _VITS = ModelCase(
     label="vit-s",
     spec="h0-mini",
     preset="vit-s",
     dtype="auto",
-    max_inflight_tiles=128,
+    max_inflight_tiles=64,
     baseline_cells=((1, 1), (64, 1), (4, 32)),
 )
 

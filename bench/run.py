@@ -28,6 +28,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", choices=sorted(PROFILES), default="full")
     parser.add_argument("--models", default="", help="comma-separated model labels (default: all)")
     parser.add_argument("--device", default=None, help="override the profile's device")
+    parser.add_argument(
+        "--dtype", default=None, help="override the dtype of every model but the demo one"
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     return parser.parse_args(argv)
 
@@ -42,6 +45,11 @@ def select_profile(args: argparse.Namespace) -> Profile:
             raise SystemExit(f"no model labelled {sorted(wanted)} in profile {profile.name}")
     if args.device:
         profile = replace(profile, device=args.device)
+    if args.dtype:
+        models = tuple(
+            m if m.label == "demo" else replace(m, dtype=args.dtype) for m in profile.models
+        )
+        profile = replace(profile, models=models)
     return profile
 
 
@@ -85,69 +93,95 @@ def start_servers(
     return started
 
 
-def bench_model(profile: Profile, case: ModelCase, client: Any, log_dir: Path) -> dict[str, Any]:
-    """Everything measured for one model case (see the module docstring)."""
+def measure_live(
+    profile: Profile, case: ModelCase, runner: Any, limit: dict, servers: dict, client: Any
+) -> dict[str, Any]:
+    """Idle latency, the matrix, the baseline cells and the target cells, in that order."""
     from bench import cells, targets
-    from bench.limit import ForwardRunner, limit_at
-    from bench.packages import package_for, resolve_dtype
+    from bench.limit import limit_at
 
-    log(f"{case.label}: package ({case.spec} {case.preset} {resolve_dtype(case, profile.device)})")
-    package = package_for(case, profile.device)
-    runner = ForwardRunner(package, profile.device)
     tile_size = runner.package.embedded_spec.tile_size
-    batches = sorted({*case.limit_batches, case.max_batch_size, profile.target_clients[1]})
-    limit = runner.table(batches, profile.windows.limit_s)
-    log(
-        f"{case.label}: limit "
-        + ", ".join(f"b{b} {r['tiles_per_s']:.1f}/s" for b, r in limit.items())
-    )
     top = limit_at(limit, case.max_batch_size)
-    servers = start_servers(profile, case, package, log_dir)
-    run = {"case": case, "tile_size": tile_size, "limit_tps": top, "windows": profile.windows}
-    try:
-        idle = targets.idle_latency(runner, servers, profile.latency_pairs, tile_size)
-        log(f"{case.label}: idle latency {idle}")
-        matrix = cells.run_cells(client, servers, cells.plan_matrix(profile, case), log=log, **run)
-        base_cells = [
-            cells.Cell(kind, "v2-pixels", c, n)
-            for kind in ("nobatch", "naive")
-            for c, n in case.baseline_cells
-        ]
-        baselines = cells.run_cells(client, servers, base_cells, log=log, **run)
-        efficiency = targets.efficiency(runner, client, servers["histoserve"], profile, tile_size)
-        log(f"{case.label}: efficiency {efficiency.get('efficiency')}")
-        many = targets.many_clients(client, servers, profile, tile_size, top)
-        log(f"{case.label}: many clients {many.get('throughput')}")
-    finally:
-        for server in servers.values():
-            server.stop()
+    idle = targets.idle_latency(runner, servers, profile.latency_pairs, tile_size)
+    log(
+        f"{case.label}: idle ms "
+        + ", ".join(f"{k} {v['median_ms']:.1f}" for k, v in idle.items() if isinstance(v, dict))
+    )
+    speeds = {
+        "histoserve": top,
+        "nobatch": limit_at(limit, 1),
+        "naive": min(top, 1000.0 / idle["naive"]["median_ms"]),
+    }
+    run = {"case": case, "tile_size": tile_size, "speeds": speeds, "windows": profile.windows}
+    matrix = cells.run_cells(client, servers, cells.plan_matrix(profile, case), log=log, **run)
+    base_cells = [
+        cells.Cell(kind, "v2-pixels", c, n)
+        for kind in ("nobatch", "naive")
+        for c, n in case.baseline_cells
+    ]
+    baselines = cells.run_cells(client, servers, base_cells, log=log, **run)
+    efficiency = targets.efficiency(runner, client, servers["histoserve"], profile, tile_size)
+    log(f"{case.label}: efficiency {efficiency.get('efficiency')}")
+    many = targets.many_clients(client, servers, profile, tile_size, speeds)
+    log(f"{case.label}: many clients {many.get('throughput')}")
     for cell in matrix + baselines:
         if "throughput" in cell:
             batch = cell.get("mean_batch") or (cell["tiles"] if cell["server"] == "naive" else 1)
             cell["limit_at_batch"] = limit_at(limit, batch)
             cell["efficiency"] = cell["throughput"] / cell["limit_at_batch"]
     return {
-        "case": asdict(case),
-        "dtype": resolve_dtype(case, profile.device),
-        "package": str(package),
-        "package_mb": package.stat().st_size / 2**20,
-        "tile_size": tile_size,
-        "limit": {str(b): r for b, r in limit.items()},
-        "single_tile_forward_ms": limit[1]["median_ms"] if 1 in limit else None,
         "idle_latency": idle,
         "cells": matrix,
         "baselines": baselines,
         "targets": {"efficiency": efficiency, "many_clients": many},
-        "server_settings": {
-            "histoserve": {
-                "max_batch_size": case.max_batch_size,
-                "max_latency_ms": case.max_latency_ms,
-                "max_queue_size": profile.max_queue_size,
-                "preprocess_workers": profile.preprocess_workers,
-            },
-            "nobatch": {"max_batch_size": 1, "max_latency_ms": 0.0},
-            "naive": {"server": "stock kserve.ModelServer", "batching": "none"},
+    }
+
+
+def bench_model(profile: Profile, case: ModelCase, client: Any, log_dir: Path) -> dict[str, Any]:
+    """Everything measured for one model case (see the module docstring)."""
+    from bench.limit import ForwardRunner
+    from bench.packages import package_for, resolve_dtype
+
+    dtype = resolve_dtype(case, profile.device)
+    log(f"{case.label}: package ({case.spec} {case.preset} {dtype})")
+    package = package_for(case, profile.device)
+    runner = ForwardRunner(package, profile.device)
+    batches = sorted({*case.limit_batches, case.max_batch_size, profile.target_clients[1]})
+    limit = runner.table(batches, profile.windows.limit_s)
+    log(
+        f"{case.label}: limit "
+        + ", ".join(f"b{b} {r['tiles_per_s']:.1f}/s" for b, r in limit.items())
+    )
+    servers = start_servers(profile, case, package, log_dir)
+    try:
+        live = measure_live(profile, case, runner, limit, servers, client)
+    finally:
+        for server in servers.values():
+            server.stop()
+    return {
+        "case": asdict(case),
+        "dtype": dtype,
+        "package": str(package),
+        "package_mb": package.stat().st_size / 2**20,
+        "tile_size": runner.package.embedded_spec.tile_size,
+        "limit": {str(b): r for b, r in limit.items()},
+        "single_tile_forward_ms": limit[1]["median_ms"] if 1 in limit else None,
+        **live,
+        "server_settings": server_settings(profile, case),
+    }
+
+
+def server_settings(profile: Profile, case: ModelCase) -> dict[str, Any]:
+    """The three servers' configurations, for the results."""
+    return {
+        "histoserve": {
+            "max_batch_size": case.max_batch_size,
+            "max_latency_ms": case.max_latency_ms,
+            "max_queue_size": profile.max_queue_size,
+            "preprocess_workers": profile.preprocess_workers,
         },
+        "nobatch": {"max_batch_size": 1, "max_latency_ms": 0.0},
+        "naive": {"server": "stock kserve.ModelServer", "batching": "none"},
     }
 
 

@@ -1,0 +1,74 @@
+"""The benchmark harness runs end to end on a tiny configuration.
+
+Not a timed test: it checks that ``python -m bench.run --profile tiny`` starts
+the three servers, drives every protocol, and writes JSON, Markdown and a plot
+with sane fields. Absolute numbers are not asserted (shared, noisy machines).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.payloads import PROTOCOLS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tiny_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--profile", "tiny", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out, json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.integration
+def test_outputs_exist(tiny_results: tuple[Path, dict]) -> None:
+    out, results = tiny_results
+    markdown = (out / "results.md").read_text()
+    assert markdown.startswith("# histoserve benchmark results")
+    assert "## Targets" in markdown and "## Stage 1" in markdown
+    assert (out / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert results["meta"]["cores"] >= 1 and results["meta"]["duration_s"] > 0
+
+
+@pytest.mark.integration
+def test_limit_and_cells_are_sane(tiny_results: tuple[Path, dict]) -> None:
+    model = tiny_results[1]["models"]["demo"]
+    assert all(row["tiles_per_s"] > 0 for row in model["limit"].values())
+    ran = [c for c in model["cells"] + model["baselines"] if "throughput" in c]
+    assert {c["protocol"] for c in ran} == set(PROTOCOLS)
+    assert {c["server"] for c in ran} == {"histoserve", "nobatch", "naive"}
+    for cell in ran:
+        assert cell["throughput"] > 0 and cell["requests"] > 0, cell
+        assert not cell["errors"], cell
+        assert cell["p50_ms"] <= cell["p99_ms"]
+        assert cell["efficiency"] > 0
+        assert cell["output_shape"] == [cell["tiles"], 1536]
+    assert all(c["mean_batch"] >= 1 for c in ran if c["server"] != "naive")
+
+
+@pytest.mark.integration
+def test_ratios_are_computed(tiny_results: tuple[Path, dict]) -> None:
+    results = tiny_results[1]
+    targets = results["models"]["demo"]["targets"]
+    assert targets["efficiency"]["efficiency"] > 0
+    assert targets["many_clients"]["vs_naive"] > 0
+    assert targets["many_clients"]["vs_nobatch"] > 0
+    idle = results["models"]["demo"]["idle_latency"]
+    assert idle["forward_ms"] > 0
+    assert all(idle[s]["median_ms"] > 0 for s in ("histoserve", "nobatch", "naive"))
+    stage1 = results["stage1"]
+    assert all(stage1["formats"][f]["per_thread_us"] > 0 for f in ("pixels", "png", "jpeg"))
+    assert stage1["naive_decode_us"] > 0 and stage1["naive_normalise_us"] > 0

@@ -1,0 +1,107 @@
+"""Pure helpers of the benchmark harness: no server, no package."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from bench.cells import Cell, skip_reason, timing
+from bench.config import PROFILES, ModelCase, Windows
+from bench.limit import limit_at
+from bench.payloads import HEADER, build_payload, rest_output_rows, synthetic_tiles
+from bench.probes import Snapshot, parse_metrics, summarise_window
+
+
+def test_limit_at_interpolates_and_clamps() -> None:
+    table = {"1": {"tiles_per_s": 10.0}, "4": {"tiles_per_s": 40.0}}
+    assert limit_at(table, 1) == 10.0
+    assert limit_at(table, 2.5) == pytest.approx(25.0)
+    assert limit_at(table, 64) == 40.0
+    assert limit_at(table, 0.5) == 10.0
+
+
+def test_parse_metrics_sums_label_sets() -> None:
+    text = (
+        "# HELP histoserve_batch_size x\n"
+        'histoserve_batch_size_sum{model="a"} 12.0\n'
+        'histoserve_batch_size_count{model="a"} 3.0\n'
+        'histoserve_batch_size_count{model="b"} 1.0\n'
+        'histoserve_batch_size_bucket{model="a",le="1.0"} 1.0\n'
+    )
+    assert parse_metrics(text) == {
+        "histoserve_batch_size_sum": 12.0,
+        "histoserve_batch_size_count": 4.0,
+    }
+
+
+def test_summarise_window_splits_time_and_cpu() -> None:
+    a = Snapshot(at=0.0, metrics={}, server_cpu_s=1.0, client_cpu_s=0.5, busy_s=10.0)
+    b = Snapshot(
+        at=2.0,
+        metrics={
+            "histoserve_batch_size_sum": 64.0,
+            "histoserve_batch_size_count": 4.0,
+            "histoserve_forward_seconds_sum": 1.0,
+        },
+        server_cpu_s=2.0,
+        client_cpu_s=0.7,
+        busy_s=13.0,
+    )
+    out = summarise_window(a, b)
+    assert out["mean_batch"] == 16.0
+    assert out["forward_busy"] == 0.5
+    assert out["forward_ms_per_batch"] == 250.0
+    assert out["server_cores"] == 0.5 and out["client_cores"] == pytest.approx(0.1)
+    assert out["other_cores"] == pytest.approx(0.9)
+
+
+def test_windows_scale_with_rounds_and_skip_big_cells() -> None:
+    windows = Windows()
+    case = ModelCase("m", "h0-mini", "tiny", max_inflight_tiles=128)
+    fast = timing(Cell("histoserve", "v1", 1, 1), 1000.0, windows)
+    assert fast["window_s"] == windows.window_min_s
+    slow = timing(Cell("histoserve", "v1", 64, 32), 10.0, windows)
+    assert slow["window_s"] == windows.window_max_s
+    assert skip_reason(Cell("histoserve", "v1", 64, 32), case, 10.0)
+    assert skip_reason(Cell("histoserve", "v1", 64, 32, target=True), case, 10.0) is None
+    target = timing(Cell("histoserve", "v1", 16, 32, target=True), 10.0, windows)
+    assert target["window_s"] == windows.target_max_s
+
+
+def test_profiles_cover_the_issue_matrix() -> None:
+    full = PROFILES["full"]
+    assert full.concurrencies == (1, 4, 16, 64) and full.tile_counts == (1, 32)
+    assert {m.label for m in full.models} == {"demo", "vit-s"}
+    assert PROFILES["gpu"].device == "cuda"
+
+
+@pytest.mark.parametrize("protocol", ["v2-pixels", "v2-png", "v2-json", "v1"])
+def test_payloads_are_well_formed(protocol: str) -> None:
+    tiles = synthetic_tiles(2, 28, seed=3)
+    payload = build_payload(protocol, "m", tiles)
+    if protocol.startswith("v2-p"):
+        length = int(payload.headers[HEADER])
+        header = json.loads(payload.body[:length])
+        assert header["inputs"][0]["parameters"]["binary_data_size"] == len(payload.body) - length
+        if protocol == "v2-png":
+            (first,) = struct.unpack("<I", payload.body[length : length + 4])
+            assert payload.body[length + 4 : length + 12] == b"\x89PNG\r\n\x1a\n" and first > 0
+    else:
+        assert json.loads(payload.body)
+    assert payload.tiles == 2
+
+
+def test_rest_output_rows_reads_v2_and_v1() -> None:
+    v2 = json.dumps({"outputs": [{"name": "embedding", "shape": [3, 8], "data": []}]}).encode()
+    assert rest_output_rows(v2, {}) == (3, 8)
+    v1 = json.dumps({"predictions": [{"output": [0.0] * 5}] * 2}).encode()
+    assert rest_output_rows(v1, {}) == (2, 5)
+
+
+def test_synthetic_tiles_are_deterministic_and_distinct() -> None:
+    a, b = synthetic_tiles(2, 32, seed=1), synthetic_tiles(2, 32, seed=1)
+    assert a.dtype == np.uint8 and a.shape == (2, 32, 32, 3)
+    assert np.array_equal(a, b) and not np.array_equal(a[0], a[1])
