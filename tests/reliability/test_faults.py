@@ -1,7 +1,7 @@
 """Fault injection: forward failures at a chosen rate fail exactly their batches.
 
 The server runs with the hidden ``--fault_injection nth:K,...`` hook, failing a seeded
-random ``RATE`` of the batches numbered ``FAIL_FROM..FAIL_TO``. Requests carry one tile
+random ``RATE`` of the batches of a :class:`Burst` (``first..last``). Requests carry one tile
 each, so every request lies in exactly one batch: the 503s must name exactly the
 chosen batches that ran, every other request must get its own numbers, and throughput
 after the burst must come back to what it was before. A sticky device error
@@ -15,6 +15,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -34,22 +35,37 @@ from tests.reliability.conftest import (
 from tests.reliability.traffic import Outcome, TilePool, send_valid
 
 pytestmark = pytest.mark.integration
-FAIL_FROM, FAIL_TO, RATE = 40, 100, 0.3
-AFTER = 60  # batches run after the burst before the load stops
-FAILED = sorted(k for k in range(FAIL_FROM, FAIL_TO + 1) if random.Random(k).random() < RATE)
+RATE = 0.3
 CLIENTS = 24
+
+
+@dataclass(frozen=True)
+class Burst:
+    """Batches ``first..last`` fail at ``RATE`` (seeded); ``after`` more run afterwards."""
+
+    first: int
+    last: int
+    after: int
+
+    @property
+    def failed(self) -> list[int]:
+        span = range(self.first, self.last + 1)
+        return sorted(k for k in span if random.Random(k).random() < RATE)
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return (*LIMITED_FLAGS, "--fault_injection", "nth:" + ",".join(map(str, self.failed)))
+
+
+SHORT, LONG = Burst(40, 100, 60), Burst(40, 1500, 300)
 
 
 @pytest.fixture(scope="module")
 def faulty_server(
     embedding_package_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
-    spec = "nth:" + ",".join(map(str, FAILED))
-    with running(
-        embedding_package_dir, tmp_path_factory.mktemp("faults"), *LIMITED_FLAGS,
-        "--fault_injection", spec,
-    ) as server:  # fmt: skip
-        yield server
+    with running(embedding_package_dir, tmp_path_factory.mktemp("faults"), *SHORT.flags) as s:
+        yield s
 
 
 def batches(server: Server) -> float:
@@ -90,10 +106,10 @@ def check_throughput_recovers(outcomes: list[Outcome]) -> dict:
     return {"ok_per_s_before": round(before), "ok_per_s_after": round(after)}
 
 
-def run_fault_load(server: Server, pool: TilePool, duration_s: float) -> dict:
+def run_fault_load(server: Server, pool: TilePool, burst: Burst, duration_s: float) -> dict:
     """Single-tile requests until the burst is over (or the time bound); checks and figures."""
     stop = threading.Event()
-    watcher = stop_after_batches(server, FAIL_TO + AFTER, stop)
+    watcher = stop_after_batches(server, burst.last + burst.after, stop)
     kinds = ("v2-binary-pixels", "grpc-pixels")
     with target(server, pool) as t:
         outcomes = run_clients(
@@ -104,25 +120,36 @@ def run_fault_load(server: Server, pool: TilePool, duration_s: float) -> dict:
     stop.set()
     watcher.join()
     ran = int(batches(server))
-    assert ran >= FAIL_TO + AFTER, f"only {ran} batches ran in {duration_s}s"
+    assert ran >= burst.last + burst.after, f"only {ran} batches ran in {duration_s}s"
     summary = summarise(outcomes, allowed=frozenset({503}))
     assert not summary.lost and not summary.mixed_up and not summary.wrong_status
     failed = [o for o in outcomes if o.status == 503]
-    assert sorted(set(named_batches(failed))) == FAILED, "503s do not match the failed batches"
+    assert sorted(set(named_batches(failed))) == burst.failed, "503s are not the failed batches"
     assert len(named_batches(failed)) == len(failed), [o.message for o in failed][:5]
     metric = metric_value(server.metrics(), "histoserve_tiles_total", outcome="failed")
     assert metric == len(failed), f"server counted {metric} failed tiles, clients saw {len(failed)}"
-    return summary.figures() | check_throughput_recovers(outcomes) | {"batches": ran}
+    return summary.figures() | check_throughput_recovers(outcomes) | {
+        "batches": ran, "failed_batches": len(burst.failed), "rate": RATE,
+    }  # fmt: skip
+
+
+def assert_live_and_ready(server: Server) -> None:
+    assert httpx.get(f"{server.base}/v2/health/live").status_code == 200
+    assert httpx.get(f"{server.base}/v2/models/{server.model_name}/ready").status_code == 200
 
 
 def test_injected_failures_fail_exactly_their_batches(faulty_server: Server, tile_pool: TilePool):
-    result = run_fault_load(
-        faulty_server, tile_pool, duration_s=env_float("HISTOSERVE_FAULT_S", 40)
-    )
-    base = faulty_server.base
-    assert httpx.get(f"{base}/v2/health/live").status_code == 200
-    assert httpx.get(f"{base}/v2/models/{faulty_server.model_name}/ready").status_code == 200
-    record_figures("faults", result | {"failed_batches": len(FAILED), "rate": RATE})
+    result = run_fault_load(faulty_server, tile_pool, SHORT, duration_s=40)
+    assert_live_and_ready(faulty_server)
+    record_figures("faults", result)
+
+
+@pytest.mark.slow
+def test_injected_failures_long(embedding_package_dir: Path, tmp_path: Path, tile_pool: TilePool):
+    with running(embedding_package_dir, tmp_path, *LONG.flags) as server:
+        result = run_fault_load(server, tile_pool, LONG, env_float("HISTOSERVE_FAULT_S", 300))
+        assert_live_and_ready(server)
+    record_figures("faults_long", result)
 
 
 def test_sticky_device_error_turns_liveness_false(

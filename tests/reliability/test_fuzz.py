@@ -31,6 +31,7 @@ from predictor.model import BaseServerModel
 from predictor.samples import ModelRequest
 from predictor.spec import BUILTIN_SPECS
 
+pytestmark = pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
 EXAMPLES = int(os.environ.get("HISTOSERVE_FUZZ_EXAMPLES", "150"))
 LONG_EXAMPLES = int(os.environ.get("HISTOSERVE_FUZZ_LONG_EXAMPLES", "3000"))
 LIMITS = LimitsConfig(max_tiles_per_request=8, max_image_pixels=600 * 600, max_bulk_rna_length=64)

@@ -34,7 +34,13 @@ from tests.chart.helpers import (
     template_key,
 )
 from tests.integration.conftest import Server, start_server
-from tests.reliability.conftest import LIMITED_FLAGS, record_figures, run_clients, target
+from tests.reliability.conftest import (
+    LIMITED_FLAGS,
+    env_float,
+    record_figures,
+    run_clients,
+    target,
+)
 from tests.reliability.traffic import Outcome, TilePool, send_valid
 
 pytestmark = pytest.mark.integration
@@ -133,14 +139,13 @@ def figures(run: dict, refused: re.Pattern = REFUSED) -> dict:
     }
 
 
-def test_sigterm_mid_load_loses_no_accepted_request(
-    embedding_package_dir: Path, tmp_path: Path, tile_pool: TilePool
-):
-    server = start_server(
-        embedding_package_dir, tmp_path, *LIMITED_FLAGS, "--drain_timeout_s", str(DRAIN_TIMEOUT_S)
-    )
+def shutdown_once(model_dir: Path, tmp: Path, pool: TilePool) -> dict:
+    """One server, SIGTERM mid-load; every promise checked; returns the figures."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    flags = (*LIMITED_FLAGS, "--drain_timeout_s", str(DRAIN_TIMEOUT_S))
+    server = start_server(model_dir, tmp, *flags)
     try:
-        run = sigterm_mid_load(server, tile_pool, KINDS, most=3)
+        run = sigterm_mid_load(server, pool, KINDS, most=3)
     finally:
         server.stop()
     missing = lost(run["outcomes"])
@@ -150,7 +155,35 @@ def test_sigterm_mid_load_loses_no_accepted_request(
     assert run["in_flight_completed"] > 0, "SIGTERM did not land mid-load"
     assert run["unready_after_s"] < 1.0
     assert run["drain_s"] < EXIT_MARGIN_S, "the drain of a short backlog took too long"
-    record_figures("shutdown", figures(run) | {"drain_timeout_s": DRAIN_TIMEOUT_S})
+    return figures(run) | {"drain_timeout_s": DRAIN_TIMEOUT_S}
+
+
+def test_sigterm_mid_load_loses_no_accepted_request(
+    embedding_package_dir: Path, tmp_path: Path, tile_pool: TilePool
+):
+    record_figures("shutdown", shutdown_once(embedding_package_dir, tmp_path, tile_pool))
+
+
+@pytest.mark.slow
+def test_sigterm_mid_load_repeated(
+    embedding_package_dir: Path, tmp_path: Path, tile_pool: TilePool
+):
+    runs = [
+        shutdown_once(embedding_package_dir, tmp_path / str(i), tile_pool)
+        for i in range(int(env_float("HISTOSERVE_SHUTDOWN_RUNS", 8)))
+    ]
+    keys = ("sent", "ok", "refused", "lost", "mixed_up", "in_flight_at_sigterm")
+    totals = {k: sum(r[k] for r in runs) for k in (*keys, "in_flight_completed")}
+    drains = [r["drain_s"] for r in runs]
+    record_figures(
+        "shutdown_long",
+        totals
+        | {
+            "runs": len(runs),
+            "drain_s_max": max(drains),
+            "drain_s_median": sorted(drains)[len(drains) // 2],
+        },
+    )
 
 
 def test_drain_deadline_turns_the_backlog_into_503s(
