@@ -102,9 +102,8 @@ def timing(cell: Cell, speed_tps: float, windows: Windows) -> dict[str, float]:
             max(windows.target_rounds * round_s, windows.target_min_s), windows.target_max_s
         )
     else:
-        window = min(
-            max(windows.window_rounds * round_s, windows.window_min_s), windows.window_max_s
-        )
+        rounds = max(windows.window_rounds, windows.min_completions / cell.concurrency)
+        window = min(max(rounds * round_s, windows.window_min_s), windows.window_max_s)
     drain = min(windows.timeout_s, 10.0 + 3.0 * round_s)
     return {"warmup_s": warmup, "window_s": window, "drain_s": drain}
 

@@ -50,7 +50,9 @@ class Windows:
 
     A round is ``concurrency * tiles / limit`` seconds (every client served
     once at the model's own speed); windows are clamped to these bounds.
-    Target cells get longer windows (``target_*``).
+    A window also spans at least ``min_completions`` requests (one client
+    completes one request per round), so few-client cells of big requests are
+    not counted in whole requests. Target cells get longer windows (``target_*``).
     """
 
     warmup_min_s: float = 0.5
@@ -59,6 +61,7 @@ class Windows:
     window_max_s: float = 10.0
     warmup_rounds: float = 1.5
     window_rounds: float = 3.0
+    min_completions: float = 8.0
     target_rounds: float = 6.0
     target_min_s: float = 10.0
     target_max_s: float = 20.0
@@ -118,7 +121,7 @@ _VITS = ModelCase(
     preset="vit-s",
     dtype="auto",
     max_inflight_tiles=64,
-    baseline_cells=((1, 1), (64, 1), (4, 32)),
+    baseline_cells=((1, 1), (64, 1), (1, 32)),
 )
 
 PROFILES: dict[str, Profile] = {
