@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import threading
 import time
 from collections import Counter
@@ -225,6 +226,29 @@ class RssSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(5)
+
+
+def slope_mib_per_min(samples: list[tuple[float, float]]) -> float:
+    """Least-squares slope of RSS over time."""
+    if len(samples) < 3:
+        return 0.0
+    return 60 * statistics.linear_regression([t for t, _ in samples], [r for _, r in samples])[0]
+
+
+def memory_figures(samples: list[tuple[float, float]], warmup_s: float) -> dict[str, float]:
+    """RSS at the start, after the warm-up and at the end (medians), growth and slope."""
+    start = samples[0][0]
+    steady = [s for s in samples if s[0] - start >= warmup_s]
+    tail = steady[-max(3, len(steady) // 10) :]
+    baseline = statistics.median(r for _, r in steady[:5])
+    end = statistics.median(r for _, r in tail)
+    return {
+        "rss_start_mib": round(samples[0][1]),
+        "rss_after_warmup_mib": round(baseline),
+        "rss_end_mib": round(end),
+        "rss_growth_mib": round(end - baseline, 1),
+        "rss_slope_mib_per_min": round(slope_mib_per_min(steady), 2),
+    }
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:

@@ -18,6 +18,7 @@ from tests.reliability.conftest import (
     CLIENTS,
     RssSampler,
     env_float,
+    memory_figures,
     metric_value,
     percentile,
     record_figures,
@@ -86,28 +87,30 @@ def check_overload(outcomes: list[Outcome]) -> dict:
     }
 
 
-def run_overload(server: Server, pool: TilePool, duration_s: float) -> dict:
+def run_overload(server: Server, pool: TilePool, duration_s: float, warmup_s: float) -> dict:
+    """Overload after a warm-up (the allocator settles at its high-water mark), then checks."""
     rejected_before = metric_value(server.metrics(), "histoserve_tiles_total", outcome="rejected")
-    hammer(server, pool, min(3.0, duration_s / 4))  # warm-up: allocator and caches settle
     with RssSampler(server.proc.pid) as rss:
+        hammer(server, pool, warmup_s)
         outcomes = hammer(server, pool, duration_s)
     figures = check_overload(outcomes)
-    growth = rss.samples[-1][1] - rss.samples[0][1]
-    assert growth < RSS_GROWTH_MIB, f"RSS grew {growth:.0f} MiB under overload"
+    memory = memory_figures(rss.samples, warmup_s)
+    assert memory["rss_growth_mib"] < RSS_GROWTH_MIB, f"RSS grew under overload: {memory}"
     rejected = metric_value(server.metrics(), "histoserve_tiles_total", outcome="rejected")
     assert rejected - rejected_before >= sum(o.tiles for o in outcomes if o.status == 503)
     peak = max(r for _, r in rss.samples)
-    rss_figures = {"rss_start_mib": round(rss.samples[0][1]), "rss_peak_mib": round(peak)}
-    return figures | rss_figures | {"rss_growth_mib": round(growth, 1), "queue": QUEUE}
+    return figures | memory | {"rss_peak_mib": round(peak), "queue": QUEUE}
 
 
 def test_overload_is_fast_503s_with_bounded_latency_and_flat_memory(
     small_queue_server: Server, tile_pool: TilePool
 ):
-    record_figures("overload", run_overload(small_queue_server, tile_pool, duration_s=8.0))
+    result = run_overload(small_queue_server, tile_pool, duration_s=8.0, warmup_s=3.0)
+    record_figures("overload", result)
 
 
 @pytest.mark.slow
 def test_overload_long(small_queue_server: Server, tile_pool: TilePool):
     duration = env_float("HISTOSERVE_OVERLOAD_S", 90.0)
-    record_figures("overload_long", run_overload(small_queue_server, tile_pool, duration))
+    result = run_overload(small_queue_server, tile_pool, duration, warmup_s=30.0)
+    record_figures("overload_long", result)

@@ -9,7 +9,6 @@ variant in the fast suite only proves the loop and the checks work.
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from tests.reliability.conftest import (
     LIMITED_FLAGS,
     RssSampler,
     env_float,
+    memory_figures,
     record_figures,
     run_clients,
     running,
@@ -38,28 +38,6 @@ def handles(pid: int) -> tuple[int, int]:
     """Threads and open file descriptors of a process."""
     process = psutil.Process(pid)
     return process.num_threads(), process.num_fds()
-
-
-def slope_mib_per_min(samples: list[tuple[float, float]]) -> float:
-    """Least-squares slope of RSS over time."""
-    if len(samples) < 3:
-        return 0.0
-    return 60 * statistics.linear_regression([t for t, _ in samples], [r for _, r in samples])[0]
-
-
-def memory_figures(samples: list[tuple[float, float]], warmup_s: float) -> dict:
-    start = samples[0][0]
-    steady = [s for s in samples if s[0] - start >= warmup_s]
-    tail = steady[-max(3, len(steady) // 10) :]
-    baseline = statistics.median(r for _, r in steady[:5])
-    end = statistics.median(r for _, r in tail)
-    return {
-        "rss_start_mib": round(samples[0][1]),
-        "rss_after_warmup_mib": round(baseline),
-        "rss_end_mib": round(end),
-        "rss_growth_mib": round(end - baseline, 1),
-        "rss_slope_mib_per_min": round(slope_mib_per_min(steady), 2),
-    }
 
 
 def soak(server: Server, pool: TilePool, duration_s: float, warmup_s: float) -> dict:
