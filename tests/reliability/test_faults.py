@@ -57,7 +57,7 @@ class Burst:
         return (*LIMITED_FLAGS, "--fault_injection", "nth:" + ",".join(map(str, self.failed)))
 
 
-SHORT, LONG = Burst(40, 100, 60), Burst(40, 1500, 300)
+SHORT, LONG = Burst(30, 80, 40), Burst(40, 1500, 300)
 
 
 @pytest.fixture(scope="module")

@@ -64,7 +64,7 @@ def figures(base: dict, outcomes: list[Outcome], tiles: int) -> dict:
 
 
 def test_mixed_load_loses_and_mixes_up_nothing(limited_server: Server, tile_pool: TilePool):
-    result = run_mixed(limited_server, tile_pool, duration_s=8.0, max_per_client=12)
+    result = run_mixed(limited_server, tile_pool, duration_s=8.0, max_per_client=10)
     assert result["sent"] >= CLIENTS * 3
     record_figures("mixed_load", result)
 

@@ -1,7 +1,7 @@
 """Overload: offered load far above capacity against a small queue.
 
 64 clients send 1-4-tile requests back to back (raw pixels, PNG tiles, gRPC) to a server
-whose queue holds 32 tiles. Rejections must be fast 503s with ``Retry-After`` naming
+whose queue holds 16 tiles (two batches). Rejections must be fast 503s with ``Retry-After`` naming
 the full queue, accepted requests must meet a latency bound and carry their own
 numbers, and the server's memory must stay flat.
 """
@@ -30,7 +30,7 @@ from tests.reliability.conftest import (
 from tests.reliability.traffic import Outcome, TilePool, send_valid
 
 pytestmark = pytest.mark.integration
-QUEUE, BATCH = 32, 8
+QUEUE, BATCH = 16, 8
 KINDS = ("v2-binary-pixels", "v2-binary-png", "grpc-pixels")
 ACCEPTED_P99_S = 3.0  # 4 queued batches + decoding, on 2 shared CPU cores
 REJECTED_P99_S = 1.0
@@ -68,7 +68,7 @@ def check_overload(outcomes: list[Outcome]) -> dict:
     assert not summary.lost and not summary.mixed_up and not summary.wrong_status
     accepted = [o for o in outcomes if o.status == 200]
     rejected = [o for o in outcomes if o.status == 503]
-    assert accepted and len(rejected) >= 0.2 * len(outcomes), "the load did not exceed capacity"
+    assert accepted and len(rejected) >= 0.1 * len(outcomes), "the load did not exceed capacity"
     assert all("queue full" in o.message for o in rejected), {o.message for o in rejected}
     assert all(o.retry_after and int(o.retry_after) >= 1 for o in rejected if is_http(o))
     # Latency over REST only: gRPC's sync client, sharing this process with 40 busy HTTP
@@ -105,7 +105,7 @@ def run_overload(server: Server, pool: TilePool, duration_s: float, warmup_s: fl
 def test_overload_is_fast_503s_with_bounded_latency_and_flat_memory(
     small_queue_server: Server, tile_pool: TilePool
 ):
-    result = run_overload(small_queue_server, tile_pool, duration_s=8.0, warmup_s=3.0)
+    result = run_overload(small_queue_server, tile_pool, duration_s=6.0, warmup_s=3.0)
     record_figures("overload", result)
 
 

@@ -64,7 +64,7 @@ def soak(server: Server, pool: TilePool, duration_s: float, warmup_s: float) -> 
 
 
 def test_short_soak_smoke(limited_server: Server, tile_pool: TilePool):
-    result = soak(limited_server, tile_pool, duration_s=6.0, warmup_s=2.0)
+    result = soak(limited_server, tile_pool, duration_s=5.0, warmup_s=2.0)
     assert result["sent"] > SOAK_CLIENTS
     assert result["rss_growth_mib"] < 128
 
