@@ -29,7 +29,9 @@ class ModelCase:
         max_inflight_tiles: Matrix cells with more tiles in flight
             (concurrency x tiles per request) are skipped, except target cells.
         protocols: Protocols of the end-to-end matrix for this model.
-        baseline_cells: ``(concurrency, tiles)`` cells run against both baselines.
+        baseline_cells: ``(concurrency, tiles)`` cells run against both baselines
+            (the many-single-tile-clients cell runs with the targets).
+        target_max_s: Longest target window for this model (the profile's when None).
     """
 
     label: str
@@ -42,6 +44,7 @@ class ModelCase:
     max_inflight_tiles: int = 2048
     protocols: tuple[str, ...] = PROTOCOLS
     baseline_cells: tuple[tuple[int, int], ...] = ()
+    target_max_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class Windows:
     window_max_s: float = 10.0
     warmup_rounds: float = 1.5
     window_rounds: float = 3.0
-    min_completions: float = 8.0
+    min_completions: float = 6.0
     target_rounds: float = 6.0
     target_min_s: float = 10.0
     target_max_s: float = 20.0
@@ -112,8 +115,9 @@ _DEMO = ModelCase(
     label="demo",
     spec="h0-mini",
     preset="tiny",
-    max_inflight_tiles=512,
-    baseline_cells=((1, 1), (16, 1), (64, 1), (1, 32)),
+    max_inflight_tiles=128,
+    baseline_cells=((1, 1), (16, 1), (1, 32)),
+    target_max_s=8.0,
 )
 _VITS = ModelCase(
     label="vit-s",
@@ -121,14 +125,18 @@ _VITS = ModelCase(
     preset="vit-s",
     dtype="auto",
     max_inflight_tiles=64,
-    baseline_cells=((1, 1), (64, 1), (1, 32)),
+    baseline_cells=((1, 1), (16, 1)),
 )
 
 PROFILES: dict[str, Profile] = {
     "full": Profile(name="full", models=(_DEMO, _VITS)),
     "tiny": Profile(
         name="tiny",
-        models=(replace(_DEMO, limit_batches=(1, 2, 4), baseline_cells=((1, 1), (4, 2))),),
+        models=(
+            replace(
+                _DEMO, limit_batches=(1, 2, 4), baseline_cells=((1, 1), (4, 2)), target_max_s=None
+            ),
+        ),
         concurrencies=(1, 4),
         tile_counts=(1, 2),
         windows=Windows(
@@ -157,7 +165,7 @@ PROFILES: dict[str, Profile] = {
                 max_latency_ms=5.0,
                 limit_batches=(1, 8, 32, 64),
                 max_inflight_tiles=2048,
-                baseline_cells=((1, 1), (64, 1), (16, 32)),
+                baseline_cells=((1, 1), (16, 1), (16, 32)),
             ),
         ),
         device="cuda",

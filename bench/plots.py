@@ -13,15 +13,13 @@ STYLE = {"histoserve": "-o", "nobatch": ":s", "naive": "--^"}
 
 
 def _series(cells: list[dict[str, Any]], server: str, protocol: str, tiles: int, key: str):
-    points = sorted(
-        (c["concurrency"], c[key])
-        for c in cells
-        if c["server"] == server
-        and c["protocol"] == protocol
-        and c["tiles"] == tiles
-        and c.get(key) is not None
-    )
-    return [p[0] for p in points], [p[1] for p in points]
+    """``(concurrencies, values)`` of one line; repeated cells (target runs) are averaged."""
+    by_c: dict[int, list[float]] = {}
+    for c in cells:
+        if (c["server"], c["protocol"], c["tiles"]) == (server, protocol, tiles) and c.get(key):
+            by_c.setdefault(c["concurrency"], []).append(c[key])
+    xs = sorted(by_c)
+    return xs, [sum(by_c[x]) / len(by_c[x]) for x in xs]
 
 
 def plot_model(label: str, model: dict[str, Any], path: Path) -> Path:

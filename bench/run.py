@@ -109,7 +109,7 @@ def measure_live(
     )
     speeds = {
         "histoserve": top,
-        "nobatch": limit_at(limit, 1),
+        "nobatch": limit_at(limit, 1),  # one tile per forward
         "naive": min(top, 1000.0 / idle["naive"]["median_ms"]),
     }
     run = {"case": case, "tile_size": tile_size, "speeds": speeds, "windows": profile.windows}
@@ -124,6 +124,7 @@ def measure_live(
     log(f"{case.label}: efficiency {efficiency.get('efficiency')}")
     many = targets.many_clients(client, servers, profile, tile_size, speeds)
     log(f"{case.label}: many clients {many.get('throughput')}")
+    baselines += [r for name in ("nobatch", "naive") for r in many["runs"][name]]
     for cell in matrix + baselines:
         if "throughput" in cell:
             batch = cell.get("mean_batch") or (cell["tiles"] if cell["server"] == "naive" else 1)
@@ -142,6 +143,8 @@ def bench_model(profile: Profile, case: ModelCase, client: Any, log_dir: Path) -
     from bench.limit import ForwardRunner
     from bench.packages import package_for, resolve_dtype
 
+    if case.target_max_s is not None:
+        profile = replace(profile, windows=replace(profile.windows, target_max_s=case.target_max_s))
     dtype = resolve_dtype(case, profile.device)
     log(f"{case.label}: package ({case.spec} {case.preset} {dtype})")
     package = package_for(case, profile.device)
