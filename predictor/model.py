@@ -20,7 +20,6 @@ import logging
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,17 +29,19 @@ import torch
 from kserve import InferRequest, InferResponse, Model
 
 from predictor import package as pkg
+from predictor.admission import Admission
 from predictor.batcher import DynamicBatcher
 from predictor.codecs.images import decode_tile
 from predictor.codecs.v1 import decode_v1, encode_v1
 from predictor.codecs.v2 import decode_v2, encode_v2, select_outputs
 from predictor.config import BatchingConfig, LimitsConfig
 from predictor.device import Normalizer, as_forward_error, classify_error, synchronize
-from predictor.errors import InvalidInput, ModelNotReady, Overloaded
+from predictor.errors import InvalidInput, ModelNotReady
 from predictor.faults import FaultHook
 from predictor.metrics import Metrics
 from predictor.samples import DecodedRequest, ModelRequest, ModelResponse, PreparedSample
 from predictor.spec import ModelSpec
+from predictor.stage1 import Stage1Pool
 
 logger = logging.getLogger("histoserve")
 
@@ -97,14 +98,16 @@ class BaseServerModel(Model):
         self._fault_hook = fault_hook
         self._package: pkg.LoadedPackage | None = None
         self._normalizer: Normalizer | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: Stage1Pool | None = None
         self._batcher: DynamicBatcher | None = None
-        self._draining = False
         self._stopped = False
-        self._admitted = 0  # requests inside __call__ (stage 1 or 2); drain waits for them
-        self._all_done = asyncio.Event()
-        self._all_done.set()
-        self._staged = 0  # tiles in stage 1 (admitted, not yet queued); bounded with the queue
+        batching = self._options.batching
+        self._admission = Admission(
+            self.name,
+            batching.max_queue_size,
+            batching.retry_after_s,
+            on_reject=lambda n: self._count("rejected", n),
+        )
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -140,11 +143,9 @@ class BaseServerModel(Model):
             self._package = pkg.load_package(self._checkpoint, self._device)
             self.check_package(self._package)
             self._normalizer = Normalizer(self._spec, self._device, self._package.input_dtype)
-            self._pool = ThreadPoolExecutor(
-                self._options.preprocess_workers, thread_name_prefix="histoserve-prep"
-            )
+            self._pool = Stage1Pool(self._options.preprocess_workers)
             logger.info("loaded %s (%s) on %s", self._checkpoint, self._spec.name, self._device)
-        self.ready = not self._draining
+        self.ready = not self._admission.draining
         return self.ready
 
     def check_package(self, package: pkg.LoadedPackage) -> None:
@@ -176,25 +177,24 @@ class BaseServerModel(Model):
         admitted request has finished or the deadline passes; then the
         batcher drains whatever is left in the time that remains.
         """
-        self._draining = True
+        admission = self._admission
+        admission.start_draining()
         self.ready = False
         deadline = time.monotonic() + timeout_s
-        try:
-            await asyncio.wait_for(self._all_done.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        if not await admission.wait_idle(timeout_s):
             logger.warning(
                 "%s: %d admitted requests still running at the drain deadline",
                 self.name,
-                self._admitted,
+                admission.admitted,
             )
         if self._batcher is None:
-            return self._admitted == 0
+            return admission.admitted == 0
         drained = await self._batcher.drain(max(0.0, deadline - time.monotonic()))
-        return drained and self._admitted == 0
+        return drained and admission.admitted == 0
 
     async def healthy(self) -> bool:
         """Ready for traffic: loaded, not draining, device usable."""
-        return bool(self.ready and not self._draining and self.live)
+        return bool(self.ready and not self._admission.draining and self.live)
 
     @property
     def live(self) -> bool:
@@ -211,31 +211,16 @@ class BaseServerModel(Model):
         self.ready = False
         self._stopped = True
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()
         self._package = None
 
     # -- kserve entry points --------------------------------------------------------------
     async def __call__(self, body: Any, headers: dict[str, str] | None = None, verb: Any = None):
-        self._admit()
-        try:
+        with self._admission.request():
             if self._metrics is None:
                 return await self._call(body, headers, verb)
             with self._metrics.inflight():
                 return await self._call(body, headers, verb)
-        finally:
-            self._release()
-
-    def _admit(self) -> None:
-        """Counts a request in, or refuses it once draining (no await: atomic on the loop)."""
-        if self._draining:
-            raise ModelNotReady(f"model {self.name!r} is draining for shutdown; retry elsewhere")
-        self._admitted += 1
-        self._all_done.clear()
-
-    def _release(self) -> None:
-        self._admitted -= 1
-        if self._admitted == 0:
-            self._all_done.set()
 
     async def _call(self, body: Any, headers: dict[str, str] | None, verb: Any):
         if verb is None:
@@ -250,7 +235,7 @@ class BaseServerModel(Model):
         self, payload: dict | InferRequest, headers: dict[str, str] | None = None
     ) -> _Prepared:
         """Stage 1: decode the request and prepare every tile; 400 on any bad input."""
-        if self._draining or self._pool is None:
+        if self._admission.draining or self._pool is None:
             raise ModelNotReady(
                 f"model {self.name!r} is not accepting requests (draining or not loaded)"
             )
@@ -321,63 +306,11 @@ class BaseServerModel(Model):
             )
         return mode
 
-    def _check_room(self, n: int) -> None:
-        """Refuses overload before stage 1: tiles decoding plus queued stay within the queue bound.
-
-        The batcher checks its queue only when a request is submitted, after
-        its tiles were decoded; under overload that spent the CPU the admitted
-        requests need and made the 503 as slow as a success.
-        """
-        if self._batcher is None:
-            return
-        limit = self._options.batching.max_queue_size
-        waiting = self._staged + self._batcher.queue_depth
-        if waiting + n > limit:
-            self._count("rejected", n)
-            raise Overloaded(
-                f"{self.name}: queue full ({waiting} tiles waiting + {n} new > {limit})",
-                retry_after_s=self._options.batching.retry_after_s,
-            )
-
     async def _prepare_staged(self, decoded: DecodedRequest) -> list[PreparedSample]:
-        n = len(decoded.items)
-        self._check_room(n)
-        self._staged += n
-        try:
-            return await self._prepare_all(decoded)
-        finally:
-            self._staged -= n
-
-    async def _prepare_all(self, decoded: DecodedRequest) -> list[PreparedSample]:
-        items = decoded.items
-        if not any(item.image_data is not None for item in items):
-            return self._prepare_chunk(
-                items, decoded.tile_input
-            )  # raw pixels: no decoding to spread
-        workers = self._options.preprocess_workers
-        size = max(1, -(-len(items) // workers))
-        chunks = [items[i : i + size] for i in range(0, len(items), size)]
-        loop = asyncio.get_running_loop()
-        jobs = [
-            loop.run_in_executor(self._pool, self._prepare_chunk, c, decoded.tile_input)
-            for c in chunks
-        ]
-        results = await asyncio.gather(*jobs, return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-        return [sample for chunk in results for sample in chunk]
-
-    def _prepare_chunk(
-        self, items: Sequence[ModelRequest], tile_input: str
-    ) -> list[PreparedSample]:
-        prepared = []
-        for item in items:
-            try:
-                prepared.append(self.prepare_sample(item))
-            except InvalidInput as exc:
-                raise exc.at(input_name=tile_input, tile=item.index) from exc
-        return prepared
+        """Stage 1 for every tile, refused up front (fast 503) when the queue is full."""
+        depth = self._batcher.queue_depth if self._batcher is not None else 0
+        with self._admission.staged(len(decoded.items), depth):
+            return await self._pool.prepare(decoded.items, decoded.tile_input, self.prepare_sample)
 
     def prepare_sample(self, request: ModelRequest) -> PreparedSample:
         """Decodes, validates and transforms one tile; ``InvalidInput`` becomes a 400.
