@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -145,15 +146,19 @@ def run_cells(
     tile_size: int,
     speeds: Mapping[str, float],
     windows: Windows,
+    deadline: float = float("inf"),
     log: Any = print,
 ) -> list[dict[str, Any]]:
     """Runs ``cells`` in order (skipping the ones :func:`skip_reason` refuses).
 
-    ``speeds`` maps a server kind to its expected tiles/s (see :func:`timing`).
+    ``speeds`` maps a server kind to its expected tiles/s (see :func:`timing`);
+    after ``deadline`` (monotonic seconds) the remaining cells are skipped.
     """
     results = []
     for cell in cells:
         reason = skip_reason(cell, case, speeds[cell.server])
+        if reason is None and time.monotonic() > deadline:
+            reason = "the run's time budget for cells was spent (machine slower than usual)"
         if reason:
             results.append({**asdict(cell), "skipped": reason})
             continue

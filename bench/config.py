@@ -60,7 +60,7 @@ class Windows:
 
     warmup_min_s: float = 0.5
     warmup_max_s: float = 4.0
-    window_min_s: float = 2.0
+    window_min_s: float = 1.5
     window_max_s: float = 10.0
     warmup_rounds: float = 1.5
     window_rounds: float = 3.0
@@ -68,7 +68,7 @@ class Windows:
     target_rounds: float = 6.0
     target_min_s: float = 10.0
     target_max_s: float = 20.0
-    limit_s: float = 2.0
+    limit_s: float = 1.5
     max_requests: int = 20_000
     timeout_s: float = 180.0
 
@@ -95,6 +95,9 @@ class Profile:
         stage1_tiles: Tiles per stage-1 measurement.
         target_clients: ``(concurrency, tiles)`` of the efficiency target and
             the concurrency of the many-single-tile-clients target.
+        cells_budget_s: Seconds from the start after which the remaining
+            matrix and baseline cells are skipped (targets always run), so a
+            run on a loaded machine still ends in time.
     """
 
     name: str
@@ -106,9 +109,10 @@ class Profile:
     preprocess_workers: int = 2
     max_queue_size: int = 4096
     windows: Windows = field(default_factory=Windows)
-    latency_pairs: int = 40
+    latency_pairs: int = 30
     stage1_tiles: int = 64
     target_clients: tuple[int, int, int] = (16, 32, 64)
+    cells_budget_s: float = 600.0
 
 
 _DEMO = ModelCase(
@@ -126,6 +130,7 @@ _VITS = ModelCase(
     dtype="auto",
     max_inflight_tiles=64,
     baseline_cells=((1, 1), (16, 1)),
+    target_max_s=15.0,
 )
 
 PROFILES: dict[str, Profile] = {

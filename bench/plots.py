@@ -29,21 +29,28 @@ def plot_model(label: str, model: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cells = model["cells"] + model["baselines"]
+    eff = model["targets"]["efficiency"]["cell"]
+    many = model["targets"]["many_clients"]["runs"]["histoserve"]
+    cells = model["cells"] + model["baselines"] + [eff, *many]
     sizes = sorted({c["tiles"] for c in cells})
     protocols = list(dict.fromkeys(c["protocol"] for c in model["cells"]))
-    limit = max(r["tiles_per_s"] for r in model["limit"].values())
+    top = str(model["case"]["max_batch_size"])
+    limits = {
+        f"limit, batch {b}": model["limit"][b]["tiles_per_s"]
+        for b in ("1", top)
+        if b in model["limit"]
+    }
     fig, axes = plt.subplots(2, len(sizes), figsize=(6 * len(sizes), 8), squeeze=False)
     for col, tiles in enumerate(sizes):
-        top, bottom = axes[0][col], axes[1][col]
+        top_ax, bottom = axes[0][col], axes[1][col]
         for protocol in protocols:
-            for key, ax in (("throughput", top), ("p50_ms", bottom)):
+            for key, ax in (("throughput", top_ax), ("p50_ms", bottom)):
                 x, y = _series(cells, "histoserve", protocol, tiles, key)
                 if x:
                     ax.plot(x, y, STYLE["histoserve"], label=f"histoserve {protocol}")
         for server in ("nobatch", "naive"):
             name = "(a) batching off" if server == "nobatch" else "(b) naive KServe"
-            for key, ax in (("throughput", top), ("p50_ms", bottom)):
+            for key, ax in (("throughput", top_ax), ("p50_ms", bottom)):
                 x, y = _series(cells, server, "v2-pixels", tiles, key)
                 if x:
                     ax.plot(
@@ -53,16 +60,17 @@ def plot_model(label: str, model: dict[str, Any], path: Path) -> Path:
                         color="grey" if server == "nobatch" else "black",
                         label=name,
                     )
-        top.axhline(limit, color="red", linestyle="--", label="limit (best batch)")
-        top.set_title(f"{label}: {tiles}-tile requests")
-        top.set_ylabel("tiles/s")
+        for (name, value), style in zip(limits.items(), (":", "--"), strict=False):
+            top_ax.axhline(value, color="red", linestyle=style, label=name)
+        top_ax.set_title(f"{label}: {tiles}-tile requests")
+        top_ax.set_ylabel("tiles/s")
         bottom.set_ylabel("p50 latency (ms)")
         bottom.set_yscale("log")
-        for ax in (top, bottom):
+        for ax in (top_ax, bottom):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("concurrent clients")
             ax.grid(True, alpha=0.3)
-        top.legend(fontsize=7)
+        top_ax.legend(fontsize=7)
     fig.suptitle(
         f"{label} ({model['dtype']}): closed-loop load, side by side with the limit and baselines"
     )

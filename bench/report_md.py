@@ -58,7 +58,8 @@ def targets_table(results: dict[str, Any]) -> list[str]:
 
 
 def _cell_row(c: dict[str, Any]) -> str:
-    head = f"| {c['server']} | {c['protocol']} | {c['tiles']} | {c['concurrency']} |"
+    server = c["server"] + (" (target)" if c.get("target") else "")
+    head = f"| {server} | {c['protocol']} | {c['tiles']} | {c['concurrency']} |"
     if "skipped" in c:
         return head + f" skipped: {c['skipped']} |" + " |" * 9
     if "failed" in c:
@@ -110,7 +111,11 @@ def model_section(label: str, model: dict[str, Any], png: str | None) -> list[st
             f"| {name} | {r['median_ms']:.1f} | {r['p90_ms']:.1f} | {r['overhead_ms']:+.1f} |"
         )
     lines += ["", "### End-to-end matrix and baselines", "", *CELL_HEADER]
-    lines += [_cell_row(c) for c in model["cells"] + model["baselines"]]
+    targets = [
+        model["targets"]["efficiency"]["cell"],
+        *model["targets"]["many_clients"]["runs"]["histoserve"],
+    ]
+    lines += [_cell_row(c) for c in model["cells"] + targets + model["baselines"]]
     lines += ["", *time_split(model), ""]
     return lines
 

@@ -10,6 +10,7 @@ the baseline cells and the target cells; then stage-1 costs. Writes
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -32,6 +33,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--dtype", default=None, help="override the dtype of every model but the demo one"
     )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument(
+        "--render",
+        type=Path,
+        default=None,
+        help="only re-render results.md and plots from this JSON",
+    )
     return parser.parse_args(argv)
 
 
@@ -112,7 +119,13 @@ def measure_live(
         "nobatch": limit_at(limit, 1),  # one tile per forward
         "naive": min(top, 1000.0 / idle["naive"]["median_ms"]),
     }
-    run = {"case": case, "tile_size": tile_size, "speeds": speeds, "windows": profile.windows}
+    run = {
+        "case": case,
+        "tile_size": tile_size,
+        "speeds": speeds,
+        "windows": profile.windows,
+        "deadline": _T0 + profile.cells_budget_s,
+    }
     matrix = cells.run_cells(client, servers, cells.plan_matrix(profile, case), log=log, **run)
     base_cells = [
         cells.Cell(kind, "v2-pixels", c, n)
@@ -191,6 +204,12 @@ def server_settings(profile: Profile, case: ModelCase) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the profile and writes the results; returns the exit status."""
     args = parse_args(argv)
+    if args.render is not None:
+        from bench import report
+
+        results = json.loads(args.render.read_text(encoding="utf-8"))
+        report.write(results, args.out, plots=not args.no_plots)
+        return 0
     profile = select_profile(args)
     os.environ["OMP_NUM_THREADS"] = str(profile.threads)
     import torch

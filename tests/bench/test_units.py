@@ -105,3 +105,26 @@ def test_synthetic_tiles_are_deterministic_and_distinct() -> None:
     a, b = synthetic_tiles(2, 32, seed=1), synthetic_tiles(2, 32, seed=1)
     assert a.dtype == np.uint8 and a.shape == (2, 32, 32, 3)
     assert np.array_equal(a, b) and not np.array_equal(a[0], a[1])
+
+
+def test_cells_past_the_deadline_are_skipped_without_load() -> None:
+    from bench.cells import run_cells
+
+    class NoClient:
+        def run(self, job: dict) -> dict:
+            raise AssertionError("no cell may run past the deadline")
+
+    case = ModelCase("m", "h0-mini", "tiny")
+    cells = [Cell("histoserve", "v1", 1, 1), Cell("naive", "v2-pixels", 4, 1)]
+    out = run_cells(
+        NoClient(),
+        {},
+        cells,
+        case=case,
+        tile_size=224,
+        speeds={"histoserve": 100.0, "naive": 10.0},
+        windows=Windows(),
+        deadline=0.0,
+        log=lambda _: None,
+    )
+    assert [r["skipped"].startswith("the run's time budget") for r in out] == [True, True]
