@@ -1,10 +1,11 @@
 """KServe's DataPlane with histoserve's decoding and liveness.
 
-Two overrides: byte bodies of the V2 binary tensor extension are parsed by
+Three overrides: byte bodies of the V2 binary tensor extension are parsed by
 our own parser, which also takes plain JSON sent without a content type
 (stock KServe decodes ``BYTES`` elements as UTF-8 text, which
-breaks raw PNG/JPEG tiles), and liveness turns false once a model reports its
-device unusable, so Kubernetes restarts the pod.
+breaks raw PNG/JPEG tiles), liveness turns false once a model reports its
+device unusable, so Kubernetes restarts the pod, and server readiness turns
+false while any model is not healthy (draining, or its device lost).
 """
 
 from __future__ import annotations
@@ -33,3 +34,15 @@ class HistoDataPlane(DataPlane):
             if getattr(model, "live", True) is False:
                 return {"status": f"device unusable for model {model.name}"}
         return {"status": "alive"}
+
+    async def ready(self) -> bool:
+        """Server readiness (``/v2/health/ready``, gRPC ``ServerReady``): every model healthy.
+
+        KServe's own answers true whenever the process is up, so a probe on it
+        (the ServingRuntime's) stayed ready through a drain and after the device
+        was lost.
+        """
+        for model in self._model_registry.get_models().values():
+            if not await model.healthy():
+                return False
+        return True
