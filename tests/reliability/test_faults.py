@@ -164,6 +164,7 @@ def test_sticky_device_error_turns_liveness_false(
             base, name = server.base, server.model_name
             assert httpx.get(f"{base}/v2/health/live").status_code == 503
             assert httpx.get(f"{base}/v2/models/{name}/ready").status_code == 503
+            assert httpx.get(f"{base}/v2/health/ready").status_code == 503
             started = time.monotonic()
             after = [
                 send_valid(t, 1, s, k, most=1) for s in range(3) for k in ("v1-png", "grpc-pixels")

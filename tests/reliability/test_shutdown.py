@@ -51,7 +51,7 @@ KINDS = ("v2-binary-pixels", "v2-binary-png", "v1-png", "grpc-pixels")
 REFUSED = re.compile(
     r"is not ready|draining for shutdown|not accepting requests"  # a 503 at the door
     r"|ConnectError|failed to connect|Connection refused"  # the listener is closed
-    r"|Connection reset by peer|disconnected without sending a response"  # never read
+    r"|Connection reset by peer|Broken pipe|disconnected without sending a response"  # unread
     r"|^CANCELLED: CANCELLED$"  # gRPC: not yet dispatched when the server stopped
     r"|^UNAVAILABLE: Cancelling all calls$"  # gRPC: still arriving when its grace ran out
 )
@@ -74,16 +74,19 @@ def answered_over_http(server: Server) -> Counter:
 
 
 def readiness_turns_false(server: Server, sent_at: float) -> float:
-    """Seconds from SIGTERM until the model's readiness probe fails."""
-    url = f"{server.base}/v2/models/{server.model_name}/ready"
+    """Seconds from SIGTERM until both readiness probes (model and server) fail."""
+    paths = {f"/v2/models/{server.model_name}/ready", "/v2/health/ready"}
     while time.monotonic() - sent_at < 10:
-        try:
-            if httpx.get(url, timeout=2).status_code == 503:
-                return time.monotonic() - sent_at
-        except httpx.HTTPError:
+        for path in sorted(paths):
+            try:
+                if httpx.get(server.base + path, timeout=2).status_code == 503:
+                    paths.discard(path)
+            except httpx.HTTPError:
+                paths.clear()  # the server is already gone
+        if not paths:
             return time.monotonic() - sent_at
         time.sleep(0.02)
-    raise AssertionError("readiness still true 10 s after SIGTERM")
+    raise AssertionError(f"{sorted(paths)} still ready 10 s after SIGTERM")
 
 
 def sigterm_mid_load(
@@ -153,7 +156,7 @@ def shutdown_once(model_dir: Path, tmp: Path, pool: TilePool) -> dict:
     check_http_reconciles(server, run["outcomes"])
     assert run["exit_code"] == 0, server.log()[-2000:]
     assert run["in_flight_completed"] > 0, "SIGTERM did not land mid-load"
-    assert run["unready_after_s"] < 1.0
+    assert run["unready_after_s"] < 2.0  # as seen by a probe polling a busy 2-core server
     assert run["drain_s"] < EXIT_MARGIN_S, "the drain of a short backlog took too long"
     return figures(run) | {"drain_timeout_s": DRAIN_TIMEOUT_S}
 
