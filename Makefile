@@ -51,6 +51,10 @@ test: $(STAMP) $(HELM) lint
 test-long: $(STAMP) $(HELM)
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -m slow $(PYTEST_ARGS)
 
+# The long soak (minutes, RSS sampled); HISTOSERVE_SOAK_S sets its length.
+soak: $(STAMP)
+	HISTOSERVE_SOAK_S=$${HISTOSERVE_SOAK_S:-180} $(BIN)/pytest -m slow tests/reliability/test_soak.py $(PYTEST_ARGS)
+
 manifests: $(HELM)
 	$(PYTHON) scripts/render_manifests.py --helm $(HELM)
 
