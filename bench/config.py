@@ -119,7 +119,7 @@ _DEMO = ModelCase(
     label="demo",
     spec="h0-mini",
     preset="tiny",
-    max_inflight_tiles=512,
+    max_inflight_tiles=128,
     baseline_cells=((1, 1), (16, 1), (1, 32)),
     target_max_s=8.0,
 )
@@ -128,7 +128,7 @@ _VITS = ModelCase(
     spec="h0-mini",
     preset="vit-s",
     dtype="auto",
-    max_inflight_tiles=128,
+    max_inflight_tiles=64,
     baseline_cells=((1, 1), (16, 1)),
     target_max_s=15.0,
 )
