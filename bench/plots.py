@@ -22,6 +22,34 @@ def _series(cells: list[dict[str, Any]], server: str, protocol: str, tiles: int,
     return xs, [sum(by_c[x]) / len(by_c[x]) for x in xs]
 
 
+def _lines(top_ax: Any, bottom: Any, cells: list[dict[str, Any]], protocols: list[str], tiles: int):
+    """histoserve per protocol, then both baselines (V2 binary pixels), on one column."""
+    series = [("histoserve", p, STYLE["histoserve"], None, f"histoserve {p}") for p in protocols]
+    series += [
+        ("nobatch", "v2-pixels", STYLE["nobatch"], "grey", "(a) batching off"),
+        ("naive", "v2-pixels", STYLE["naive"], "black", "(b) naive KServe"),
+    ]
+    for server, protocol, style, color, name in series:
+        for key, ax in (("throughput", top_ax), ("p50_ms", bottom)):
+            x, y = _series(cells, server, protocol, tiles, key)
+            if x:
+                ax.plot(x, y, style, color=color, label=name)
+
+
+def _decorate(top_ax: Any, bottom: Any, title: str, limits: dict[str, float]) -> None:
+    for (name, value), style in zip(limits.items(), (":", "--"), strict=False):
+        top_ax.axhline(value, color="red", linestyle=style, label=name)
+    top_ax.set_title(title)
+    top_ax.set_ylabel("tiles/s")
+    bottom.set_ylabel("p50 latency (ms)")
+    bottom.set_yscale("log")
+    for ax in (top_ax, bottom):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients")
+        ax.grid(True, alpha=0.3)
+    top_ax.legend(fontsize=7)
+
+
 def plot_model(label: str, model: dict[str, Any], path: Path) -> Path:
     """Draws ``model``'s matrix and baselines to ``path`` (PNG) and returns it."""
     import matplotlib
@@ -42,35 +70,8 @@ def plot_model(label: str, model: dict[str, Any], path: Path) -> Path:
     }
     fig, axes = plt.subplots(2, len(sizes), figsize=(6 * len(sizes), 8), squeeze=False)
     for col, tiles in enumerate(sizes):
-        top_ax, bottom = axes[0][col], axes[1][col]
-        for protocol in protocols:
-            for key, ax in (("throughput", top_ax), ("p50_ms", bottom)):
-                x, y = _series(cells, "histoserve", protocol, tiles, key)
-                if x:
-                    ax.plot(x, y, STYLE["histoserve"], label=f"histoserve {protocol}")
-        for server in ("nobatch", "naive"):
-            name = "(a) batching off" if server == "nobatch" else "(b) naive KServe"
-            for key, ax in (("throughput", top_ax), ("p50_ms", bottom)):
-                x, y = _series(cells, server, "v2-pixels", tiles, key)
-                if x:
-                    ax.plot(
-                        x,
-                        y,
-                        STYLE[server],
-                        color="grey" if server == "nobatch" else "black",
-                        label=name,
-                    )
-        for (name, value), style in zip(limits.items(), (":", "--"), strict=False):
-            top_ax.axhline(value, color="red", linestyle=style, label=name)
-        top_ax.set_title(f"{label}: {tiles}-tile requests")
-        top_ax.set_ylabel("tiles/s")
-        bottom.set_ylabel("p50 latency (ms)")
-        bottom.set_yscale("log")
-        for ax in (top_ax, bottom):
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("concurrent clients")
-            ax.grid(True, alpha=0.3)
-        top_ax.legend(fontsize=7)
+        _lines(axes[0][col], axes[1][col], cells, protocols, tiles)
+        _decorate(axes[0][col], axes[1][col], f"{label}: {tiles}-tile requests", limits)
     fig.suptitle(
         f"{label} ({model['dtype']}): closed-loop load, side by side with the limit and baselines"
     )

@@ -114,11 +114,7 @@ def measure_live(
         f"{case.label}: idle ms "
         + ", ".join(f"{k} {v['median_ms']:.1f}" for k, v in idle.items() if isinstance(v, dict))
     )
-    speeds = {
-        "histoserve": top,
-        "nobatch": limit_at(limit, 1),  # one tile per forward
-        "naive": min(top, 1000.0 / idle["naive"]["median_ms"]),
-    }
+    speeds = expected_speeds(limit, top, idle)
     run = {
         "case": case,
         "tile_size": tile_size,
@@ -138,17 +134,35 @@ def measure_live(
     many = targets.many_clients(client, servers, profile, tile_size, speeds)
     log(f"{case.label}: many clients {many.get('throughput')}")
     baselines += [r for name in ("nobatch", "naive") for r in many["runs"][name]]
-    for cell in matrix + baselines:
-        if "throughput" in cell:
-            batch = cell.get("mean_batch") or (cell["tiles"] if cell["server"] == "naive" else 1)
-            cell["limit_at_batch"] = limit_at(limit, batch)
-            cell["efficiency"] = cell["throughput"] / cell["limit_at_batch"]
+    annotate(matrix + baselines + [efficiency["cell"], *many["runs"]["histoserve"]], limit)
     return {
         "idle_latency": idle,
         "cells": matrix,
         "baselines": baselines,
         "targets": {"efficiency": efficiency, "many_clients": many},
     }
+
+
+def expected_speeds(limit: dict, top: float, idle: dict[str, Any]) -> dict[str, float]:
+    """Expected tiles/s per server kind, to size each cell's windows."""
+    from bench.limit import limit_at
+
+    return {
+        "histoserve": top,
+        "nobatch": limit_at(limit, 1),  # one tile per forward
+        "naive": min(top, 1000.0 / idle["naive"]["median_ms"]),
+    }
+
+
+def annotate(results: list[dict[str, Any]], limit: dict) -> None:
+    """Adds the limit at each cell's mean batch size and the cell's fraction of it."""
+    from bench.limit import limit_at
+
+    for cell in results:
+        if "throughput" in cell:
+            batch = cell.get("mean_batch") or (cell["tiles"] if cell["server"] == "naive" else 1)
+            cell["limit_at_batch"] = limit_at(limit, batch)
+            cell["efficiency"] = cell["throughput"] / cell["limit_at_batch"]
 
 
 def bench_model(profile: Profile, case: ModelCase, client: Any, log_dir: Path) -> dict[str, Any]:
