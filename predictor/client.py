@@ -14,17 +14,14 @@ Example::
 
 from __future__ import annotations
 
-import json
-import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
 import httpx
 import numpy as np
 
-HEADER = "Inference-Header-Content-Length"
-_NUMPY = {"FP32": np.float32, "UINT8": np.uint8, "FP16": np.float16, "INT64": np.int64}
+from predictor import wire
 
 
 class InferenceError(RuntimeError):
@@ -48,6 +45,8 @@ class HistoserveClient:
     def __init__(self, url: str, model: str, timeout_s: float = 300.0):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self._http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s)
         self.model = model
 
@@ -67,9 +66,7 @@ class HistoserveClient:
         self, tiles: np.ndarray, *, mode: str | None = None, bulk_rna: np.ndarray | None = None
     ) -> dict[str, np.ndarray]:
         """Runs raw RGB tiles ``uint8 [N, H, W, 3]`` (the fast path)."""
-        tiles = np.ascontiguousarray(tiles, dtype=np.uint8)
-        tensors = [("pixels", "UINT8", list(tiles.shape), tiles.tobytes())]
-        return self._infer(tensors, mode, bulk_rna)
+        return self._infer({"pixels": np.asarray(tiles, dtype=np.uint8)}, mode, bulk_rna)
 
     def infer_images(
         self,
@@ -79,8 +76,7 @@ class HistoserveClient:
         bulk_rna: np.ndarray | None = None,
     ) -> dict[str, np.ndarray]:
         """Runs encoded tiles (PNG, JPEG, TIFF bytes)."""
-        payload = b"".join(struct.pack("<I", len(img)) + bytes(img) for img in images)
-        return self._infer([("tiles", "BYTES", [len(images)], payload)], mode, bulk_rna)
+        return self._infer({"tiles": [bytes(img) for img in images]}, mode, bulk_rna)
 
     def metadata(self) -> dict[str, Any]:
         """The model's V2 metadata."""
@@ -96,29 +92,15 @@ class HistoserveClient:
         return response.json()
 
     def _infer(
-        self,
-        tensors: list[tuple[str, str, list[int], bytes]],
-        mode: str | None,
-        bulk_rna: np.ndarray | None,
+        self, inputs: dict[str, wire.Tensor], mode: str | None, bulk_rna: np.ndarray | None
     ) -> dict[str, np.ndarray]:
         if bulk_rna is not None:
-            rna = np.ascontiguousarray(bulk_rna, dtype=np.float32)
-            tensors.append(("bulk_rna", "FP32", list(rna.shape), rna.tobytes()))
-        header: dict[str, Any] = {
-            "inputs": [
-                {"name": n, "datatype": d, "shape": s, "parameters": {"binary_data_size": len(b)}}
-                for n, d, s, b in tensors
-            ],
-            "parameters": {"binary_data_output": True, **({"mode": mode} if mode else {})},
-        }
-        head = json.dumps(header).encode()
-        response = self._http.post(
-            f"/v2/models/{self.model}/infer",
-            content=head + b"".join(b for *_, b in tensors),
-            headers={HEADER: str(len(head)), "content-type": "application/octet-stream"},
-        )
+            inputs["bulk_rna"] = np.asarray(bulk_rna, dtype=np.float32)
+        body, headers = wire.encode_request(inputs, parameters={"mode": mode} if mode else None)
+        response = self._http.post(f"/v2/models/{self.model}/infer", content=body, headers=headers)
         _raise_for_status(response)
-        return _decode_response(response)
+        outputs, _ = wire.decode_response(response.content, response.headers.get(wire.HEADER))
+        return outputs
 
 
 def _raise_for_status(response: httpx.Response) -> None:
@@ -130,27 +112,3 @@ def _raise_for_status(response: httpx.Response) -> None:
         message = response.text
     retry = response.headers.get("retry-after")
     raise InferenceError(response.status_code, message, float(retry) if retry else None)
-
-
-def _decode_response(response: httpx.Response) -> dict[str, np.ndarray]:
-    body = response.content
-    length = int(response.headers.get(HEADER, len(body)))
-    header = json.loads(body[:length])
-    offset, outputs = length, {}
-    for out in header["outputs"]:
-        dtype = _NUMPY[out["datatype"]]
-        size = _binary_size(out.get("parameters"))
-        if size is None:
-            outputs[out["name"]] = np.asarray(out["data"], dtype=dtype).reshape(out["shape"])
-            continue
-        outputs[out["name"]] = np.frombuffer(
-            body, dtype=dtype, count=size // np.dtype(dtype).itemsize, offset=offset
-        ).reshape(out["shape"])
-        offset += size
-    return outputs
-
-
-def _binary_size(parameters: Mapping[str, Any] | None) -> int | None:
-    if not parameters or "binary_data_size" not in parameters:
-        return None
-    return int(parameters["binary_data_size"])
