@@ -1,0 +1,312 @@
+"""Real whole-slide images for tests and benchmarks, written with ``tifffile``.
+
+The one place slides are generated: unit tests of ``predictor.embed``, the
+integration tests of ``histoserve embed`` and the benchmark all call
+:func:`write_slide` (or the shortcuts :func:`aperio_svs` and
+:func:`generic_tiff`). A slide is a real tiled, pyramidal TIFF (one tiled page
+per level, as OpenSlide expects for Aperio SVS and generic tiled TIFF), JPEG
+or deflate compressed, with tissue rectangles of known position made from the
+real 240x240 H&E tile shipped by ``wsidicom-data`` (mirrored and repeated) on
+a white background. The tissue boxes come back in level-0 pixels, so a test
+computes the exact expected tile grid with :func:`expected_coords`.
+
+Tiles are generated on the fly from the box layout (never the whole image in
+memory), so a bench slide of 20,000+ tiles costs a few MB of RAM. Every
+written file is opened with OpenSlide before it is returned and must report
+the dimensions and mpp that were asked for: a generator bug fails loudly here,
+not as a confusing test failure elsewhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+Box = tuple[int, int, int, int]  # level-0 x, y, width, height
+
+WHITE = 255
+# Aperio descriptions start with this; OpenSlide's aperio vendor keys on it.
+_APERIO_HEAD = "Aperio Image Library v12.0.15 \r\n{w}x{h} [0,0 {w}x{h}] ({t}x{t}) JPEG/RGB Q=90"
+
+
+@cache
+def he_tile() -> np.ndarray:
+    """The real 240x240 H&E tile of ``wsidicom-data`` (Apache-2.0), uint8 RGB.
+
+    Located without importing ``wsidicom_data`` (its ``__init__`` imports
+    ``wsidicom``, which is slow and not needed here).
+    """
+    spec = importlib.util.find_spec("wsidicom_data")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("wsidicom-data is not installed: pip install wsidicom-data")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "test_tile.png"
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+@cache
+def _texture() -> np.ndarray:
+    """The H&E tile mirrored into a seamless 480x480 block."""
+    tile = he_tile()
+    top = np.concatenate([tile, tile[:, ::-1]], axis=1)
+    return np.concatenate([top, top[::-1]], axis=0)
+
+
+@dataclass(frozen=True)
+class SlideSpec:
+    """What to write.
+
+    Attributes:
+        width: Level-0 width (px); a multiple of every downsample.
+        height: Level-0 height (px); a multiple of every downsample.
+        boxes: Tissue rectangles, level-0 ``(x, y, w, h)``; the rest is white.
+        mpp: Level-0 microns per pixel, ``(x, y)``; ``None`` writes no mpp at all.
+        vendor: ``"aperio"`` (mpp in the ImageDescription, ``.svs``) or
+            ``"generic"`` (mpp in the TIFF resolution tags).
+        downsamples: Integer downsample of each level, starting with 1.
+        compression: ``"jpeg"`` or ``"deflate"``.
+        tile: TIFF tile edge (px), a multiple of 16.
+        resolution_unit: ``"CENTIMETER"`` or ``"INCH"`` for generic TIFFs.
+    """
+
+    width: int
+    height: int
+    boxes: tuple[Box, ...]
+    mpp: tuple[float, float] | None = (0.25, 0.25)
+    vendor: str = "aperio"
+    downsamples: tuple[int, ...] = (1, 2, 8)
+    compression: str = "jpeg"
+    tile: int = 256
+    resolution_unit: str = "CENTIMETER"
+
+    def __post_init__(self) -> None:
+        if self.vendor not in ("aperio", "generic"):
+            raise ValueError(f"vendor must be 'aperio' or 'generic', got {self.vendor!r}")
+        if self.compression not in ("jpeg", "deflate"):
+            raise ValueError(f"compression must be 'jpeg' or 'deflate', got {self.compression!r}")
+        if not self.downsamples or self.downsamples[0] != 1:
+            raise ValueError(f"downsamples must start with 1, got {self.downsamples!r}")
+        for d in self.downsamples:
+            if self.width % d or self.height % d:
+                raise ValueError(f"{self.width}x{self.height} is not a multiple of downsample {d}")
+        if self.vendor == "aperio" and self.mpp is not None and self.mpp[0] != self.mpp[1]:
+            raise ValueError(f"Aperio descriptions carry one MPP, got {self.mpp!r}")
+        if self.tile % 16:
+            raise ValueError(f"tile must be a multiple of 16, got {self.tile}")
+        for box in self.boxes:
+            x, y, w, h = box
+            if x < 0 or y < 0 or w <= 0 or h <= 0 or x + w > self.width or y + h > self.height:
+                raise ValueError(f"box {box} is not inside {self.width}x{self.height}")
+
+
+@dataclass(frozen=True)
+class GeneratedSlide:
+    """A slide on disk and the facts a test checks against.
+
+    Attributes:
+        path: The file.
+        spec: How it was written.
+        level_dimensions: ``(w, h)`` per level, as OpenSlide reports them.
+    """
+
+    path: Path
+    spec: SlideSpec
+    level_dimensions: tuple[tuple[int, int], ...] = field(default=())
+
+    @property
+    def mpp(self) -> float | None:
+        """Level-0 mpp (x), or ``None`` for a slide written without one."""
+        return None if self.spec.mpp is None else self.spec.mpp[0]
+
+    @property
+    def boxes(self) -> tuple[Box, ...]:
+        """Tissue boxes, level-0 ``(x, y, w, h)``."""
+        return self.spec.boxes
+
+
+def render_region(spec: SlideSpec, x0: int, y0: int, width: int, height: int) -> np.ndarray:
+    """Level-0 pixels of ``[x0, x0+width) x [y0, y0+height)``: white plus textured boxes.
+
+    The texture is anchored at each box's top-left corner, so a box looks the
+    same wherever it is placed. Outside the slide is white.
+    """
+    out = np.full((height, width, 3), WHITE, np.uint8)
+    texture = _texture()
+    th, tw = texture.shape[:2]
+    for bx, by, bw, bh in spec.boxes:
+        ix0, ix1 = max(x0, bx), min(x0 + width, bx + bw)
+        iy0, iy1 = max(y0, by), min(y0 + height, by + bh)
+        if ix0 >= ix1 or iy0 >= iy1:
+            continue
+        cols = (np.arange(ix0, ix1) - bx) % tw
+        rows = (np.arange(iy0, iy1) - by) % th
+        out[iy0 - y0 : iy1 - y0, ix0 - x0 : ix1 - x0] = texture[rows[:, None], cols[None, :]]
+    return out
+
+
+def _level_tiles(spec: SlideSpec, downsample: int) -> Iterator[np.ndarray]:
+    """The tiles of one level, row by row, each ``tile x tile`` (edge tiles padded white)."""
+    t = spec.tile
+    lw, lh = spec.width // downsample, spec.height // downsample
+    for ty in range(0, lh, t):
+        for tx in range(0, lw, t):
+            region = render_region(
+                spec, tx * downsample, ty * downsample, t * downsample, t * downsample
+            )
+            if downsample > 1:
+                region = np.array(Image.fromarray(region).reduce(downsample))
+            # Pixels past the level's edge are white (never read by OpenSlide).
+            region[min(t, lh - ty) :, :] = WHITE
+            region[:, min(t, lw - tx) :] = WHITE
+            yield region
+
+
+def _description(spec: SlideSpec) -> str | None:
+    if spec.vendor != "aperio":
+        return None
+    head = _APERIO_HEAD.format(w=spec.width, h=spec.height, t=spec.tile)
+    if spec.mpp is None:
+        return head + "|AppMag = 40"
+    return head + f"|AppMag = {10 / spec.mpp[0]:g}|MPP = {spec.mpp[0]:g}"
+
+
+def _resolution_kwargs(spec: SlideSpec, downsample: int) -> dict[str, object]:
+    if spec.vendor != "generic" or spec.mpp is None:
+        return {}
+    per_unit = 1e4 if spec.resolution_unit == "CENTIMETER" else 25400.0
+    res = (per_unit / (spec.mpp[0] * downsample), per_unit / (spec.mpp[1] * downsample))
+    return {"resolution": res, "resolutionunit": spec.resolution_unit}
+
+
+def write_slide(path: Path, spec: SlideSpec) -> GeneratedSlide:
+    """Write ``spec`` as a tiled pyramidal TIFF at ``path`` and check it with OpenSlide.
+
+    Raises:
+        RuntimeError: OpenSlide does not open the file or reports other
+            dimensions or another mpp than ``spec`` says.
+    """
+    import tifffile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    compression = "jpeg" if spec.compression == "jpeg" else "adobe_deflate"
+    extra = {"compressionargs": {"level": 90}} if spec.compression == "jpeg" else {}
+    with tifffile.TiffWriter(path, bigtiff=spec.width * spec.height > 2**28) as tw:
+        for index, d in enumerate(spec.downsamples):
+            tw.write(
+                _level_tiles(spec, d),
+                shape=(spec.height // d, spec.width // d, 3),
+                dtype=np.uint8,
+                tile=(spec.tile, spec.tile),
+                photometric="rgb",
+                compression=compression,
+                description=_description(spec) if index == 0 else None,
+                subfiletype=0 if index == 0 else 1,
+                metadata=None,
+                **_resolution_kwargs(spec, d),
+                **extra,
+            )
+    return GeneratedSlide(path, spec, _verify_with_openslide(path, spec))
+
+
+def _verify_with_openslide(path: Path, spec: SlideSpec) -> tuple[tuple[int, int], ...]:
+    import openslide
+
+    with openslide.OpenSlide(str(path)) as slide:
+        dims = tuple(tuple(int(v) for v in d) for d in slide.level_dimensions)
+        props = dict(slide.properties)
+    expected = tuple((spec.width // d, spec.height // d) for d in spec.downsamples)
+    if dims != expected:
+        raise RuntimeError(f"{path}: OpenSlide reads levels {dims}, expected {expected}")
+    got = props.get("openslide.mpp-x"), props.get("openslide.mpp-y")
+    want = (None, None) if spec.mpp is None else spec.mpp
+    if spec.mpp is None and got != (None, None):
+        raise RuntimeError(f"{path}: written without mpp but OpenSlide reads {got}")
+    if spec.mpp is not None and not np.allclose([float(v) for v in got], want, rtol=1e-6):
+        raise RuntimeError(f"{path}: OpenSlide reads mpp {got}, expected {want}")
+    return dims
+
+
+def aperio_svs(path: Path, *, mpp: float | None = 0.25, **kwargs: object) -> GeneratedSlide:
+    """An Aperio-style ``.svs``: JPEG tiles, ``MPP`` in the ImageDescription.
+
+    Default layout (``standard_layout``): 3584x2688 px, levels 1/2/8, two
+    tissue boxes aligned to 448 px (a 224 px tile at 0.5 mpp from 0.25 mpp).
+    """
+    layout = {**standard_layout(448), **kwargs}
+    spec = SlideSpec(mpp=None if mpp is None else (mpp, mpp), vendor="aperio", **layout)
+    return write_slide(path, spec)
+
+
+def generic_tiff(
+    path: Path, *, mpp: float | tuple[float, float] | None = 0.5, **kwargs: object
+) -> GeneratedSlide:
+    """A generic tiled TIFF: deflate tiles, mpp in the resolution tags (or none at all).
+
+    Default layout: 3584x2688 px, levels 1/2/8, tissue boxes aligned to 224 px
+    (a 224 px tile at 0.5 mpp), i.e. :func:`standard_layout` at half the unit.
+    """
+    layout = {"compression": "deflate", **standard_layout(224), **kwargs}
+    mpp_xy = None if mpp is None else (mpp, mpp) if isinstance(mpp, float | int) else tuple(mpp)
+    spec = SlideSpec(mpp=mpp_xy, vendor="generic", **layout)
+    return write_slide(path, spec)
+
+
+def standard_layout(unit: int) -> dict[str, object]:
+    """Size and boxes in multiples of ``unit`` (the level-0 tile footprint tests use).
+
+    3584x2688 px; boxes of 3x2 and 2x2 units at (1, 1) and (5, 3) units for
+    ``unit=448``; for a smaller unit the same boxes in unit counts, so the
+    expected grid stays exact.
+    """
+    boxes = ((1 * unit, 1 * unit, 3 * unit, 2 * unit), (5 * unit, 3 * unit, 2 * unit, 2 * unit))
+    return {"width": 3584, "height": 2688, "boxes": boxes}
+
+
+def truncated_copy(src: Path, dst: Path, keep_fraction: float = 0.5) -> Path:
+    """A copy of ``src`` cut short after ``keep_fraction`` of its bytes (a broken download)."""
+    if not 0.0 < keep_fraction < 1.0:
+        raise ValueError(f"keep_fraction must be in (0, 1), got {keep_fraction}")
+    size = Path(src).stat().st_size
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        fout.write(fin.read(int(size * keep_fraction)))
+    return Path(dst)
+
+
+def copy_slide(src: GeneratedSlide, dst: Path) -> GeneratedSlide:
+    """The same slide under another path (another slide id)."""
+    shutil.copyfile(src.path, dst)
+    return GeneratedSlide(Path(dst), src.spec, src.level_dimensions)
+
+
+def expected_coords(
+    boxes: Sequence[Box],
+    patch_size_level0: int,
+    bounds: tuple[int, int, int, int],
+) -> np.ndarray:
+    """The level-0 top-left corners of grid tiles lying wholly inside a box.
+
+    The grid starts at the bounds' origin with step ``patch_size_level0`` and
+    holds the tiles wholly inside the bounds; rows are ordered by y then x, as
+    ``histoserve embed`` writes them.
+
+    Returns:
+        int64 ``[N, 2]`` (x, y).
+    """
+    bx, by, bw, bh = bounds
+    step = patch_size_level0
+    xs = bx + step * np.arange(bw // step)
+    ys = by + step * np.arange(bh // step)
+    gx, gy = np.meshgrid(xs, ys)  # row-major: y outer, x inner
+    gx, gy = gx.ravel(), gy.ravel()
+    inside = np.zeros(gx.shape, bool)
+    for x, y, w, h in boxes:
+        inside |= (gx >= x) & (gy >= y) & (gx + step <= x + w) & (gy + step <= y + h)
+    return np.stack([gx[inside], gy[inside]], axis=1).astype(np.int64)
