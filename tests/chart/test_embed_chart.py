@@ -1,0 +1,454 @@
+"""charts/histoserve-embed: lint, render, strict validation, the pod's command line.
+
+Runs the real ``helm`` binary (no cluster) over every ``ci/`` values file and
+validates every rendered object with kubernetes-validate in strict mode against
+the oldest supported and the newest Kubernetes (the ``validate_object`` fixture
+shared with the server chart's tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.chart.helpers import REPO, load_yaml, one, parse_docs
+
+CHART = REPO / "charts" / "histoserve-embed"
+CI = CHART / "ci"
+NAMESPACE = "cohorts"
+RELEASE = "brca"
+MATRIX = sorted(p.name for p in CI.glob("*.yaml"))
+REQUIRED_CASES = {
+    "configmap-manifest-values.yaml",
+    "path-manifest-values.yaml",
+    "explicit-url-values.yaml",
+    "knative-derived-url-values.yaml",
+    "standard-grpc-values.yaml",
+    "knative-grpc-values.yaml",
+    "full-values.yaml",
+}
+# The minimum a user must give: the server and the two volumes.
+REQUIRED_SETS = (
+    "inferenceService.name=h0-histoserve",
+    "slides.pvc.claimName=slides",
+    "output.pvc.claimName=embeddings",
+)
+
+
+class HelmRefused(Exception):
+    pass
+
+
+@functools.lru_cache(maxsize=128)
+def _template(helm: str, args: tuple[str, ...]) -> str:
+    cmd = [helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    if proc.returncode != 0:
+        raise HelmRefused(proc.stderr)
+    return proc.stdout
+
+
+def render(helm: str, values: str | None = None, *sets: str, set_files: tuple = ()) -> list[dict]:
+    """Objects of ``helm template`` for a ci/ file (or the required minimum) plus --set's."""
+    args: list[str] = []
+    if values:
+        args += ["--values", str(CI / values)]
+    else:
+        for s in REQUIRED_SETS:
+            args += ["--set", s]
+    for s in sets:
+        args += ["--set-json", s]
+    for s in set_files:
+        args += ["--set-file", s]
+    return parse_docs(_template(helm, tuple(args)))
+
+
+def refused(helm: str, *args: str) -> str:
+    try:
+        _template(helm, tuple(args))
+    except HelmRefused as exc:
+        return str(exc)
+    raise AssertionError(f"helm template accepted values that must be refused: {args}")
+
+
+def ci_values(name: str) -> dict[str, Any]:
+    return load_yaml((CI / name).read_text())
+
+
+def pod_spec(objs: list[dict]) -> dict:
+    return one(objs, "Job")["spec"]["template"]["spec"]
+
+
+def container(objs: list[dict]) -> dict:
+    (c,) = pod_spec(objs)["containers"]
+    return c
+
+
+def flags(c: dict) -> dict[str, list[str]]:
+    """--flag=value arguments after ``embed``: every value per flag, in order."""
+    assert c["command"] == ["histoserve"], c["command"]
+    assert c["args"][0] == "embed", c["args"]
+    out: dict[str, list[str]] = {}
+    for arg in c["args"][1:]:
+        assert arg.startswith("--"), f"not a --flag: {arg!r}"
+        name, _, value = arg[2:].partition("=")
+        out.setdefault(name, []).append(value)
+    return out
+
+
+# ------------------------------------------------------------------ lint, validate
+
+
+def test_matrix_covers_required_cases():
+    assert set(MATRIX) >= REQUIRED_CASES, sorted(REQUIRED_CASES - set(MATRIX))
+
+
+@pytest.mark.parametrize("values", MATRIX)
+def test_lint_strict(helm_bin, values):
+    proc = subprocess.run(
+        [helm_bin, "lint", "--strict", str(CHART), "--values", str(CI / values)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize("values", [None, *MATRIX])
+def test_every_rendered_object_validates(helm_bin, validate_object, values):
+    objs = render(helm_bin, values)
+    kinds = sorted(o["kind"] for o in objs)
+    manifest_inline = bool((ci_values(values) if values else {}).get("slides", {}).get("manifest"))
+    assert kinds == (["ConfigMap", "Job"] if manifest_inline else ["Job"]), kinds
+    for obj in objs:
+        assert obj["metadata"]["namespace"] == NAMESPACE
+        validate_object(obj)
+
+
+@pytest.mark.parametrize("values", [None, *MATRIX])
+def test_pod_is_consistent(helm_bin, values):
+    """What the schema cannot see: mounts name volumes, the manifest and --out are mounted."""
+    objs = render(helm_bin, values)
+    spec, c = pod_spec(objs), container(objs)
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert len(volumes) == len(spec["volumes"]), "duplicate volume names"
+    for m in c["volumeMounts"]:
+        assert m["name"] in volumes, f"mount {m} names no volume"
+    f = flags(c)
+    (out,) = f["out"]
+    assert volumes[mounts[out]["name"]]["persistentVolumeClaim"]["claimName"]
+    assert not mounts[out].get("readOnly")
+    (manifest,) = f["manifest"]
+    holder = max((p for p in mounts if manifest.startswith(p.rstrip("/") + "/")), key=len)
+    assert mounts[holder]["readOnly"] is True
+    assert c["workingDir"] in mounts
+
+
+# ------------------------------------------------------------------ the command line
+
+
+EXPECTED_URLS = {
+    None: ["http://h0-histoserve-predictor.cohorts.svc.cluster.local"],
+    "configmap-manifest-values.yaml": ["http://h0-histoserve-predictor.cohorts.svc.cluster.local"],
+    "path-manifest-values.yaml": ["http://h-optimus-0-predictor.serving.svc.cluster.local"],
+    "explicit-url-values.yaml": [
+        "http://h0-a100-predictor.serving.svc.cluster.local",
+        "http://h0-h100-predictor.serving.svc.cluster.local",
+    ],
+    "knative-derived-url-values.yaml": ["http://h0-histoserve-predictor.ml.svc.corp.internal"],
+    "standard-grpc-values.yaml": ["grpc://h0-histoserve-predictor.cohorts.svc.cluster.local:8081"],
+    "knative-grpc-values.yaml": ["grpc://h0-histoserve-predictor.cohorts.svc.cluster.local:80"],
+    "full-values.yaml": ["http://m-optimus-histoserve-predictor.serving.svc.cluster.local"],
+}
+
+
+@pytest.mark.parametrize("values", list(EXPECTED_URLS))
+def test_urls_follow_kserve_service_naming(helm_bin, values):
+    assert flags(container(render(helm_bin, values)))["url"] == EXPECTED_URLS[values]
+
+
+def test_every_ci_file_has_an_expected_url():
+    assert set(MATRIX) <= set(EXPECTED_URLS)
+
+
+def test_single_explicit_url_string(helm_bin):
+    objs = render(helm_bin, None, 'inferenceService.url="grpc://10.0.0.7:9000"')
+    assert flags(container(objs))["url"] == ["grpc://10.0.0.7:9000"]
+
+
+@pytest.mark.parametrize("values", [None, *MATRIX])
+def test_shard_is_the_completion_index(helm_bin, values):
+    """--shard $(JOB_COMPLETION_INDEX)/completions, expanded by the kubelet from the env."""
+    objs = render(helm_bin, values)
+    job, c = one(objs, "Job"), container(objs)
+    completions = job["spec"]["completions"]
+    assert flags(c)["shard"] == [f"$(JOB_COMPLETION_INDEX)/{completions}"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["JOB_COMPLETION_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
+    # The kubelet expands $(VAR) only for variables declared before use in env order;
+    # args may use any of them, but nothing else may reference an undeclared one.
+    assert "$(" not in " ".join(c["command"])
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["parallelism"] <= completions
+
+
+def test_default_command_line(helm_bin):
+    c = container(render(helm_bin))
+    assert c["args"] == [
+        "embed",
+        "--manifest=/slides/manifest.csv",
+        "--url=http://h0-histoserve-predictor.cohorts.svc.cluster.local",
+        "--out=/output",
+        "--shard=$(JOB_COMPLETION_INDEX)/16",
+        "--concurrency=8",
+        "--progress=plain",
+    ]
+
+
+def test_full_command_line(helm_bin):
+    f = flags(container(render(helm_bin, "full-values.yaml")))
+    assert f == {
+        "manifest": ["/etc/histoserve-embed/slides.csv"],
+        "url": ["http://m-optimus-histoserve-predictor.serving.svc.cluster.local"],
+        "out": ["/output"],
+        "shard": ["$(JOB_COMPLETION_INDEX)/64"],
+        "concurrency": ["12"],
+        "model": ["m-optimus"],
+        "mode": ["prediction_with_embedding"],
+        "target-mpp": ["0.5"],
+        "mpp-override": ["0.25"],
+        "mpp-tolerance": ["0.1", "0.08"],
+        "tissue": ["tissue-seg"],
+        "min-tissue": ["0.4"],
+        "batch-size": ["128"],
+        "read-workers": ["6"],
+        "force": [""],
+        "progress": ["none"],
+    }
+
+
+def test_manifest_path_resolves_against_the_slides_mount(helm_bin):
+    f = flags(container(render(helm_bin, "path-manifest-values.yaml")))
+    assert f["manifest"] == ["/data/slides/cohorts/brca-2026.csv"]
+    assert f["out"] == ["/data/features"]
+    assert f["concurrency"] == ["4"] and f["model"] == ["h-optimus-0"]
+    f = flags(container(render(helm_bin, "explicit-url-values.yaml")))
+    assert f["manifest"] == ["/slides/manifest.csv"]
+
+
+def test_manifest_configmap_carries_the_csv_verbatim(helm_bin, tmp_path):
+    csv = "slide_id,path\n" + "".join(f"S{i:05d},/slides/s{i}.svs\n" for i in range(500))
+    path = tmp_path / "cohort.csv"
+    path.write_text(csv)
+    objs = render(helm_bin, None, set_files=(f"slides.manifest={path}",))
+    cm = one(objs, "ConfigMap")
+    assert cm["data"] == {"slides.csv": csv}
+    spec, c = pod_spec(objs), container(objs)
+    (vol,) = [v for v in spec["volumes"] if "configMap" in v]
+    assert vol["configMap"]["name"] == cm["metadata"]["name"]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
+    (item,) = vol["configMap"]["items"]
+    assert flags(c)["manifest"] == [f"{mount['mountPath']}/{item['path']}"]
+    annotations = one(objs, "Job")["spec"]["template"]["metadata"]["annotations"]
+    assert len(annotations["checksum/manifest"]) == 16
+
+
+# ------------------------------------------------------------------ Job policy
+
+
+@pytest.mark.parametrize("values", [None, *MATRIX])
+def test_failure_policy(helm_bin, values):
+    objs = render(helm_bin, values)
+    spec = one(objs, "Job")["spec"]
+    cfg = ci_values(values) if values else {}
+    pfp = cfg.get("podFailurePolicy", {})
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"
+    assert spec["backoffLimitPerIndex"] == cfg.get("backoffLimitPerIndex", 2)
+    assert spec.get("maxFailedIndexes") == cfg.get("maxFailedIndexes")
+    rules = spec["podFailurePolicy"]["rules"]
+    exit2 = rules[0]
+    assert exit2["action"] == pfp.get("usageError", "FailJob")
+    assert exit2["onExitCodes"] == {
+        "containerName": container(objs)["name"],
+        "operator": "In",
+        "values": [2],
+    }
+    disruption = {
+        "action": "Ignore",
+        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+    }
+    assert (disruption in rules) is pfp.get("ignoreDisruptions", True)
+    assert spec.get("ttlSecondsAfterFinished") == cfg.get("ttlSecondsAfterFinished", 604800)
+
+
+@pytest.mark.parametrize("values", [None, *MATRIX])
+def test_restricted_security_and_cpu_only_resources(helm_bin, values):
+    """Pod Security Standard "restricted", read-only root with /tmp, no GPU requested."""
+    objs = render(helm_bin, values)
+    spec, c = pod_spec(objs), container(objs)
+    psc, sc = spec["securityContext"], c["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["runAsNonRoot"] is True
+    assert spec["automountServiceAccountToken"] is False
+    assert all(v.get("hostPath") is None for v in spec["volumes"])
+    tmp = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}["/tmp"]
+    assert "emptyDir" in {v["name"]: v for v in spec["volumes"]}[tmp]
+    slides = {v["name"]: v for v in spec["volumes"]}["slides"]["persistentVolumeClaim"]
+    assert slides["readOnly"] is True
+    for part in ("requests", "limits"):
+        assert set(c["resources"].get(part, {})) <= {"cpu", "memory", "ephemeral-storage"}
+
+
+# ------------------------------------------------------------------ schema and checks
+
+
+def _args(*sets: str) -> tuple[str, ...]:
+    """Required values, then the bad ones: all --set-json, which helm applies in order."""
+    out: list[str] = []
+    for s in REQUIRED_SETS:
+        key, value = s.split("=", 1)
+        out += ["--set-json", f'{key}="{value}"']
+    for s in sets:
+        out += ["--set-json", s]
+    return tuple(out)
+
+
+@pytest.mark.parametrize(
+    ("bad", "needle"),
+    [
+        ("unknownTopLevel=1", "unknownTopLevel"),
+        ("embed.batchsize=64", "batchsize"),
+        ('slides.manifestFile="x.csv"', "manifestFile"),
+        ('inferenceService.protocol="ftp"', "protocol"),
+        ('inferenceService.deploymentMode="Serverless"', "deploymentMode"),
+        ('inferenceService.url="h0-predictor:8080"', "url"),
+        ("inferenceService.url=[]", "url"),
+        ('inferenceService.name="H0_Bad"', "name"),
+        ("completions=0", "completions"),
+        ('completions="16"', "completions"),
+        ("parallelism=0", "parallelism"),
+        ("concurrency=0", "concurrency"),
+        ("backoffLimitPerIndex=-1", "backoffLimitPerIndex"),
+        ('podFailurePolicy.usageError="Ignore"', "usageError"),
+        ('embed.mode="features"', "mode"),
+        ("embed.minTissue=1.5", "minTissue"),
+        ("embed.targetMpp=0", "targetMpp"),
+        ('embed.progress="fancy"', "progress"),
+        ('embed.extraArgs=["force"]', "extraArgs"),
+        ('resources.limits={"nvidia.com/gpu": 1}', "nvidia.com/gpu"),
+        ('output.mountPath="relative/out"', "mountPath"),
+        ('slides.pvc.subPath="../etc"', "subPath"),
+        ('fullnameOverride="' + "a" * 53 + '"', "fullnameOverride"),
+    ],
+)
+def test_schema_rejects_bad_values(helm_bin, bad, needle):
+    err = refused(helm_bin, *_args(bad))
+    assert "values don't meet the specifications of the schema" in err, err
+    assert needle in err, err
+
+
+@pytest.mark.parametrize(
+    ("sets", "needle"),
+    [
+        ((), "inferenceService.name"),
+        (("inferenceService.name=h0",), "slides.pvc.claimName"),
+        (("inferenceService.name=h0", "slides.pvc.claimName=s"), "output.pvc.claimName"),
+    ],
+)
+def test_required_values_fail_with_a_clear_message(helm_bin, sets, needle):
+    args: list[str] = []
+    for s in sets:
+        args += ["--set", s]
+    assert needle in refused(helm_bin, *args)
+
+
+@pytest.mark.parametrize(
+    ("bad", "needle"),
+    [
+        ("parallelism=32", "parallelism (32) > completions (16)"),
+        ("maxFailedIndexes=17", "maxFailedIndexes (17) must be <= completions (16)"),
+        ('slides.manifestPath=""', "slides.manifest"),
+        ('output.mountPath="/slides"', "must differ"),
+    ],
+)
+def test_template_checks_refuse_impossible_combinations(helm_bin, bad, needle):
+    assert needle in refused(helm_bin, *_args(bad))
+
+
+def test_oversized_manifest_refused(helm_bin, tmp_path):
+    path = tmp_path / "huge.csv"
+    path.write_text("slide_id,path\n" + "S,/slides/x.svs\n" * 80_000)
+    err = refused(helm_bin, *_args(), "--set-file", f"slides.manifest={path}")
+    assert "a ConfigMap holds at most 1 MiB" in err and "slides.manifestPath" in err
+
+
+# ------------------------------------------------------------------ docs and NOTES
+
+
+def _leaf_paths(node: dict, prefix: str = ""):
+    passthrough = {"resources", "podSecurityContext", "securityContext"}
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        if path in passthrough or not (isinstance(value, dict) and value):
+            yield path
+        else:
+            yield from _leaf_paths(value, f"{path}.")
+
+
+def test_readme_documents_every_value_and_the_issue_names():
+    readme = (CHART / "README.md").read_text()
+    values = load_yaml((CHART / "values.yaml").read_text())
+    missing = [p for p in _leaf_paths(values) if f"| `{p}` |" not in readme]
+    assert not missing, f"charts/histoserve-embed/README.md has no row for {missing}"
+    for name in (
+        "image",
+        "slides",
+        "output",
+        "inferenceService",
+        "completions",
+        "parallelism",
+        "backoffLimitPerIndex",
+        "maxFailedIndexes",
+        "concurrency",
+        "resources",
+    ):
+        assert name in values, name
+
+
+def notes(helm_bin: str, *args: str) -> str:
+    proc = subprocess.run(
+        [helm_bin, "install", RELEASE, str(CHART), "-n", NAMESPACE, "--dry-run=client", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={"KUBECONFIG": "/nonexistent", "PATH": "/usr/bin:/bin", "HOME": "/tmp"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split("NOTES:", 1)[1]
+
+
+def test_notes_say_how_to_watch_progress(helm_bin):
+    text = notes(helm_bin, "--values", str(CI / "path-manifest-values.yaml"))
+    job = f"{RELEASE}-histoserve-embed"
+    assert f"kubectl -n {NAMESPACE} get job {job} -w" in text
+    assert "completedIndexes" in text and "failedIndexes" in text
+    assert "/data/features/status.csv" in text
+    assert 'histoserve_queue_depth{namespace="serving", pod=~"h-optimus-0-predictor-.*"}' in text
+    assert "200 shards" in text and "16 pods" in text
+    assert "fails the whole Job" in text
+
+
+def test_chart_files_exist():
+    for rel in ("Chart.yaml", "values.schema.json", "templates/NOTES.txt", ".helmignore"):
+        assert Path(CHART / rel).is_file(), rel
