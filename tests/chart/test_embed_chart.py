@@ -452,3 +452,33 @@ def test_notes_say_how_to_watch_progress(helm_bin):
 def test_chart_files_exist():
     for rel in ("Chart.yaml", "values.schema.json", "templates/NOTES.txt", ".helmignore"):
         assert Path(CHART / rel).is_file(), rel
+
+
+@pytest.mark.parametrize(
+    ("csv", "needle"),
+    [
+        (
+            "slide_id,path,mpp\nA,/slides/a.svs,\nB,b.svs,0.25\n",
+            'slides.manifest line 3: path "b.svs" is relative',
+        ),
+        (
+            "slide_id,path,bulk_rna\r\nA,/slides/a.svs,rna/a.csv\r\n",
+            'line 2: bulk_rna "rna/a.csv" is relative',
+        ),
+        ("id,file\nA,/slides/a.svs\n", "the first line must be the header slide_id,path"),
+    ],
+)
+def test_inline_manifest_needs_absolute_paths(helm_bin, tmp_path, csv, needle):
+    """The client resolves relative paths against the manifest's folder, a ConfigMap here."""
+    path = tmp_path / "cohort.csv"
+    path.write_bytes(csv.encode())
+    err = refused(helm_bin, *_args(), "--set-file", f"slides.manifest={path}")
+    assert needle in err, err
+
+
+def test_ten_thousand_slides_fit_inline(helm_bin, tmp_path):
+    rows = "".join(f"TCGA-{i:06d}-DX1,/slides/brca/TCGA-{i:06d}-DX1.svs\n" for i in range(10_000))
+    path = tmp_path / "cohort.csv"
+    path.write_text("slide_id,path\n" + rows)
+    objs = render(helm_bin, None, set_files=(f"slides.manifest={path}",))
+    assert one(objs, "ConfigMap")["data"]["slides.csv"].count("\n") == 10_001

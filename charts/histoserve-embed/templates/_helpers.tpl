@@ -171,6 +171,9 @@ protocol).
 {{- if and (not .Values.slides.manifest) (not .Values.slides.manifestPath) -}}
 {{- fail "set slides.manifest (--set-file slides.manifest=cohort.csv) or slides.manifestPath (a CSV on the slides volume)" -}}
 {{- end -}}
+{{- if .Values.slides.manifest -}}
+{{- include "embed.checkManifest" . -}}
+{{- end -}}
 {{- if gt (len .Values.slides.manifest) 1000000 -}}
 {{- fail (printf "slides.manifest is %d bytes; a ConfigMap holds at most 1 MiB: put the CSV on the slides volume and set slides.manifestPath" (len .Values.slides.manifest)) -}}
 {{- end -}}
@@ -182,5 +185,40 @@ protocol).
 {{- end -}}
 {{- if eq .Values.output.mountPath .Values.slides.mountPath -}}
 {{- fail "output.mountPath and slides.mountPath must differ" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+An inline manifest lives in a ConfigMap at /etc/histoserve-embed/slides.csv and
+the client resolves relative paths against the manifest's folder: so every
+path (and bulk_rna) there must be absolute. Checked here, at install, rather
+than as every slide failing in the pods. Lines with quotes are left to the
+client's CSV parser.
+*/}}
+{{- define "embed.checkManifest" -}}
+{{- $lines := splitList "\n" (.Values.slides.manifest | replace "\r" "") -}}
+{{- $header := splitList "," (first $lines | trimPrefix "\ufeff") -}}
+{{- $cols := dict -}}
+{{- range $i, $h := $header -}}
+{{- $_ := set $cols (trim $h) $i -}}
+{{- end -}}
+{{- if not (hasKey $cols "path") -}}
+{{- fail (printf "slides.manifest: the first line must be the header slide_id,path[,mpp][,bulk_rna], got %q" (first $lines)) -}}
+{{- end -}}
+{{- $mount := trimSuffix "/" .Values.slides.mountPath -}}
+{{- range $n, $line := rest $lines -}}
+{{- if and (trim $line) (not (contains "\"" $line)) -}}
+{{- $fields := splitList "," $line -}}
+{{- range $col := list "path" "bulk_rna" -}}
+{{- if hasKey $cols $col -}}
+{{- $i := int (get $cols $col) -}}
+{{- $p := "" -}}
+{{- if lt $i (len $fields) }}{{ $p = trim (index $fields $i) }}{{ end -}}
+{{- if and $p (not (hasPrefix "/" $p)) -}}
+{{- fail (printf "slides.manifest line %d: %s %q is relative; a manifest in a ConfigMap needs absolute paths as the pod sees them, e.g. %s/%s (or put the CSV on the slides volume and set slides.manifestPath: relative paths resolve against its folder)" (add $n 2) $col $p $mount $p) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
