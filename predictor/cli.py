@@ -163,12 +163,16 @@ def serve(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``histoserve serve ...`` or ``histoserve export ...``; plain flags mean serve."""
+    """``histoserve serve ...``, ``histoserve export ...`` or ``histoserve embed ...``; plain flags mean serve."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "export":
         from predictor.export import main as export_main
 
         return export_main(argv[1:])
+    if argv and argv[0] == "embed":
+        from predictor.embed.cli import main as embed_main
+
+        return embed_main(argv[1:])
     if argv and argv[0] == "serve":
         argv = argv[1:]
     return serve(argv)
