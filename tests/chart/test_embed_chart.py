@@ -482,3 +482,25 @@ def test_ten_thousand_slides_fit_inline(helm_bin, tmp_path):
     path.write_text("slide_id,path\n" + rows)
     objs = render(helm_bin, None, set_files=(f"slides.manifest={path}",))
     assert one(objs, "ConfigMap")["data"]["slides.csv"].count("\n") == 10_001
+
+
+def test_readme_install_line_renders(helm_bin, tmp_path):
+    """The one `helm install` the README gives renders (its --set-file CSV made up here)."""
+    readme = (REPO / "README.md").read_text()
+    assert "(docs/cohorts.md)" in readme and (REPO / "docs" / "cohorts.md").is_file()
+    (line,) = [x for x in readme.splitlines() if x.startswith("helm install ") and "-embed" in x]
+    words = line.split()
+    assert words[3] == "charts/histoserve-embed", words
+    csv = tmp_path / "brca.csv"
+    csv.write_text("slide_id,path\nS1,/slides/S1.svs\n")
+    args: list[str] = []
+    for flag, value in zip(words[4::2], words[5::2], strict=True):
+        assert flag in ("--set", "--set-file"), flag
+        if flag == "--set-file":
+            value = f"{value.split('=', 1)[0]}={csv}"
+        args += [flag, value]
+    objs = parse_docs(_template(helm_bin, tuple(args)))
+    assert one(objs, "ConfigMap")["data"]["slides.csv"] == csv.read_text()
+    assert flags(container(objs))["url"] == [
+        "http://h0-histoserve-predictor.cohorts.svc.cluster.local"
+    ]
