@@ -131,16 +131,26 @@ class GeneratedSlide:
         return self.spec.boxes
 
 
-def render_region(spec: SlideSpec, x0: int, y0: int, width: int, height: int) -> np.ndarray:
-    """Level-0 pixels of ``[x0, x0+width) x [y0, y0+height)``: white plus textured boxes.
+def render_region(
+    spec: SlideSpec, x0: int, y0: int, width: int, height: int, downsample: int = 1
+) -> np.ndarray:
+    """Pixels of ``[x0, x0+width) x [y0, y0+height)`` at ``downsample``: white plus textured boxes.
 
-    The texture is anchored at each box's top-left corner, so a box looks the
-    same wherever it is placed. Outside the slide is white.
+    Coordinates are in the level's own pixels. The texture is anchored at each
+    box's top-left corner, so a box looks the same wherever it is placed;
+    outside the slide is white. A level other than 0 equals the box-reduced
+    level 0 (PIL ``reduce``); it is rendered from a pre-reduced texture when
+    every box edge is a multiple of ``downsample``, else from level 0.
     """
+    texture = _reduced_texture(downsample)
+    d = downsample
+    if d > 1 and (texture is None or any(v % d for box in spec.boxes for v in box)):
+        full = render_region(spec, x0 * d, y0 * d, width * d, height * d)
+        return np.array(Image.fromarray(full).reduce(d))
+    assert texture is not None
     out = np.full((height, width, 3), WHITE, np.uint8)
-    texture = _texture()
     th, tw = texture.shape[:2]
-    for bx, by, bw, bh in spec.boxes:
+    for bx, by, bw, bh in ((b[0] // d, b[1] // d, b[2] // d, b[3] // d) for b in spec.boxes):
         ix0, ix1 = max(x0, bx), min(x0 + width, bx + bw)
         iy0, iy1 = max(y0, by), min(y0 + height, by + bh)
         if ix0 >= ix1 or iy0 >= iy1:
@@ -151,17 +161,24 @@ def render_region(spec: SlideSpec, x0: int, y0: int, width: int, height: int) ->
     return out
 
 
+@cache
+def _reduced_texture(downsample: int) -> np.ndarray | None:
+    """The texture box-reduced by ``downsample`` (None when its period is not a multiple)."""
+    texture = _texture()
+    if texture.shape[0] % downsample or texture.shape[1] % downsample:
+        return None
+    if downsample == 1:
+        return texture
+    return np.asarray(Image.fromarray(texture).reduce(downsample))
+
+
 def _level_tiles(spec: SlideSpec, downsample: int) -> Iterator[np.ndarray]:
     """The tiles of one level, row by row, each ``tile x tile`` (edge tiles padded white)."""
     t = spec.tile
     lw, lh = spec.width // downsample, spec.height // downsample
     for ty in range(0, lh, t):
         for tx in range(0, lw, t):
-            region = render_region(
-                spec, tx * downsample, ty * downsample, t * downsample, t * downsample
-            )
-            if downsample > 1:
-                region = np.array(Image.fromarray(region).reduce(downsample))
+            region = render_region(spec, tx, ty, t, t, downsample)
             # Pixels past the level's edge are white (never read by OpenSlide).
             region[min(t, lh - ty) :, :] = WHITE
             region[:, min(t, lw - tx) :] = WHITE
@@ -310,3 +327,46 @@ def expected_coords(
     for x, y, w, h in boxes:
         inside |= (gx >= x) & (gy >= y) & (gx + step <= x + w) & (gy + step <= y + h)
     return np.stack([gx[inside], gy[inside]], axis=1).astype(np.int64)
+
+
+def corrupt_tiles_copy(src: Path, dst: Path, tile_indices: Sequence[int]) -> Path:
+    """A copy of ``src`` whose level-0 TIFF tiles ``tile_indices`` are overwritten with zeros.
+
+    The file keeps its size and directories (it opens; the truncation check
+    passes), but reading a region that touches one of those tiles fails in
+    the backend: a corrupt tile region, as a bad sector or a bad scan leaves.
+    Tile ``i`` is row-major in the level-0 TIFF tile grid (``spec.tile`` px).
+    """
+    import tifffile
+
+    shutil.copyfile(src, dst)
+    with tifffile.TiffFile(dst) as tif:
+        page = tif.pages[0]
+        spans = [(int(page.dataoffsets[i]), int(page.databytecounts[i])) for i in tile_indices]
+    with open(dst, "r+b") as handle:
+        for offset, count in spans:
+            handle.seek(offset)
+            handle.write(b"\0" * count)
+    return Path(dst)
+
+
+def large_slide(path: Path, tiles_x: int, tiles_y: int, *, mpp: float = 0.5) -> GeneratedSlide:
+    """A benchmark slide: ``tiles_x * tiles_y`` 224 px tiles at ``mpp``, all of it tissue.
+
+    Generic tiled TIFF, JPEG, levels 1/2/8/32 (as far as the size allows); the
+    whole area is one tissue box, so Otsu keeps every tile. Written tile by
+    tile: memory stays small whatever the size (20,000 tiles take about
+    30 s on one core and ~0.5 GB of disk).
+    """
+    width, height = 224 * tiles_x, 224 * tiles_y
+    downsamples = tuple(d for d in (1, 2, 8, 32) if width % d == 0 and height % d == 0)
+    spec = SlideSpec(
+        width=width,
+        height=height,
+        boxes=((0, 0, width, height),),
+        mpp=(mpp, mpp),
+        vendor="generic",
+        downsamples=downsamples,
+        compression="jpeg",
+    )
+    return write_slide(path, spec)

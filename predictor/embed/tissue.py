@@ -85,6 +85,21 @@ def otsu_threshold(values: np.ndarray) -> int:
     return int(np.argmax(between))
 
 
+def tissue_threshold(sat: np.ndarray) -> int:
+    """Saturation above which a pixel is tissue: Otsu's, floored at ``MIN_SATURATION``.
+
+    Otsu splits any histogram in two. When the lower class is itself coloured
+    (its mean saturation is at or above the floor) there is no background in
+    the picture, only tissue (a field full of tissue), and Otsu would split
+    pink from purple: the floor is used instead.
+    """
+    threshold = otsu_threshold(sat)
+    low = sat[sat <= threshold]
+    if low.size == 0 or float(low.mean()) >= MIN_SATURATION:
+        return MIN_SATURATION
+    return max(threshold, MIN_SATURATION)
+
+
 def otsu_mask(
     rgb: np.ndarray,
     mpp: float = THUMB_MPP,
@@ -99,8 +114,7 @@ def otsu_mask(
     from scipy import ndimage
 
     sat = saturation(rgb)
-    threshold = max(otsu_threshold(sat), MIN_SATURATION)
-    mask = sat > threshold
+    mask = sat > tissue_threshold(sat)
     px_um2 = mpp * mpp
     holes = ndimage.binary_fill_holes(mask) & ~mask
     mask |= _components_below(holes, max_hole_um2 / px_um2)

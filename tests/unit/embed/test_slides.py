@@ -165,3 +165,18 @@ def test_reopen_gives_a_working_handle(svs_slide: GeneratedSlide) -> None:
 def test_bad_mpp_values_are_refused() -> None:
     with pytest.raises(SlideError, match="positive"):
         MppInfo(0.0, "override")
+
+
+def test_a_corrupt_tile_region_is_a_slide_error_and_reopen_recovers(
+    tiff_slide: GeneratedSlide, tmp_path: Path
+) -> None:
+    from harness.slides import corrupt_tiles_copy
+
+    # TIFF tile 30 of a 14-wide grid of 256 px tiles: x, y in [512, 768).
+    path = corrupt_tiles_copy(tiff_slide.path, tmp_path / "corrupt.tiff", [30])
+    with SlideReader.open(path) as reader:
+        good = reader.read_region((0, 0), 0, (64, 64))
+        with pytest.raises(SlideError, match=r"cannot read region x=600 y=600 level=0"):
+            reader.read_region((600, 600), 0, (10, 10))
+        reader.reopen()  # OpenSlide's error is sticky on the old handle
+        assert np.array_equal(reader.read_region((0, 0), 0, (64, 64)), good)

@@ -115,3 +115,12 @@ def test_otsu_mask_fills_small_holes_and_drops_specks() -> None:
     assert not mask[180:182, 180:182].any()
     assert not mask[40:100, 95:105].any()
     assert mask[20:120, 20:90].sum() >= 100 * 70 - 16
+
+
+def test_large_bench_slide_is_all_tissue(tmp_path) -> None:
+    from harness.slides import large_slide
+
+    slide = large_slide(tmp_path / "large.tiff", 8, 6)
+    assert slide.level_dimensions[0] == (8 * 224, 6 * 224)
+    kept, plan = _kept(slide, 0.5)
+    assert len(plan.coords) == 48 and np.array_equal(kept, plan.coords)
