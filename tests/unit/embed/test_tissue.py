@@ -124,3 +124,13 @@ def test_large_bench_slide_is_all_tissue(tmp_path) -> None:
     assert slide.level_dimensions[0] == (8 * 224, 6 * 224)
     kept, plan = _kept(slide, 0.5)
     assert len(plan.coords) == 48 and np.array_equal(kept, plan.coords)
+
+
+def test_threshold_without_background_does_not_split_the_tissue() -> None:
+    from predictor.embed.tissue import MIN_SATURATION, tissue_threshold
+
+    rng = np.random.default_rng(3)
+    pink_and_purple = np.concatenate([rng.integers(50, 70, 500), rng.integers(120, 150, 500)])
+    assert tissue_threshold(pink_and_purple.astype(np.uint8)) == MIN_SATURATION
+    with_glass = np.concatenate([rng.integers(0, 6, 2000), pink_and_purple]).astype(np.uint8)
+    assert MIN_SATURATION <= tissue_threshold(with_glass) < 50
