@@ -5,6 +5,10 @@ server's ``genes_in``, from ``GET /v2/models/{name}/config``); the same vector
 goes with every tile of the slide. Accepted forms: a ``.npy`` vector; a text or
 CSV file with one row of counts; or one count per line, optionally after a
 header line and a gene column (``gene,count``: the last field of each line).
+
+Only reading is checked here. The server is the one judge of the values
+(gene count, finite, non-negative): its 400 names the input and the reason,
+and that slide fails with it, so client and server can never disagree.
 """
 
 from __future__ import annotations
@@ -20,11 +24,11 @@ _SPLIT = re.compile(r"[,;\t ]+")
 
 
 def read_bulk_rna(path: Path, n_genes: int) -> np.ndarray:
-    """The counts vector, ``float32 [n_genes]``.
+    """The counts vector, ``float32 [G]`` (``n_genes``: the model's G, 0 when it takes none).
 
     Raises:
-        SlideError: Unreadable file, a model without bulk RNA, wrong length,
-            negative or non-finite counts (the message names the manifest column).
+        SlideError: Unreadable file or a model without bulk RNA (the message
+            names the manifest column).
     """
     if n_genes == 0:
         raise SlideError(
@@ -37,13 +41,10 @@ def read_bulk_rna(path: Path, n_genes: int) -> np.ndarray:
         raise SlideError(
             f"bulk RNA file {path}: cannot read it ({exc}); fix the manifest's bulk_rna column"
         ) from exc
-    if values.shape != (n_genes,):
+    if values.size == 0:
         raise SlideError(
-            f"bulk RNA file {path}: {values.size} counts, the model takes {n_genes} "
-            "(in its genes_in order)"
+            f"bulk RNA file {path} holds no counts; fix the manifest's bulk_rna column"
         )
-    if not np.isfinite(values).all() or (values < 0).any():
-        raise SlideError(f"bulk RNA file {path}: counts must be finite and >= 0")
     return values
 
 

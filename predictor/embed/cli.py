@@ -48,6 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("--mpp-override", type=float, help="level-0 mpp for every slide, ahead of metadata")
     add("--mpp-tolerance", type=float, default=0.05, help="relative tolerance for equal mpp")
     add("--tissue", default="otsu", help="otsu, none, or a served tissue-seg model name")
+    add(
+        "--tissue-url",
+        action="append",
+        dest="tissue_urls",
+        default=[],
+        metavar="URL",
+        help="where the --tissue model is served (default: the --url servers)",
+    )
     add("--min-tissue", type=float, default=0.25, help="least tissue fraction of a kept tile")
     add("--batch-size", type=int, default=64, help="tiles per request")
     add("--concurrency", type=int, default=0, help="requests in flight (default 4 per URL)")
@@ -82,6 +90,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]):  # -> Em
         mpp_override=args.mpp_override,
         mpp_tolerance=args.mpp_tolerance,
         tissue=args.tissue,
+        tissue_urls=tuple(args.tissue_urls),
         min_tissue=args.min_tissue,
         batch_size=args.batch_size,
         concurrency=args.concurrency,

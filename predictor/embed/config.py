@@ -47,6 +47,8 @@ class EmbedConfig:
         mpp_override: Level-0 mpp for every slide, ahead of the manifest and metadata.
         mpp_tolerance: Relative tolerance for "same mpp" (levels, x vs y).
         tissue: ``otsu``, ``none`` or the name of a served tissue-segmentation model.
+        tissue_urls: Where that model is served (default: ``urls``; histoserve
+            serves one model per server, so usually another URL).
         min_tissue: Tiles with a smaller tissue fraction are left out.
         batch_size: Tiles per request.
         concurrency: Requests in flight over all URLs (default 4 per URL).
@@ -72,6 +74,7 @@ class EmbedConfig:
     mpp_override: float | None = None
     mpp_tolerance: float = 0.05
     tissue: str = "otsu"
+    tissue_urls: tuple[str, ...] = ()
     min_tissue: float = 0.25
     batch_size: int = 64
     concurrency: int = 0
@@ -88,6 +91,7 @@ class EmbedConfig:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "urls", tuple(self.urls))
+        set_(self, "tissue_urls", tuple(self.tissue_urls))
         set_(self, "slides", tuple(Path(p) for p in self.slides))
         set_(self, "out_dir", Path(self.out_dir))
         if self.manifest is not None:
@@ -104,7 +108,7 @@ class EmbedConfig:
     def _check_sources(self) -> None:
         if not self.urls:
             raise UsageError("no server given: pass --url http://host:port (or grpc://host:port)")
-        for url in self.urls:
+        for url in self.urls + self.tissue_urls:
             if not url.startswith(URL_SCHEMES) or not url.split("://", 1)[1].strip("/"):
                 raise UsageError(f"--url {url!r}: must be http://, https:// or grpc://host:port")
         if not self.slides and self.manifest is None:

@@ -74,12 +74,15 @@ def collect_entries(config: EmbedConfig) -> list[SlideEntry]:
     return select_shard(entries, config.shard)
 
 
-def _context(config: EmbedConfig, dispatcher: Dispatcher) -> RunContext:
+def _context(
+    config: EmbedConfig, dispatcher: Dispatcher, tissue_dispatcher: Dispatcher | None
+) -> RunContext:
     info = fetch_server_info(config.urls, config.model, config.timeout_s)
     info.check_mode(config.mode)
     tissue_info = None
-    if config.tissue_method == "model":
-        tissue_info = fetch_server_info(config.urls, config.tissue, config.timeout_s)
+    if tissue_dispatcher is not None:
+        urls = config.tissue_urls or config.urls
+        tissue_info = fetch_server_info(urls, config.tissue, config.timeout_s)
         if tissue_info.family != "segmentation":
             raise UsageError(f"--tissue {config.tissue}: not a segmentation model")
         if tissue_info.mpp is None:
@@ -97,7 +100,9 @@ def _context(config: EmbedConfig, dispatcher: Dispatcher) -> RunContext:
         "min_tissue": config.min_tissue,
         "histoserve_version": __version__,
     }
-    return RunContext(config, info, tissue_info, target_mpp, tile_size, dispatcher, attrs)
+    return RunContext(
+        config, info, tissue_info, target_mpp, tile_size, dispatcher, tissue_dispatcher, attrs
+    )
 
 
 def slide_settings(ctx: RunContext, entry: SlideEntry) -> dict[str, Any]:
@@ -132,16 +137,35 @@ def embed(config: EmbedConfig, stream: Any = None) -> EmbedSummary:
     retry = RetryPolicy(max_attempts=config.max_attempts)
     recycle = RecyclePolicy(config.recycle_requests, config.recycle_s)
     summary = EmbedSummary()
+    tissue = None
+    if config.tissue_method == "model":
+        tissue_urls = config.tissue_urls or config.urls
+        tissue = Dispatcher.from_urls(tissue_urls, config.timeout_s, retry, recycle)
     with Dispatcher.from_urls(config.urls, config.timeout_s, retry, recycle) as dispatcher:
-        ctx = _context(config, dispatcher)
-        progress = Progress(config.progress, len(entries), stream, stats=summary.stats)
-        runner = _SlideRunner(ctx, progress, summary)
-        for entry in entries:
-            runner.run(entry)
-        progress.close()
-        summary.requests_per_url = dispatcher.stats()
+        try:
+            _run(config, entries, dispatcher, tissue, stream, summary)
+        finally:
+            if tissue is not None:
+                tissue.close()
     summary.seconds = time.monotonic() - start
     return summary
+
+
+def _run(
+    config: EmbedConfig,
+    entries: list[SlideEntry],
+    dispatcher: Dispatcher,
+    tissue: Dispatcher | None,
+    stream: Any,
+    summary: EmbedSummary,
+) -> None:
+    ctx = _context(config, dispatcher, tissue)
+    progress = Progress(config.progress, len(entries), stream, stats=summary.stats)
+    runner = _SlideRunner(ctx, progress, summary)
+    for entry in entries:
+        runner.run(entry)
+    progress.close()
+    summary.requests_per_url = dispatcher.stats()
 
 
 class _SlideRunner:

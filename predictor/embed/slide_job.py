@@ -60,7 +60,8 @@ class RunContext:
         tissue_info: The tissue-segmentation model (``--tissue MODEL``), else None.
         target_mpp: Microns per pixel of the tiles.
         tile_size: Tile edge (px).
-        dispatcher: Sends requests.
+        dispatcher: Sends requests for the model.
+        tissue_dispatcher: Sends requests for the tissue model (None: otsu/none).
         base_attrs: Attributes every output file carries (model, spec, version, ...).
     """
 
@@ -70,6 +71,7 @@ class RunContext:
     target_mpp: float
     tile_size: int
     dispatcher: Dispatcher
+    tissue_dispatcher: Dispatcher | None
     base_attrs: Mapping[str, Any]
 
 
@@ -89,8 +91,10 @@ def plan_slide(
     cfg = ctx.config
     mpp = resolve_mpp(reader, cfg.mpp_override, entry.mpp, cfg.mpp_tolerance)
     plan = plan_tiles(reader, mpp, ctx.target_mpp, ctx.tile_size, cfg.mpp_tolerance)
-    if ctx.tissue_info is not None:
-        fractions = model_tissue_fractions(reader, mpp, plan, ctx.dispatcher, ctx.tissue_info)
+    if ctx.tissue_info is not None and ctx.tissue_dispatcher is not None:
+        fractions = model_tissue_fractions(
+            reader, mpp, plan, ctx.tissue_dispatcher, ctx.tissue_info
+        )
     else:
         fractions = tissue_fractions(reader, plan, cfg.tissue)
     return plan, fractions, plan_attrs(reader, plan)

@@ -1,0 +1,117 @@
+"""``histoserve embed`` as tests and the benchmark run it: a real subprocess, real files.
+
+- :func:`embed_command` / :func:`run_embed`: the CLI in its own interpreter
+  (``python -m predictor.embed.cli``), so its ``tritonclient.grpc`` never meets
+  the test process's kserve;
+- :func:`read_output`: one ``<slide_id>.h5`` as plain numpy arrays and attributes;
+- :func:`tiles_served`: a server's ``histoserve_tiles_total`` by outcome, from ``/metrics``;
+- :func:`independent_tiles`: tiles read straight from OpenSlide and resized with
+  PIL, independently of ``predictor.embed``, for numerical truth.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+EMBED_TIMEOUT_S = 300.0
+_TILES = re.compile(r"^histoserve_tiles_total\{([^}]*)\}\s+([0-9.e+]+)", re.MULTILINE)
+
+
+def embed_command(*args: str | Path) -> list[str]:
+    """``python -m predictor.embed.cli ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "predictor.embed.cli", *map(str, args)]
+
+
+def run_embed(*args: str | Path, timeout_s: float = EMBED_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Runs the CLI to completion (progress ``plain`` unless given); output captured as text."""
+    extra = () if "--progress" in args else ("--progress", "plain")
+    return subprocess.run(
+        embed_command(*args, *extra),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def read_output(path: Path) -> dict[str, Any]:
+    """Datasets (numpy arrays), ``attrs`` (file attributes) and ``coords_attrs`` of one file."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        out: dict[str, Any] = {name: f[name][()] for name in f}
+        out["attrs"] = {k: _plain(v) for k, v in f.attrs.items()}
+        out["coords_attrs"] = {k: _plain(v) for k, v in f["coords"].attrs.items()}
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def tiles_served(base_url: str) -> dict[str, float]:
+    """``histoserve_tiles_total`` summed by outcome (``ok``, ``failed``, ...) from ``/metrics``."""
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    totals: dict[str, float] = {}
+    for labels, value in _TILES.findall(text):
+        outcome = re.search(r'outcome="([^"]*)"', labels)
+        key = outcome.group(1) if outcome else ""
+        totals[key] = totals.get(key, 0.0) + float(value)
+    return totals
+
+
+def independent_tiles(
+    path: Path, coords: np.ndarray, level: int, read_size: int, tile_size: int
+) -> np.ndarray:
+    """Tiles at level-0 ``coords`` read with OpenSlide at ``level`` and resized with PIL Lanczos.
+
+    Written from the issue's definition (read ``read_size`` px at ``level``,
+    composite on white, antialiased resize to ``tile_size``), not from
+    ``predictor.embed``'s code.
+    """
+    import openslide
+    from PIL import Image
+
+    out = np.empty((len(coords), tile_size, tile_size, 3), np.uint8)
+    with openslide.OpenSlide(str(path)) as slide:
+        for i, (x, y) in enumerate(np.asarray(coords)):
+            rgba = slide.read_region((int(x), int(y)), level, (read_size, read_size))
+            white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+            rgb = Image.alpha_composite(white, rgba).convert("RGB")
+            if read_size != tile_size:
+                rgb = rgb.resize((tile_size, tile_size), Image.Resampling.LANCZOS)
+            out[i] = np.asarray(rgb)
+    return out
+
+
+def status_rows(out_dir: Path) -> list[dict[str, str]]:
+    """``status.csv`` as dicts (empty when missing)."""
+    import csv
+
+    path = Path(out_dir) / "status.csv"
+    if not path.is_file():
+        return []
+    with open(path, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def by_status(rows: Sequence[dict[str, str]]) -> dict[str, list[str]]:
+    """Slide ids per status, in file order."""
+    out: dict[str, list[str]] = {}
+    for row in rows:
+        out.setdefault(row["status"], []).append(row["slide_id"])
+    return out
