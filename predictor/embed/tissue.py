@@ -86,17 +86,26 @@ def otsu_threshold(values: np.ndarray) -> int:
 
 
 def tissue_threshold(sat: np.ndarray) -> int:
-    """Saturation above which a pixel is tissue: Otsu's, floored at ``MIN_SATURATION``.
+    """Saturation above which a pixel is tissue: Otsu's, refined, floored at ``MIN_SATURATION``.
 
-    Otsu splits any histogram in two. When the lower class is itself coloured
-    (its mean saturation is at or above the floor) there is no background in
-    the picture, only tissue (a field full of tissue), and Otsu would split
-    pink from purple: the floor is used instead.
+    Otsu splits any histogram in two, which goes wrong in two common cases:
+
+    - no background in view (a field full of tissue): the lower class is
+      itself coloured (mean at or above the floor) and Otsu would split pink
+      from purple; the floor is used instead;
+    - glass, pale eosin and dark haematoxylin together (three modes): Otsu
+      may put the pale tissue with the glass; so the lower class is split once
+      more, and when its upper part is clearly coloured (mean at least twice
+      the floor) that second threshold is used.
     """
     threshold = otsu_threshold(sat)
     low = sat[sat <= threshold]
     if low.size == 0 or float(low.mean()) >= MIN_SATURATION:
         return MIN_SATURATION
+    inner = otsu_threshold(low)
+    upper = low[low > inner]
+    if upper.size and float(upper.mean()) >= 2 * MIN_SATURATION:
+        threshold = inner
     return max(threshold, MIN_SATURATION)
 
 
