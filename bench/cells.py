@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bench.config import ModelCase, Profile, Windows
-from bench.servers import REPO, ServerProcess, bench_env
+from bench.servers import bench_env
+from harness.server import REPO, Server
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ def timing(cell: Cell, speed_tps: float, windows: Windows) -> dict[str, float]:
 
 def run_cell(
     client: LoadClient,
-    server: ServerProcess,
+    server: Server,
     cell: Cell,
     *,
     tile_size: int,
@@ -123,9 +124,9 @@ def run_cell(
         "protocol": cell.protocol,
         "concurrency": cell.concurrency,
         "tiles": cell.tiles,
-        "model": server.model,
-        "http": server.http,
-        "grpc": server.grpc,
+        "model": server.model_name,
+        "http": server.http_url,
+        "grpc": server.grpc_url,
         "tile_size": tile_size,
         "max_requests": windows.max_requests,
         "timeout_s": windows.timeout_s,
@@ -139,7 +140,7 @@ def run_cell(
 
 def run_cells(
     client: LoadClient,
-    servers: dict[str, ServerProcess],
+    servers: dict[str, Server],
     cells: list[Cell],
     *,
     case: ModelCase,

@@ -1,9 +1,11 @@
 """Synthetic tiles and pre-built request bodies for every benchmarked protocol.
 
-Imported by the load-generator process, so it must not import ``kserve``,
-``predictor`` or ``torch`` (``tritonclient.grpc`` and ``kserve`` register the
-same protobuf symbols and cannot share a process). Bodies are built once per
-cell and reused, so the client spends its CPU on I/O, not on encoding.
+Imported by the load-generator process, so it must not import ``kserve`` or
+``torch`` (``tritonclient.grpc`` and ``kserve`` register the same protobuf
+symbols and cannot share a process): of the package it uses only
+:mod:`predictor.wire` (numpy only), the V2 binary writer and reader every
+client shares. Bodies are built once per cell and reused, so the client spends
+its CPU on I/O, not on encoding.
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ from __future__ import annotations
 import base64
 import io
 import json
-import struct
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
-HEADER = "Inference-Header-Content-Length"
+from predictor import wire
+
 PROTOCOLS = ("v2-pixels", "v2-png", "v2-json", "v2-grpc", "v1")
 """Benchmarked protocols: V2 binary REST ``pixels``, V2 binary REST PNG ``tiles``,
 V2 JSON with base64 PNG ``tiles``, V2 gRPC ``pixels`` (raw contents), V1 JSON.
@@ -70,13 +72,11 @@ def build_payload(protocol: str, model: str, tiles: np.ndarray) -> Payload:
     n = len(tiles)
     v2_path = f"/v2/models/{model}/infer"
     if protocol == "v2-pixels":
-        raw = np.ascontiguousarray(tiles).tobytes()
-        body, headers = _binary_body("pixels", "UINT8", list(tiles.shape), raw)
+        body, headers = wire.encode_request({"pixels": np.asarray(tiles, np.uint8)})
         return Payload(protocol, n, v2_path, body, headers)
     if protocol in ("v2-png", "v2-jpeg"):
         fmt = "PNG" if protocol == "v2-png" else "JPEG"
-        raw = b"".join(struct.pack("<I", len(b)) + b for b in (encode(t, fmt) for t in tiles))
-        body, headers = _binary_body("tiles", "BYTES", [n], raw)
+        body, headers = wire.encode_request({"tiles": [encode(t, fmt) for t in tiles]})
         return Payload(protocol, n, v2_path, body, headers)
     if protocol == "v2-json":
         data = [base64.b64encode(encode(t, "PNG")).decode() for t in tiles]
@@ -92,23 +92,6 @@ def build_payload(protocol: str, model: str, tiles: np.ndarray) -> Payload:
 
 
 _JSON = {"content-type": "application/json"}
-
-
-def _binary_body(name: str, datatype: str, shape: list[int], raw: bytes) -> tuple[bytes, dict]:
-    header = {
-        "inputs": [
-            {
-                "name": name,
-                "shape": shape,
-                "datatype": datatype,
-                "parameters": {"binary_data_size": len(raw)},
-            }
-        ],
-        "parameters": {"binary_data_output": True},
-    }
-    head = json.dumps(header).encode()
-    headers = {HEADER: str(len(head)), "content-type": "application/octet-stream"}
-    return head + raw, headers
 
 
 def grpc_request(model: str, tiles: np.ndarray) -> bytes:
@@ -129,7 +112,7 @@ def grpc_request(model: str, tiles: np.ndarray) -> bytes:
 
 def rest_output_rows(body: bytes, headers: dict[str, str]) -> tuple[int, int]:
     """``(rows, width)`` of the first output of a REST response (for validation)."""
-    length = int(headers.get(HEADER.lower(), headers.get(HEADER, len(body))))
+    length = int(headers.get(wire.HEADER.lower(), headers.get(wire.HEADER, len(body))))
     doc = json.loads(body[:length])
     if "predictions" in doc:  # V1
         preds = doc["predictions"]

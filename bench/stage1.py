@@ -19,17 +19,20 @@ from typing import Any
 
 import numpy as np
 
-from bench.payloads import HEADER, build_payload, synthetic_tiles
+from bench.payloads import build_payload, synthetic_tiles
+from predictor.wire import HEADER
 
 FORMATS = {"pixels": "v2-pixels", "png": "v2-png", "jpeg": "v2-jpeg"}
 
 
 def _model(spec_name: str, workers: int) -> Any:
-    from predictor.model import BaseServerModel, ServingOptions
+    from predictor.families import model_class_for
+    from predictor.model import ServingOptions
     from predictor.spec import resolve_spec
 
     options = ServingOptions(preprocess_workers=workers)
-    return BaseServerModel(resolve_spec(spec_name), "unused.pt2", "cpu", options=options)
+    spec = resolve_spec(spec_name)
+    return model_class_for(spec)(spec, "unused.pt2", "cpu", options=options)
 
 
 def _per_tile_us(run: Callable[[], object], n_tiles: int, budget_s: float) -> float:

@@ -22,7 +22,7 @@ from bench.cells import Cell, LoadClient, run_cell
 from bench.config import Profile
 from bench.limit import ForwardRunner
 from bench.payloads import build_payload, synthetic_tiles
-from bench.servers import ServerProcess
+from harness.server import Server
 
 IDLE_BUDGET_MS = 5.0
 EFFICIENCY_TARGET = 0.85
@@ -32,8 +32,10 @@ CLIENTS_TARGET = 3.0
 class _Requester:
     """Sends one pre-built single-tile V2 binary request over a kept-alive connection."""
 
-    def __init__(self, server: ServerProcess, tile_size: int):
-        payload = build_payload("v2-pixels", server.model, synthetic_tiles(1, tile_size, seed=1))
+    def __init__(self, server: Server, tile_size: int):
+        payload = build_payload(
+            "v2-pixels", server.model_name, synthetic_tiles(1, tile_size, seed=1)
+        )
         self._payload = payload
         self._conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=120)
 
@@ -52,7 +54,7 @@ class _Requester:
 
 
 def idle_latency(
-    runner: ForwardRunner, servers: dict[str, ServerProcess], pairs: int, tile_size: int
+    runner: ForwardRunner, servers: dict[str, Server], pairs: int, tile_size: int
 ) -> dict[str, Any]:
     """Single-tile forward vs single-request latency on each idle server, interleaved."""
     calls = {"forward": lambda: runner.forward_s(1)}
@@ -83,7 +85,7 @@ def idle_latency(
 def efficiency(
     runner: ForwardRunner,
     client: LoadClient,
-    server: ServerProcess,
+    server: Server,
     profile: Profile,
     tile_size: int,
 ) -> dict[str, Any]:
@@ -113,7 +115,7 @@ def efficiency(
 
 def many_clients(
     client: LoadClient,
-    servers: dict[str, ServerProcess],
+    servers: dict[str, Server],
     profile: Profile,
     tile_size: int,
     speeds: dict[str, float],

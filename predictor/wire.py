@@ -124,13 +124,21 @@ def encode_tensor(name: str, data: Tensor) -> tuple[dict[str, Any], bytes]:
     else:
         shape = list(data.shape)
         raw = np.ascontiguousarray(data, dtype=DATATYPES[datatype]).tobytes()
-    entry = {
+    return tensor_entry(name, datatype, shape, len(raw)), raw
+
+
+def tensor_entry(name: str, datatype: str, shape: Sequence[int], size: int) -> dict[str, Any]:
+    """The JSON header entry of one binary tensor of ``size`` bytes.
+
+    Not checked against anything: tests use it to declare datatypes, shapes
+    or sizes that disagree with the data on purpose.
+    """
+    return {
         "name": name,
         "datatype": datatype,
-        "shape": shape,
-        "parameters": {"binary_data_size": len(raw)},
+        "shape": list(shape),
+        "parameters": {"binary_data_size": size},
     }
-    return entry, raw
 
 
 def _is_array(data: Tensor) -> bool:

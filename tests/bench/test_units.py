@@ -11,8 +11,9 @@ import pytest
 from bench.cells import Cell, skip_reason, timing
 from bench.config import PROFILES, ModelCase, Windows
 from bench.limit import limit_at
-from bench.payloads import HEADER, build_payload, rest_output_rows, synthetic_tiles
+from bench.payloads import build_payload, rest_output_rows, synthetic_tiles
 from bench.probes import Snapshot, parse_metrics, summarise_window
+from predictor.wire import HEADER
 
 
 def test_limit_at_interpolates_and_clamps() -> None:

@@ -11,16 +11,10 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.conftest import (
-    GrpcClient,
-    Reference,
-    b64,
-    bytes_array,
-    encode_png,
-    normalise_reference,
-    package_in,
-    random_tiles,
-)
+from harness.grpc_client import GrpcClient
+from harness.packages import package_in
+from harness.reference import Reference, normalise_reference
+from harness.tiles import b64, bytes_array, encode_png, random_tiles
 
 pytestmark = pytest.mark.integration
 

@@ -10,15 +10,10 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.integration.conftest import (
-    Reference,
-    b64,
-    encode_png,
-    normalise_reference,
-    package_in,
-    random_tiles,
-    start_server,
-)
+from harness.packages import package_in
+from harness.reference import Reference, normalise_reference
+from harness.server import start_server
+from harness.tiles import b64, encode_png, random_tiles
 
 pytestmark = pytest.mark.integration
 

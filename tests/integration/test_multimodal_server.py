@@ -9,19 +9,12 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from predictor.genes import read_gene_ids
-from tests.integration.conftest import (
-    GrpcClient,
-    GrpcError,
-    Reference,
-    b64,
-    bytes_array,
-    encode_png,
-    normalise_reference,
-    package_in,
-    random_tiles,
-    start_server,
-)
+from harness.grpc_client import GrpcClient, GrpcError
+from harness.packages import package_in
+from harness.reference import Reference, normalise_reference
+from harness.server import start_server
+from harness.tiles import b64, bytes_array, encode_png, random_tiles
+from predictor.package.genes import read_gene_ids
 
 pytestmark = pytest.mark.integration
 MODES = ("prediction", "embedding", "prediction_with_embedding")

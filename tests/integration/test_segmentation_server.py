@@ -7,17 +7,11 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.integration.conftest import (
-    GrpcClient,
-    Reference,
-    b64,
-    bytes_array,
-    encode_png,
-    normalise_reference,
-    package_in,
-    random_tiles,
-    start_server,
-)
+from harness.grpc_client import GrpcClient
+from harness.packages import package_in
+from harness.reference import Reference, normalise_reference
+from harness.server import start_server
+from harness.tiles import b64, bytes_array, encode_png, random_tiles
 
 pytestmark = pytest.mark.integration
 

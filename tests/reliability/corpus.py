@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from tests.integration.conftest import random_tiles
-from tests.reliability.conftest import MAX_BODY_BYTES, MAX_TILES
-from tests.reliability.traffic import b64, binary_body, binary_tensor, length_prefixed
+from harness.tiles import b64, random_tiles
+from predictor.wire import binary_body, length_prefixed, tensor_entry
+from tests.reliability.load import MAX_BODY_BYTES, MAX_TILES
 
 GENES = 64  # the demo m-optimus package's genes_in
 
@@ -110,7 +110,7 @@ def one_pixel_tile(value: int = 0) -> dict:
 
 
 def binary(inputs: list[tuple[str, str, list[int], bytes]], **extra: Any) -> tuple[bytes, dict]:
-    header = {"inputs": [binary_tensor(n, d, s, len(b)) for n, d, s, b in inputs], **extra}
+    header = {"inputs": [tensor_entry(n, d, s, len(b)) for n, d, s, b in inputs], **extra}
     return binary_body(header, [b for *_, b in inputs])
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.integration.conftest import random_tiles
+from harness.tiles import random_tiles
 from tests.reliability.corpus import (
     GENES,
     HttpCase,

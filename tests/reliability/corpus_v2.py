@@ -5,7 +5,6 @@ See :mod:`tests.reliability.corpus` for the row format and the builders.
 
 from __future__ import annotations
 
-from tests.reliability.conftest import MAX_BODY_BYTES, MAX_TILES
 from tests.reliability.corpus import (
     GENES,
     HttpCase,
@@ -22,6 +21,7 @@ from tests.reliability.corpus import (
     truncated,
     v2,
 )
+from tests.reliability.load import MAX_BODY_BYTES, MAX_TILES
 
 V2_JSON_CASES = [
     HttpCase("v2-malformed-json", "v2", lambda: b'{"inputs": [{"name": ', ("malformed",)),

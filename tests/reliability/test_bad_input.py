@@ -15,11 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from tests.integration.conftest import Reference, Server, normalise_reference, package_in
-from tests.reliability.conftest import access_log_statuses
+from harness.packages import package_in
+from harness.reference import Reference, normalise_reference
+from harness.server import Server
 from tests.reliability.corpus import V1_CASES, HttpCase
 from tests.reliability.corpus_binary import BINARY_CASES
 from tests.reliability.corpus_v2 import V2_JSON_CASES
+from tests.reliability.load import access_log_statuses
 from tests.reliability.traffic import (
     Target,
     TilePool,

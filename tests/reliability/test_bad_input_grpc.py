@@ -15,10 +15,13 @@ import numpy as np
 import pytest
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 
-from tests.integration.conftest import GrpcClient, Server, random_tiles
-from tests.reliability.conftest import MAX_BODY_BYTES, MAX_TILES
+from harness.grpc_client import GrpcClient
+from harness.server import Server
+from harness.tiles import random_tiles
+from predictor.wire import length_prefixed
 from tests.reliability.corpus import GENES, bomb, counts, image, truncated
-from tests.reliability.traffic import RawGrpc, TilePool, length_prefixed
+from tests.reliability.load import MAX_BODY_BYTES, MAX_TILES
+from tests.reliability.traffic import RawGrpc, TilePool
 
 pytestmark = pytest.mark.integration
 Tensor = pb.ModelInferRequest.InferInputTensor

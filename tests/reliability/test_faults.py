@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.conftest import Server
-from tests.reliability.conftest import (
+from harness.server import Server
+from tests.reliability.load import (
     LIMITED_FLAGS,
     env_float,
     metric_value,

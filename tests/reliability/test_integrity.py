@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.conftest import Server, start_server
+from harness.server import Server, start_server
 
 pytestmark = pytest.mark.integration
 PACKAGE = "h0-mini.pt2"

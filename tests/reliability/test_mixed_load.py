@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import Server
-from tests.reliability.conftest import (
+from harness.server import Server
+from tests.reliability.load import (
     CLIENTS,
     env_float,
     metric_value,

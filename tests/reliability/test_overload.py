@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Server
-from tests.reliability.conftest import (
+from harness.server import Server
+from tests.reliability.load import (
     CLIENTS,
     RssSampler,
     env_float,

@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.server import Server, start_server
 from tests.chart.helpers import (
     args_of,
     find_helm,
@@ -33,14 +34,7 @@ from tests.chart.helpers import (
     parse_docs,
     template_key,
 )
-from tests.integration.conftest import Server, start_server
-from tests.reliability.conftest import (
-    LIMITED_FLAGS,
-    env_float,
-    record_figures,
-    run_clients,
-    target,
-)
+from tests.reliability.load import LIMITED_FLAGS, env_float, record_figures, run_clients, target
 from tests.reliability.traffic import Outcome, TilePool, send_valid
 
 pytestmark = pytest.mark.integration

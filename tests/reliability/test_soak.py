@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.integration.conftest import Server
-from tests.reliability.conftest import (
+from harness.server import Server
+from tests.reliability.load import (
     LIMITED_FLAGS,
     RssSampler,
     env_float,

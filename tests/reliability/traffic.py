@@ -12,10 +12,7 @@ gRPC goes through kserve's own protobuf stubs in this process
 
 from __future__ import annotations
 
-import base64
-import json
 import random
-import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,15 +24,11 @@ import numpy as np
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
 
-from tests.integration.conftest import (
-    Reference,
-    Server,
-    encode_png,
-    normalise_reference,
-    random_tiles,
-)
+from harness.reference import Reference, normalise_reference
+from harness.server import Server
+from harness.tiles import b64, encode_png, random_tiles
+from predictor import wire
 
-HEADER = "Inference-Header-Content-Length"
 ATOL = 1e-4
 GRPC_TO_HTTP = {
     "OK": 200,
@@ -145,42 +138,11 @@ def make_target(server: Server, pool: TilePool) -> Target:
     return Target(server, pool, http, RawGrpc(server.grpc_url))
 
 
-# -- wire formats ------------------------------------------------------------------------
-def binary_body(header: dict[str, Any], blobs: Sequence[bytes]) -> tuple[bytes, dict[str, str]]:
-    """A V2 binary-extension body: JSON header, then the blobs."""
-    head = json.dumps(header).encode()
-    headers = {HEADER: str(len(head)), "content-type": "application/octet-stream"}
-    return head + b"".join(blobs), headers
-
-
-def length_prefixed(items: Sequence[bytes]) -> bytes:
-    """V2 ``BYTES`` raw data: each element a 4-byte little-endian length, then its bytes."""
-    return b"".join(struct.pack("<I", len(i)) + i for i in items)
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def binary_tensor(name: str, datatype: str, shape: list[int], size: int) -> dict[str, Any]:
-    """The JSON header entry of one binary input."""
-    return {
-        "name": name,
-        "datatype": datatype,
-        "shape": shape,
-        "parameters": {"binary_data_size": size},
-    }
-
-
+# -- answers ------------------------------------------------------------------------------
 def v2_embeddings(response: httpx.Response) -> np.ndarray:
     """The ``embedding`` output of a 200 V2 response, binary or JSON."""
-    body = response.content
-    length = int(response.headers.get(HEADER, len(body)))
-    header = json.loads(body[:length])
-    (out,) = header["outputs"]
-    if "data" in out:
-        return np.asarray(out["data"], np.float32).reshape(out["shape"])
-    return np.frombuffer(body, np.float32, offset=length).reshape(out["shape"])
+    outputs, _ = wire.decode_response(response.content, response.headers.get(wire.HEADER))
+    return outputs["embedding"]
 
 
 def error_of(response: httpx.Response) -> str:
@@ -237,23 +199,13 @@ def _http_answer(
 
 
 def send_binary_pixels(t: Target, ids: list[int], mode: str | None = None) -> Answer:
-    tiles = t.pool.tiles[ids]
-    params: dict[str, Any] = {"binary_data_output": True} | ({"mode": mode} if mode else {})
-    header = {
-        "inputs": [binary_tensor("pixels", "UINT8", list(tiles.shape), tiles.nbytes)],
-        "parameters": params,
-    }
-    content, headers = binary_body(header, [tiles.tobytes()])
+    params = {"mode": mode} if mode else None
+    content, headers = wire.encode_request({"pixels": t.pool.tiles[ids]}, parameters=params)
     return _http_answer(t.http.post(t.infer_url, content=content, headers=headers), v2_embeddings)
 
 
 def send_binary_png(t: Target, ids: list[int]) -> Answer:
-    raw = length_prefixed([t.pool.pngs[i] for i in ids])
-    header = {
-        "inputs": [binary_tensor("tiles", "BYTES", [len(ids)], len(raw))],
-        "parameters": {"binary_data_output": True},
-    }
-    content, headers = binary_body(header, [raw])
+    content, headers = wire.encode_request({"tiles": [t.pool.pngs[i] for i in ids]})
     return _http_answer(t.http.post(t.infer_url, content=content, headers=headers), v2_embeddings)
 
 
@@ -316,9 +268,7 @@ def _bad_base64(t: Target, ids: list[int]) -> httpx.Response:
 
 def _truncated_png(t: Target, ids: list[int]) -> httpx.Response:
     png = t.pool.pngs[ids[0]]
-    raw = length_prefixed([png, png[: len(png) // 3]])
-    header = {"inputs": [binary_tensor("tiles", "BYTES", [2], len(raw))]}
-    content, headers = binary_body(header, [raw])
+    content, headers = wire.encode_request({"tiles": [png, png[: len(png) // 3]]})
     return t.http.post(t.infer_url, content=content, headers=headers)
 
 

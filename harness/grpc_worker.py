@@ -1,9 +1,11 @@
 """An outside V2 gRPC client (tritonclient.grpc) in its own interpreter.
 
 tritonclient.grpc and kserve register the same protobuf symbols, so they
-cannot share the pytest process. The test side (``GrpcClient`` in
-``conftest.py``) sends one JSON line per call on stdin; this worker answers
-one JSON line: outputs as base64 ``.npy`` or the gRPC status and message.
+cannot share the pytest process. The test side
+(:class:`harness.grpc_client.GrpcClient`) runs ``python -m
+harness.grpc_worker`` and sends one JSON line per call on stdin; this worker
+answers one JSON line: outputs as base64 ``.npy`` or the gRPC status and
+message.
 """
 
 from __future__ import annotations
