@@ -1,0 +1,111 @@
+"""Value by value: probes and hardening (security contexts, writable paths, account).
+
+Each value changes what it should in the rendered objects.
+"""
+
+from __future__ import annotations
+
+from tests.chart.helpers import (
+    FULLNAME,
+    by_kind,
+    isvc_container,
+    one,
+)
+from tests.chart.rendered import env_of, mounts_of, pred, volumes_of
+
+# ----------------------------------------------------------------------- probes
+
+
+def test_probes(render):
+    c = isvc_container(render())
+    assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 1800
+    assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": 8080}
+    c = isvc_container(
+        render(
+            set_json={
+                "probes.startup.failureThreshold": 360,
+                "probes.liveness.enabled": False,
+                "probes.readiness.periodSeconds": 3,
+            }
+        )
+    )
+    assert c["startupProbe"]["failureThreshold"] == 360
+    assert "livenessProbe" not in c
+    assert c["readinessProbe"]["periodSeconds"] == 3
+
+
+# --------------------------------------------------------------------- hardening
+
+
+def test_pod_and_container_hardening(render):
+    objs = render()
+    psc = pred(objs)["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] == 10001 and psc["fsGroup"] == 10001
+    assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
+    csc = isvc_container(objs)["securityContext"]
+    assert csc["readOnlyRootFilesystem"] is True
+    assert csc["allowPrivilegeEscalation"] is False
+    assert csc["capabilities"] == {"drop": ["ALL"]}
+    assert csc["runAsNonRoot"] is True
+    assert pred(objs)["automountServiceAccountToken"] is False
+
+
+def test_every_writable_path_is_an_emptydir(render):
+    """TMPDIR, HOME and the torch/inductor caches must land on writable emptyDirs."""
+    objs = render()
+    c = isvc_container(objs)
+    vols = volumes_of(objs)
+    writable = {
+        path: m
+        for path, m in mounts_of(c).items()
+        if "emptyDir" in vols[m["name"]] and not m.get("readOnly")
+    }
+    env = env_of(c)
+    for var in (
+        "TMPDIR",
+        "HOME",
+        "XDG_CACHE_HOME",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TRITON_CACHE_DIR",
+        "CUDA_CACHE_PATH",
+    ):
+        value = env[var]
+        assert any(value == p or value.startswith(p.rstrip("/") + "/") for p in writable), (
+            f"{var}={value} is not under a writable emptyDir ({sorted(writable)})"
+        )
+    assert vols["tmp"]["emptyDir"]["sizeLimit"] == "32Gi"
+    assert vols["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}
+    assert mounts_of(c)["/dev/shm"]["name"] == "dshm"
+
+
+def test_scratch_and_shm_values(render):
+    objs = render(
+        set_json={
+            "scratch.tmp.sizeLimit": "64Gi",
+            "scratch.tmp.medium": "Memory",
+            "scratch.cache.sizeLimit": "1Gi",
+            "scratch.home.sizeLimit": "128Mi",
+            "shm.sizeLimit": "8Gi",
+        }
+    )
+    vols = volumes_of(objs)
+    assert vols["tmp"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
+    assert vols["cache"]["emptyDir"]["sizeLimit"] == "1Gi"
+    assert vols["home"]["emptyDir"]["sizeLimit"] == "128Mi"
+    assert vols["dshm"]["emptyDir"]["sizeLimit"] == "8Gi"
+    objs = render(set_json={"shm.enabled": False})
+    assert "dshm" not in volumes_of(objs) and "/dev/shm" not in mounts_of(isvc_container(objs))
+
+
+def test_service_account(render):
+    objs = render()
+    sa = one(objs, "ServiceAccount")
+    assert sa["metadata"]["name"] == FULLNAME and sa["automountServiceAccountToken"] is False
+    assert pred(objs)["serviceAccountName"] == FULLNAME
+    objs = render(values=["storage-uri-values.yaml"])
+    sa = one(objs, "ServiceAccount")
+    assert sa["secrets"] == [{"name": "s3-credentials"}]
+    assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].startswith("arn:aws:iam::")
+    objs = render(set_json={"serviceAccount.create": False, "serviceAccount.name": "existing"})
+    assert not by_kind(objs, "ServiceAccount")
+    assert pred(objs)["serviceAccountName"] == "existing"
