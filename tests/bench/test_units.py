@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -129,3 +131,15 @@ def test_cells_past_the_deadline_are_skipped_without_load() -> None:
         log=lambda _: None,
     )
     assert [r["skipped"].startswith("the run's time budget") for r in out] == [True, True]
+
+
+def test_load_generator_imports_neither_torch_nor_kserve() -> None:
+    """tritonclient.grpc and kserve cannot share a process; predictor.wire must stay numpy-only."""
+    code = (
+        "import sys, bench.loadgen, bench.payloads, predictor.wire; "
+        "print(sorted(m for m in ('torch', 'kserve') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
