@@ -5,6 +5,9 @@ Tiles go out as raw bytes (``pixels`` ``UINT8`` or encoded ``tiles``
 floats. Any V2 client works too (``tritonclient[http,grpc]``); this one needs
 only ``httpx`` and ``numpy``.
 
+The V2 binary format itself lives in :mod:`predictor.wire`, shared with the
+benchmark's load generator and the test suites.
+
 Example::
 
     from predictor.client import HistoserveClient
@@ -54,7 +57,10 @@ class HistoserveClient:
         return self
 
     def __exit__(
-        self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
     ) -> None:
         self.close()
 

@@ -55,7 +55,7 @@ def env_float(name: str, default: float) -> float:
     return float(value) if value else default
 
 
-# -- servers and clients -------------------------------------------------------------------------------
+# -- servers and clients ------------------------------------------------------------------
 @contextmanager
 def running(model_dir: Path, tmp: Path, *flags: str) -> Iterator[Server]:
     """A live server for the ``with`` block; stopped (SIGTERM, then kill) afterwards."""
