@@ -58,9 +58,17 @@ soak: $(STAMP)
 manifests: $(HELM)
 	$(PYTHON) scripts/render_manifests.py --helm $(HELM)
 
-bench: $(STAMP)
+# NVIDIA Triton for the benchmark's baseline: nvidia-pytriton pins numpy<2, so
+# it gets its own venv (never .venv).
+TRITON_VENV := .venv-triton
+$(TRITON_VENV)/.installed:
+	test -x $(TRITON_VENV)/bin/python || $(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/pip install --quiet "$(TORCH_SPEC)" nvidia-pytriton "numpy<2"
+	touch $@
+
+bench: $(STAMP) $(TRITON_VENV)/.installed
 	$(BIN)/pip install --quiet -e ".[bench]"
 	$(BIN)/python -m bench.run --out bench/results
 
 clean:
-	rm -rf $(VENV) .tools .cache $(MODEL_DIR)
+	rm -rf $(VENV) .venv-triton .tools .cache $(MODEL_DIR)

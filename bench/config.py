@@ -32,6 +32,8 @@ class ModelCase:
         baseline_cells: ``(concurrency, tiles)`` cells run against both baselines
             (the many-single-tile-clients cell runs with the targets).
         target_max_s: Longest target window for this model (the profile's when None).
+        triton_cells: ``(concurrency, tiles)`` cells run on histoserve and on
+            Triton back to back, over V2 binary REST and gRPC (see :mod:`bench.triton`).
     """
 
     label: str
@@ -45,6 +47,7 @@ class ModelCase:
     protocols: tuple[str, ...] = PROTOCOLS
     baseline_cells: tuple[tuple[int, int], ...] = ()
     target_max_s: float | None = None
+    triton_cells: tuple[tuple[int, int], ...] = ((16, 32), (64, 1))
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class Profile:
         cells_budget_s: Seconds from the start after which the remaining
             matrix and baseline cells are skipped (targets always run), so a
             run on a loaded machine still ends in time.
+        triton: Run the NVIDIA Triton baseline (needs ``.venv-triton``).
     """
 
     name: str
@@ -113,6 +117,7 @@ class Profile:
     stage1_tiles: int = 64
     target_clients: tuple[int, int, int] = (16, 32, 64)
     cells_budget_s: float = 600.0
+    triton: bool = True
 
 
 _DEMO = ModelCase(
@@ -131,6 +136,7 @@ _VITS = ModelCase(
     max_inflight_tiles=64,
     baseline_cells=((1, 1), (16, 1)),
     target_max_s=15.0,
+    triton_cells=((64, 1),),  # 16 x 32 tiles is over this model's in-flight cap
 )
 
 PROFILES: dict[str, Profile] = {
@@ -139,7 +145,11 @@ PROFILES: dict[str, Profile] = {
         name="tiny",
         models=(
             replace(
-                _DEMO, limit_batches=(1, 2, 4), baseline_cells=((1, 1), (4, 2)), target_max_s=None
+                _DEMO,
+                limit_batches=(1, 2, 4),
+                baseline_cells=((1, 1), (4, 2)),
+                target_max_s=None,
+                triton_cells=((4, 2),),
             ),
         ),
         concurrencies=(1, 4),

@@ -50,14 +50,37 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-def process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of ``pid`` (all threads), or None if unreadable."""
+def _stat(pid: int | str) -> tuple[int, float] | None:
+    """``(parent pid, user + system CPU seconds)`` of one process, or None if unreadable."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / TICK
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` and its live descendants (all threads), or None.
+
+    Descendants count because a server may be a process tree (Triton: pytriton,
+    tritonserver, the Python backend's stub); histoserve is one process.
+    """
+    own = _stat(pid)
+    if own is None:
+        return None
+    children: dict[int, list[tuple[int, float]]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != pid:
+            stat = _stat(entry)
+            if stat is not None:
+                children.setdefault(stat[0], []).append((int(entry), stat[1]))
+    total, todo = own[1], [pid]
+    while todo:
+        for child, cpu in children.get(todo.pop(), []):
+            total += cpu
+            todo.append(child)
+    return total
 
 
 def machine_busy_s() -> float | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.report_triton import triton_section
 from bench.targets import CLIENTS_TARGET, EFFICIENCY_TARGET, IDLE_BUDGET_MS
 
 
@@ -117,6 +118,7 @@ def model_section(label: str, model: dict[str, Any], png: str | None) -> list[st
     ]
     lines += [_cell_row(c) for c in model["cells"] + targets + model["baselines"]]
     lines += ["", *time_split(model), ""]
+    lines += triton_section(label, model)
     return lines
 
 

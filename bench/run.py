@@ -69,10 +69,10 @@ _T0 = time.monotonic()
 
 
 def start_servers(
-    profile: Profile, case: ModelCase, package: Path, log_dir: Path
+    profile: Profile, case: ModelCase, package: Path, log_dir: Path, runner: Any
 ) -> dict[str, Any]:
-    """histoserve, histoserve with batching off (baseline a) and the naive model (baseline b)."""
-    from bench import servers
+    """histoserve, batching off (baseline a), the naive model (b) and Triton (when installed)."""
+    from bench import servers, triton
 
     common = {"device": profile.device, "threads": profile.threads, "log_dir": log_dir}
     serve = {
@@ -90,6 +90,15 @@ def start_servers(
         ),
         "naive": servers.start_naive(package, model="bench", **common),
     }
+    if triton.wanted(profile) is None:
+        started["triton"] = triton.start_triton(
+            package,
+            runner,
+            model="bench",
+            max_batch_size=case.max_batch_size,
+            max_latency_ms=case.max_latency_ms,
+            **common,
+        )
     try:
         for server in started.values():
             server.wait_ready()
@@ -104,7 +113,7 @@ def measure_live(
     profile: Profile, case: ModelCase, runner: Any, limit: dict, servers: dict, client: Any
 ) -> dict[str, Any]:
     """Idle latency, the matrix, the baseline cells and the target cells, in that order."""
-    from bench import cells, targets
+    from bench import cells, targets, triton
     from bench.limit import limit_at
 
     tile_size = runner.package.embedded_spec.tile_size
@@ -134,12 +143,17 @@ def measure_live(
     many = targets.many_clients(client, servers, profile, tile_size, speeds)
     log(f"{case.label}: many clients {many.get('throughput')}")
     baselines += [r for name in ("nobatch", "naive") for r in many["runs"][name]]
+    vs_triton = triton.measure(
+        client, servers, case, profile, runner, tile_size=tile_size, speed_tps=top, log=log
+    )
     annotate(matrix + baselines + [efficiency["cell"], *many["runs"]["histoserve"]], limit)
+    annotate(vs_triton.get("cells", []), limit)
     return {
         "idle_latency": idle,
         "cells": matrix,
         "baselines": baselines,
         "targets": {"efficiency": efficiency, "many_clients": many},
+        "triton": vs_triton,
     }
 
 
@@ -182,7 +196,7 @@ def bench_model(profile: Profile, case: ModelCase, client: Any, log_dir: Path) -
         f"{case.label}: limit "
         + ", ".join(f"b{b} {r['tiles_per_s']:.1f}/s" for b, r in limit.items())
     )
-    servers = start_servers(profile, case, package, log_dir)
+    servers = start_servers(profile, case, package, log_dir, runner)
     try:
         live = measure_live(profile, case, runner, limit, servers, client)
     finally:

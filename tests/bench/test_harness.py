@@ -72,3 +72,29 @@ def test_ratios_are_computed(tiny_results: tuple[Path, dict]) -> None:
     stage1 = results["stage1"]
     assert all(stage1["formats"][f]["per_thread_us"] > 0 for f in ("pixels", "png", "jpeg"))
     assert stage1["naive_decode_us"] > 0 and stage1["naive_normalise_us"] > 0
+
+
+@pytest.mark.integration
+def test_triton_ran_beside_histoserve(tiny_results: tuple[Path, dict]) -> None:
+    from bench import triton
+
+    part = tiny_results[1]["models"]["demo"]["triton"]
+    if not triton.available():  # `make bench` creates .venv-triton; the results say so
+        assert part["skipped"] == ".venv-triton is missing (`make bench` creates it)"
+        return
+    assert "skipped" not in part, part.get("skipped")
+    for server in ("histoserve", "triton"):
+        assert all(r["ok"] for r in part["check"][server].values()), part["check"]
+        assert set(part["check"][server]) == {"v2-pixels", "v2-grpc"}
+    assert {(c["server"], c["protocol"]) for c in part["cells"]} == {
+        (s, p) for s in ("histoserve", "triton") for p in ("v2-pixels", "v2-grpc")
+    }
+    for cell in part["cells"]:
+        assert cell["throughput"] > 0 and not cell["errors"], cell
+        assert cell["output_shape"] == [cell["tiles"], 1536]
+    triton_cells = [c for c in part["cells"] if c["server"] == "triton"]
+    assert all(c["mean_batch"] >= 1 and c["server_cores"] > 0 for c in triton_cells)
+    assert all(p["throughput_ratio"] > 0 for p in part["pairs"])
+    assert (
+        part["unfair"] and "Triton not measured" not in (tiny_results[0] / "results.md").read_text()
+    )
