@@ -169,10 +169,10 @@ def _to_rgb(region: np.ndarray) -> np.ndarray:
         return np.repeat(region[:, :, None], 3, axis=2).astype(np.uint8, copy=False)
     if region.shape[2] == 3:
         return np.ascontiguousarray(region, dtype=np.uint8)
+    if int(region[:, :, 3].min()) == 255:  # opaque (the usual case): no widening needed
+        return np.ascontiguousarray(region[:, :, :3])
     rgb = region[:, :, :3].astype(np.uint16)
     alpha = region[:, :, 3:4].astype(np.uint16)
-    if int(alpha.min()) == 255:
-        return np.ascontiguousarray(region[:, :, :3])
     # OpenSlide returns un-premultiplied RGBA: composite over white, rounded.
     out = (rgb * alpha + 255 * (255 - alpha) + 127) // 255
     return out.astype(np.uint8)
