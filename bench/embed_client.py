@@ -58,6 +58,7 @@ class EmbedBench:
         read_tiles: Tiles read in the read-alone phase.
         server_window_s: The load generator's measured window.
         max_batch_size: histoserve's ``--max_batch_size``.
+        device: The server's ``--device``.
         threads: Torch threads of the server.
     """
 
@@ -72,6 +73,7 @@ class EmbedBench:
     read_tiles: int = 6000
     server_window_s: float = 20.0
     max_batch_size: int = 64
+    device: str = "cpu"
     threads: int = 1
 
 
@@ -221,14 +223,15 @@ def measure(cfg: EmbedBench, log_dir: Path, log: Callable[[str], None] = print) 
     from predictor.spec import resolve_spec
 
     tile_size = resolve_spec(cfg.spec).tile_size
-    package = demo_package(cfg.spec, cfg.preset)
+    opts = {"device": cfg.device} if cfg.device.startswith("cuda") else {}
+    package = demo_package(cfg.spec, cfg.preset, **opts)
     slide = bench_slide(cfg, tile_size)
     log(f"embed client: slide {slide.name} ({cfg.columns * cfg.rows} tiles)")
     results: dict[str, Any] = {"config": asdict(cfg), "slide": str(slide)}
     results["read"] = read_rate(slide, cfg, tile_size)
     log(f"embed client: read alone {results['read']['tiles_per_s']:.0f} tiles/s")
     server = start_histoserve(
-        package, model=cfg.spec, device="cpu", max_batch_size=cfg.max_batch_size,
+        package, model=cfg.spec, device=cfg.device, max_batch_size=cfg.max_batch_size,
         max_latency_ms=5.0, max_queue_size=4096, workers=2, threads=cfg.threads,
         log_dir=log_dir,
     )  # fmt: skip

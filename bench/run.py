@@ -264,6 +264,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["stage1"] = measure_stage1(
         spec, profile.stage1_tiles, profile.preprocess_workers, budget
     )
+    if profile.name != "tiny":  # the slide client (issue 10): its own server and slide
+        from bench import embed_client
+
+        cfg = embed_client.EmbedBench(device=profile.device, threads=profile.threads)
+        results["embed_client"] = embed_client.write(embed_client.measure(cfg, log_dir, log), out)
     results["meta"]["duration_s"] = time.time() - started
     results["meta"]["loadavg_end"] = report.loadavg()
     paths = report.write(results, out, plots=not args.no_plots)
