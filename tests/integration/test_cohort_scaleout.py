@@ -251,7 +251,8 @@ def test_cohort_job_survives_replica_restart(
         logs = "\n".join((tmp_path / f"shard-{i}.log").read_text() for i in range(SHARDS))
         assert codes == [0] * SHARDS, f"shard exit codes {codes}:\n{logs[-4000:]}"
         served = {"b": tiles_ok(b), "a after restart": tiles_ok(restarted)}
-        print(f"cohort: tiles served {served}, connections per replica {service.connections}")
+        drained = a.log().count('HTTP/1.1" 503')  # answered while draining, retried elsewhere
+        print(f"cohort: tiles {served}, connections {service.connections}, A's 503s {drained}")
         assert all(v > 0 for v in served.values()), (served, service.connections)
     finally:
         service.close()
