@@ -1,7 +1,7 @@
 """Command line: ``python -m predictor`` / ``histoserve serve`` and ``histoserve export``.
 
-All of KServe's ``ModelServer`` flags plus histoserve's (DESIGN.md, "Serving
-CLI"). Parsing, environment reads and metric registration happen here, in
+All of KServe's ``ModelServer`` flags plus histoserve's (README, "Serving
+flags"). Parsing, environment reads and metric registration happen here, in
 functions called from :func:`main`, never at import. Start-up is fail-fast: a
 missing, corrupt, incompatible or spec-inconsistent checkpoint exits 2 with
 one clear line before the server reports ready.
@@ -138,7 +138,7 @@ def build_server(args: argparse.Namespace, limits: LimitsConfig) -> Any:
 def serve(argv: Sequence[str] | None = None) -> int:
     """Parses flags, loads the model (fail-fast) and serves until drained."""
     from predictor.errors import StartupError
-    from predictor.loading import build_model
+    from predictor.startup import build_model
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(

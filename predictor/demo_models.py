@@ -4,9 +4,11 @@ The vendor's weights are gated, so every spec must still be exercisable end to
 end: these small ``nn.Module``s take and return exactly what the real packages
 do (first input the normalised float tile batch, first output the primary
 output), without timm or torchvision. They are what ``histoserve export
---demo`` compiles and what the test suite serves.
+--demo`` compiles and what the test suite serves. Which module a spec gets is
+its family's choice (``build_demo`` in :mod:`predictor.families`;
+:func:`predictor.families.build_demo_model` is the entry point).
 
-Families:
+Modules:
 
 - ``embedding`` (h0-mini, h0, h1): a ViT/14 with ``spec.prefix_tokens`` prefix
   tokens; the embedding is the CLS token concatenated with the mean of the
@@ -22,7 +24,7 @@ Families:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -60,8 +62,8 @@ PRESETS: Mapping[str, ViTConfig] = {
     "vit-g": ViTConfig(width=1536, depth=40, heads=24),
 }
 
-# Segmentation presets only scale the conv width.
-_SEG_CHANNELS: Mapping[str, int] = {"tiny": 8, "vit-s": 16, "vit-g": 32}
+SEGMENTER_CHANNELS: Mapping[str, int] = {"tiny": 8, "vit-s": 16, "vit-g": 32}
+"""Segmentation presets only scale the conv width."""
 
 
 class _Block(nn.Module):
@@ -189,7 +191,8 @@ def _vit_config(preset: str, opts: dict[str, Any]) -> ViTConfig:
     return replace(PRESETS[preset], **overrides)
 
 
-def _vit(spec: ModelSpec, preset: str, opts: dict[str, Any]) -> DemoViT:
+def vit_for(spec: ModelSpec, preset: str, opts: dict[str, Any]) -> DemoViT:
+    """A demo ViT for ``spec``'s tiles; pops the ViT options it uses from ``opts``."""
     return DemoViT(
         _vit_config(preset, opts),
         tile_size=spec.tile_size,
@@ -197,79 +200,3 @@ def _vit(spec: ModelSpec, preset: str, opts: dict[str, Any]) -> DemoViT:
         prefix_tokens=spec.prefix_tokens,
         out_dim=opts.pop("embedding_dim", spec.embedding_dim),
     )
-
-
-def _build_embedding(spec: ModelSpec, preset: str, opts: dict[str, Any]) -> nn.Module:
-    return _vit(spec, preset, opts)
-
-
-def _build_multimodal(spec: ModelSpec, preset: str, opts: dict[str, Any]) -> nn.Module:
-    genes_in = int(opts.pop("genes_in", DEMO_GENES_IN))
-    genes_out = int(opts.pop("genes_out", DEMO_GENES_OUT))
-    embedding_dim = opts.get("embedding_dim", spec.embedding_dim)
-    vit = _vit(spec, preset, opts)
-    return DemoMultimodal(vit, genes_in=genes_in, genes_out=genes_out, embedding_dim=embedding_dim)
-
-
-def _build_segmentation(spec: ModelSpec, preset: str, opts: dict[str, Any]) -> nn.Module:
-    if preset not in _SEG_CHANNELS:
-        raise SpecError(f"unknown demo preset {preset!r}; expected one of {sorted(_SEG_CHANNELS)}")
-    channels = int(opts.pop("channels", _SEG_CHANNELS[preset]))
-    return DemoSegmenter(channels, pad_to_batch=opts.pop("pad_to_batch", None))
-
-
-_BUILDERS: Mapping[str, Callable[[ModelSpec, str, dict[str, Any]], nn.Module]] = {
-    "embedding": _build_embedding,
-    "multimodal": _build_multimodal,
-    "segmentation": _build_segmentation,
-}
-
-
-def build_demo_model(
-    spec: ModelSpec, preset: str = "tiny", *, seed: int = 0, **opts: Any
-) -> nn.Module:
-    """A random-weight module with ``spec``'s exact input/output geometry, in eval mode.
-
-    Args:
-        spec: The spec whose family and geometry the module follows.
-        preset: ``tiny`` (fast to compile), ``vit-s`` (ViT-S/14) or ``vit-g``
-            (ViT-g/14, GPU benchmarks only).
-        seed: Seed for the random weights, so the same call gives the same model.
-        **opts: Family options: ``width``, ``depth``, ``heads``, ``mlp_ratio``,
-            ``embedding_dim`` (override the spec's, e.g. to build a deliberately
-            wrong package); multimodal ``genes_in``/``genes_out``;
-            segmentation ``channels``, ``pad_to_batch``.
-
-    Raises:
-        SpecError: Unknown family, preset or option.
-    """
-    builder = _BUILDERS.get(spec.family)
-    if builder is None:
-        raise SpecError(f"no demo model for family {spec.family!r}; known: {sorted(_BUILDERS)}")
-    remaining = dict(opts)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        module = builder(spec, preset, remaining)
-    if remaining:
-        raise SpecError(f"unknown demo options {sorted(remaining)} for family {spec.family!r}")
-    return module.eval()
-
-
-def demo_example_inputs(
-    spec: ModelSpec, batch: int, *, genes_in: int = DEMO_GENES_IN, seed: int = 0
-) -> tuple[torch.Tensor, ...]:
-    """Example inputs for ``spec``'s packages: normalised tiles first.
-
-    Multimodal inputs add ``bulk_rna [B, genes_in]`` (log1p-like values) whose
-    last row is all ``NaN`` when ``batch > 1``, so the "no bulk RNA" path is
-    part of every export and probe.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    size = spec.tile_size
-    tiles = torch.randn(batch, 3, size, size, generator=gen)
-    if spec.family != "multimodal":
-        return (tiles,)
-    bulk = torch.rand(batch, genes_in, generator=gen) * 5.0
-    if batch > 1:
-        bulk[-1] = float("nan")
-    return tiles, bulk

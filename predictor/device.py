@@ -1,19 +1,21 @@
-"""Device-side helpers for stage 2: staging, normalisation, error classes.
+"""Device-side helpers for stage 2: staging, normalisation, error classification.
 
-Tiles stay ``uint8`` until they reach the device; normalisation
-(``(x/255 - mean) / std``) runs there, fused into one multiply-add, on the
-whole batch. On CUDA, batches are staged in a reused pinned buffer and copied
-with ``non_blocking`` so the copy overlaps the launch.
+Tiles stay ``uint8 [H, W, 3]`` until they reach the device; the permute to
+CHW and normalisation (``(x/255 - mean) / std``) run there, fused into one
+multiply-add, on the whole batch. On CUDA, batches are staged in a reused
+pinned buffer and copied with ``non_blocking`` so the copy overlaps the
+launch. :func:`classify_error` tells the batcher how to treat a failure; the
+batcher wraps it (:func:`predictor.errors.forward_failure`), nothing here does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
-from predictor.batcher import ErrorKind
-from predictor.errors import DeviceLost, ForwardError, HistoserveError
+from predictor.errors import DeviceLost, ErrorKind
 from predictor.spec import ModelSpec
 
 # Messages of CUDA errors after which the context is unusable until restart.
@@ -28,11 +30,15 @@ _STICKY_CUDA_ERRORS = (
     "cudaerrorlaunchfailure",
 )
 
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
 
 class Normalizer:
-    """``uint8 [B, H, W, C]`` on the host to normalised ``[B, C, H, W]`` on the device."""
+    """Host ``uint8 [H, W, 3]`` tiles to one normalised ``[B, C, H, W]`` batch on the device.
+
+    Tiles arrive HWC (their one layout from decode on, see
+    :mod:`predictor.samples`): stacking them is a plain memory copy, the
+    batch crosses to the device as ``uint8``, and the permute to CHW happens
+    there, fused with the normalisation.
+    """
 
     def __init__(self, spec: ModelSpec, device: torch.device, dtype: torch.dtype):
         mean = torch.tensor(spec.mean or (0.0, 0.0, 0.0), dtype=torch.float32)
@@ -44,12 +50,11 @@ class Normalizer:
         self.dtype = dtype
         self._pinned: torch.Tensor | None = None
 
-    def stage(self, tiles_chw: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Stacks per-tile ``uint8 [C, H, W]`` views into one device batch, still uint8."""
-        hwc = [t.permute(1, 2, 0) for t in tiles_chw]
+    def stage(self, tiles_hwc: Sequence[np.ndarray]) -> torch.Tensor:
+        """Stacks per-tile ``uint8 [H, W, 3]`` arrays into one device batch, still uint8."""
+        shape = (len(tiles_hwc), *tiles_hwc[0].shape)
         if self.device.type != "cuda":
-            return torch.stack(hwc)
-        shape = (len(hwc), *hwc[0].shape)
+            return torch.from_numpy(np.stack(tiles_hwc))
         if (
             self._pinned is None
             or self._pinned.shape[0] < shape[0]
@@ -57,7 +62,7 @@ class Normalizer:
         ):
             self._pinned = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
         host = self._pinned[: shape[0]]
-        torch.stack(hwc, out=host)
+        np.stack(tiles_hwc, out=host.numpy())
         return host.to(self.device, non_blocking=True)
 
     def normalise(self, batch_hwc: torch.Tensor) -> torch.Tensor:
@@ -66,23 +71,8 @@ class Normalizer:
         x = torch.addcmul(self.shift, x, self.scale)
         return x if self.dtype == torch.float32 else x.to(self.dtype)
 
-    def __call__(self, tiles_chw: Sequence[torch.Tensor]) -> torch.Tensor:
-        return self.normalise(self.stage(tiles_chw))
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    """``fp32``/``fp16``/``bf16`` (or a torch dtype string) to a torch dtype."""
-    if name in _DTYPES:
-        return _DTYPES[name]
-    key = name.removeprefix("torch.")
-    for label, dtype in (
-        ("float32", torch.float32),
-        ("float16", torch.float16),
-        ("bfloat16", torch.bfloat16),
-    ):
-        if key == label:
-            return dtype
-    raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(_DTYPES)}")
+    def __call__(self, tiles_hwc: Sequence[np.ndarray]) -> torch.Tensor:
+        return self.normalise(self.stage(tiles_hwc))
 
 
 def synchronize(device: torch.device) -> None:
@@ -112,12 +102,3 @@ def classify_error(exc: BaseException) -> ErrorKind:
         if any(marker in text for marker in _STICKY_CUDA_ERRORS):
             return ErrorKind.FATAL
     return ErrorKind.BATCH
-
-
-def as_forward_error(exc: BaseException, n_tiles: int) -> HistoserveError:
-    """Wraps a stage-2 exception into the error the batch's requests get."""
-    if isinstance(exc, HistoserveError):
-        return exc
-    kind = classify_error(exc)
-    cls = DeviceLost if kind is ErrorKind.FATAL else ForwardError
-    return cls(f"forward failed for a batch of {n_tiles} tiles: {type(exc).__name__}: {exc}")

@@ -1,25 +1,48 @@
-"""The one error tree of histoserve.
+"""The one error tree of histoserve, and how a failed forward is classified.
 
 ::
 
     HistoserveError
-    ├── InvalidInput (ValueError)        client input is wrong: 400 / INVALID_ARGUMENT
-    ├── Unavailable                       try again later:       503 / UNAVAILABLE
+    ├── InvalidInput (ValueError)        client input is wrong:  400 / INVALID_ARGUMENT
+    │   └── PayloadTooLarge               body over the limit:    413 / RESOURCE_EXHAUSTED
+    ├── Unavailable                       try again later:        503 / UNAVAILABLE
     │   ├── ForwardError (RuntimeError)   the batch's forward failed
     │   │   └── DeviceLost                ...and the device is unusable (liveness fails)
     │   ├── Overloaded                    queue full (carries retry_after_s)
     │   └── ModelNotReady                 not loaded, unhealthy or draining
-    └── StartupError                      fail-fast at start-up: exit non-zero, one line
+    └── StartupError                      fail-fast at start-up: exit 2, one line (503 if served)
         ├── SpecError                     a spec is malformed or unknown
         ├── CheckpointError               missing, ambiguous, corrupt or tampered package
         ├── IncompatiblePackage           built for another device, ISA or GPU
         └── SpecMismatch                  spec and package disagree (dims, inputs)
 
 Errors carry no HTTP status: :mod:`predictor.server.edge` maps them to HTTP
-and gRPC in one table. Third-party errors are wrapped with ``raise ... from``.
+and gRPC in one table matched by type (the most specific class of an error's
+MRO wins, so row order does not matter). Third-party errors are wrapped with
+``raise ... from``.
+
+A failed forward is wrapped once, by :func:`forward_failure` (called by the
+batcher): the device layer only *classifies* an exception
+(:class:`ErrorKind`), it never wraps it.
 """
 
 from __future__ import annotations
+
+import enum
+
+
+class ErrorKind(enum.Enum):
+    """How a failure of a batch's forward is handled.
+
+    Attributes:
+        BATCH: Fail this batch's items with ``ForwardError``; keep serving.
+        OOM: Split the batch in halves and retry each before failing.
+        FATAL: Fail with ``DeviceLost`` and mark the device unusable.
+    """
+
+    BATCH = "batch"
+    OOM = "oom"
+    FATAL = "fatal"
 
 
 class HistoserveError(Exception):
@@ -54,6 +77,10 @@ class InvalidInput(HistoserveError, ValueError):
             input_name=self.input_name if self.input_name is not None else input_name,
             tile=self.tile if self.tile is not None else tile,
         )
+
+
+class PayloadTooLarge(InvalidInput):
+    """A request body over ``--max_body_bytes`` (declared or streamed)."""
 
 
 class Unavailable(HistoserveError):
@@ -98,3 +125,27 @@ class IncompatiblePackage(StartupError):
 
 class SpecMismatch(StartupError):
     """The spec and the package disagree (output dims, inputs, gene lists)."""
+
+
+def forward_failure(exc: BaseException, *, name: str, n_items: int, fatal: bool) -> HistoserveError:
+    """The error a failed batch's requests get: the one wrap of a failed forward.
+
+    A histoserve error passes through unchanged (a fault hook's ``ForwardError``,
+    a family's own check), except that a fatal failure is always a
+    :class:`DeviceLost`. Anything else is wrapped, naming the batch size and
+    the original error, with the original as ``__cause__``.
+
+    Args:
+        exc: What the forward raised.
+        name: The model name, for the message.
+        n_items: Tiles in the batch.
+        fatal: Whether the failure left the device unusable.
+    """
+    cls = DeviceLost if fatal else ForwardError
+    passes = isinstance(exc, DeviceLost) if fatal else isinstance(exc, HistoserveError)
+    if passes:
+        assert isinstance(exc, HistoserveError)
+        return exc
+    error = cls(f"{name}: forward of a batch of {n_items} failed: {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error

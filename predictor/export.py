@@ -9,7 +9,7 @@ A package is ``torch.export.export`` with a dynamic batch axis, compiled by
 - ``histoserve.inputs`` / ``histoserve.outputs``: names, shapes (``-1`` for
   the batch axis) and dtypes;
 - ``histoserve.cpu_build``: ``-march`` and the CPU instruction-set flags the
-  native code may use (see :mod:`predictor.hostfacts`);
+  native code may use (see :mod:`predictor.package.host`);
 - written by torch itself: ``AOTI_DEVICE_KEY``, ``AOTI_PLATFORM``,
   ``AOTI_MACHINE``, ``AOTI_CPU_ISA``, ``AOTI_COMPUTE_CAPABILITY``.
 
@@ -34,11 +34,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from predictor import export_sources, genes, hostfacts
-from predictor.demo_models import PRESETS, build_demo_model, demo_example_inputs
-from predictor.errors import CheckpointError, HistoserveError, SpecError, SpecMismatch
-from predictor.package import sha256_file
-from predictor.package_meta import (
+from predictor import export_sources
+from predictor.demo_models import PRESETS
+from predictor.errors import CheckpointError, HistoserveError, SpecError
+from predictor.families import build_demo_model, demo_example_inputs, model_class_for
+from predictor.package import genes, host
+from predictor.package.digest import sha256_file
+from predictor.package.dtypes import DTYPES
+from predictor.package.metadata import (
     CPU_BUILD_KEY,
     INPUTS_KEY,
     OUTPUTS_KEY,
@@ -46,21 +49,6 @@ from predictor.package_meta import (
 )
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec
 
-DTYPES: Mapping[str, torch.dtype] = {
-    "fp32": torch.float32,
-    "fp16": torch.float16,
-    "bf16": torch.bfloat16,
-}
-INPUT_NAMES: Mapping[str, tuple[str, ...]] = {
-    "embedding": ("tiles",),
-    "multimodal": ("tiles", "bulk_rna"),
-    "segmentation": ("tiles",),
-}
-OUTPUT_NAMES: Mapping[str, tuple[str, ...]] = {
-    "embedding": ("embedding",),
-    "multimodal": ("prediction", "embedding"),
-    "segmentation": ("logits",),
-}
 # --cpu_target: None = inductor's default (-march=native, widest vector ISA).
 CPU_TARGETS: Mapping[str, dict[str, Any]] = {
     "native": {},
@@ -124,13 +112,13 @@ def export_package(
         _provenance(source, weights_digest, dtype, target, min_batch, max_batch, cpu_target),
         sort_keys=True,
     )
-    if spec.family == "multimodal":  # check the gene lists before the slow part
-        gene_lists = _gene_lists(spec, args[1].shape[1], outputs[0].shape[1], gene_lists)
+    if spec.takes_bulk_rna:  # gene lists: check them before the slow part
+        gene_lists = genes.gene_lists_for(spec, args[1].shape[1], outputs[0].shape[1], gene_lists)
     program = _export(module, args, min_batch, max_batch)
     _compile(program, output, metadata, cpu_target)
     write_sha256(output)
     if gene_lists is not None:
-        write_gene_lists(spec, output.parent, *gene_lists)
+        genes.write_gene_lists(spec, output.parent, *gene_lists)
     return output
 
 
@@ -184,17 +172,18 @@ def _metadata(
     device: torch.device,
     cpu_target: str,
 ) -> dict[str, str]:
+    family = model_class_for(spec)
     return {
         METADATA_KEY: spec.to_json(),
-        INPUTS_KEY: _describe(INPUT_NAMES[spec.family], args),
-        OUTPUTS_KEY: _describe(OUTPUT_NAMES[spec.family], outputs),
+        INPUTS_KEY: _describe(family.PACKAGE_INPUTS, args),
+        OUTPUTS_KEY: _describe(family.PACKAGE_OUTPUTS, outputs),
         CPU_BUILD_KEY: json.dumps(_cpu_build(cpu_target)),
     }
 
 
 def _cpu_build(cpu_target: str) -> dict[str, Any]:
     if cpu_target == "native":
-        flags = hostfacts.isa_flags(hostfacts.read_cpu_flags())
+        flags = host.isa_flags(host.read_cpu_flags())
         return {"march": "native", "required_flags": sorted(flags)}
     return {"march": cpu_target, "required_flags": list(_V3_FLAGS)}
 
@@ -266,42 +255,6 @@ def write_sha256(path: Path) -> Path:
     return digest_file
 
 
-def _gene_lists(
-    spec: ModelSpec,
-    genes_in: int,
-    genes_out: int,
-    given: tuple[Sequence[str], Sequence[str]] | None,
-) -> tuple[Sequence[str], Sequence[str]]:
-    if not spec.genes_in_file or not spec.genes_out_file:
-        raise SpecError(
-            f"spec {spec.name!r} is multimodal but names no genes_in_file/genes_out_file"
-        )
-    ids_in, ids_out = given or (genes.demo_gene_ids(genes_in), genes.demo_gene_ids(genes_out))
-    for label, ids, count in (("input", ids_in, genes_in), ("output", ids_out, genes_out)):
-        if len(ids) != count:
-            raise SpecMismatch(
-                f"the {label} gene list has {len(ids)} genes but the model uses {count}"
-            )
-    return ids_in, ids_out
-
-
-def write_gene_lists(
-    spec: ModelSpec, directory: Path, genes_in: Sequence[str], genes_out: Sequence[str]
-) -> tuple[Path, Path]:
-    """Writes the spec's input/output gene CSVs (``genes_in_file``/``genes_out_file``) into ``directory``.
-
-    Raises:
-        SpecError: The spec names no gene files.
-        CheckpointError: Empty, malformed or duplicate gene IDs.
-    """
-    if not spec.genes_in_file or not spec.genes_out_file:
-        raise SpecError(f"spec {spec.name!r} names no genes_in_file/genes_out_file")
-    return (
-        genes.write_gene_ids(directory / spec.genes_in_file, genes_in),
-        genes.write_gene_ids(directory / spec.genes_out_file, genes_out),
-    )
-
-
 def export_demo(spec: ModelSpec, output: Path, *, preset: str = "tiny", **opts: Any) -> Path:
     """Exports a random-weight demo package with ``spec``'s exact geometry.
 
@@ -311,7 +264,7 @@ def export_demo(spec: ModelSpec, output: Path, *, preset: str = "tiny", **opts: 
         preset: ``tiny``, ``vit-s`` or ``vit-g`` (see :mod:`predictor.demo_models`).
         **opts: :func:`export_package` options (``device``, ``dtype``,
             ``min_batch``, ``max_batch``, ``cpu_target``) and the rest to
-            :func:`~predictor.demo_models.build_demo_model` (e.g.
+            :func:`~predictor.families.build_demo_model` (e.g.
             ``embedding_dim``, ``pad_to_batch``, ``genes_in``).
     """
     export_keys = ("device", "dtype", "min_batch", "max_batch", "cpu_target", "gene_lists")

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from predictor.demo_models import demo_example_inputs
 from predictor.errors import SpecError
-from predictor.package import sha256_file
+from predictor.families import demo_example_inputs
+from predictor.package.digest import sha256_file
 from predictor.spec import ModelSpec
 
 

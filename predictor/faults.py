@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from predictor.errors import ForwardError
 
@@ -44,7 +44,7 @@ class FaultHook:
     def __post_init__(self) -> None:
         self._rng.seed(self.seed)
 
-    def check(self, tiles: Sequence[torch.Tensor]) -> None:
+    def check(self, tiles: Sequence[np.ndarray]) -> None:
         """Raises when this batch is chosen to fail; called once per forward."""
         with self._lock:
             self._count += 1
@@ -64,7 +64,7 @@ class FaultHook:
             )
 
 
-def _all_equal(tile: torch.Tensor, value: int) -> bool:
+def _all_equal(tile: np.ndarray, value: int) -> bool:
     return bool(tile.flatten()[0] == value) and bool((tile == value).all())
 
 

@@ -1,16 +1,18 @@
-"""``BaseServerModel``: the one ``kserve.Model`` subclass histoserve serves.
+"""``BaseServerModel``: the KServe adapter and the lifecycle, nothing per family.
 
-It composes the parts: a codec decodes the request into per-tile
-:class:`ModelRequest` items; stage 1 runs :meth:`prepare_sample` for each in a
-thread pool (an error there is a 400 for that request only); :meth:`predict`
-hands the prepared samples to the :class:`DynamicBatcher`, which calls
-:meth:`forward_batch` on one device worker (an error there is a 503 for that
-batch only); a codec encodes the responses.
+KServe calls :meth:`~BaseServerModel.preprocess` (stage 1), :meth:`predict`
+(stage 2) and :meth:`postprocess` on one request. Stage 1 picks the request's
+codec once (V1 for a dict body, V2 for an ``InferRequest``), decodes it into
+per-tile :class:`~predictor.samples.ModelRequest` items and runs the family's
+``prepare_sample`` on each in a thread pool (an error there is a 400 for that
+request only). Stage 2 hands the prepared samples, and nothing else, to the
+:class:`~predictor.batcher.DynamicBatcher`, which calls the family's
+``forward_batch`` on one device worker (an error there is a 503 for that batch
+only). The same codec encodes the responses.
 
-Embedding backbones use this class as is. Families with other inputs or
-outputs subclass it (see :mod:`predictor.families`) and override
-:meth:`prepare_sample`, :meth:`batch_inputs`, :meth:`build_responses` and the
-output description.
+What a family does (inputs beyond the tile, how a batch is fed and read
+back, which outputs a mode returns, how its package is checked) is in
+:mod:`predictor.families`; see ``docs/architecture.md`` for the whole walk.
 """
 
 from __future__ import annotations
@@ -18,28 +20,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import warnings
-from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from kserve import InferRequest, InferResponse, Model
 
-from predictor import package as pkg
 from predictor.admission import Admission
 from predictor.batcher import DynamicBatcher
-from predictor.codecs.images import decode_tile
-from predictor.codecs.v1 import decode_v1, encode_v1
-from predictor.codecs.v2 import decode_v2, encode_v2, select_outputs
+from predictor.codecs.base import Codec
+from predictor.codecs.v1 import V1Codec
+from predictor.codecs.v2 import V2Codec
 from predictor.config import BatchingConfig, LimitsConfig
-from predictor.device import Normalizer, as_forward_error, classify_error, synchronize
+from predictor.device import classify_error
 from predictor.errors import InvalidInput, ModelNotReady
 from predictor.faults import FaultHook
 from predictor.metrics import Metrics
-from predictor.samples import DecodedRequest, ModelRequest, ModelResponse, PreparedSample
+from predictor.package.loader import LoadedPackage, StartupPhases, inspect_package, open_package
+from predictor.samples import DecodedRequest, ModelResponse, PreparedSample
 from predictor.spec import ModelSpec
 from predictor.stage1 import Stage1Pool
 
@@ -60,13 +59,23 @@ class ServingOptions:
 
 @dataclass
 class _Prepared:
+    """One request between the stages: its codec, decoded form, mode and samples."""
+
+    codec: Codec
     decoded: DecodedRequest
     mode: str
     samples: list[PreparedSample]
 
 
 class BaseServerModel(Model):
-    """Loads an exported ``.pt2`` package and serves it with dynamic batching.
+    """Serves one ``.pt2`` package over KServe with dynamic batching.
+
+    Not served as is: a family (:class:`predictor.families.base.TileServerModel`
+    and its subclasses) provides the hooks this class calls:
+    ``prepare_sample`` (stage 1, one tile), ``forward_batch`` (stage 2, one
+    batch), ``check_package`` and ``warm_up`` (start-up), ``output_names`` and
+    ``output_datatypes`` (what a mode returns), and KServe's
+    ``get_input_types``/``get_output_types``.
 
     Args:
         model_spec: The model specification (tile size, normalisation, ...).
@@ -76,6 +85,9 @@ class BaseServerModel(Model):
         options: Batching, limits and naming; see :class:`ServingOptions`.
         metrics: Prometheus collectors; ``None`` disables metrics.
         fault_hook: Test-only forward fault injection; ``None`` in production.
+        package: The package already verified and loaded by
+            :func:`predictor.startup.build_model`; when ``None``, :meth:`load`
+            verifies and loads it itself (once, either way).
     """
 
     def __init__(
@@ -88,6 +100,7 @@ class BaseServerModel(Model):
         options: ServingOptions | None = None,
         metrics: Metrics | None = None,
         fault_hook: FaultHook | None = None,
+        package: LoadedPackage | None = None,
     ):
         self._options = options or ServingOptions()
         super().__init__(self._options.name or model_spec.name)
@@ -96,11 +109,16 @@ class BaseServerModel(Model):
         self._device = torch.device(device)
         self._metrics = metrics
         self._fault_hook = fault_hook
-        self._package: pkg.LoadedPackage | None = None
-        self._normalizer: Normalizer | None = None
+        self._package = package
+        self._phases = package.phases if package is not None else StartupPhases()
         self._pool: Stage1Pool | None = None
         self._batcher: DynamicBatcher | None = None
         self._stopped = False
+        limits = self._options.limits
+        self._v1 = V1Codec(model_spec, limits)
+        self._v2 = V2Codec(
+            model_spec, limits, model_name=self.name, datatypes=self.output_datatypes()
+        )
         batching = self._options.batching
         self._admission = Admission(
             self.name,
@@ -127,41 +145,39 @@ class BaseServerModel(Model):
 
     # -- lifecycle ------------------------------------------------------------------------
     def load(self) -> bool:
-        """Verifies, loads and checks the package; raises a StartupError on any problem.
+        """Checks the package against the spec (loading it first if not handed one).
 
+        Raises a :class:`~predictor.errors.StartupError` on any problem. The
+        package is hashed once: here only when the constructor got none.
         Idempotent: KServe calls ``load`` again whenever the model reports not
         ready (e.g. while draining), which must not reload anything.
         """
         if self._stopped:
             return False
-        if self._package is None:
-            # Decoded and binary tiles are read-only numpy views; we never write them.
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            pkg.verify_sha256(self._checkpoint)
-            metadata = pkg.read_metadata(self._checkpoint)
-            pkg.check_host_compat(metadata, self._device)
-            self._package = pkg.load_package(self._checkpoint, self._device)
-            self.check_package(self._package)
-            self._normalizer = Normalizer(self._spec, self._device, self._package.input_dtype)
+        if self._pool is None:
+            if self._package is None:
+                metadata = inspect_package(self._checkpoint, self._phases)
+                self._package = open_package(self._checkpoint, self._device, metadata, self._phases)
+            with self._phases.time("probe"):
+                self.check_package(self._package)
+            with self._phases.time("warmup"):
+                self.warm_up(self._package)
             self._pool = Stage1Pool(self._options.preprocess_workers)
-            logger.info("loaded %s (%s) on %s", self._checkpoint, self._spec.name, self._device)
+            logger.info(
+                "loaded %s (%s) on %s; start-up phases: %s",
+                self._checkpoint,
+                self._spec.name,
+                self._device,
+                self._phases.summary(),
+            )
         self.ready = not self._admission.draining
         return self.ready
-
-    def check_package(self, package: pkg.LoadedPackage) -> None:
-        """Fails fast when the package disagrees with the spec (output dims, inputs)."""
-        shapes = pkg.probe_outputs(package, self._spec, self.extra_input_shapes(package))
-        pkg.check_consistency(self._spec, shapes)
-
-    def extra_input_shapes(self, package: pkg.LoadedPackage) -> Mapping[str, int]:
-        """Per-tile sizes of inputs after the tiles (none for backbones)."""
-        return {}
 
     async def start_batching(self) -> None:
         """Starts the batcher inside the running event loop (called by the server)."""
         if self._batcher is None:
             self._batcher = DynamicBatcher(
-                self._run_batch,
+                self.forward_batch,
                 self._options.batching,
                 classify_error=classify_error,
                 observer=self._metrics,
@@ -234,26 +250,24 @@ class BaseServerModel(Model):
     async def preprocess(
         self, payload: dict | InferRequest, headers: dict[str, str] | None = None
     ) -> _Prepared:
-        """Stage 1: decode the request and prepare every tile; 400 on any bad input."""
+        """Stage 1: pick the codec, decode, prepare every tile; 400 on any bad input."""
         if self._admission.draining or self._pool is None:
             raise ModelNotReady(
                 f"model {self.name!r} is not accepting requests (draining or not loaded)"
             )
         started = time.monotonic()
-        decoded = self._decode(payload)
+        codec: Codec = self._v2 if isinstance(payload, InferRequest) else self._v1
+        decoded = codec.decode(payload)
         try:
-            mode = self._resolve_mode(decoded.mode)
-            if decoded.protocol == "v2":
-                select_outputs(
-                    decoded, self.output_names(mode)
-                )  # unknown outputs fail before compute
+            mode = resolve_mode(self._spec, decoded.mode, self.name)
+            codec.check_outputs(decoded, self.output_names(mode))  # before any compute
             samples = await self._prepare_staged(decoded)
         except InvalidInput:
             self._count("invalid", len(decoded.items))
             raise
         if self._metrics is not None:
             self._metrics.observe_preprocess(time.monotonic() - started)
-        return _Prepared(decoded, mode, samples)
+        return _Prepared(codec, decoded, mode, samples)
 
     async def predict(
         self, payload: _Prepared, headers: dict[str, str] | None = None
@@ -261,50 +275,22 @@ class BaseServerModel(Model):
         """Stage 2: enqueue the samples and await one response per tile, in order."""
         if self._batcher is None:
             raise ModelNotReady(f"model {self.name!r} has no running batcher")
-        items = list(zip(payload.samples, payload.decoded.items, strict=True))
-        futures = self._batcher.submit(items, key=payload.mode)
+        futures = self._batcher.submit(payload.samples, key=payload.mode)
         try:
             results = await asyncio.gather(*futures)
         except Exception:
-            self._count("failed", len(items))
+            self._count("failed", len(payload.samples))
             raise
-        self._count("ok", len(items))
+        self._count("ok", len(payload.samples))
         return payload, list(results)
 
     async def postprocess(
         self, result: tuple[_Prepared, list[ModelResponse]], headers: dict[str, str] | None = None
     ) -> dict | InferResponse:
-        """Encodes the responses in the protocol the request came in."""
+        """Encodes the responses with the codec the request was decoded with."""
         prepared, responses = result
         names = self.output_names(prepared.mode)
-        if prepared.decoded.protocol == "v1":
-            return encode_v1(responses, output_names=names)
-        return encode_v2(
-            responses,
-            model_name=self.name,
-            output_names=names,
-            decoded=prepared.decoded,
-            datatypes=self.output_datatypes(),
-        )
-
-    # -- stage 1 --------------------------------------------------------------------------
-    def _decode(self, payload: dict | InferRequest) -> DecodedRequest:
-        limits = self._options.limits
-        if isinstance(payload, InferRequest):
-            decoded = decode_v2(payload, spec=self._spec, limits=limits)
-        else:
-            decoded = decode_v1(payload, spec=self._spec, limits=limits)
-        return decoded
-
-    def _resolve_mode(self, mode: str | None) -> str:
-        if mode is None:
-            return self._spec.default_mode
-        if mode not in self._spec.modes:
-            raise InvalidInput(
-                f"unknown mode {mode!r}; model {self.name!r} supports {list(self._spec.modes)}",
-                input_name="parameters.mode",
-            )
-        return mode
+        return prepared.codec.encode(prepared.decoded, responses, names)
 
     async def _prepare_staged(self, decoded: DecodedRequest) -> list[PreparedSample]:
         """Stage 1 for every tile, refused up front (fast 503) when the queue is full."""
@@ -312,113 +298,9 @@ class BaseServerModel(Model):
         with self._admission.staged(len(decoded.items), depth):
             return await self._pool.prepare(decoded.items, decoded.tile_input, self.prepare_sample)
 
-    def prepare_sample(self, request: ModelRequest) -> PreparedSample:
-        """Decodes, validates and transforms one tile; ``InvalidInput`` becomes a 400.
-
-        Called in the stage-1 thread pool. Subclasses extend it for extra
-        inputs (bulk RNA). The tile stays ``uint8``; normalisation happens on
-        the device, in the batch.
-        """
-        pixels = request.pixels
-        if pixels is None:
-            if request.image_data is None:
-                raise InvalidInput("no image data")
-            pixels = decode_tile(request.image_data, limits=self._options.limits)
-        size = self._spec.tile_size
-        if pixels.dtype != np.uint8 or pixels.shape != (size, size, 3):
-            raise InvalidInput(
-                f"expected a {size}x{size} RGB uint8 tile, got shape {tuple(pixels.shape)} {pixels.dtype}"
-            )
-        return PreparedSample(tile=torch.from_numpy(pixels).permute(2, 0, 1))
-
-    def preprocess_bulk_rna(self, raw: list[float] | np.ndarray) -> np.ndarray:
-        """Applies the spec's omics transform to raw counts (unchanged when none)."""
-        values = np.asarray(raw, dtype=np.float32)
-        if self._spec.bulk_rna_transform == "log1p":
-            return np.log1p(values)
-        return values
-
-    # -- stage 2 --------------------------------------------------------------------------
-    def _run_batch(
-        self, items: list[tuple[PreparedSample, ModelRequest]], mode: str
-    ) -> list[ModelResponse]:
-        samples = [sample for sample, _ in items]
-        requests = [request for _, request in items]
-        return self.forward_batch(samples, requests, mode)
-
-    @torch.inference_mode()
-    def forward_batch(
-        self, samples: list[PreparedSample], requests: list[ModelRequest], mode: str = "prediction"
-    ) -> list[ModelResponse]:
-        """Runs one batch on the device; any failure is the whole batch's ``ForwardError``.
-
-        Stacks, moves to the device, normalises there, runs the package,
-        synchronises, copies back and builds one response per sample,
-        positionally aligned with ``samples``.
-        """
-        try:
-            if self._fault_hook is not None:
-                self._fault_hook.check([s.tile for s in samples])
-            outputs = self._package(*self.batch_inputs(samples))
-            host = self._to_host(outputs, len(samples))
-        except Exception as exc:
-            raise as_forward_error(exc, len(samples)) from exc
-        return self.build_responses(host, requests, mode)
-
-    def batch_inputs(self, samples: Sequence[PreparedSample]) -> tuple[torch.Tensor, ...]:
-        """The package's inputs for a batch, on the device (tiles first)."""
-        return (self._normalizer([s.tile for s in samples]),)
-
-    def _to_host(self, outputs: Sequence[torch.Tensor], n: int) -> list[np.ndarray]:
-        host = [self.output_to_host(out[:n]) for out in outputs]
-        synchronize(self._device)
-        return [t.numpy() for t in host]
-
-    def output_to_host(self, output: torch.Tensor) -> torch.Tensor:
-        """Device output (trimmed to the real batch) to a host tensor; fp32 by default."""
-        return output.float().cpu() if output.is_floating_point() else output.cpu()
-
-    def build_responses(
-        self, outputs: Sequence[np.ndarray], requests: Sequence[ModelRequest], mode: str
-    ) -> list[ModelResponse]:
-        """One response per sample from the host outputs (views, no copies)."""
-        embeddings = outputs[0]
-        return [
-            ModelResponse({"embedding": embeddings[i]}, r.metadata) for i, r in enumerate(requests)
-        ]
-
     # -- description ----------------------------------------------------------------------
-    def output_names(self, mode: str) -> tuple[str, ...]:
-        """Output tensor names a mode returns, primary first."""
-        return ("embedding",)
-
-    def output_datatypes(self) -> Mapping[str, str]:
-        """V2 datatype of every output the model can return."""
-        return {"embedding": "FP32"}
-
-    def output_shapes(self) -> Mapping[str, list[int]]:
-        """V2 shape of every output (``-1`` for the batch axis)."""
-        return {"embedding": [-1, self._spec.embedding_dim]}
-
-    def input_descriptions(self) -> list[dict[str, Any]]:
-        """V2 metadata of the inputs a request may carry."""
-        size = self._spec.tile_size
-        return [
-            {"name": "tiles", "datatype": "BYTES", "shape": [-1]},
-            {"name": "pixels", "datatype": "UINT8", "shape": [-1, size, size, 3]},
-        ]
-
-    def get_input_types(self) -> list[dict[str, Any]]:
-        return self.input_descriptions()
-
-    def get_output_types(self) -> list[dict[str, Any]]:
-        types = self.output_datatypes()
-        return [
-            {"name": n, "datatype": types[n], "shape": s} for n, s in self.output_shapes().items()
-        ]
-
     def get_metadata(self) -> dict[str, Any]:
-        """Model name, inputs/outputs, the spec, the package's provenance and the batching config."""
+        """Name, inputs/outputs, spec, provenance, batching, limits and start-up phases."""
         package = self._package
         return {
             "name": self.name,
@@ -431,16 +313,25 @@ class BaseServerModel(Model):
             "batching": asdict(self._options.batching),
             "limits": asdict(self._options.limits),
             "preprocess_workers": self._options.preprocess_workers,
+            "startup_seconds": self._phases.as_dict(),
         }
-
-    @torch.inference_mode()
-    def forward(self, requests: list[ModelRequest]) -> torch.Tensor:
-        """Runs the model on a list of tile requests in one call (legacy path, no batcher)."""
-        samples = [self.prepare_sample(r) for r in requests]
-        outputs = self._package(*self.batch_inputs(samples))
-        synchronize(self._device)
-        return outputs[0][: len(samples)].float().cpu()
 
     def _count(self, outcome: str, n: int) -> None:
         if self._metrics is not None:
             self._metrics.count_tiles(outcome, n)
+
+
+def resolve_mode(spec: ModelSpec, mode: str | None, model_name: str) -> str:
+    """The request's mode, or the spec's default when it names none.
+
+    Raises:
+        InvalidInput: A mode the model does not support (``parameters.mode``).
+    """
+    if mode is None:
+        return spec.default_mode
+    if mode not in spec.modes:
+        raise InvalidInput(
+            f"unknown mode {mode!r}; model {model_name!r} supports {list(spec.modes)}",
+            input_name="parameters.mode",
+        )
+    return mode

@@ -12,6 +12,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from predictor.codecs.images import check_encoded_size
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
@@ -76,3 +78,19 @@ def bool_parameter(params: Mapping[str, Any], name: str, *, default: bool = Fals
             f"parameter '{name}' must be a boolean, got {type(value).__name__} {value!r:.40}"
         )
     return value
+
+
+def first_non_finite(values: np.ndarray) -> int | None:
+    """Index along the first axis of the first entry (or row) holding NaN or inf.
+
+    The one finiteness check of bulk RNA (V1 and V2 decoding, the multimodal
+    family's own validation), vectorised.
+
+    Returns:
+        The index, or ``None`` when every value is finite.
+    """
+    bad = ~np.isfinite(values)
+    if bad.ndim > 1:
+        bad = bad.reshape(bad.shape[0], -1).any(axis=1)
+    hits = np.flatnonzero(bad)
+    return int(hits[0]) if hits.size else None

@@ -19,11 +19,12 @@ Decisions:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from predictor.codecs.common import decode_base64, string_parameter
+from predictor.codecs.common import decode_base64, first_non_finite, string_parameter
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
 from predictor.samples import DecodedRequest, ModelRequest, ModelResponse
@@ -47,7 +48,48 @@ INSTANCE_FIELDS = (IMAGE_DATA, BULK_RNA, *METADATA_FIELDS)
 """Every key an instance may have; only ``image_data`` is required."""
 
 
-def decode_v1(body: Any, *, spec: ModelSpec, limits: LimitsConfig) -> DecodedRequest:
+@dataclass
+class V1DecodedRequest(DecodedRequest):
+    """A decoded V1 request and what its answer must echo.
+
+    Attributes:
+        echo: Per instance, its metadata fields, echoed in its prediction.
+            They stay here, with the codec: batch items never carry them.
+    """
+
+    echo: list[dict[str, Any]] = field(default_factory=list)
+
+
+class V1Codec:
+    """The V1 protocol for one model: decode a body, check outputs, encode the answer.
+
+    Args:
+        spec: The served model's spec (whether it takes ``bulk_rna``).
+        limits: Tile count, image size and bulk RNA length limits.
+    """
+
+    def __init__(self, spec: ModelSpec, limits: LimitsConfig):
+        self._spec = spec
+        self._limits = limits
+
+    def decode(self, body: Any) -> V1DecodedRequest:
+        """See :func:`decode_v1`."""
+        return decode_v1(body, spec=self._spec, limits=self._limits)
+
+    def check_outputs(self, decoded: V1DecodedRequest, output_names: Sequence[str]) -> None:
+        """V1 names no outputs: the mode decides them, so there is nothing to refuse."""
+
+    def encode(
+        self,
+        decoded: V1DecodedRequest,
+        responses: Sequence[ModelResponse],
+        output_names: Sequence[str],
+    ) -> dict[str, Any]:
+        """See :func:`encode_v1`; the echo fields come from ``decoded``."""
+        return encode_v1(responses, output_names=output_names, echo=decoded.echo)
+
+
+def decode_v1(body: Any, *, spec: ModelSpec, limits: LimitsConfig) -> V1DecodedRequest:
     """Turns a V1 request body into one item per instance.
 
     Args:
@@ -56,9 +98,9 @@ def decode_v1(body: Any, *, spec: ModelSpec, limits: LimitsConfig) -> DecodedReq
         limits: Tile count, image size and bulk RNA length limits.
 
     Returns:
-        A :class:`DecodedRequest` with ``protocol="v1"`` and ``tile_input``
-        ``image_data``; each item carries the encoded image, its bulk RNA
-        (``float32 [G]``) when sent, and its metadata fields.
+        A :class:`V1DecodedRequest` with ``tile_input`` ``image_data``; each
+        item carries the encoded image and its bulk RNA (``float32 [G]``) when
+        sent; ``echo`` holds each instance's metadata fields.
 
     Raises:
         InvalidInput: Naming ``instances[i].field`` and the reason.
@@ -73,7 +115,8 @@ def decode_v1(body: Any, *, spec: ModelSpec, limits: LimitsConfig) -> DecodedReq
         raise InvalidInput(f"'parameters' must be an object, got {type(params).__name__}")
     mode = string_parameter(params or {}, "mode")
     items = [_instance(inst, i, spec, limits) for i, inst in enumerate(instances)]
-    return DecodedRequest(items=items, mode=mode, tile_input=IMAGE_DATA, protocol="v1")
+    echo = [{key: inst[key] for key in METADATA_FIELDS if key in inst} for inst in instances]
+    return V1DecodedRequest(items=items, mode=mode, tile_input=IMAGE_DATA, echo=echo)
 
 
 def _instances(body: Mapping[str, Any], limits: LimitsConfig) -> list[Any]:
@@ -114,8 +157,7 @@ def _instance(inst: Any, index: int, spec: ModelSpec, limits: LimitsConfig) -> M
     bulk = inst.get(BULK_RNA)
     if bulk is not None:
         bulk = _bulk_rna(bulk, spec, limits, f"{where}.{BULK_RNA}")
-    metadata = {key: inst[key] for key in METADATA_FIELDS if key in inst}
-    return ModelRequest(index=index, image_data=image, bulk_rna=bulk, metadata=metadata)
+    return ModelRequest(index=index, image_data=image, bulk_rna=bulk)
 
 
 def _bulk_rna(value: Any, spec: ModelSpec, limits: LimitsConfig, where: str) -> np.ndarray:
@@ -138,19 +180,24 @@ def _bulk_rna(value: Any, spec: ModelSpec, limits: LimitsConfig, where: str) -> 
         raise InvalidInput("must be a flat list of numbers", input_name=where)
     with np.errstate(over="ignore", invalid="ignore"):
         vector = array.astype(np.float32)
-    if not np.isfinite(vector).all():
-        bad = int(np.flatnonzero(~np.isfinite(vector))[0])
+    bad = first_non_finite(vector)
+    if bad is not None:
         raise InvalidInput(f"value {value[bad]!r} at {bad} is not a finite FP32", input_name=where)
     return vector
 
 
-def encode_v1(responses: Sequence[ModelResponse], *, output_names: Sequence[str]) -> dict[str, Any]:
+def encode_v1(
+    responses: Sequence[ModelResponse],
+    *,
+    output_names: Sequence[str],
+    echo: Sequence[Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Builds ``{"predictions": [...]}``, one entry per tile in request order.
 
     Each entry holds ``output`` (the first of ``output_names``, flattened, so a
     segmentation mask goes out as ``H*W`` values), ``embedding`` when
     ``embedding`` is among the further outputs (``prediction_with_embedding``),
-    then the tile's echoed metadata.
+    then the tile's echoed metadata (``echo[i]``, from :func:`decode_v1`).
 
     Values are C-contiguous, native-order 1-D numpy arrays: KServe's V1
     ``ORJSONResponse`` serialises them directly (``OPT_SERIALIZE_NUMPY``).
@@ -167,7 +214,7 @@ def encode_v1(responses: Sequence[ModelResponse], *, output_names: Sequence[str]
         entry = {"output": _flat(response, primary, position)}
         if with_embedding:
             entry["embedding"] = _flat(response, "embedding", position)
-        for key, value in response.metadata.items():
+        for key, value in (echo[position] if echo else {}).items():
             entry.setdefault(key, value)
         predictions.append(entry)
     return {"predictions": predictions}

@@ -24,27 +24,36 @@ outputs are named).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from kserve import InferOutput, InferRequest, InferResponse
+from kserve import InferRequest, InferResponse
 from kserve.protocol.infer_type import to_http_parameters
 
 from predictor.codecs.binary import parse_binary_body
-from predictor.codecs.common import bool_parameter, decode_base64, string_parameter
+from predictor.codecs.common import (
+    bool_parameter,
+    decode_base64,
+    first_non_finite,
+    string_parameter,
+)
 from predictor.codecs.images import check_encoded_size
-from predictor.codecs.tensors import NUMERIC_DTYPES, bytes_elements, numeric_tensor, parse_shape
-from predictor.codecs.v2_response import V2Response
+from predictor.codecs.tensors import bytes_elements, numeric_tensor, parse_shape
+from predictor.codecs.v2_response import (
+    V2DecodedRequest,
+    V2Response,
+    encode_v2,
+    select_outputs,
+)
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
-from predictor.samples import DecodedRequest, ModelRequest, ModelResponse
+from predictor.samples import ModelRequest, ModelResponse
 from predictor.spec import ModelSpec
 
 __all__ = [
     "INPUTS",
+    "V2Codec",
     "V2DecodedRequest",
     "V2Response",
     "decode_v2",
@@ -63,16 +72,51 @@ INPUTS: Mapping[str, tuple[str, str]] = {
 """Input name to (datatype, shape) as the V2 contract fixes them."""
 
 
-@dataclass
-class V2DecodedRequest(DecodedRequest):
-    """A :class:`DecodedRequest` plus the per-output ``binary_data`` choices.
+class V2Codec:
+    """The V2 protocol (REST JSON, REST binary, gRPC) for one model.
 
-    Attributes:
-        output_binary: Requested output name to its ``binary_data`` parameter,
-            for the outputs where the client set one.
+    Args:
+        spec: The served model's spec (whether it takes ``bulk_rna``).
+        limits: Tile count, image size and bulk RNA length limits.
+        model_name: The name echoed in responses.
+        datatypes: Output name to V2 datatype, for every output the model has.
     """
 
-    output_binary: dict[str, bool] = field(default_factory=dict)
+    def __init__(
+        self,
+        spec: ModelSpec,
+        limits: LimitsConfig,
+        *,
+        model_name: str,
+        datatypes: Mapping[str, str],
+    ):
+        self._spec = spec
+        self._limits = limits
+        self._model_name = model_name
+        self._datatypes = dict(datatypes)
+
+    def decode(self, request: InferRequest) -> V2DecodedRequest:
+        """See :func:`decode_v2`."""
+        return decode_v2(request, spec=self._spec, limits=self._limits)
+
+    def check_outputs(self, decoded: V2DecodedRequest, output_names: Sequence[str]) -> None:
+        """Refuses a requested output the mode does not produce, before any compute."""
+        select_outputs(decoded, output_names)
+
+    def encode(
+        self,
+        decoded: V2DecodedRequest,
+        responses: Sequence[ModelResponse],
+        output_names: Sequence[str],
+    ) -> InferResponse:
+        """See :func:`encode_v2`."""
+        return encode_v2(
+            list(responses),
+            model_name=self._model_name,
+            output_names=output_names,
+            decoded=decoded,
+            datatypes=self._datatypes,
+        )
 
 
 def decode_v2(request: InferRequest, *, spec: ModelSpec, limits: LimitsConfig) -> V2DecodedRequest:
@@ -89,7 +133,7 @@ def decode_v2(request: InferRequest, *, spec: ModelSpec, limits: LimitsConfig) -
         limits: Tile count, image size and bulk RNA length limits.
 
     Returns:
-        A :class:`V2DecodedRequest` with ``protocol="v2"``.
+        A :class:`V2DecodedRequest`.
 
     Raises:
         InvalidInput: Naming the input, the tile where there is one, and the reason.
@@ -108,7 +152,6 @@ def decode_v2(request: InferRequest, *, spec: ModelSpec, limits: LimitsConfig) -
         items=items,
         mode=string_parameter(params, "mode"),
         tile_input=tile_input,
-        protocol="v2",
         binary_output=bool_parameter(params, "binary_data_output"),
         requested_outputs=requested,
         request_id=str(request.id) if request.id else None,
@@ -225,9 +268,8 @@ def _attach_bulk_rna(items: list[ModelRequest], inp: Any, limits: LimitsConfig) 
             f"{genes} genes per tile; expected 1..{limits.max_bulk_rna_length}", input_name=BULK_RNA
         )
     array = _numeric(inp, shape)
-    finite = np.isfinite(array).all(axis=1)
-    if not finite.all():
-        tile = int(np.flatnonzero(~finite)[0])
+    tile = first_non_finite(array)
+    if tile is not None:
         raise InvalidInput(
             "non-finite value (NaN, inf or out of FP32 range)", input_name=BULK_RNA, tile=tile
         )
@@ -263,77 +305,3 @@ def _requested_outputs(outputs: Any) -> tuple[tuple[str, ...] | None, dict[str, 
             except InvalidInput as exc:
                 raise InvalidInput(f"requested output '{name}': {exc.reason}") from None
     return tuple(names), binary
-
-
-def select_outputs(decoded: DecodedRequest, output_names: Sequence[str]) -> list[str]:
-    """The outputs to return: the requested ones, in request order, else all.
-
-    The model should call this as soon as it knows the mode's outputs, so an
-    unknown requested output fails before any compute.
-
-    Raises:
-        InvalidInput: A requested output is not among ``output_names``.
-    """
-    if decoded.requested_outputs is None:
-        return list(output_names)
-    for name in decoded.requested_outputs:
-        if name not in output_names:
-            raise InvalidInput(
-                f"requested output '{name}' is not produced here; outputs are {list(output_names)}"
-            )
-    return list(decoded.requested_outputs)
-
-
-def encode_v2(
-    responses: list[ModelResponse],
-    *,
-    model_name: str,
-    output_names: Sequence[str],
-    decoded: DecodedRequest,
-    datatypes: Mapping[str, str],
-) -> InferResponse:
-    """Stacks per-tile results into one V2 response tensor per output.
-
-    Each output becomes ``[N, ...]`` (``np.stack`` of the tiles' arrays, cast to
-    its datatype). The returned :class:`V2Response` keeps the arrays as numpy:
-    in REST it writes binary outputs straight from the array buffers and JSON
-    outputs with one ``tolist``; in gRPC it always sends raw output contents.
-
-    Args:
-        responses: One result per tile, in request order.
-        model_name: Name echoed in the response.
-        output_names: The outputs this request's mode produces, in order.
-        decoded: The request (id, requested outputs, binary choices).
-        datatypes: Output name to V2 datatype (``FP32``, ``UINT8``).
-
-    Raises:
-        InvalidInput: A requested output is not produced in this mode.
-        RuntimeError: The model's results disagree with ``output_names``
-            (a server bug, not the client's).
-    """
-    names = select_outputs(decoded, output_names)
-    if not responses or (decoded.items and len(responses) != len(decoded.items)):
-        raise RuntimeError(f"encode_v2 got {len(responses)} results for {len(decoded.items)} tiles")
-    outputs = [_stack_output(name, responses, datatypes) for name in names]
-    per_output = getattr(decoded, "output_binary", {})
-    binary = {name: per_output.get(name, decoded.binary_output) for name in names}
-    return V2Response(
-        response_id=decoded.request_id or str(uuid.uuid4()),
-        model_name=model_name,
-        infer_outputs=outputs,
-        binary=binary,
-    )
-
-
-def _stack_output(
-    name: str, responses: list[ModelResponse], datatypes: Mapping[str, str]
-) -> InferOutput:
-    datatype = datatypes.get(name)
-    if datatype not in NUMERIC_DTYPES:
-        raise RuntimeError(f"output '{name}' has no numeric V2 datatype (got {datatype!r})")
-    try:
-        arrays = [r.outputs[name] for r in responses]
-        stacked = np.stack(arrays).astype(NUMERIC_DTYPES[datatype], copy=False)
-    except (KeyError, ValueError) as exc:
-        raise RuntimeError(f"cannot stack output '{name}' across tiles: {exc!r}") from exc
-    return InferOutput(name=name, shape=list(stacked.shape), datatype=datatype, data=stacked)

@@ -1,4 +1,7 @@
-"""A KServe ``InferResponse`` that serialises numpy outputs without Python loops.
+"""V2 answers: per-tile results to one ``InferResponse``, serialised without Python loops.
+
+:func:`select_outputs` and :func:`encode_v2` build the response;
+:class:`V2Response` serialises it.
 
 Stock ``InferResponse.to_rest`` turns every JSON output into a list with one
 ``.item()`` call per element (seconds for a batch of 512x512 masks) and, once
@@ -18,13 +21,36 @@ so nothing else needs to change.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
 from kserve import InferOutput, InferResponse
 from kserve.protocol.grpc.grpc_predict_v2_pb2 import ModelInferResponse
+
+from predictor.codecs.tensors import NUMERIC_DTYPES
+from predictor.errors import InvalidInput
+from predictor.samples import DecodedRequest, ModelResponse
+
+
+@dataclass
+class V2DecodedRequest(DecodedRequest):
+    """A :class:`DecodedRequest` plus what the V2 answer needs.
+
+    Attributes:
+        binary_output: Return outputs in the binary extension (``binary_data_output``).
+        requested_outputs: Output names the client asked for, or None for all.
+        request_id: Echoed in the response.
+        output_binary: Requested output name to its ``binary_data`` parameter,
+            for the outputs where the client set one.
+    """
+
+    binary_output: bool = False
+    requested_outputs: tuple[str, ...] | None = None
+    request_id: str | None = None
+    output_binary: dict[str, bool] = field(default_factory=dict)
 
 
 class V2Response(InferResponse):
@@ -118,3 +144,76 @@ def _array(output: InferOutput) -> np.ndarray:
     if isinstance(data, np.ndarray):
         return data
     return output.as_numpy()
+
+
+def select_outputs(decoded: V2DecodedRequest, output_names: Sequence[str]) -> list[str]:
+    """The outputs to return: the requested ones, in request order, else all.
+
+    The model should call this as soon as it knows the mode's outputs, so an
+    unknown requested output fails before any compute.
+
+    Raises:
+        InvalidInput: A requested output is not among ``output_names``.
+    """
+    if decoded.requested_outputs is None:
+        return list(output_names)
+    for name in decoded.requested_outputs:
+        if name not in output_names:
+            raise InvalidInput(
+                f"requested output '{name}' is not produced here; outputs are {list(output_names)}"
+            )
+    return list(decoded.requested_outputs)
+
+
+def encode_v2(
+    responses: list[ModelResponse],
+    *,
+    model_name: str,
+    output_names: Sequence[str],
+    decoded: V2DecodedRequest,
+    datatypes: Mapping[str, str],
+) -> InferResponse:
+    """Stacks per-tile results into one V2 response tensor per output.
+
+    Each output becomes ``[N, ...]`` (``np.stack`` of the tiles' arrays, cast to
+    its datatype). The returned :class:`V2Response` keeps the arrays as numpy:
+    in REST it writes binary outputs straight from the array buffers and JSON
+    outputs with one ``tolist``; in gRPC it always sends raw output contents.
+
+    Args:
+        responses: One result per tile, in request order.
+        model_name: Name echoed in the response.
+        output_names: The outputs this request's mode produces, in order.
+        decoded: The request (id, requested outputs, binary choices).
+        datatypes: Output name to V2 datatype (``FP32``, ``UINT8``).
+
+    Raises:
+        InvalidInput: A requested output is not produced in this mode.
+        RuntimeError: The model's results disagree with ``output_names``
+            (a server bug, not the client's).
+    """
+    names = select_outputs(decoded, output_names)
+    if not responses or (decoded.items and len(responses) != len(decoded.items)):
+        raise RuntimeError(f"encode_v2 got {len(responses)} results for {len(decoded.items)} tiles")
+    outputs = [_stack_output(name, responses, datatypes) for name in names]
+    binary = {name: decoded.output_binary.get(name, decoded.binary_output) for name in names}
+    return V2Response(
+        response_id=decoded.request_id or str(uuid.uuid4()),
+        model_name=model_name,
+        infer_outputs=outputs,
+        binary=binary,
+    )
+
+
+def _stack_output(
+    name: str, responses: list[ModelResponse], datatypes: Mapping[str, str]
+) -> InferOutput:
+    datatype = datatypes.get(name)
+    if datatype not in NUMERIC_DTYPES:
+        raise RuntimeError(f"output '{name}' has no numeric V2 datatype (got {datatype!r})")
+    try:
+        arrays = [r.outputs[name] for r in responses]
+        stacked = np.stack(arrays).astype(NUMERIC_DTYPES[datatype], copy=False)
+    except (KeyError, ValueError) as exc:
+        raise RuntimeError(f"cannot stack output '{name}' across tiles: {exc!r}") from exc
+    return InferOutput(name=name, shape=list(stacked.shape), datatype=datatype, data=stacked)

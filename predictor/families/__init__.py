@@ -1,33 +1,57 @@
-"""Model families: which ``BaseServerModel`` subclass serves a spec.
+"""Model families: one module per ``ModelSpec.family``, owning all that differs.
 
-A registry keyed by ``ModelSpec.family``; call sites ask
-:func:`model_class_for` and never branch on the family themselves. Embedding
-backbones use :class:`~predictor.model.BaseServerModel` as is.
+* :mod:`~predictor.families.base`: :class:`TileServerModel`, what every
+  family shares (tile preparation, the batch forward, V2 metadata);
+* :mod:`~predictor.families.embedding`: ViT backbones (``h0-mini``, ``h0``, ``h1``);
+* :mod:`~predictor.families.multimodal`: tile + bulk RNA (``m-optimus``);
+* :mod:`~predictor.families.segmentation`: tissue masks (``tissue-seg``).
+
+A registry keyed by family name maps a spec to its class; call sites (start-up,
+export, demo models, the package check) ask here and never branch on the
+family themselves. The built-in families are imported on first use, not at
+import of this package (registering is a side effect, and they import torch
+and KServe).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from predictor.errors import SpecError
-from predictor.model import BaseServerModel
 from predictor.spec import ModelSpec
 
-_REGISTRY: dict[str, type[BaseServerModel]] = {"embedding": BaseServerModel}
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from predictor.families.base import TileServerModel
+
+_BUILTIN: dict[str, str] = {
+    "embedding": "predictor.families.embedding:EmbeddingServerModel",
+    "multimodal": "predictor.families.multimodal:MultimodalServerModel",
+    "segmentation": "predictor.families.segmentation:SegmentationServerModel",
+}
+_REGISTRY: dict[str, type[TileServerModel]] = {}
 
 
-def register_family(family: str) -> Callable[[type[BaseServerModel]], type[BaseServerModel]]:
-    """Class decorator: serve specs of ``family`` with the decorated class."""
+def register_family(family: str) -> Callable[[type[TileServerModel]], type[TileServerModel]]:
+    """Class decorator: serve specs of ``family`` with the decorated class (overrides a built-in)."""
 
-    def decorate(cls: type[BaseServerModel]) -> type[BaseServerModel]:
+    def decorate(cls: type[TileServerModel]) -> type[TileServerModel]:
         _REGISTRY[family] = cls
         return cls
 
     return decorate
 
 
-def model_class_for(spec: ModelSpec) -> type[BaseServerModel]:
-    """The server model class for ``spec``'s family."""
+def model_class_for(spec: ModelSpec) -> type[TileServerModel]:
+    """The server model class (and family hooks) for ``spec``'s family.
+
+    Raises:
+        SpecError: No class is registered for the family.
+    """
     _load_builtin_families()
     try:
         return _REGISTRY[spec.family]
@@ -36,5 +60,71 @@ def model_class_for(spec: ModelSpec) -> type[BaseServerModel]:
 
 
 def _load_builtin_families() -> None:
-    # Imported on first use, not at package import: registering is a side effect.
-    from predictor.families import multimodal, segmentation  # noqa: F401
+    for family, target in _BUILTIN.items():
+        if family not in _REGISTRY:
+            module, _, attr = target.partition(":")
+            _REGISTRY[family] = getattr(importlib.import_module(module), attr)
+
+
+def check_consistency(
+    spec: ModelSpec, shapes: Sequence[Sequence[int]], *, prediction_dim: int | None = None
+) -> None:
+    """Checks probed per-tile output shapes against the spec, by its family's rule.
+
+    Embedding packages return ``[D]``; multimodal ``([K], [D])``; segmentation
+    ``[1, T, T]`` or ``[T, T]`` logits. ``prediction_dim`` (``K``, e.g. the
+    output gene list's length) is checked when given.
+
+    Raises:
+        SpecMismatch: One line naming the spec, the expectation and the package's
+            value, e.g. ``spec 'h0-mini' says embedding_dim 1536 but the package
+            returns 768``.
+    """
+    from predictor.families.base import check_shapes
+
+    check_shapes(model_class_for(spec), spec, shapes, prediction_dim)
+
+
+def build_demo_model(
+    spec: ModelSpec, preset: str = "tiny", *, seed: int = 0, **opts: Any
+) -> nn.Module:
+    """A random-weight module with ``spec``'s exact input/output geometry, in eval mode.
+
+    Args:
+        spec: The spec whose family and geometry the module follows.
+        preset: ``tiny`` (fast to compile), ``vit-s`` (ViT-S/14) or ``vit-g``
+            (ViT-g/14, GPU benchmarks only).
+        seed: Seed for the random weights, so the same call gives the same model.
+        **opts: Family options: ``width``, ``depth``, ``heads``, ``mlp_ratio``,
+            ``embedding_dim`` (override the spec's, e.g. to build a deliberately
+            wrong package); multimodal ``genes_in``/``genes_out``;
+            segmentation ``channels``, ``pad_to_batch``.
+
+    Raises:
+        SpecError: Unknown family, preset or option.
+    """
+    import torch
+
+    family = model_class_for(spec)
+    remaining = dict(opts)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = family.build_demo(spec, preset, remaining)
+    if remaining:
+        raise SpecError(f"unknown demo options {sorted(remaining)} for family {spec.family!r}")
+    return module.eval()
+
+
+def demo_example_inputs(
+    spec: ModelSpec, batch: int, *, genes_in: int | None = None, seed: int = 0
+) -> tuple[torch.Tensor, ...]:
+    """Example inputs for ``spec``'s packages, normalised tiles first (the family's choice).
+
+    Multimodal inputs add ``bulk_rna [B, genes_in]`` (log1p-like values) whose
+    last row is all ``NaN`` when ``batch > 1``, so the "no bulk RNA" path is
+    part of every export and probe.
+    """
+    from predictor.demo_models import DEMO_GENES_IN
+
+    genes = DEMO_GENES_IN if genes_in is None else genes_in
+    return model_class_for(spec).example_inputs(spec, batch, genes_in=genes, seed=seed)

@@ -9,24 +9,30 @@ with and without bulk RNA. The package returns ``(prediction, embedding)``
 from one forward pass; predictions go out ``expm1``-transformed and rounded.
 
 Gene lists (input and output Ensembl IDs) load from CSV assets beside the
-checkpoint; their lengths must match the package's shapes at start-up.
+checkpoint; their lengths must match the package's shapes at start-up. The
+demo model is :class:`predictor.demo_models.DemoMultimodal`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from torch import nn
 
-from predictor import genes
-from predictor import package as pkg
+from predictor.codecs.common import first_non_finite
+from predictor.demo_models import DEMO_GENES_IN, DEMO_GENES_OUT, DemoMultimodal, vit_for
 from predictor.errors import ForwardError, InvalidInput, SpecMismatch
-from predictor.families import register_family
-from predictor.model import BaseServerModel
+from predictor.families.base import TileServerModel
+from predictor.families.embedding import check_embedding_shape
+from predictor.package import genes
+from predictor.package.loader import LoadedPackage
+from predictor.package.probe import declared_input_dim
 from predictor.samples import ModelRequest, ModelResponse, PreparedSample
+from predictor.spec import ModelSpec
 
 # expm1 overflows float32 just above 88.7; clip the log-space prediction below that.
 _MAX_LOG_PREDICTION = 88.0
@@ -38,29 +44,73 @@ _OUTPUTS_BY_MODE = {
 }
 
 
-@register_family("multimodal")
-class MultimodalServerModel(BaseServerModel):
+class MultimodalServerModel(TileServerModel):
     """Serves a tile + bulk RNA model: outputs ``prediction`` and/or ``embedding``."""
+
+    PACKAGE_INPUTS: ClassVar[tuple[str, ...]] = ("tiles", "bulk_rna")
+    PACKAGE_OUTPUTS: ClassVar[tuple[str, ...]] = ("prediction", "embedding")
 
     genes_in: list[str]
     genes_out: list[str]
 
-    def check_package(self, package: pkg.LoadedPackage) -> None:
+    # -- export and start-up ----------------------------------------------------------
+    @classmethod
+    def check_outputs(
+        cls, spec: ModelSpec, shapes: Sequence[tuple[int, ...]], prediction_dim: int | None
+    ) -> None:
+        prediction, embedding = shapes
+        if len(prediction) != 1:
+            raise SpecMismatch(
+                f"spec {spec.name!r} expects a per-tile prediction vector but the package returns shape {list(prediction)}"
+            )
+        if prediction_dim is not None and prediction[0] != prediction_dim:
+            raise SpecMismatch(
+                f"spec {spec.name!r}: the output gene list has {prediction_dim} genes but the package predicts {prediction[0]}"
+            )
+        check_embedding_shape(spec, embedding)
+
+    @classmethod
+    def build_demo(cls, spec: ModelSpec, preset: str, opts: dict[str, Any]) -> nn.Module:
+        genes_in = int(opts.pop("genes_in", DEMO_GENES_IN))
+        genes_out = int(opts.pop("genes_out", DEMO_GENES_OUT))
+        embedding_dim = opts.get("embedding_dim", spec.embedding_dim)
+        vit = vit_for(spec, preset, opts)
+        return DemoMultimodal(
+            vit, genes_in=genes_in, genes_out=genes_out, embedding_dim=embedding_dim
+        )
+
+    @classmethod
+    def example_inputs(
+        cls, spec: ModelSpec, batch: int, *, genes_in: int, seed: int
+    ) -> tuple[torch.Tensor, ...]:
+        """Tiles and ``bulk_rna [B, genes_in]``, whose last row is all ``NaN`` when ``batch > 1``.
+
+        So the "no bulk RNA" path is part of every export and probe.
+        """
+        gen = torch.Generator().manual_seed(seed)
+        size = spec.tile_size
+        tiles = torch.randn(batch, 3, size, size, generator=gen)
+        bulk = torch.rand(batch, genes_in, generator=gen) * 5.0
+        if batch > 1:
+            bulk[-1] = float("nan")
+        return tiles, bulk
+
+    def check_package(self, package: LoadedPackage) -> list[tuple[int, ...]]:
         root = Path(package.path).parent
         spec = self.model_spec
         self.genes_in = list(genes.read_gene_ids(root / (spec.genes_in_file or "genes_in.csv")))
         self.genes_out = list(genes.read_gene_ids(root / (spec.genes_out_file or "genes_out.csv")))
-        shapes = pkg.probe_outputs(package, spec, self.extra_input_shapes(package))
-        pkg.check_consistency(spec, shapes)
+        shapes = super().check_package(package)
         predicted = shapes[0][-1]
         if predicted != len(self.genes_out):
             raise SpecMismatch(
                 f"spec {spec.name!r}: {spec.genes_out_file} lists {len(self.genes_out)} genes "
                 f"but the package predicts {predicted}"
             )
+        return shapes
 
-    def extra_input_shapes(self, package: pkg.LoadedPackage) -> Mapping[str, int]:
-        declared = pkg.declared_input_dim(package, "bulk_rna")
+    def extra_input_shapes(self, package: LoadedPackage) -> Mapping[str, int]:
+        declared = declared_input_dim(package, "bulk_rna")
         if declared is not None and declared != len(self.genes_in):
             raise SpecMismatch(
                 f"spec {self.model_spec.name!r}: {self.model_spec.genes_in_file} lists "
@@ -79,7 +129,7 @@ class MultimodalServerModel(BaseServerModel):
                 rna = self.preprocess_bulk_rna(self._validated_counts(request.bulk_rna, n_genes))
             except InvalidInput as exc:
                 raise exc.at(input_name="bulk_rna") from exc
-        sample.extra_tensors["bulk_rna"] = torch.from_numpy(rna)
+        sample.extra["bulk_rna"] = rna
         return sample
 
     @staticmethod
@@ -90,9 +140,8 @@ class MultimodalServerModel(BaseServerModel):
         if not np.issubdtype(counts.dtype, np.number):
             raise InvalidInput(f"gene counts must be numbers, got {counts.dtype}")
         counts = counts.astype(np.float32, copy=False)
-        finite = np.isfinite(counts)
-        if not finite.all():
-            first = int(np.argmin(finite))
+        first = first_non_finite(counts)
+        if first is not None:
             raise InvalidInput(f"gene count {first} is not finite ({counts[first]})")
         if (counts < 0).any():
             first = int(np.argmax(counts < 0))
@@ -102,12 +151,10 @@ class MultimodalServerModel(BaseServerModel):
     # -- stage 2 ----------------------------------------------------------------------
     def batch_inputs(self, samples: Sequence[PreparedSample]) -> tuple[torch.Tensor, ...]:
         (tiles,) = super().batch_inputs(samples)
-        rna = torch.stack([s.extra_tensors["bulk_rna"] for s in samples])
+        rna = torch.from_numpy(np.stack([s.extra["bulk_rna"] for s in samples]))
         return tiles, rna.to(self.device, dtype=tiles.dtype, non_blocking=True)
 
-    def build_responses(
-        self, outputs: Sequence[np.ndarray], requests: Sequence[ModelRequest], mode: str
-    ) -> list[ModelResponse]:
+    def build_responses(self, outputs: Sequence[np.ndarray], mode: str) -> list[ModelResponse]:
         log_prediction, embedding = outputs[0], outputs[1]
         names = _OUTPUTS_BY_MODE[mode]
         per_output: dict[str, np.ndarray] = {}
@@ -115,10 +162,8 @@ class MultimodalServerModel(BaseServerModel):
             per_output["prediction"] = self._transform_predictions(log_prediction)
         if "embedding" in names:
             per_output["embedding"] = embedding
-        return [
-            ModelResponse({name: arr[i] for name, arr in per_output.items()}, r.metadata)
-            for i, r in enumerate(requests)
-        ]
+        n = len(outputs[0])
+        return [ModelResponse({name: arr[i] for name, arr in per_output.items()}) for i in range(n)]
 
     def _transform_predictions(self, log_prediction: np.ndarray) -> np.ndarray:
         if not np.isfinite(log_prediction).all():
@@ -150,3 +195,10 @@ class MultimodalServerModel(BaseServerModel):
 
     def get_metadata(self) -> dict[str, Any]:
         return super().get_metadata() | {"genes_in": self.genes_in, "genes_out": self.genes_out}
+
+    def preprocess_bulk_rna(self, raw: list[float] | np.ndarray) -> np.ndarray:
+        """Applies the spec's omics transform to raw counts (unchanged when none)."""
+        values = np.asarray(raw, dtype=np.float32)
+        if self.model_spec.bulk_rna_transform == "log1p":
+            return np.log1p(values)
+        return values

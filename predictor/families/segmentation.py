@@ -4,26 +4,51 @@
 returns logits ``[B', 1, H, W]`` or ``[B', H, W]``; packages that pad their
 output to a fixed batch (``B' > B``) are trimmed to the real batch. The mask
 (``sigmoid > threshold``) is computed on the device and copied back as
-``uint8``, a quarter of the float32 bytes.
+``uint8``, a quarter of the float32 bytes. The demo model is
+:class:`predictor.demo_models.DemoSegmenter`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from torch import nn
 
-from predictor.families import register_family
-from predictor.model import BaseServerModel
-from predictor.samples import ModelRequest, ModelResponse
+from predictor.demo_models import SEGMENTER_CHANNELS, DemoSegmenter
+from predictor.errors import SpecError, SpecMismatch
+from predictor.families.base import TileServerModel
+from predictor.samples import ModelResponse
+from predictor.spec import ModelSpec
 
 
-@register_family("segmentation")
-class SegmentationServerModel(BaseServerModel):
+class SegmentationServerModel(TileServerModel):
     """Serves a tissue segmenter: V2 ``mask`` ``UINT8 [N, H, W]``, V1 flattened ``output``."""
+
+    PACKAGE_OUTPUTS: ClassVar[tuple[str, ...]] = ("logits",)
+
+    @classmethod
+    def check_outputs(
+        cls, spec: ModelSpec, shapes: Sequence[tuple[int, ...]], prediction_dim: int | None
+    ) -> None:
+        size = spec.tile_size
+        if shapes[0] not in ((1, size, size), (size, size)):
+            raise SpecMismatch(
+                f"spec {spec.name!r} says masks are {size}x{size} ([1, {size}, {size}] logits) "
+                f"but the package returns {list(shapes[0])}"
+            )
+
+    @classmethod
+    def build_demo(cls, spec: ModelSpec, preset: str, opts: dict[str, Any]) -> nn.Module:
+        if preset not in SEGMENTER_CHANNELS:
+            raise SpecError(
+                f"unknown demo preset {preset!r}; expected one of {sorted(SEGMENTER_CHANNELS)}"
+            )
+        channels = int(opts.pop("channels", SEGMENTER_CHANNELS[preset]))
+        return DemoSegmenter(channels, pad_to_batch=opts.pop("pad_to_batch", None))
 
     def output_to_host(self, output: torch.Tensor) -> torch.Tensor:
         logits = output.squeeze(1) if output.dim() == 4 else output
@@ -32,11 +57,8 @@ class SegmentationServerModel(BaseServerModel):
         cut = math.log(threshold / (1.0 - threshold))
         return (logits > cut).to(torch.uint8).cpu()
 
-    def build_responses(
-        self, outputs: Sequence[np.ndarray], requests: Sequence[ModelRequest], mode: str
-    ) -> list[ModelResponse]:
-        masks = outputs[0]
-        return [ModelResponse({"mask": masks[i]}, r.metadata) for i, r in enumerate(requests)]
+    def build_responses(self, outputs: Sequence[np.ndarray], mode: str) -> list[ModelResponse]:
+        return [ModelResponse({"mask": mask}) for mask in outputs[0]]
 
     def output_names(self, mode: str) -> tuple[str, ...]:
         return ("mask",)

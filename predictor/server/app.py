@@ -1,8 +1,9 @@
 """``HistoModelServer``: KServe's ModelServer with histoserve's edge and lifecycle.
 
-What it changes, and why (DESIGN.md, "KServe 0.21 behaviour to override"):
+What it changes, and why (``docs/architecture.md``, "The server edge"):
 
-- errors map through one table (:mod:`predictor.server.edge`), 422 becomes 400;
+- errors map through one table (:mod:`predictor.server.edge`), 413 and the
+  malformed-body 400 (FastAPI's 422) included;
 - binary V2 bodies keep ``BYTES`` as bytes (:mod:`predictor.server.dataplane`);
 - request bodies are bounded (HTTP ``max_body_bytes``, gRPC message size);
 - batchers start inside the serving loop;
@@ -31,8 +32,9 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.rest.server import RESTServer
 
+from predictor.errors import PayloadTooLarge
 from predictor.server.dataplane import HistoDataPlane
-from predictor.server.edge import GrpcErrorInterceptor, install_http_handlers
+from predictor.server.edge import GrpcErrorInterceptor, error_response, install_http_handlers
 
 logger = logging.getLogger("histoserve")
 
@@ -59,9 +61,7 @@ class BodyLimitMiddleware:
 
     def _too_large(self, what: str) -> JSONResponse:
         limit = self.max_body_bytes
-        return JSONResponse(
-            status_code=413, content={"error": f"{what} exceeds the limit of {limit} bytes"}
-        )
+        return error_response(PayloadTooLarge(f"{what} exceeds the limit of {limit} bytes"))
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":

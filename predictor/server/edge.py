@@ -2,14 +2,20 @@
 
 Errors carry no status (see :mod:`predictor.errors`); this module alone
 decides what a client sees: a JSON ``{"error": ...}`` body with the HTTP
-status, or a gRPC status code, plus ``Retry-After`` for overload. It also
-turns FastAPI's 422 for malformed bodies into the contract's 400.
+status, or a gRPC status code, plus ``Retry-After`` for overload. The table is
+matched by type: the first class of the error's MRO that has a row wins, so
+the most specific class decides, whatever the order of the rows. Every
+status histoserve answers comes from it, including the 413 of an oversized
+body (:class:`~predictor.errors.PayloadTooLarge`, raised by the body-limit
+middleware) and the 400 of a malformed body (FastAPI's 422, turned into an
+:class:`~predictor.errors.InvalidInput`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -23,8 +29,8 @@ from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from predictor.errors import (
     HistoserveError,
     InvalidInput,
-    ModelNotReady,
     Overloaded,
+    PayloadTooLarge,
     StartupError,
     Unavailable,
 )
@@ -40,21 +46,26 @@ class Status:
     grpc: grpc.StatusCode
 
 
-# Most specific first: the first matching row wins.
-ERROR_TABLE: tuple[tuple[type[BaseException], Status], ...] = (
-    (InvalidInput, Status(HTTPStatus.BAD_REQUEST, grpc.StatusCode.INVALID_ARGUMENT)),
-    (Overloaded, Status(HTTPStatus.SERVICE_UNAVAILABLE, grpc.StatusCode.UNAVAILABLE)),
-    (ModelNotReady, Status(HTTPStatus.SERVICE_UNAVAILABLE, grpc.StatusCode.UNAVAILABLE)),
-    (Unavailable, Status(HTTPStatus.SERVICE_UNAVAILABLE, grpc.StatusCode.UNAVAILABLE)),
-    (StartupError, Status(HTTPStatus.SERVICE_UNAVAILABLE, grpc.StatusCode.UNAVAILABLE)),
-    (HistoserveError, Status(HTTPStatus.INTERNAL_SERVER_ERROR, grpc.StatusCode.INTERNAL)),
-)
+ERROR_TABLE: Mapping[type[BaseException], Status] = {
+    InvalidInput: Status(HTTPStatus.BAD_REQUEST, grpc.StatusCode.INVALID_ARGUMENT),
+    PayloadTooLarge: Status(
+        HTTPStatus.REQUEST_ENTITY_TOO_LARGE, grpc.StatusCode.RESOURCE_EXHAUSTED
+    ),
+    Unavailable: Status(HTTPStatus.SERVICE_UNAVAILABLE, grpc.StatusCode.UNAVAILABLE),
+    StartupError: Status(HTTPStatus.SERVICE_UNAVAILABLE, grpc.StatusCode.UNAVAILABLE),
+    HistoserveError: Status(HTTPStatus.INTERNAL_SERVER_ERROR, grpc.StatusCode.INTERNAL),
+}
+"""Error class to status; :func:`status_for` picks the most specific class's row."""
 
 
 def status_for(exc: BaseException) -> Status | None:
-    """The table row for ``exc``, or ``None`` when it is not a histoserve error."""
-    for cls, status in ERROR_TABLE:
-        if isinstance(exc, cls):
+    """The row of the most specific class of ``exc`` in the table, or ``None``.
+
+    ``None`` means ``exc`` is not a histoserve error (KServe handles it).
+    """
+    for cls in type(exc).__mro__:
+        status = ERROR_TABLE.get(cls)
+        if status is not None:
             return status
     return None
 
@@ -66,9 +77,10 @@ def retry_after_header(exc: BaseException) -> dict[str, str]:
     return {}
 
 
-async def _histoserve_handler(_: Request, exc: Exception) -> JSONResponse:
+def error_response(exc: HistoserveError) -> JSONResponse:
+    """The HTTP answer to ``exc``: its table status, ``{"error": message}``, headers."""
     status = status_for(exc)
-    assert status is not None  # registered for HistoserveError only
+    assert status is not None  # every HistoserveError has a row (the root's)
     if status.http >= 500:
         logger.warning("request failed (%d): %s", status.http, exc)
     return JSONResponse(
@@ -76,12 +88,14 @@ async def _histoserve_handler(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _histoserve_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HistoserveError)  # registered for HistoserveError only
+    return error_response(exc)
+
+
 async def _validation_handler(_: Request, exc: Exception) -> JSONResponse:
     errors: Any = exc.errors() if isinstance(exc, RequestValidationError) else str(exc)
-    return JSONResponse(
-        status_code=HTTPStatus.BAD_REQUEST,
-        content={"error": f"malformed request body: {_summarise(errors)}"},
-    )
+    return error_response(InvalidInput(f"malformed request body: {_summarise(errors)}"))
 
 
 def _summarise(errors: Any) -> str:
@@ -95,7 +109,7 @@ def _summarise(errors: Any) -> str:
 
 
 def install_http_handlers(app: FastAPI) -> None:
-    """Registers the table's handlers and the 422 -> 400 override on ``app``."""
+    """Registers the table's handler, and FastAPI's 422 as an ``InvalidInput``, on ``app``."""
     app.add_exception_handler(HistoserveError, _histoserve_handler)
     app.add_exception_handler(RequestValidationError, _validation_handler)
 

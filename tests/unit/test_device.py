@@ -1,4 +1,4 @@
-"""Stage-2 helpers: device normalisation equals the reference; errors classified right."""
+"""Stage-2 helpers: device normalisation equals the reference; errors classified and wrapped right."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from predictor.batcher import ErrorKind
-from predictor.device import Normalizer, as_forward_error, classify_error, dtype_from_name
-from predictor.errors import DeviceLost, ForwardError, InvalidInput
+from predictor.device import Normalizer, classify_error
+from predictor.errors import DeviceLost, ErrorKind, ForwardError, InvalidInput, forward_failure
+from predictor.package.dtypes import dtype_from_name
 from predictor.spec import BUILTIN_SPECS
 
 
@@ -20,8 +20,7 @@ def _tiles(n: int, size: int) -> np.ndarray:
 def test_normaliser_matches_reference_preprocessing(spec_name):
     spec = BUILTIN_SPECS[spec_name]
     tiles = _tiles(3, spec.tile_size)
-    views = [torch.from_numpy(t).permute(2, 0, 1) for t in tiles]
-    got = Normalizer(spec, torch.device("cpu"), torch.float32)(views)
+    got = Normalizer(spec, torch.device("cpu"), torch.float32)(list(tiles))
     ref = tiles.astype(np.float32) / 255.0
     if spec.mean is not None:
         ref = (ref - np.array(spec.mean, np.float32)) / np.array(spec.std, np.float32)
@@ -32,8 +31,8 @@ def test_normaliser_matches_reference_preprocessing(spec_name):
 
 def test_normaliser_casts_to_package_dtype():
     spec = BUILTIN_SPECS["h0-mini"]
-    views = [torch.from_numpy(t).permute(2, 0, 1) for t in _tiles(1, 224)]
-    assert Normalizer(spec, torch.device("cpu"), torch.bfloat16)(views).dtype == torch.bfloat16
+    tiles = list(_tiles(1, 224))
+    assert Normalizer(spec, torch.device("cpu"), torch.bfloat16)(tiles).dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize(
@@ -61,17 +60,24 @@ def test_classify_follows_the_cause_chain():
         assert classify_error(outer) is ErrorKind.OOM
 
 
-def test_as_forward_error_wraps_and_keeps_histoserve_errors():
-    wrapped = as_forward_error(RuntimeError("kaput"), 5)
+def test_forward_failure_wraps_once_and_keeps_histoserve_errors():
+    cause = RuntimeError("kaput")
+    wrapped = forward_failure(cause, name="m", n_items=5, fatal=False)
     assert isinstance(wrapped, ForwardError) and not isinstance(wrapped, DeviceLost)
-    assert "5 tiles" in str(wrapped) and "kaput" in str(wrapped)
-    assert isinstance(as_forward_error(RuntimeError("illegal memory access"), 1), DeviceLost)
+    assert "batch of 5" in str(wrapped) and "kaput" in str(wrapped)
+    assert wrapped.__cause__ is cause
+    fatal = forward_failure(RuntimeError("illegal memory access"), name="m", n_items=1, fatal=True)
+    assert isinstance(fatal, DeviceLost)
     original = InvalidInput("x")
-    assert as_forward_error(original, 1) is original
+    assert forward_failure(original, name="m", n_items=1, fatal=False) is original
+    assert isinstance(
+        forward_failure(ForwardError("x"), name="m", n_items=1, fatal=True), DeviceLost
+    )
 
 
 def test_dtype_from_name():
     assert dtype_from_name("fp16") is torch.float16
     assert dtype_from_name("torch.bfloat16") is torch.bfloat16
+    assert dtype_from_name("float32") is torch.float32
     with pytest.raises(ValueError, match="fp64"):
         dtype_from_name("fp64")

@@ -11,19 +11,18 @@ import pytest
 import torch
 from torch import nn
 
+from harness.packages import demo_package, module_package
 from predictor import export
-from predictor import package as pkg
-from predictor.demo_models import (
-    PRESETS,
-    DemoSegmenter,
-    build_demo_model,
-    demo_example_inputs,
-)
+from predictor.demo_models import PRESETS, DemoSegmenter
 from predictor.errors import IncompatiblePackage, SpecError, SpecMismatch
-from predictor.genes import demo_gene_ids, read_gene_ids, write_gene_ids
-from predictor.hostfacts import HostFacts
+from predictor.families import build_demo_model, demo_example_inputs
+from predictor.package import digest as pkg_digest
+from predictor.package import host as pkg_host
+from predictor.package import loader, probe
+from predictor.package import metadata as pkg_meta
+from predictor.package.genes import demo_gene_ids, read_gene_ids, write_gene_ids
+from predictor.package.host import HostFacts
 from predictor.spec import BUILTIN_SPECS, METADATA_KEY, ModelSpec
-from tests.conftest import demo_package, module_package
 
 WRONG_DIM_TARGET = "tests.unit.test_export:wrong_dim_encoder"
 CPU = torch.device("cpu")
@@ -148,11 +147,11 @@ def test_cli_demo_package_layout_and_metadata(
     names = {p.name for p in directory.iterdir()}
     assert names == {f"{spec_name}.pt2", f"{spec_name}.pt2.sha256"} | extra_files
     path = directory / f"{spec_name}.pt2"
-    assert pkg.verify_sha256(path) is True
+    assert pkg_digest.verify_sha256(path) is True
     digest_line = (directory / f"{spec_name}.pt2.sha256").read_text().split()
-    assert digest_line == [pkg.sha256_file(path), path.name]
-    metadata = pkg.read_metadata(path)
-    assert pkg.embedded_spec(metadata) == BUILTIN_SPECS[spec_name]
+    assert digest_line == [pkg_digest.sha256_file(path), path.name]
+    metadata = pkg_meta.read_metadata(path)
+    assert pkg_meta.embedded_spec(metadata) == BUILTIN_SPECS[spec_name]
     assert json.loads(metadata[METADATA_KEY])["name"] == spec_name
     for key in (
         "AOTI_DEVICE_KEY",
@@ -163,7 +162,7 @@ def test_cli_demo_package_layout_and_metadata(
     ):
         assert key in metadata
     assert metadata["AOTI_DEVICE_KEY"] == "cpu"
-    prov = pkg.provenance(metadata)
+    prov = pkg_meta.provenance(metadata)
     assert prov["source"] == "demo:tiny" and prov["torch_version"] == torch.__version__
     assert (prov["dtype"], prov["device"], prov["min_batch"], prov["max_batch"]) == (
         "fp32",
@@ -175,15 +174,15 @@ def test_cli_demo_package_layout_and_metadata(
     created = dt.datetime.fromisoformat(prov["created_utc"])
     assert created.utcoffset() == dt.timedelta(0)
     size = BUILTIN_SPECS[spec_name].tile_size
-    inputs = json.loads(metadata[pkg.INPUTS_KEY])
+    inputs = json.loads(metadata[pkg_meta.INPUTS_KEY])
     assert inputs[0] == {"name": "tiles", "shape": [-1, 3, size, size], "dtype": "float32"}
-    assert json.loads(metadata[pkg.CPU_BUILD_KEY])["march"] == "native"
+    assert json.loads(metadata[pkg_meta.CPU_BUILD_KEY])["march"] == "native"
 
 
 def test_multimodal_gene_lists_match_the_package(multimodal_package_dir: Path) -> None:
-    metadata = pkg.read_metadata(multimodal_package_dir / "m-optimus.pt2")
-    inputs = json.loads(metadata[pkg.INPUTS_KEY])
-    outputs = json.loads(metadata[pkg.OUTPUTS_KEY])
+    metadata = pkg_meta.read_metadata(multimodal_package_dir / "m-optimus.pt2")
+    inputs = json.loads(metadata[pkg_meta.INPUTS_KEY])
+    outputs = json.loads(metadata[pkg_meta.OUTPUTS_KEY])
     assert [d["name"] for d in inputs] == ["tiles", "bulk_rna"]
     assert [d["name"] for d in outputs] == ["prediction", "embedding"]
     genes_in = read_gene_ids(multimodal_package_dir / "genes_in.csv")
@@ -201,7 +200,7 @@ def test_multimodal_gene_lists_match_the_package(multimodal_package_dir: Path) -
 )
 def test_dynamic_batch_1_and_5_match_eager(request, fixture: str) -> None:
     path = only_pt2(request.getfixturevalue(fixture))
-    loaded = pkg.load_package(path, CPU)
+    loaded = loader.load_package(path, CPU)
     spec = loaded.embedded_spec
     eager = build_demo_model(spec)
     for batch in (1, 5):
@@ -217,7 +216,7 @@ def test_dynamic_batch_1_and_5_match_eager(request, fixture: str) -> None:
 
 
 def test_batch_above_the_exported_range_is_refused(embedding_package_dir: Path) -> None:
-    loaded = pkg.load_package(only_pt2(embedding_package_dir), CPU)
+    loaded = loader.load_package(only_pt2(embedding_package_dir), CPU)
     assert loaded.batch_range == (1, 256)
     with pytest.raises(RuntimeError, match="too large"):
         loaded(torch.zeros(257, 3, 224, 224))
@@ -225,20 +224,20 @@ def test_batch_above_the_exported_range_is_refused(embedding_package_dir: Path) 
 
 def test_bf16_export_records_and_takes_bf16(tmp_path: Path) -> None:
     path = demo_package("h0-mini", dtype="bf16", max_batch=4)
-    loaded = pkg.load_package(path, CPU)
+    loaded = loader.load_package(path, CPU)
     assert loaded.input_dtype == torch.bfloat16
-    assert pkg.provenance(loaded.metadata)["dtype"] == "bf16"
+    assert pkg_meta.provenance(loaded.metadata)["dtype"] == "bf16"
     (out,) = loaded(torch.zeros(3, 3, 224, 224, dtype=torch.bfloat16))
     assert out.shape == (3, 1536)
-    assert pkg.probe_outputs(loaded, BUILTIN_SPECS["h0-mini"]) == (torch.Size([1536]),)
+    assert probe.probe_outputs(loaded, BUILTIN_SPECS["h0-mini"]) == (torch.Size([1536]),)
 
 
 def test_cli_module_source() -> None:
     path = module_package("h0-mini", WRONG_DIM_TARGET)
-    metadata = pkg.read_metadata(path)
-    assert pkg.provenance(metadata)["source"] == f"module:{WRONG_DIM_TARGET}"
-    assert json.loads(metadata[pkg.OUTPUTS_KEY])[0]["shape"] == [-1, 768]
-    loaded = pkg.load_package(path, CPU)
+    metadata = pkg_meta.read_metadata(path)
+    assert pkg_meta.provenance(metadata)["source"] == f"module:{WRONG_DIM_TARGET}"
+    assert json.loads(metadata[pkg_meta.OUTPUTS_KEY])[0]["shape"] == [-1, 768]
+    loaded = loader.load_package(path, CPU)
     inputs = demo_example_inputs(BUILTIN_SPECS["h0-mini"], 1)
     with torch.no_grad():
         expected = wrong_dim_encoder(BUILTIN_SPECS["h0-mini"])(*inputs)
@@ -356,16 +355,16 @@ def test_cli_gene_list_flags_go_together(tmp_path: Path, capsys) -> None:
 
 def test_portable_cpu_target(embedding_package_dir: Path) -> None:
     path = demo_package("h0-mini", cpu_target="x86-64-v3", max_batch=8)
-    metadata = pkg.read_metadata(path)
+    metadata = pkg_meta.read_metadata(path)
     assert metadata["AOTI_CPU_ISA"] == "AVX2"
-    assert json.loads(metadata[pkg.CPU_BUILD_KEY])["march"] == "x86-64-v3"
+    assert json.loads(metadata[pkg_meta.CPU_BUILD_KEY])["march"] == "x86-64-v3"
     avx2_host = dataclasses.replace(HostFacts.detect(), cpu_flags=AVX2_ONLY)
-    pkg.check_host_compat(metadata, CPU, avx2_host)
-    native = pkg.read_metadata(only_pt2(embedding_package_dir))
-    if json.loads(native[pkg.CPU_BUILD_KEY])["required_flags"] != sorted(AVX2_ONLY):
+    pkg_host.check_host_compat(metadata, CPU, avx2_host)
+    native = pkg_meta.read_metadata(only_pt2(embedding_package_dir))
+    if json.loads(native[pkg_meta.CPU_BUILD_KEY])["required_flags"] != sorted(AVX2_ONLY):
         with pytest.raises(IncompatiblePackage, match="--cpu_target x86-64-v3"):
-            pkg.check_host_compat(native, CPU, avx2_host)
-    loaded = pkg.load_package(path, CPU)
+            pkg_host.check_host_compat(native, CPU, avx2_host)
+    loaded = loader.load_package(path, CPU)
     (tiles,) = demo_example_inputs(BUILTIN_SPECS["h0-mini"], 2)
     with torch.no_grad():
         expected = build_demo_model(BUILTIN_SPECS["h0-mini"])(tiles)

@@ -8,18 +8,19 @@ import pytest
 
 from predictor.errors import SpecError
 from predictor.families import model_class_for, register_family
+from predictor.families.base import TileServerModel
+from predictor.families.embedding import EmbeddingServerModel
 from predictor.families.multimodal import MultimodalServerModel
 from predictor.families.segmentation import SegmentationServerModel
-from predictor.model import BaseServerModel
 from predictor.spec import BUILTIN_SPECS
 
 
 @pytest.mark.parametrize(
     ("name", "cls"),
     [
-        ("h0-mini", BaseServerModel),
-        ("h0", BaseServerModel),
-        ("h1", BaseServerModel),
+        ("h0-mini", EmbeddingServerModel),
+        ("h0", EmbeddingServerModel),
+        ("h1", EmbeddingServerModel),
         ("m-optimus", MultimodalServerModel),
         ("tissue-seg", SegmentationServerModel),
     ],
@@ -34,7 +35,7 @@ def test_registering_a_family_routes_specs_to_it(monkeypatch):
     monkeypatch.setattr(families, "_REGISTRY", dict(families._REGISTRY))
 
     @register_family("embedding")
-    class Custom(BaseServerModel):
+    class Custom(TileServerModel):
         pass
 
     assert model_class_for(BUILTIN_SPECS["h0"]) is Custom
@@ -48,3 +49,26 @@ def test_unknown_family_is_a_spec_error(monkeypatch):
     spec = dataclasses.replace(BUILTIN_SPECS["h0"])
     with pytest.raises(SpecError, match="embedding"):
         model_class_for(spec)
+
+
+@pytest.mark.parametrize("name", ["h0-mini", "m-optimus", "tissue-seg"])
+def test_each_family_owns_its_package_names_demo_and_output_check(name):
+    import torch
+
+    from predictor.families import build_demo_model, check_consistency, demo_example_inputs
+
+    spec = BUILTIN_SPECS[name]
+    family = model_class_for(spec)
+    inputs = demo_example_inputs(spec, 2)
+    assert len(inputs) == len(family.PACKAGE_INPUTS) and inputs[0].shape[1:] == (
+        3,
+        spec.tile_size,
+        spec.tile_size,
+    )
+    with torch.no_grad():
+        outputs = build_demo_model(spec, "tiny")(*inputs)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    assert len(outputs) == len(family.PACKAGE_OUTPUTS)
+    check_consistency(spec, [tuple(o.shape[1:]) for o in outputs])
+    with pytest.raises(SpecError, match="unknown demo options"):
+        build_demo_model(spec, "tiny", no_such_option=1)

@@ -1,4 +1,4 @@
-"""BaseServerModel's seed API in-process: prepare_sample, forward_batch, forward, metadata."""
+"""A family model in-process: prepare_sample, forward_batch, metadata, the whole request path."""
 
 from __future__ import annotations
 
@@ -6,21 +6,16 @@ import asyncio
 
 import numpy as np
 import pytest
-import torch
 
+from harness.packages import package_in
+from harness.reference import Reference, normalise_reference
+from harness.tiles import encode_png, random_tiles
 from predictor.errors import ForwardError, InvalidInput, ModelNotReady
 from predictor.families import model_class_for
 from predictor.faults import parse_fault_spec
 from predictor.model import ServingOptions
 from predictor.samples import ModelRequest
 from predictor.spec import BUILTIN_SPECS
-from tests.integration.conftest import (
-    Reference,
-    encode_png,
-    normalise_reference,
-    package_in,
-    random_tiles,
-)
 
 
 def _model(model_dir, spec_name="h0-mini", **kwargs):
@@ -41,12 +36,13 @@ def reference(embedding_package_dir):
     return Reference(package_in(embedding_package_dir))
 
 
-def test_prepare_sample_keeps_uint8_chw(model):
+def test_prepare_sample_keeps_uint8_hwc(model):
     tile = random_tiles(1, seed=1)[0]
     from_png = model.prepare_sample(ModelRequest(0, image_data=encode_png(tile)))
     from_pixels = model.prepare_sample(ModelRequest(0, pixels=tile))
-    assert from_png.tile.dtype == torch.uint8 and from_png.tile.shape == (3, 224, 224)
-    assert torch.equal(from_png.tile, from_pixels.tile)
+    assert from_png.tile.dtype == np.uint8 and from_png.tile.shape == (224, 224, 3)
+    assert from_pixels.tile is tile  # raw pixels stay the request's own view
+    np.testing.assert_array_equal(from_png.tile, from_pixels.tile)
 
 
 @pytest.mark.parametrize(
@@ -65,22 +61,12 @@ def test_prepare_sample_rejects_bad_tiles(model, request_, needle):
 
 def test_forward_batch_matches_the_package(model, reference):
     tiles = random_tiles(5, seed=2)
-    requests = [ModelRequest(i, pixels=t, metadata={"patch_idx": i}) for i, t in enumerate(tiles)]
-    samples = [model.prepare_sample(r) for r in requests]
-    responses = model.forward_batch(samples, requests, mode="embedding")
+    samples = [model.prepare_sample(ModelRequest(i, pixels=t)) for i, t in enumerate(tiles)]
+    responses = model.forward_batch(samples, mode="embedding")
     want = reference(normalise_reference(tiles))[0]
+    assert len(responses) == 5
     for i, response in enumerate(responses):
-        assert response.metadata == {"patch_idx": i}
         np.testing.assert_allclose(response.outputs["embedding"], want[i], atol=1e-4, rtol=1e-4)
-
-
-def test_legacy_forward_returns_the_batch_tensor(model, reference):
-    tiles = random_tiles(3, seed=3)
-    out = model.forward([ModelRequest(i, pixels=t) for i, t in enumerate(tiles)])
-    assert out.shape == (3, 1536)
-    np.testing.assert_allclose(
-        out.numpy(), reference(normalise_reference(tiles))[0], atol=1e-4, rtol=1e-4
-    )
 
 
 def test_forward_batch_failure_is_a_forward_error(embedding_package_dir):
@@ -88,10 +74,9 @@ def test_forward_batch_failure_is_a_forward_error(embedding_package_dir):
     tile = random_tiles(1, seed=4)[0]
     request = ModelRequest(0, pixels=tile)
     with pytest.raises(ForwardError, match="injected"):
-        model.forward_batch([model.prepare_sample(request)], [request])
-    assert model.forward_batch([model.prepare_sample(request)], [request])[0].outputs[
-        "embedding"
-    ].shape == (1536,)
+        model.forward_batch([model.prepare_sample(request)], "embedding")
+    second = model.forward_batch([model.prepare_sample(request)], "embedding")
+    assert second[0].outputs["embedding"].shape == (1536,)
 
 
 def test_metadata_describes_model_and_config(embedding_package_dir):
@@ -106,6 +91,7 @@ def test_metadata_describes_model_and_config(embedding_package_dir):
     assert meta["batching"]["max_batch_size"] == 7 and meta["spec"]["embedding_dim"] == 1536
     assert {i["name"] for i in meta["inputs"]} == {"tiles", "pixels"}
     assert meta["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 1536]}]
+    assert list(meta["startup_seconds"]) == ["digest", "metadata", "load", "probe", "warmup"]
 
 
 def test_preprocess_bulk_rna_applies_log1p():

@@ -15,13 +15,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from predictor import package as pkg
-from predictor.demo_models import build_demo_model, demo_example_inputs
+from harness.packages import module_package
+from predictor import families
 from predictor.errors import CheckpointError, IncompatiblePackage, SpecMismatch, StartupError
-from predictor.genes import demo_gene_ids, parse_gene_ids, read_gene_ids, write_gene_ids
-from predictor.hostfacts import HostFacts, read_cpu_flags
+from predictor.families import build_demo_model, demo_example_inputs
+from predictor.package import digest as pkg_digest
+from predictor.package import host as pkg_host
+from predictor.package import loader, probe
+from predictor.package import metadata as pkg_meta
+from predictor.package.genes import demo_gene_ids, parse_gene_ids, read_gene_ids, write_gene_ids
+from predictor.package.host import HostFacts, read_cpu_flags
 from predictor.spec import BUILTIN_SPECS, spec_from_dict
-from tests.conftest import module_package
 from tests.unit.test_export import WRONG_DIM_TARGET
 
 CPU = torch.device("cpu")
@@ -43,7 +47,7 @@ def test_find_the_only_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "model.pt2").write_bytes(b"x")
     (tmp_path / "model.pt2.sha256").write_text("0" * 64)
     (tmp_path / "genes_in.csv").write_text("gene_id\n")
-    assert pkg.find_checkpoint(tmp_path, None) == tmp_path / "model.pt2"
+    assert loader.find_checkpoint(tmp_path, None) == tmp_path / "model.pt2"
 
 
 def test_several_checkpoints_are_listed(tmp_path: Path) -> None:
@@ -52,8 +56,8 @@ def test_several_checkpoints_are_listed(tmp_path: Path) -> None:
     with pytest.raises(
         CheckpointError, match=r"several checkpoints .*\(a\.pt2, b\.pt2\).*--checkpoint"
     ):
-        pkg.find_checkpoint(tmp_path, None)
-    assert pkg.find_checkpoint(tmp_path, "b.pt2") == tmp_path / "b.pt2"
+        loader.find_checkpoint(tmp_path, None)
+    assert loader.find_checkpoint(tmp_path, "b.pt2") == tmp_path / "b.pt2"
 
 
 @pytest.mark.parametrize(
@@ -68,38 +72,38 @@ def test_several_checkpoints_are_listed(tmp_path: Path) -> None:
 def test_find_checkpoint_errors(tmp_path: Path, setup, checkpoint, needle: str) -> None:
     setup(tmp_path)
     with pytest.raises(CheckpointError, match=needle):
-        pkg.find_checkpoint(tmp_path, checkpoint)
+        loader.find_checkpoint(tmp_path, checkpoint)
 
 
 def test_missing_model_dir(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="does not exist"):
-        pkg.find_checkpoint(tmp_path / "nope", None)
+        loader.find_checkpoint(tmp_path / "nope", None)
 
 
 # -- sha256 -------------------------------------------------------------------------------
 def test_sha256_absent_ok_and_bare_digest(tmp_path: Path) -> None:
     path = tmp_path / "m.pt2"
     path.write_bytes(b"weights" * 1000)
-    assert pkg.verify_sha256(path) is False
-    digest = pkg.sha256_file(path)
+    assert pkg_digest.verify_sha256(path) is False
+    digest = pkg_digest.sha256_file(path)
     (tmp_path / "m.pt2.sha256").write_text(f"{digest}  m.pt2\n")
-    assert pkg.verify_sha256(path) is True
+    assert pkg_digest.verify_sha256(path) is True
     (tmp_path / "m.pt2.sha256").write_text(digest.upper())  # bare, any case
-    assert pkg.verify_sha256(path) is True
+    assert pkg_digest.verify_sha256(path) is True
 
 
 def test_sha256_mismatch_and_truncation(embedding_package_dir: Path, tmp_path: Path) -> None:
     directory = copy_dir(embedding_package_dir, tmp_path / "m")
     path = directory / "h0-mini.pt2"
-    assert pkg.verify_sha256(path) is True
+    assert pkg_digest.verify_sha256(path) is True
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="tampered or truncated"):
-        pkg.verify_sha256(path)
+        pkg_digest.verify_sha256(path)
     path.write_bytes(bytes(data[: len(data) // 3]))
     with pytest.raises(CheckpointError, match="tampered or truncated"):
-        pkg.verify_sha256(path)
+        pkg_digest.verify_sha256(path)
 
 
 def test_sha256_file_must_hold_a_digest(tmp_path: Path) -> None:
@@ -107,18 +111,18 @@ def test_sha256_file_must_hold_a_digest(tmp_path: Path) -> None:
     path.write_bytes(b"x")
     (tmp_path / "m.pt2.sha256").write_text("not-a-digest m.pt2\n")
     with pytest.raises(CheckpointError, match="not-a-digest"):
-        pkg.verify_sha256(path)
+        pkg_digest.verify_sha256(path)
 
 
 # -- read_metadata ------------------------------------------------------------------------
 def test_read_metadata_matches_the_loader(embedding_package_dir: Path) -> None:
     path = embedding_package_dir / "h0-mini.pt2"
-    metadata = pkg.read_metadata(path)
+    metadata = pkg_meta.read_metadata(path)
     assert metadata == torch._C._aoti.AOTIModelPackageLoader.load_metadata_from_package(
         str(path), "model"
     )
-    assert metadata == dict(pkg.load_package(path, CPU).metadata)
-    assert pkg.embedded_spec(metadata) == BUILTIN_SPECS["h0-mini"]
+    assert metadata == dict(loader.load_package(path, CPU).metadata)
+    assert pkg_meta.embedded_spec(metadata) == BUILTIN_SPECS["h0-mini"]
 
 
 def test_truncated_or_foreign_files(embedding_package_dir: Path, tmp_path: Path) -> None:
@@ -126,18 +130,18 @@ def test_truncated_or_foreign_files(embedding_package_dir: Path, tmp_path: Path)
     truncated = tmp_path / "t.pt2"
     truncated.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="corrupt or truncated"):
-        pkg.read_metadata(truncated)
+        pkg_meta.read_metadata(truncated)
     with pytest.raises(CheckpointError, match="corrupt or truncated"):
-        pkg.load_package(truncated, CPU)
+        loader.load_package(truncated, CPU)
     text = tmp_path / "x.pt2"
     text.write_text("hello")
     with pytest.raises(CheckpointError, match="corrupt or truncated"):
-        pkg.read_metadata(text)
+        pkg_meta.read_metadata(text)
     other = tmp_path / "o.pt2"
     with zipfile.ZipFile(other, "w") as zf:
         zf.writestr("o/data/weights.bin", b"0")
     with pytest.raises(CheckpointError, match="aoti_compile_and_package"):
-        pkg.read_metadata(other)
+        pkg_meta.read_metadata(other)
 
 
 # -- devices and host compatibility -------------------------------------------------------
@@ -164,7 +168,7 @@ def test_detect_reads_this_host(tmp_path: Path) -> None:
     ],
 )
 def test_resolve_device(requested: str, host: HostFacts, expected: str) -> None:
-    assert pkg.resolve_device(requested, host) == torch.device(expected)
+    assert pkg_host.resolve_device(requested, host) == torch.device(expected)
 
 
 @pytest.mark.parametrize(
@@ -178,7 +182,7 @@ def test_resolve_device(requested: str, host: HostFacts, expected: str) -> None:
 )
 def test_resolve_device_errors(requested: str, host: HostFacts, needle: str) -> None:
     with pytest.raises(StartupError, match=needle):
-        pkg.resolve_device(requested, host)
+        pkg_host.resolve_device(requested, host)
 
 
 def _meta(**values: str) -> dict[str, str]:
@@ -205,7 +209,7 @@ def _meta(**values: str) -> dict[str, str]:
     ],
 )
 def test_compatible_packages_pass(metadata: dict, device: torch.device, host: HostFacts) -> None:
-    pkg.check_host_compat(metadata, device, host)
+    pkg_host.check_host_compat(metadata, device, host)
 
 
 @pytest.mark.parametrize(
@@ -225,23 +229,23 @@ def test_incompatible_packages_are_refused(
     metadata: dict, device: torch.device, host: HostFacts, needle: str
 ) -> None:
     with pytest.raises((IncompatiblePackage, CheckpointError), match=needle):
-        pkg.check_host_compat(metadata, device, host)
+        pkg_host.check_host_compat(metadata, device, host)
 
 
 def test_native_build_flags_are_checked(embedding_package_dir: Path) -> None:
-    metadata = pkg.read_metadata(embedding_package_dir / "h0-mini.pt2")
-    pkg.check_host_compat(metadata, CPU)  # this host built it
-    required = set(json.loads(metadata[pkg.CPU_BUILD_KEY])["required_flags"])
+    metadata = pkg_meta.read_metadata(embedding_package_dir / "h0-mini.pt2")
+    pkg_host.check_host_compat(metadata, CPU)  # this host built it
+    required = set(json.loads(metadata[pkg_meta.CPU_BUILD_KEY])["required_flags"])
     assert "avx2" in required or "asimd" in required
     lacking = HostFacts.detect()
     lacking = dataclasses.replace(lacking, cpu_flags=lacking.cpu_flags - {sorted(required)[-1]})
     with pytest.raises(IncompatiblePackage, match=f"-march=native.*missing {sorted(required)[-1]}"):
-        pkg.check_host_compat(metadata, CPU, lacking)
+        pkg_host.check_host_compat(metadata, CPU, lacking)
 
 
 # -- load, probe, consistency -------------------------------------------------------------
 def test_loaded_package_matches_the_eager_module(embedding_package_dir: Path) -> None:
-    loaded = pkg.load_package(embedding_package_dir / "h0-mini.pt2", CPU)
+    loaded = loader.load_package(embedding_package_dir / "h0-mini.pt2", CPU)
     assert loaded.path.name == "h0-mini.pt2" and loaded.device == CPU
     assert loaded.input_dtype == torch.float32
     assert loaded.embedded_spec == BUILTIN_SPECS["h0-mini"]
@@ -270,46 +274,46 @@ def test_probe_and_consistency_per_family(
         ),
     ]
     for path, name, expected in cases:
-        loaded = pkg.load_package(path, CPU)
-        shapes = pkg.probe_outputs(loaded, BUILTIN_SPECS[name], {})
+        loaded = loader.load_package(path, CPU)
+        shapes = probe.probe_outputs(loaded, BUILTIN_SPECS[name], {})
         assert shapes == expected
-        pkg.check_consistency(BUILTIN_SPECS[name], shapes)
+        families.check_consistency(BUILTIN_SPECS[name], shapes)
     assert loaded(torch.zeros(3, 3, 512, 512))[0].shape[0] == 8  # padded: callers trim
 
 
 def test_wrong_dim_package_is_a_one_line_mismatch() -> None:
     path = module_package("h0-mini", WRONG_DIM_TARGET)
-    loaded = pkg.load_package(path, CPU)
-    shapes = pkg.probe_outputs(loaded, BUILTIN_SPECS["h0-mini"], {})
+    loaded = loader.load_package(path, CPU)
+    shapes = probe.probe_outputs(loaded, BUILTIN_SPECS["h0-mini"], {})
     assert shapes == (torch.Size([768]),)
     with pytest.raises(SpecMismatch) as exc:
-        pkg.check_consistency(BUILTIN_SPECS["h0-mini"], shapes)
+        families.check_consistency(BUILTIN_SPECS["h0-mini"], shapes)
     assert str(exc.value) == "spec 'h0-mini' says embedding_dim 1536 but the package returns 768"
 
 
 def test_multimodal_gene_counts(multimodal_package_dir: Path) -> None:
-    loaded = pkg.load_package(multimodal_package_dir / "m-optimus.pt2", CPU)
+    loaded = loader.load_package(multimodal_package_dir / "m-optimus.pt2", CPU)
     spec = BUILTIN_SPECS["m-optimus"]
-    assert pkg.declared_input_dim(loaded, "bulk_rna") == 64
-    assert pkg.declared_input_dim(loaded, "nope") is None
-    shapes = pkg.probe_outputs(loaded, spec, {"bulk_rna": 64})
-    pkg.check_consistency(spec, shapes, prediction_dim=32)
+    assert probe.declared_input_dim(loaded, "bulk_rna") == 64
+    assert probe.declared_input_dim(loaded, "nope") is None
+    shapes = probe.probe_outputs(loaded, spec, {"bulk_rna": 64})
+    families.check_consistency(spec, shapes, prediction_dim=32)
     with pytest.raises(
         SpecMismatch, match="output gene list has 30 genes but the package predicts 32"
     ):
-        pkg.check_consistency(spec, shapes, prediction_dim=30)
+        families.check_consistency(spec, shapes, prediction_dim=30)
     with pytest.raises(SpecMismatch, match="60 input genes but the package takes 64"):
-        pkg.probe_outputs(loaded, spec, {"bulk_rna": 60})
+        probe.probe_outputs(loaded, spec, {"bulk_rna": 60})
     vendor_like = dataclasses.replace(
-        loaded, metadata={k: v for k, v in loaded.metadata.items() if k != pkg.INPUTS_KEY}
+        loaded, metadata={k: v for k, v in loaded.metadata.items() if k != pkg_meta.INPUTS_KEY}
     )
     with pytest.raises(SpecMismatch, match="cannot tell the package's bulk RNA gene count"):
-        pkg.probe_outputs(vendor_like, spec, {})
-    assert pkg.probe_outputs(vendor_like, spec, {"bulk_rna": 64}) == shapes
+        probe.probe_outputs(vendor_like, spec, {})
+    assert probe.probe_outputs(vendor_like, spec, {"bulk_rna": 64}) == shapes
 
 
 def test_multimodal_package_handles_missing_bulk_rna(multimodal_package_dir: Path) -> None:
-    loaded = pkg.load_package(multimodal_package_dir / "m-optimus.pt2", CPU)
+    loaded = loader.load_package(multimodal_package_dir / "m-optimus.pt2", CPU)
     spec = BUILTIN_SPECS["m-optimus"]
     tiles, bulk = demo_example_inputs(spec, 3, seed=5)
     assert bool(torch.isnan(bulk[-1]).all())
@@ -324,19 +328,19 @@ def test_multimodal_package_handles_missing_bulk_rna(multimodal_package_dir: Pat
 def test_spec_and_package_inputs_disagree(
     embedding_package_dir: Path, segmentation_package_dir: Path
 ) -> None:
-    loaded = pkg.load_package(embedding_package_dir / "h0-mini.pt2", CPU)
+    loaded = loader.load_package(embedding_package_dir / "h0-mini.pt2", CPU)
     big = spec_from_dict(BUILTIN_SPECS["h0-mini"].to_dict() | {"name": "big", "tile_size": 448})
     with pytest.raises(
         SpecMismatch,
         match=r"input 'tiles' is \[-1, 3, 448, 448\] but the package takes \[-1, 3, 224, 224\]",
     ):
-        pkg.probe_outputs(loaded, big)
+        probe.probe_outputs(loaded, big)
     with pytest.raises(SpecMismatch, match="feeds 2 input"):
-        pkg.probe_outputs(loaded, BUILTIN_SPECS["m-optimus"], {"bulk_rna": 64})
-    seg = pkg.load_package(segmentation_package_dir / "tissue-seg.pt2", CPU)
-    shapes = pkg.probe_outputs(seg, BUILTIN_SPECS["tissue-seg"])
+        probe.probe_outputs(loaded, BUILTIN_SPECS["m-optimus"], {"bulk_rna": 64})
+    seg = loader.load_package(segmentation_package_dir / "tissue-seg.pt2", CPU)
+    shapes = probe.probe_outputs(seg, BUILTIN_SPECS["tissue-seg"])
     with pytest.raises(SpecMismatch, match="expects a per-tile embedding vector"):
-        pkg.check_consistency(BUILTIN_SPECS["h0-mini"], shapes)
+        families.check_consistency(BUILTIN_SPECS["h0-mini"], shapes)
 
 
 @pytest.mark.parametrize(
@@ -355,7 +359,7 @@ def test_spec_and_package_inputs_disagree(
 )
 def test_check_consistency_messages(name: str, shapes: list, needle: str) -> None:
     with pytest.raises(SpecMismatch, match=needle):
-        pkg.check_consistency(BUILTIN_SPECS[name], shapes)
+        families.check_consistency(BUILTIN_SPECS[name], shapes)
 
 
 # -- gene lists ---------------------------------------------------------------------------

@@ -45,15 +45,12 @@ def test_instances_become_items_with_metadata(encode, rgb, limits):
         "signature_name": "ignored",
     }
     decoded = decode_v1(body, spec=MULTI, limits=limits)
-    assert (decoded.protocol, decoded.tile_input, decoded.mode) == (
-        "v1",
-        "image_data",
-        "prediction",
-    )
+    assert (decoded.tile_input, decoded.mode) == ("image_data", "prediction")
     first, second = decoded.items
-    assert first.index == 0 and first.image_data == png and first.metadata == meta
+    assert first.index == 0 and first.image_data == png
     assert first.bulk_rna.dtype == np.float32 and first.bulk_rna.tolist() == [1.0, 2.5, 0.0]
-    assert second.index == 1 and second.bulk_rna is None and second.metadata == {}
+    assert second.index == 1 and second.bulk_rna is None
+    assert decoded.echo == [meta, {}]  # echo fields stay with the codec, not the items
     assert set(INSTANCE_FIELDS) == {"image_data", "bulk_rna", *METADATA_FIELDS}
 
 
@@ -201,18 +198,17 @@ def test_limits():
 def test_predictions_carry_output_embedding_and_metadata():
     batch = np.arange(12, dtype=np.float32).reshape(2, 6)
     responses = [
-        ModelResponse(
-            outputs={"prediction": batch[i, :4], "embedding": batch[i, 4:]}, metadata={"x": i}
-        )
+        ModelResponse(outputs={"prediction": batch[i, :4], "embedding": batch[i, 4:]})
         for i in range(2)
     ]
-    out = encode_v1(responses, output_names=["prediction", "embedding"])
+    echo = [{"x": 0}, {"x": 1}]
+    out = encode_v1(responses, output_names=["prediction", "embedding"], echo=echo)
     assert [p["x"] for p in out["predictions"]] == [0, 1]
     assert out["predictions"][1]["output"].tolist() == [6, 7, 8, 9]
     assert out["predictions"][1]["embedding"].tolist() == [10, 11]
-    only = encode_v1(responses, output_names=["prediction"])
+    only = encode_v1(responses, output_names=["prediction"], echo=echo)
     assert "embedding" not in only["predictions"][0]
-    embedding_mode = encode_v1(responses, output_names=["embedding"])
+    embedding_mode = encode_v1(responses, output_names=["embedding"], echo=echo)
     assert set(embedding_mode["predictions"][0]) == {"output", "x"}
 
 
@@ -229,13 +225,12 @@ def test_numpy_goes_straight_through_kserve_orjson_response():
     mask = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)[:, ::2, ::2]  # non-contiguous view
     big_endian = np.arange(3, dtype=">f4")
     responses = [
-        ModelResponse(
-            outputs={"prediction": batch[0], "embedding": batch[1]}, metadata={"slide_name": "a"}
-        ),
+        ModelResponse(outputs={"prediction": batch[0], "embedding": batch[1]}),
         ModelResponse(outputs={"prediction": big_endian, "embedding": batch[2]}),
         ModelResponse(outputs={"prediction": mask, "embedding": batch[2, ::2]}),
     ]
-    out = encode_v1(responses, output_names=["prediction", "embedding"])
+    echo = [{"slide_name": "a"}, {}, {}]
+    out = encode_v1(responses, output_names=["prediction", "embedding"], echo=echo)
     rendered = ORJSONResponse(content=out).body
     assert rendered == orjson.dumps(
         out, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS

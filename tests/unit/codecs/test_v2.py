@@ -52,7 +52,7 @@ def test_json_tiles_are_base64_decoded(tiles, limits):
     decoded = decode_v2(request, spec=ENCODER, limits=limits)
     assert [item.image_data for item in decoded.items] == tiles
     assert [item.index for item in decoded.items] == [0, 1, 2]
-    assert (decoded.mode, decoded.tile_input, decoded.protocol) == ("embedding", "tiles", "v2")
+    assert (decoded.mode, decoded.tile_input) == ("embedding", "tiles")
     assert decoded.request_id == "abc"
     assert decoded.binary_output is False and decoded.requested_outputs is None
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from kserve.protocol.rest.v2_datamodels import InferenceResponse
 
-from predictor.codecs.v2 import V2Response, encode_v2, select_outputs
+from predictor.codecs.v2 import V2DecodedRequest, V2Response, encode_v2, select_outputs
 from predictor.errors import InvalidInput
-from predictor.samples import DecodedRequest, ModelResponse
+from predictor.samples import ModelResponse
 
 
 def b64(data: bytes) -> str:
@@ -35,8 +35,8 @@ def results(n: int) -> list[ModelResponse]:
 DATATYPES = {"prediction": "FP32", "embedding": "FP32", "mask": "UINT8"}
 
 
-def decoded_request(**kwargs) -> DecodedRequest:
-    return DecodedRequest(items=[], mode=None, tile_input="pixels", protocol="v2", **kwargs)
+def decoded_request(**kwargs) -> V2DecodedRequest:
+    return V2DecodedRequest(items=[], mode=None, tile_input="pixels", **kwargs)
 
 
 def encode(responses, names, decoded) -> V2Response:

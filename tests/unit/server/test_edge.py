@@ -12,9 +12,13 @@ from predictor.errors import (
     CheckpointError,
     DeviceLost,
     ForwardError,
+    HistoserveError,
     InvalidInput,
     ModelNotReady,
     Overloaded,
+    PayloadTooLarge,
+    SpecMismatch,
+    Unavailable,
 )
 from predictor.server.app import BodyLimitMiddleware
 from predictor.server.edge import install_http_handlers, retry_after_header, status_for
@@ -29,6 +33,9 @@ from predictor.server.edge import install_http_handlers, retry_after_header, sta
         (Overloaded("full", retry_after_s=2.5), 503, grpc.StatusCode.UNAVAILABLE),
         (ModelNotReady("draining"), 503, grpc.StatusCode.UNAVAILABLE),
         (CheckpointError("bad"), 503, grpc.StatusCode.UNAVAILABLE),
+        (SpecMismatch("bad"), 503, grpc.StatusCode.UNAVAILABLE),
+        (PayloadTooLarge("big"), 413, grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (HistoserveError("bug"), 500, grpc.StatusCode.INTERNAL),
     ],
 )
 def test_error_table(exc, http, code):
@@ -38,6 +45,21 @@ def test_error_table(exc, http, code):
 
 def test_foreign_errors_are_not_in_the_table():
     assert status_for(RuntimeError("x")) is None
+
+
+def test_the_most_specific_class_wins_whatever_the_row_order(monkeypatch):
+    from predictor.server import edge
+
+    # The table reversed: the root's row first. Matching by MRO still picks
+    # PayloadTooLarge's own row over InvalidInput's and the root's.
+    monkeypatch.setattr(edge, "ERROR_TABLE", dict(reversed(list(edge.ERROR_TABLE.items()))))
+    assert status_for(PayloadTooLarge("big")).http == 413
+    assert status_for(InvalidInput("bad")).http == 400
+
+    class Subclassed(Unavailable):
+        pass
+
+    assert status_for(Subclassed("later")).http == 503
 
 
 def test_retry_after_is_whole_seconds_at_least_one():
@@ -87,4 +109,7 @@ def test_body_limit():
     client = _client(max_body_bytes=64)
     response = client.post("/echo", json={"inputs": list(range(100))})
     assert response.status_code == 413 and "exceeds" in response.json()["error"]
+    assert response.json() == {
+        "error": f"request body of {len(response.request.content)} bytes exceeds the limit of 64 bytes"
+    }
     assert client.post("/echo", json={"inputs": [2]}).status_code == 200

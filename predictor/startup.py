@@ -1,23 +1,30 @@
 """Start-up assembly: from a :class:`ModelConfig` to a loaded, checked model.
 
-Resolves the checkpoint, the spec (embedded in the package, or overridden by
-``--spec``), the device and the family class, then loads the package. Every
-problem raises a :class:`~predictor.errors.StartupError` with one clear line.
+Resolves the checkpoint, verifies it (the one SHA-256 of start-up) and reads
+its metadata, resolves the spec (embedded in the package, or overridden by
+``--spec``), the device and the family class, loads the package once and
+hands it to the model, whose ``load`` then probes it. Every problem raises a
+:class:`~predictor.errors.StartupError` with one clear line. The phases'
+durations are logged once and served by ``GET /v2/models/{name}/config``
+(``startup_seconds``).
 """
 
 from __future__ import annotations
 
-from predictor import package as pkg
+from collections.abc import Mapping
+
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.errors import SpecError
 from predictor.families import model_class_for
 from predictor.faults import parse_fault_spec
 from predictor.metrics import create_metrics
 from predictor.model import BaseServerModel, ServingOptions
+from predictor.package.host import resolve_device
+from predictor.package.loader import StartupPhases, find_checkpoint, inspect_package, open_package
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec, spec_from_json
 
 
-def resolve_model_spec(metadata: dict[str, str], override: str | None) -> ModelSpec:
+def resolve_model_spec(metadata: Mapping[str, str], override: str | None) -> ModelSpec:
     """The ``--spec`` override when given, else the spec embedded in the package."""
     if override:
         return resolve_spec(override)
@@ -30,11 +37,14 @@ def resolve_model_spec(metadata: dict[str, str], override: str | None) -> ModelS
 def build_model(
     config: ModelConfig, batching: BatchingConfig, limits: LimitsConfig
 ) -> BaseServerModel:
-    """Builds and loads the model the config describes (fail-fast)."""
-    checkpoint = pkg.find_checkpoint(config.model_dir, config.checkpoint)
-    pkg.verify_sha256(checkpoint)
-    spec = resolve_model_spec(pkg.read_metadata(checkpoint), config.spec)
-    device = pkg.resolve_device(config.device)
+    """Builds and loads the model the config describes (fail-fast, one hash)."""
+    checkpoint = find_checkpoint(config.model_dir, config.checkpoint)
+    phases = StartupPhases()
+    metadata = inspect_package(checkpoint, phases)
+    spec = resolve_model_spec(metadata, config.spec)
+    device = resolve_device(config.device)
+    cls = model_class_for(spec)
+    package = open_package(checkpoint, device, metadata, phases)
     name = config.model_name or spec.name
     options = ServingOptions(
         batching=batching,
@@ -43,7 +53,6 @@ def build_model(
         name=name,
     )
     fault_hook = parse_fault_spec(config.fault_injection) if config.fault_injection else None
-    cls = model_class_for(spec)
     model = cls(
         spec,
         checkpoint.name,
@@ -52,6 +61,7 @@ def build_model(
         options=options,
         metrics=create_metrics(name),
         fault_hook=fault_hook,
+        package=package,
     )
     model.load()
     return model

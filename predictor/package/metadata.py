@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from predictor.errors import CheckpointError
+from predictor.package.dtypes import dtype_from_name
 from predictor.spec import METADATA_KEY, ModelSpec, spec_from_json
 
 PROVENANCE_KEY = "histoserve.provenance"
@@ -28,15 +29,6 @@ INPUTS_KEY = "histoserve.inputs"
 OUTPUTS_KEY = "histoserve.outputs"
 CPU_BUILD_KEY = "histoserve.cpu_build"
 SPEC_KEY = METADATA_KEY
-
-_DTYPES: Mapping[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "fp32": torch.float32,
-    "fp16": torch.float16,
-    "bf16": torch.bfloat16,
-}
 
 
 def read_metadata(path: Path, model_name: str = "model") -> dict[str, str]:
@@ -92,13 +84,17 @@ def provenance(metadata: Mapping[str, str]) -> dict[str, Any]:
 
 
 def package_input_dtype(metadata: Mapping[str, str]) -> torch.dtype:
-    """Dtype of the tile input: from ``histoserve.inputs``, then provenance, else fp32."""
+    """Dtype of the tile input: from ``histoserve.inputs``, then provenance, else fp32.
+
+    Raises:
+        CheckpointError: The recorded dtype is not in :mod:`predictor.package.dtypes`.
+    """
     inputs = json_field(metadata, INPUTS_KEY, [])
     name = inputs[0].get("dtype") if inputs else provenance(metadata).get("dtype", "float32")
-    key = str(name).removeprefix("torch.")
-    if key not in _DTYPES:
-        raise CheckpointError(f"package input dtype {name!r} is not one of {sorted(_DTYPES)}")
-    return _DTYPES[key]
+    try:
+        return dtype_from_name(str(name))
+    except ValueError as exc:
+        raise CheckpointError(f"package input dtype: {exc}") from exc
 
 
 def json_field(metadata: Mapping[str, str], key: str, default: Any) -> Any:

@@ -16,7 +16,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from predictor.errors import CheckpointError
+from predictor.errors import CheckpointError, SpecError, SpecMismatch
+from predictor.spec import ModelSpec
 
 HEADER = "gene_id"
 
@@ -113,3 +114,45 @@ def demo_gene_ids(n: int, prefix: str = "ENSG") -> tuple[str, ...]:
             f"demo gene prefix {prefix!r} does not form Ensembl IDs (e.g. 'ENSG')"
         )
     return ids
+
+
+def gene_lists_for(
+    spec: ModelSpec,
+    genes_in: int,
+    genes_out: int,
+    given: tuple[Sequence[str], Sequence[str]] | None,
+) -> tuple[Sequence[str], Sequence[str]]:
+    """The gene lists a multimodal export ships: ``given`` or demo IDs, sized ``genes_in``/``genes_out``.
+
+    Raises:
+        SpecError: The spec names no gene files.
+        SpecMismatch: A given list's length differs from the model's.
+    """
+    if not spec.genes_in_file or not spec.genes_out_file:
+        raise SpecError(
+            f"spec {spec.name!r} is multimodal but names no genes_in_file/genes_out_file"
+        )
+    ids_in, ids_out = given or (demo_gene_ids(genes_in), demo_gene_ids(genes_out))
+    for label, ids, count in (("input", ids_in, genes_in), ("output", ids_out, genes_out)):
+        if len(ids) != count:
+            raise SpecMismatch(
+                f"the {label} gene list has {len(ids)} genes but the model uses {count}"
+            )
+    return ids_in, ids_out
+
+
+def write_gene_lists(
+    spec: ModelSpec, directory: Path, genes_in: Sequence[str], genes_out: Sequence[str]
+) -> tuple[Path, Path]:
+    """Writes the spec's input/output gene CSVs (``genes_in_file``/``genes_out_file``) into ``directory``.
+
+    Raises:
+        SpecError: The spec names no gene files.
+        CheckpointError: Empty, malformed or duplicate gene IDs.
+    """
+    if not spec.genes_in_file or not spec.genes_out_file:
+        raise SpecError(f"spec {spec.name!r} names no genes_in_file/genes_out_file")
+    return (
+        write_gene_ids(directory / spec.genes_in_file, genes_in),
+        write_gene_ids(directory / spec.genes_out_file, genes_out),
+    )

@@ -4,23 +4,23 @@ A spec and a package can disagree (a 768-wide encoder served under a 1536
 spec, a gene list of the wrong length, a multimodal package that cannot take
 a tile without bulk RNA). Probing with batches of 1 and 2 at start-up turns
 each of those into one clear :class:`~predictor.errors.SpecMismatch` line
-before the server reports ready, instead of wrong answers later.
+before the server reports ready, instead of wrong answers later. What the
+shapes must be is each family's to say (``check_outputs`` in
+:mod:`predictor.families`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from predictor.errors import SpecMismatch
-from predictor.package_meta import INPUTS_KEY, json_field
+from predictor.package.loader import LoadedPackage
+from predictor.package.metadata import INPUTS_KEY, json_field
 from predictor.spec import ModelSpec
-
-if TYPE_CHECKING:
-    from predictor.package import LoadedPackage
 
 
 def declared_input_dim(loaded: LoadedPackage, name: str) -> int | None:
@@ -123,7 +123,7 @@ def probe_outputs(
     if shapes[0] != shapes[1]:
         raise SpecMismatch(
             f"package {loaded.path.name}: per-tile output shapes change with the batch "
-            f"({_fmt(shapes[0])} at 1, {_fmt(shapes[1])} at 2)"
+            f"({format_shapes(shapes[0])} at 1, {format_shapes(shapes[1])} at 2)"
         )
     return shapes[1]
 
@@ -155,73 +155,6 @@ def _probe_once(
     return tuple(out.shape[1:] for out in outputs)
 
 
-def _fmt(shapes: Sequence[torch.Size]) -> str:
+def format_shapes(shapes: Sequence[Sequence[int]]) -> str:
+    """``[1536], [32]``: shapes for one-line messages."""
     return ", ".join(str(list(s)) for s in shapes)
-
-
-def check_consistency(
-    spec: ModelSpec, shapes: Sequence[torch.Size], *, prediction_dim: int | None = None
-) -> None:
-    """Checks the probed per-tile output shapes against the spec.
-
-    Embedding packages return ``[D]``; multimodal ``([K], [D])``; segmentation
-    ``[1, T, T]`` or ``[T, T]`` logits. ``prediction_dim`` (``K``, e.g. the
-    output gene list's length) is checked when given.
-
-    Raises:
-        SpecMismatch: One line naming the spec, the expectation and the package's
-            value, e.g. ``spec 'h0-mini' says embedding_dim 1536 but the package
-            returns 768``.
-    """
-    expected = _EXPECTED_OUTPUTS[spec.family]
-    if len(shapes) != expected:
-        raise SpecMismatch(
-            f"spec {spec.name!r} ({spec.family}) expects {expected} output(s) but the package "
-            f"returns {len(shapes)}: {_fmt(shapes)}"
-        )
-    _CHECKS[spec.family](spec, [tuple(s) for s in shapes], prediction_dim)
-
-
-def _check_embedding(spec: ModelSpec, shape: tuple[int, ...]) -> None:
-    if len(shape) != 1:
-        raise SpecMismatch(
-            f"spec {spec.name!r} expects a per-tile embedding vector but the package returns shape {list(shape)}"
-        )
-    if shape[0] != spec.embedding_dim:
-        raise SpecMismatch(
-            f"spec {spec.name!r} says embedding_dim {spec.embedding_dim} but the package returns {shape[0]}"
-        )
-
-
-def _check_embedding_family(spec: ModelSpec, shapes: list[tuple[int, ...]], _k: int | None) -> None:
-    _check_embedding(spec, shapes[0])
-
-
-def _check_multimodal(spec: ModelSpec, shapes: list[tuple[int, ...]], k: int | None) -> None:
-    prediction, embedding = shapes
-    if len(prediction) != 1:
-        raise SpecMismatch(
-            f"spec {spec.name!r} expects a per-tile prediction vector but the package returns shape {list(prediction)}"
-        )
-    if k is not None and prediction[0] != k:
-        raise SpecMismatch(
-            f"spec {spec.name!r}: the output gene list has {k} genes but the package predicts {prediction[0]}"
-        )
-    _check_embedding(spec, embedding)
-
-
-def _check_segmentation(spec: ModelSpec, shapes: list[tuple[int, ...]], _k: int | None) -> None:
-    size = spec.tile_size
-    if shapes[0] not in ((1, size, size), (size, size)):
-        raise SpecMismatch(
-            f"spec {spec.name!r} says masks are {size}x{size} ([1, {size}, {size}] logits) "
-            f"but the package returns {list(shapes[0])}"
-        )
-
-
-_EXPECTED_OUTPUTS: Mapping[str, int] = {"embedding": 1, "multimodal": 2, "segmentation": 1}
-_CHECKS = {
-    "embedding": _check_embedding_family,
-    "multimodal": _check_multimodal,
-    "segmentation": _check_segmentation,
-}

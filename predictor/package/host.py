@@ -1,4 +1,4 @@
-"""What this host can run, and whether a package's build facts fit it.
+"""What this host can run, whether a package's build facts fit it, and the device.
 
 A ``.pt2`` package holds native code. Its metadata says what it was built for:
 torch writes ``AOTI_DEVICE_KEY``, ``AOTI_PLATFORM``, ``AOTI_MACHINE``,
@@ -24,7 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from predictor.errors import IncompatiblePackage
+import torch
+
+from predictor.errors import CheckpointError, IncompatiblePackage, StartupError
+from predictor.package.metadata import CPU_BUILD_KEY, json_field
 
 # cpuinfo flags a compiler may emit instructions for under -march=native.
 _ISA_FLAG = re.compile(
@@ -94,8 +97,6 @@ def isa_flags(flags: frozenset[str]) -> frozenset[str]:
 
 
 def _cuda_capabilities() -> tuple[str, ...]:
-    import torch
-
     if not torch.cuda.is_available():
         return ()
     caps = []
@@ -159,3 +160,65 @@ def check_compute_capability(metadata: Mapping[str, str], index: int, host: Host
             f"package was built for sm_{built} (AOTI_COMPUTE_CAPABILITY {built}) "
             f"but cuda:{index} is sm_{have}; re-export on this GPU type"
         )
+
+
+def resolve_device(requested: str, host: HostFacts | None = None) -> torch.device:
+    """The device to serve on: ``auto`` is ``cuda`` when a GPU is visible, else ``cpu``.
+
+    Args:
+        requested: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        host: Host facts; detected when ``None`` (tests pass fakes).
+
+    Raises:
+        StartupError: Unknown device string, or CUDA asked for where there is
+            no GPU (or no GPU with that index).
+    """
+    host = host or HostFacts.detect()
+    if requested == "auto":
+        return torch.device("cuda:0" if host.cuda_capabilities else "cpu")
+    try:
+        device = torch.device(requested)
+    except (RuntimeError, ValueError) as exc:
+        raise StartupError(f"unknown device {requested!r}; use auto, cpu, cuda or cuda:N") from exc
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type != "cuda":
+        raise StartupError(f"unsupported device {requested!r}; use auto, cpu, cuda or cuda:N")
+    count = len(host.cuda_capabilities)
+    if count == 0:
+        raise StartupError(f"--device {requested} but this host has no usable CUDA GPU")
+    index = device.index or 0
+    if index >= count:
+        raise StartupError(
+            f"--device {requested} but this host has {count} GPU(s) (cuda:0..cuda:{count - 1})"
+        )
+    return torch.device("cuda", index)
+
+
+def check_host_compat(
+    metadata: Mapping[str, str], device: torch.device, host: HostFacts | None = None
+) -> None:
+    """Refuses a package this host cannot run, before its code is loaded.
+
+    Checks the device kind (a CUDA package on a CPU, or the reverse), the
+    platform and machine, the CPU instruction sets the package's native code
+    was compiled for, and the GPU compute capability.
+
+    Raises:
+        CheckpointError: The metadata has no ``AOTI_DEVICE_KEY``.
+        IncompatiblePackage: Any mismatch; the message names both sides.
+    """
+    host = host or HostFacts.detect()
+    device = torch.device(device)
+    kind = metadata.get("AOTI_DEVICE_KEY")
+    if not kind:
+        raise CheckpointError("package metadata has no AOTI_DEVICE_KEY; not an AOTInductor package")
+    if kind != device.type:
+        raise IncompatiblePackage(
+            f"package was built for {kind} but the server runs on {device}; "
+            f"re-export with --device {device.type} or serve on a {kind} host"
+        )
+    check_platform(metadata, host)
+    check_cpu_isa(metadata, json_field(metadata, CPU_BUILD_KEY, {}), host)
+    if kind == "cuda":
+        check_compute_capability(metadata, device.index or 0, host)

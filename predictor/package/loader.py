@@ -1,0 +1,256 @@
+"""Start-up side of ``.pt2`` packages: find, verify, inspect, check and load, once.
+
+Start-up is fail-fast: every problem is a :class:`~predictor.errors.StartupError`
+with one clear line, raised before the server reports ready. The order is
+:func:`find_checkpoint`, then :func:`inspect_package` (the one SHA-256 check,
+:mod:`predictor.package.digest`: a package holds a shared library, so loading
+one runs its code; then the metadata, read straight from the zip), then
+:func:`open_package` (host checks, :mod:`predictor.package.host`, then the
+load). The probe that checks outputs against the spec is
+:mod:`predictor.package.probe`, run by the model's family.
+
+Each step's duration is recorded in :class:`StartupPhases` (``digest``,
+``metadata``, ``load``; the model adds ``probe`` and ``warmup``), logged once
+and served by ``GET /v2/models/{name}/config``: on a multi-GB package the
+split says where a cold start goes.
+
+Loading extracts the package's files (the ``.so`` and its weights) into a
+fresh ``$TMPDIR/aotinductor_XXXXXX`` directory (``/tmp`` when ``TMPDIR`` is
+unset), removed when the package is freed; torch also creates its inductor
+cache at ``$TORCHINDUCTOR_CACHE_DIR`` (default ``$TMPDIR/torchinductor_<user>``).
+Under a read-only root filesystem both must point at writable volumes.
+Extraction and loading are one call in torch's loader, so they are one phase,
+``load``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from predictor.errors import CheckpointError
+from predictor.package.digest import verify_sha256
+from predictor.package.host import HostFacts, check_host_compat
+from predictor.package.metadata import (
+    embedded_spec,
+    package_input_dtype,
+    provenance,
+    read_metadata,
+)
+from predictor.spec import ModelSpec
+
+logger = logging.getLogger("histoserve")
+
+CHECK_INPUTS_ENV = "AOTI_RUNTIME_CHECK_INPUTS"
+
+
+class StartupPhases:
+    """Seconds spent in each start-up phase, in the order they ran.
+
+    Phases: ``digest`` (SHA-256 of the package), ``metadata`` (read from the
+    zip), ``load`` (host checks, extraction and load), then the model's
+    ``probe`` (output check) and ``warmup``. Timed with ``time.monotonic()``.
+    """
+
+    def __init__(self) -> None:
+        self._seconds: dict[str, float] = {}
+
+    @contextmanager
+    def time(self, phase: str) -> Iterator[None]:
+        """Times the ``with`` block as ``phase`` (added to an earlier run of it)."""
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            elapsed = time.monotonic() - start
+            self._seconds[phase] = self._seconds.get(phase, 0.0) + elapsed
+
+    def as_dict(self) -> dict[str, float]:
+        """Phase name to seconds (rounded to the millisecond), in run order."""
+        return {name: round(seconds, 3) for name, seconds in self._seconds.items()}
+
+    def summary(self) -> str:
+        """One log line: ``digest 1.234s, metadata 0.002s, ...``."""
+        return ", ".join(f"{name} {seconds:.3f}s" for name, seconds in self.as_dict().items())
+
+
+def find_checkpoint(model_dir: Path, checkpoint: str | None) -> Path:
+    """The package to serve: ``model_dir/checkpoint``, or the only ``*.pt2`` there.
+
+    Raises:
+        CheckpointError: The directory or named file is missing, the name
+            escapes the directory, or there is no or more than one ``*.pt2``
+            and no name was given (the message lists the candidates).
+    """
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise CheckpointError(f"model directory {model_dir} does not exist")
+    if checkpoint:
+        path = model_dir / checkpoint
+        if Path(checkpoint).is_absolute() or ".." in Path(checkpoint).parts:
+            raise CheckpointError(
+                f"checkpoint {checkpoint!r} must be a file name inside {model_dir}"
+            )
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint {checkpoint!r} not found in {model_dir}")
+        return path
+    candidates = sorted(p for p in model_dir.glob("*.pt2") if p.is_file())
+    if not candidates:
+        raise CheckpointError(f"no *.pt2 checkpoint in {model_dir}")
+    if len(candidates) > 1:
+        names = ", ".join(p.name for p in candidates)
+        raise CheckpointError(
+            f"several checkpoints in {model_dir} ({names}); choose one with --checkpoint"
+        )
+    return candidates[0]
+
+
+@dataclass(frozen=True)
+class LoadedPackage:
+    """A loaded package, callable on a batch.
+
+    Attributes:
+        path: The ``.pt2`` file.
+        metadata: Its AOTInductor metadata (strings), as the loader reports it.
+        embedded_spec: The spec the package carries, or ``None``.
+        device: The device it runs on.
+        input_dtype: Dtype of its first (tile) input.
+        runner: torch's loaded model.
+        phases: The start-up phases so far (the model adds its own).
+    """
+
+    path: Path
+    metadata: Mapping[str, str]
+    embedded_spec: ModelSpec | None
+    device: torch.device
+    input_dtype: torch.dtype
+    runner: Any = field(repr=False, compare=False)
+    phases: StartupPhases = field(default_factory=StartupPhases, repr=False, compare=False)
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Runs the package; always a flat tuple of outputs, primary first.
+
+        Outputs may be padded along the batch axis (some vendor packages pad
+        to a fixed batch); callers trim to their batch size.
+        """
+        out = self.runner(*inputs)
+        return tuple(torch.utils._pytree.tree_leaves(out))
+
+    @property
+    def batch_range(self) -> tuple[int, int] | None:
+        """The batch sizes the package was exported for, when it records them."""
+        prov = provenance(self.metadata)
+        if "min_batch" in prov and "max_batch" in prov:
+            return int(prov["min_batch"]), int(prov["max_batch"])
+        return None
+
+
+def inspect_package(path: Path, phases: StartupPhases) -> dict[str, str]:
+    """Verifies the package's SHA-256 (the only hash of start-up) and reads its metadata.
+
+    Nothing of the package is loaded or run.
+
+    Raises:
+        CheckpointError: Digest mismatch or malformed digest file, or a zip
+            that is corrupt, truncated or holds no AOTInductor metadata.
+    """
+    with phases.time("digest"):
+        verify_sha256(path)
+    with phases.time("metadata"):
+        return read_metadata(path)
+
+
+def open_package(
+    path: Path,
+    device: torch.device,
+    metadata: Mapping[str, str],
+    phases: StartupPhases,
+    *,
+    host: HostFacts | None = None,
+) -> LoadedPackage:
+    """Checks the host can run the package, then loads it (``metadata`` from :func:`inspect_package`).
+
+    Raises:
+        IncompatiblePackage: Built for another device kind, CPU ISA or GPU.
+        CheckpointError: The loader fails.
+    """
+    with phases.time("load"):
+        check_host_compat(metadata, device, host)
+        return load_package(path, device, metadata=metadata, phases=phases)
+
+
+def load_package(
+    path: Path,
+    device: torch.device,
+    *,
+    check_inputs: bool | None = None,
+    metadata: Mapping[str, str] | None = None,
+    phases: StartupPhases | None = None,
+) -> LoadedPackage:
+    """Loads a package onto ``device`` with no checks (start-up uses :func:`open_package`).
+
+    Packages histoserve exported accept batch 1 with AOTInductor's input
+    checks on, so for them (``check_inputs=None``) the checks are switched on
+    (``AOTI_RUNTIME_CHECK_INPUTS=1`` unless already set; process-wide): a wrong
+    shape, dtype or batch size is then a clean error, not memory corruption.
+
+    Args:
+        path: The ``.pt2`` file.
+        device: Where it runs.
+        check_inputs: Force AOTInductor's input checks on or off.
+        metadata: The package's metadata when already read (else read here).
+        phases: Where start-up records its phases; a fresh record when None.
+
+    Raises:
+        CheckpointError: The package cannot be loaded (wraps the loader's error).
+    """
+    path = Path(path)
+    device = torch.device(device)
+    metadata = dict(metadata) if metadata is not None else read_metadata(path)
+    if check_inputs is None:
+        check_inputs = bool(provenance(metadata).get("batch1_input_checks"))
+    if check_inputs:
+        os.environ.setdefault(CHECK_INPUTS_ENV, "1")
+    try:
+        runner = _load_runner(path, device)
+        metadata = dict(runner.get_metadata())
+    except Exception as exc:
+        raise CheckpointError(f"cannot load package {path}: {exc}") from exc
+    return LoadedPackage(
+        path=path,
+        metadata=metadata,
+        embedded_spec=embedded_spec(metadata),
+        device=device,
+        input_dtype=package_input_dtype(metadata),
+        runner=runner,
+        phases=phases if phases is not None else StartupPhases(),
+    )
+
+
+def _load_runner(path: Path, device: torch.device) -> Any:
+    """``aoti_load_package`` without its device-info probe, when torch allows.
+
+    ``torch._inductor.aoti_load_package`` first compiles small C++ programs to
+    detect the host's vector ISA (only to log a warning on mismatch): ~15 s on
+    a cold cache, a compiler and a writable cache dir at serving time.
+    :func:`check_host_compat` already did that check from ``/proc/cpuinfo``,
+    so we build the same loader it builds; on torch versions where that
+    private API differs, fall back to the public call.
+    """
+    index = device.index if device.index is not None else (0 if device.type == "cuda" else -1)
+    try:
+        from torch.export.pt2_archive._package import AOTICompiledModel
+
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, index)
+        return AOTICompiledModel(loader)
+    except (ImportError, AttributeError, TypeError):
+        logger.debug("private AOTI loader unavailable; using aoti_load_package", exc_info=True)
+    return torch._inductor.aoti_load_package(str(path), device_index=index)
