@@ -504,3 +504,23 @@ def test_readme_install_line_renders(helm_bin, tmp_path):
     assert flags(container(objs))["url"] == [
         "http://h0-histoserve-predictor.cohorts.svc.cluster.local"
     ]
+
+
+@pytest.mark.parametrize("values", [None, *MATRIX])
+def test_rendered_args_are_what_the_cli_accepts(helm_bin, values):
+    """The real `histoserve embed` parser and config checks take every rendered command line."""
+    from predictor.embed.cli import build_parser, config_from_args
+
+    job = one(render(helm_bin, values), "Job")
+    c = container([job])
+    completions = job["spec"]["completions"]
+    for index in (0, completions - 1):
+        args = [a.replace("$(JOB_COMPLETION_INDEX)", str(index)) for a in c["args"][1:]]
+        config = config_from_args(build_parser().parse_args(args), {})
+        assert config.shard == (index, completions)
+        assert list(config.urls) == flags(c)["url"]
+        assert config.concurrency == job_values(values).get("concurrency", 8)
+
+
+def job_values(values: str | None) -> dict[str, Any]:
+    return ci_values(values) if values else {}
