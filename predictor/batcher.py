@@ -5,9 +5,13 @@ Contract:
       one bounded FIFO queue and returns one :class:`asyncio.Future` per item,
       in order. Every future is settled exactly once: with its result, with a
       :mod:`predictor.errors` error, or by the caller's cancellation.
-    * ``run_batch(items, key)`` is synchronous and runs in one dedicated worker
+    * ``run_batch(items, key)`` is synchronous and runs in a dedicated worker
       thread, never on the event loop, so the loop keeps admitting (and the
       next batch keeps filling) while the device runs the current one.
+    * Several workers (one per GPU, or N per device: Triton's instance
+      groups) pull from the one queue: ``run_batch`` may be a mapping of
+      worker name to callable, each with its own thread; a batch goes to the
+      first free worker (in the mapping's order).
     * A batch holds at most ``max_batch_size`` items of one ``key`` (the head
       item's), taken in FIFO order; a request larger than a batch is split.
 
@@ -17,8 +21,10 @@ tax at low load); items that queue up while the device is busy wait at most
 batches grow with load and latency stays bounded. The queue bound turns
 overload into a fast :class:`~predictor.errors.Overloaded` instead of
 unbounded memory. Failures stay inside their batch: CUDA out-of-memory splits
-the batch and retries the halves; a sticky device error marks the batcher
-unhealthy so liveness fails and the pod restarts.
+the batch and retries the halves (on the same worker); a sticky device error
+takes that worker out (its batch fails, the queue stays for the others) and
+marks the batcher unhealthy only when no worker is left, so liveness fails
+and the pod restarts.
 
 All futures are created and settled on the event loop thread; observer hooks
 are called there too. Nothing here knows about HTTP, gRPC, tensors or models.
@@ -27,56 +33,46 @@ are called there too. Nothing here knows about HTTP, gRPC, tensors or models.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
+from predictor.batch_worker import (
+    BatchObserver,
+    NullObserver,
+    Outcome,
+    Worker,
+    WorkerState,
+    classify,
+    notify,
+)
 from predictor.config import BatchingConfig
-from predictor.errors import DeviceLost, ForwardError, HistoserveError, ModelNotReady, Overloaded
+from predictor.errors import (
+    DeviceLost,
+    ErrorKind,
+    ForwardError,
+    HistoserveError,
+    ModelNotReady,
+    Overloaded,
+    forward_failure,
+)
+
+__all__ = [
+    "BatchObserver",
+    "DynamicBatcher",
+    "ErrorKind",
+    "NullObserver",
+    "WorkerState",
+]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-class ErrorKind(enum.Enum):
-    """How a failure of ``run_batch`` is handled.
-
-    Attributes:
-        BATCH: Fail this batch's items with ``ForwardError``; keep serving.
-        OOM: Split the batch in halves and retry each before failing.
-        FATAL: Fail with ``DeviceLost`` and mark the batcher unhealthy.
-    """
-
-    BATCH = "batch"
-    OOM = "oom"
-    FATAL = "fatal"
-
-
-class BatchObserver(Protocol):
-    """Metrics hook. Called on the event loop thread; must not block or raise."""
-
-    def on_enqueue(self, n_items: int, queue_depth: int) -> None:
-        """A request of ``n_items`` was admitted; ``queue_depth`` is after it."""
-
-    def on_reject(self, n_items: int) -> None:
-        """A request of ``n_items`` was refused because the queue was full."""
-
-    def on_dispatch(self, batch_size: int, queue_wait_s: Sequence[float], queue_depth: int) -> None:
-        """A batch left the queue; per-item enqueue-to-dispatch waits in seconds."""
-
-    def on_forward(self, batch_size: int, seconds: float, ok: bool) -> None:
-        """One ``run_batch`` call (OOM retries included) took ``seconds``."""
-
-
-class NullObserver(BatchObserver):
-    """An observer that records nothing; subclass it to override some hooks."""
 
 
 @dataclass(eq=False)
@@ -89,16 +85,6 @@ class _Entry(Generic[T, R]):
     enqueued_at: float
 
 
-@dataclass
-class _Outcome(Generic[R]):
-    """What one ``run_batch`` call produced, captured in the worker thread."""
-
-    results: list[R] | None
-    error: BaseException | None
-    seconds: float
-    kind: ErrorKind | None = None  # set when the batcher itself decides the kind
-
-
 def _fail(entries: Iterable[_Entry[Any, Any]], error: BaseException) -> None:
     """Fail every future of ``entries`` not already done (e.g. cancelled by its caller)."""
     for entry in entries:
@@ -107,28 +93,39 @@ def _fail(entries: Iterable[_Entry[Any, Any]], error: BaseException) -> None:
 
 
 class DynamicBatcher(Generic[T, R]):
-    """Groups submitted items into batches and runs them in one worker thread.
+    """Groups submitted items into batches and runs them on one or more workers.
 
     Args:
         run_batch: Synchronous ``(items, key) -> results``, one result per
-            item, aligned. Runs in the batcher's own single worker thread.
+            item, aligned; or a mapping of worker name to such a callable, one
+            worker (and thread) each. A lone callable is one worker named ``0``.
         config: Batch size, latency, queue bound and ``Retry-After`` hint.
         classify_error: Maps an exception from ``run_batch`` to an
             :class:`ErrorKind`. ``DeviceLost`` is always ``FATAL``.
         observer: Metrics hook; :class:`NullObserver` when ``None``.
-        name: Used in messages, logs and the worker thread's name.
+        name: Used in messages, logs and the worker threads' names.
+
+    Raises:
+        ValueError: An empty mapping of workers, or a worker that is not callable.
     """
 
     def __init__(
         self,
-        run_batch: Callable[[list[T], Hashable], list[R]],
+        run_batch: Callable[[list[T], Hashable], list[R]]
+        | Mapping[str, Callable[[list[T], Hashable], list[R]]],
         config: BatchingConfig,
         *,
         classify_error: Callable[[BaseException], ErrorKind] = lambda e: ErrorKind.BATCH,
         observer: BatchObserver | None = None,
         name: str = "model",
     ) -> None:
-        self._run_batch = run_batch
+        runs = dict(run_batch) if isinstance(run_batch, Mapping) else {"0": run_batch}
+        if not runs:
+            raise ValueError(f"{name}: at least one worker is needed, got {run_batch!r}")
+        for worker, fn in runs.items():
+            if not callable(fn):
+                raise ValueError(f"{name}: worker {worker!r} is not callable: {fn!r}")
+        self._workers = [Worker(str(w), fn) for w, fn in runs.items()]
         self._config = config
         self._classify_error = classify_error
         self._observer: Any = observer if observer is not None else NullObserver()
@@ -139,21 +136,26 @@ class DynamicBatcher(Generic[T, R]):
         self._draining = False
         self._healthy = True
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._executor: ThreadPoolExecutor | None = None
-        self._worker: asyncio.Task[None] | None = None
-        self._wakeup = asyncio.Event()  # set on every enqueue (and by the fill timer)
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()  # one task per batch on a worker
+        self._wakeup = asyncio.Event()  # set on enqueue, a worker freed, the fill timer
         self._quiescent = asyncio.Event()  # set while the queue is empty and no batch runs
         self._quiescent.set()
 
     @property
     def queue_depth(self) -> int:
-        """Items waiting (not the running batch); cancelled ones count until purged."""
+        """Items waiting (not the running batches); cancelled ones count until purged."""
         return len(self._queue)
 
     @property
     def healthy(self) -> bool:
-        """False once a fatal (device-lost) error was seen; never true again."""
+        """False once no worker is left (every device lost) or the batcher crashed."""
         return self._healthy
+
+    @property
+    def workers(self) -> tuple[WorkerState, ...]:
+        """Every worker's state, in dispatch order (alive or not)."""
+        return tuple(w.state for w in self._workers)
 
     @property
     def accepting(self) -> bool:
@@ -161,7 +163,7 @@ class DynamicBatcher(Generic[T, R]):
         return self._started and self._healthy and not (self._draining or self._closed)
 
     async def start(self) -> None:
-        """Start the worker task on the running loop and the worker thread pool.
+        """Start the dispatcher task on the running loop and one thread per worker.
 
         Raises:
             RuntimeError: If already started or closed.
@@ -169,8 +171,10 @@ class DynamicBatcher(Generic[T, R]):
         if self._started or self._closed:
             raise RuntimeError(f"{self._name}: batcher already started or closed")
         self._loop = asyncio.get_running_loop()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"batcher-{self._name}")
-        self._worker = self._loop.create_task(self._work(), name=f"batcher-{self._name}")
+        for worker in self._workers:
+            prefix = f"batcher-{self._name}-{worker.name}"
+            worker.executor = ThreadPoolExecutor(1, thread_name_prefix=prefix)
+        self._dispatcher = self._loop.create_task(self._work(), name=f"batcher-{self._name}")
         self._started = True
 
     def submit(self, items: Sequence[T], key: Hashable = None) -> list[asyncio.Future[R]]:
@@ -234,47 +238,68 @@ class DynamicBatcher(Generic[T, R]):
             return False
 
     async def close(self) -> None:
-        """Stop the worker; fail everything queued or running with ``ModelNotReady``.
+        """Stop the workers; fail everything queued or running with ``ModelNotReady``.
 
-        Does not wait for a ``run_batch`` call already in the worker thread;
+        Does not wait for a ``run_batch`` call already in a worker thread;
         :meth:`drain` first for a graceful stop.
         """
         self._closed = True
-        if self._worker is not None and not self._worker.done():
-            self._worker.cancel()
-            await asyncio.wait({self._worker})
+        tasks = [t for t in (self._dispatcher, *self._running) if t is not None and not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
         self._fail_queued(ModelNotReady(f"{self._name}: batcher closed"))
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        for worker in self._workers:
+            if worker.executor is not None:
+                worker.executor.shutdown(wait=False, cancel_futures=True)
         self._quiescent.set()
 
     # -- worker ---------------------------------------------------------------
 
     async def _work(self) -> None:
-        """The worker loop: wait for work, form a batch, run it, repeat."""
+        """The dispatcher: wait for work and a free worker, form a batch, hand it over."""
         fresh = True  # the queue ran empty: the next arrival is dispatched at once
         try:
             while self._healthy:
                 self._drop_cancelled_head()
                 if not self._queue:
-                    self._quiescent.set()
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
+                    self._settle_quiescent()
+                    await self._wait_wakeup()
                     fresh = True
+                    continue
+                worker = next((w for w in self._workers if w.alive and not w.busy), None)
+                if worker is None:  # items queue while every worker is busy
+                    fresh = False
+                    await self._wait_wakeup()
                     continue
                 if not fresh:
                     await self._fill()
                 fresh = False
                 batch = self._take() if self._queue else []
                 if batch:
-                    await self._dispatch(batch)
+                    self._launch(worker, batch)
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("%s: batcher worker crashed", self._name)
-            self._healthy = False
-            self._fail_queued(ModelNotReady(f"{self._name}: batcher worker crashed"))
+            self._crash("batcher dispatcher crashed")
+
+    async def _wait_wakeup(self) -> None:
+        self._wakeup.clear()
+        await self._wakeup.wait()
+
+    def _settle_quiescent(self) -> None:
+        """Set the quiescent event when nothing is queued and no batch runs."""
+        if not self._queue and not self._running:
             self._quiescent.set()
+
+    def _crash(self, what: str) -> None:
+        """A bug in the batcher itself: stop serving (liveness fails), settle the queue."""
+        log.exception("%s: %s", self._name, what)
+        self._healthy = False
+        self._fail_queued(ModelNotReady(f"{self._name}: {what}"))
+        self._wakeup.set()
+        self._quiescent.set()
 
     async def _fill(self) -> None:
         """Wait until the head batch is full or its oldest item's deadline passes."""
@@ -327,93 +352,93 @@ class DynamicBatcher(Generic[T, R]):
                 batch.append(self._queue.popleft())
         return batch
 
-    async def _dispatch(self, batch: list[_Entry[T, R]]) -> None:
-        """Run one batch; on cancellation settle its unsettled items with ModelNotReady."""
+    def _launch(self, worker: Worker, batch: list[_Entry[T, R]]) -> None:
+        """Mark ``worker`` busy and run ``batch`` on it in its own task."""
+        assert self._loop is not None
+        worker.busy = True
+        task = self._loop.create_task(self._dispatch(worker, batch))
+        self._running.add(task)
+        task.add_done_callback(self._batch_done(worker))
+
+    def _batch_done(self, worker: Worker) -> Callable[[asyncio.Task[None]], None]:
+        def done(task: asyncio.Task[None]) -> None:
+            self._running.discard(task)
+            worker.busy = False
+            self._wakeup.set()
+            self._settle_quiescent()
+
+        return done
+
+    async def _dispatch(self, worker: Worker, batch: list[_Entry[T, R]]) -> None:
+        """Run one batch; if stopped or broken, settle its unsettled items with ModelNotReady."""
         now = time.monotonic()
         waits = [now - e.enqueued_at for e in batch]
         self._notify("on_dispatch", len(batch), waits, len(self._queue))
         try:
-            await self._forward(batch, batch[0].key)
-        except BaseException:  # cancelled by close() or a bug: settle, then propagate
+            await self._forward(worker, batch, batch[0].key)
+        except asyncio.CancelledError:  # close(): settle, then let the task end cancelled
             _fail(batch, ModelNotReady(f"{self._name}: batcher stopped while the batch ran"))
             raise
+        except Exception:
+            _fail(batch, ModelNotReady(f"{self._name}: batcher failed while the batch ran"))
+            self._crash("batcher worker crashed")
 
-    async def _forward(self, entries: list[_Entry[T, R]], key: Hashable) -> None:
-        """Run ``entries`` in the worker thread and settle them; split on OOM."""
+    async def _forward(self, worker: Worker, entries: list[_Entry[T, R]], key: Hashable) -> None:
+        """Run ``entries`` in ``worker``'s thread and settle them; split on OOM."""
         assert self._loop is not None
         items = [e.item for e in entries]
-        outcome = await self._loop.run_in_executor(self._executor, self._call, items, key)
-        self._notify("on_forward", len(entries), outcome.seconds, outcome.error is None)
+        worker.batches += 1
+        outcome: Outcome[R] = await self._loop.run_in_executor(
+            worker.executor, worker.call, items, key, self._name
+        )
+        ok = outcome.error is None
+        self._notify("on_forward", len(entries), outcome.seconds, ok)
+        self._notify("on_worker_forward", worker.name, len(entries), outcome.seconds, ok)
         if outcome.error is None:
             assert outcome.results is not None
             for entry, result in zip(entries, outcome.results, strict=True):
                 if not entry.future.done():
                     entry.future.set_result(result)
             return
-        kind = outcome.kind or self._classify(outcome.error)
+        kind = outcome.kind or classify(outcome.error, self._classify_error, self._name)
         if kind is ErrorKind.FATAL:
-            self._go_fatal(entries, outcome.error)
+            self._go_fatal(worker, entries, outcome.error)
         elif kind is ErrorKind.OOM and len(entries) > 1:
             log.warning("%s: out of memory on a batch of %d; splitting", self._name, len(entries))
             mid = len(entries) // 2
             for half in (entries[:mid], entries[mid:]):
                 live = [e for e in half if not e.future.done()]
-                if live and self._healthy:
-                    await self._forward(live, key)
+                if live and worker.alive:
+                    await self._forward(worker, live, key)
                 elif live:
-                    _fail(live, DeviceLost(f"{self._name}: device lost; not run"))
+                    _fail(live, DeviceLost(f"{self._name}: device {worker.name} lost; not run"))
         else:
             error = self._wrap(ForwardError, outcome.error, len(entries))
             log.warning("%s", error)
             _fail(entries, error)
 
-    def _call(self, items: list[T], key: Hashable) -> _Outcome[R]:
-        """Worker thread: call ``run_batch``, capturing any exception and the time."""
-        start = time.monotonic()
-        try:
-            results = list(self._run_batch(items, key))
-        except BaseException as exc:  # everything is a batch outcome, never a dead thread
-            return _Outcome(None, exc, time.monotonic() - start)
-        seconds = time.monotonic() - start
-        if len(results) != len(items):
-            error = ForwardError(
-                f"{self._name}: forward of a batch of {len(items)} failed: "
-                f"returned {len(results)} results"
-            )
-            return _Outcome(None, error, seconds, ErrorKind.BATCH)
-        return _Outcome(results, None, seconds)
-
-    # -- failures ---------------------------------------------------------------
-
-    def _classify(self, exc: BaseException) -> ErrorKind:
-        """``DeviceLost`` is fatal; otherwise ask ``classify_error`` (BATCH if it fails)."""
-        if isinstance(exc, DeviceLost):
-            return ErrorKind.FATAL
-        try:
-            return self._classify_error(exc)
-        except Exception:
-            log.exception("%s: classify_error failed; treating as a batch error", self._name)
-            return ErrorKind.BATCH
-
     def _wrap(self, cls: type[ForwardError], exc: BaseException, n: int) -> HistoserveError:
-        """Pass histoserve errors (of ``cls`` when fatal) through; wrap the rest in ``cls``."""
-        passes = isinstance(exc, cls) if cls is DeviceLost else isinstance(exc, HistoserveError)
-        if passes:
-            assert isinstance(exc, HistoserveError)
-            return exc
-        error = cls(f"{self._name}: forward of a batch of {n} failed: {type(exc).__name__}: {exc}")
-        error.__cause__ = exc
-        return error
+        """The batch's error: :func:`predictor.errors.forward_failure`, the one wrap."""
+        return forward_failure(exc, name=self._name, n_items=n, fatal=cls is DeviceLost)
 
-    def _go_fatal(self, entries: list[_Entry[T, R]], exc: BaseException) -> None:
-        """Mark unhealthy; fail this batch and everything queued with DeviceLost."""
-        self._healthy = False
+    def _go_fatal(self, worker: Worker, entries: list[_Entry[T, R]], exc: BaseException) -> None:
+        """Take ``worker`` out and fail its batch with DeviceLost; the last one fails the queue."""
+        worker.alive = False
         error = self._wrap(DeviceLost, exc, len(entries))
-        log.error("%s; marking %s unhealthy", error, self._name)
         _fail(entries, error)
+        if worker.executor is not None:
+            worker.executor.shutdown(wait=False)
+        left = sum(w.alive for w in self._workers)
+        self._notify("on_worker_lost", worker.name, left)
+        if left:
+            log.error("%s; worker %s taken out, %d left", error, worker.name, left)
+            return
+        self._healthy = False
+        log.error("%s; no worker left, marking %s unhealthy", error, self._name)
         queued = DeviceLost(f"{self._name}: device lost in an earlier batch; not run")
         queued.__cause__ = error
         self._fail_queued(queued)
+        self._wakeup.set()
         self._quiescent.set()
 
     def _fail_queued(self, error: BaseException) -> None:
@@ -424,7 +449,11 @@ class DynamicBatcher(Generic[T, R]):
     def _not_accepting_reason(self) -> str:
         """Why :meth:`submit` refuses, for the error message."""
         if not self._healthy:
-            return "unhealthy (device lost)"
+            return (
+                "unhealthy (device lost)"
+                if not any(w.alive for w in self._workers)
+                else ("unhealthy (batcher crashed)")
+            )
         if self._closed:
             return "closed"
         if self._draining:
@@ -432,11 +461,4 @@ class DynamicBatcher(Generic[T, R]):
         return "not started"
 
     def _notify(self, hook: str, *args: Any) -> None:
-        """Call an observer hook if it has it; an observer's bug never breaks serving."""
-        method = getattr(self._observer, hook, None)
-        if method is None:
-            return
-        try:
-            method(*args)
-        except Exception:
-            log.exception("%s: observer %s failed", self._name, hook)
+        notify(self._observer, hook, *args, name=self._name)

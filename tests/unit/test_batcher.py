@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from predictor.batcher import BatchObserver, DynamicBatcher, ErrorKind, NullObserver
+from predictor.batcher import BatchObserver, DynamicBatcher, ErrorKind, NullObserver, WorkerState
 from predictor.config import BatchingConfig
 from predictor.errors import (
     DeviceLost,
@@ -106,6 +106,12 @@ class Recorder(NullObserver):
 
     def on_forward(self, batch_size: int, seconds: float, ok: bool) -> None:
         self.events.append(("forward", batch_size, seconds, ok))
+
+    def on_worker_forward(self, worker: str, batch_size: int, seconds: float, ok: bool) -> None:
+        self.events.append(("worker_forward", worker, batch_size, ok))
+
+    def on_worker_lost(self, worker: str, workers_left: int) -> None:
+        self.events.append(("worker_lost", worker, workers_left))
 
 
 def cfg(batch: int = 4, latency_ms: float = 10_000, queue_size: int = 64) -> BatchingConfig:
@@ -534,8 +540,8 @@ def test_observer_sees_depth_waits_and_forward_and_its_bugs_are_contained() -> N
     run(body)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_exactly_once_under_concurrent_submits_and_cancellations(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "workers"), [(1, 1), (2, 1), (3, 1), (4, 3), (5, 3)])
+def test_exactly_once_under_concurrent_submits_and_cancellations(seed: int, workers: int) -> None:
     rng = random.Random(seed)
 
     def fail(items: list[Any], key: Hashable) -> None:
@@ -565,8 +571,13 @@ def test_exactly_once_under_concurrent_submits_and_cancellations(seed: int) -> N
         return list(zip(items, results, strict=True))
 
     async def body() -> None:
+        # Several workers share one fake: stand-ins for several GPUs (none here).
+        run_batch = fake if workers == 1 else {f"cuda:{i}": fake for i in range(workers)}
         b = await started(
-            fake, cfg(batch=8, latency_ms=2, queue_size=512), classify_error=classify, observer=rec
+            run_batch,  # type: ignore[arg-type]
+            cfg(batch=8, latency_ms=2, queue_size=512),
+            classify_error=classify,
+            observer=rec,
         )
         sizes = [rng.randint(1, 20) for _ in range(150)]
         starts = [sum(sizes[:i]) + 1 for i in range(len(sizes))]
@@ -596,3 +607,165 @@ def test_exactly_once_under_concurrent_submits_and_cancellations(seed: int) -> N
         await b.close()
 
     run(body)
+
+
+# -- several workers ------------------------------------------------------------------------
+# Each worker's ``run_batch`` is a Fake standing in for one GPU: this machine has none.
+
+
+def test_batch_goes_to_the_first_free_worker_each_in_its_own_thread() -> None:
+    gpus = {"cuda:0": Fake(), "cuda:1": Fake()}
+
+    async def body() -> None:
+        b = await started(gpus, cfg(batch=4, latency_ms=10_000))  # type: ignore[arg-type]
+        assert [w.name for w in b.workers] == ["cuda:0", "cuda:1"]
+        for fake in gpus.values():
+            fake.hold()
+        a = b.submit(["a"])  # both idle: the first worker takes it at once
+        assert await gpus["cuda:0"].next_call() == ["a"]
+        c = b.submit(["c"])  # cuda:0 busy, cuda:1 idle: dispatched at once to cuda:1
+        assert await gpus["cuda:1"].next_call() == ["c"]
+        assert [w.busy for w in b.workers] == [True, True]
+        queued = b.submit(["q0", "q1", "q2", "q3"])  # every worker busy: they wait for one
+        assert b.queue_depth == 4
+        gpus["cuda:1"].release()
+        assert await outcomes(c + queued) == ["rc", "rq0", "rq1", "rq2", "rq3"]
+        assert gpus["cuda:1"].calls[1] == (["q0", "q1", "q2", "q3"], None)
+        assert not a[0].done()  # cuda:0 is still inside its batch
+        gpus["cuda:0"].release()
+        assert await outcomes(a) == ["ra"]
+        assert gpus["cuda:0"].sizes == [1]
+        threads = [fake.threads for fake in gpus.values()]
+        assert len(threads[0]) == len(threads[1]) == 1 and not threads[0] & threads[1]
+        assert [w.batches for w in b.workers] == [1, 2]
+        await b.close()
+
+    run(body)
+
+
+def test_two_workers_overlap_their_forwards() -> None:
+    # Each fake blocks until the other has started too: this only finishes if
+    # two batches run at the same time.
+    barrier = threading.Barrier(2, timeout=WAIT_S)
+
+    def meet(items: list[Any], key: Hashable) -> None:
+        barrier.wait()
+
+    gpus = {"cuda:0": Fake(meet), "cuda:1": Fake(meet)}
+
+    async def body() -> None:
+        b = await started(gpus, cfg(batch=2, latency_ms=1))  # type: ignore[arg-type]
+        first = b.submit([1])
+        await gpus["cuda:0"].next_call()
+        second = b.submit([2])
+        assert await outcomes(first + second) == ["r1", "r2"]
+        await b.close()
+
+    run(body)
+
+
+def test_a_lost_worker_leaves_the_others_serving() -> None:
+    lost = {"cuda:0": True, "cuda:1": False}
+
+    def fail_on(name: str) -> Callable[[list[Any], Hashable], None]:
+        def fail(items: list[Any], key: Hashable) -> None:
+            if lost[name]:
+                raise FakeDeviceError(f"{name}: illegal memory access")
+
+        return fail
+
+    gpus = {name: Fake(fail_on(name)) for name in lost}
+    rec = Recorder()
+
+    async def body() -> None:
+        b = await started(  # type: ignore[arg-type]
+            gpus, cfg(batch=4, latency_ms=1), classify_error=classify, observer=rec
+        )
+        for fake in gpus.values():
+            fake.hold()
+        on_0 = b.submit(["x"])
+        await gpus["cuda:0"].next_call()
+        on_1 = b.submit(["y"])
+        await gpus["cuda:1"].next_call()
+        queued = b.submit(["z0", "z1"])
+        gpus["cuda:0"].release()
+        (failed,) = await outcomes(on_0)
+        assert isinstance(failed, DeviceLost) and isinstance(failed.__cause__, FakeDeviceError)
+        assert b.healthy and b.accepting  # one device left: still live
+        assert b.workers[0] == WorkerState("cuda:0", alive=False, busy=False, batches=1)
+        assert not any(f.done() for f in queued)  # the queue waits for the other worker
+        gpus["cuda:1"].release()
+        assert await outcomes(on_1 + queued) == ["ry", "rz0", "rz1"]
+        assert await outcomes(b.submit(["w"])) == ["rw"]
+        assert gpus["cuda:0"].sizes == [1]  # nothing more went to the lost device
+        assert ("worker_lost", "cuda:0", 1) in rec.events
+        assert ("worker_forward", "cuda:1", 2, True) in rec.events
+        # The last worker lost: unhealthy (liveness fails), the queue fails at once.
+        lost["cuda:1"] = True
+        gpus["cuda:1"].hold()
+        last = b.submit(["v"])
+        await gpus["cuda:1"].next_call()
+        behind = b.submit(["u"])
+        gpus["cuda:1"].release()
+        results = await outcomes(last + behind)
+        assert all(isinstance(r, DeviceLost) for r in results), results
+        assert not b.healthy and not b.accepting
+        assert ("worker_lost", "cuda:1", 0) in rec.events
+        with pytest.raises(ModelNotReady, match="device lost"):
+            b.submit(["t"])
+        await b.close()
+
+    run(body)
+
+
+def test_close_with_several_busy_workers_settles_everything_once() -> None:
+    gpus = {"cuda:0": Fake(), "cuda:1": Fake()}
+
+    async def body() -> None:
+        b = await started(gpus, cfg(batch=2, latency_ms=1))  # type: ignore[arg-type]
+        for fake in gpus.values():
+            fake.hold()
+        running = b.submit(["a"])
+        await gpus["cuda:0"].next_call()
+        running += b.submit(["b"])
+        await gpus["cuda:1"].next_call()
+        queued = b.submit([1, 2, 3])
+        await b.close()
+        results = await outcomes(running + queued)
+        assert all(isinstance(r, ModelNotReady) for r in results), results
+        for fake in gpus.values():
+            fake.release()
+        await asyncio.to_thread(time.sleep, 0.05)  # the worker threads return into nothing
+
+    run(body)
+
+
+def test_drain_waits_for_every_worker() -> None:
+    gpus = {"cuda:0": Fake(), "cuda:1": Fake()}
+
+    async def body() -> None:
+        b = await started(gpus, cfg(batch=2, latency_ms=1))  # type: ignore[arg-type]
+        for fake in gpus.values():
+            fake.hold()
+        futures = b.submit(["a"])
+        await gpus["cuda:0"].next_call()
+        futures += b.submit(["b"])
+        await gpus["cuda:1"].next_call()
+        drain = asyncio.ensure_future(b.drain(WAIT_S))
+        gpus["cuda:0"].release()
+        assert await outcomes(futures[:1]) == ["ra"]
+        await asyncio.sleep(0.02)
+        assert not drain.done()  # cuda:1 still runs its batch
+        gpus["cuda:1"].release()
+        assert await drain is True
+        assert futures[1].result() == "rb"
+        await b.close()
+
+    run(body)
+
+
+def test_workers_are_validated() -> None:
+    with pytest.raises(ValueError, match="at least one worker"):
+        DynamicBatcher({}, cfg())
+    with pytest.raises(ValueError, match="worker 'cuda:1' is not callable: 3"):
+        DynamicBatcher({"cuda:0": Fake(), "cuda:1": 3}, cfg())  # type: ignore[dict-item]
