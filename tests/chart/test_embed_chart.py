@@ -305,7 +305,7 @@ def test_restricted_security_and_cpu_only_resources(helm_bin, values):
     slides = {v["name"]: v for v in spec["volumes"]}["slides"]["persistentVolumeClaim"]
     assert slides["readOnly"] is True
     for part in ("requests", "limits"):
-        assert set(c["resources"].get(part, {})) <= {"cpu", "memory", "ephemeral-storage"}
+        assert set(c["resources"].get(part, {})) <= {"cpu", "memory"}
 
 
 @pytest.mark.parametrize("values", [None, *MATRIX])

@@ -63,6 +63,7 @@ def _args(*sets: str) -> tuple[str, ...]:
         ('embed.progress="fancy"', "progress"),
         ('embed.extraArgs=["force"]', "extraArgs"),
         ('resources.limits={"nvidia.com/gpu": 1}', "nvidia.com/gpu"),
+        ('resources.requests={"ephemeral-storage": "1Gi"}', "ephemeral-storage"),
         ('output.mountPath="relative/out"', "mountPath"),
         ('slides.pvc.subPath="../etc"', "subPath"),
         ('fullnameOverride="' + "a" * 53 + '"', "fullnameOverride"),
