@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--concurrency", type=int, default=0, help="requests in flight (default 4 per URL)")
     add("--read-workers", type=int, default=0, help="tile reading threads (default: CPUs, <= 8)")
     add("--queue-batches", type=int, default=0, help=argparse.SUPPRESS)
+    add("--slides-in-flight", type=int, default=2, help="slides in progress at once")
     add("--force", action="store_true", help="re-embed slides that are already done")
     add(
         "--shard", help="I/N: every N-th slide from the I-th; N alone: I from $JOB_COMPLETION_INDEX"
@@ -96,6 +97,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]):  # -> Em
         concurrency=args.concurrency,
         read_workers=args.read_workers,
         queue_batches=args.queue_batches,
+        slides_in_flight=args.slides_in_flight,
         force=args.force,
         shard=parse_shard(args.shard, env),
         progress=args.progress,

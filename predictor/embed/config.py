@@ -54,6 +54,8 @@ class EmbedConfig:
         concurrency: Requests in flight over all URLs (default 4 per URL).
         read_workers: Threads reading tiles ahead of the requests.
         queue_batches: Batches read ahead and waiting (back pressure; bounded memory).
+        slides_in_flight: Slides in progress at once (the next is planned and read
+            while the previous one's last requests are answered).
         force: Re-embed slides whose output is already complete.
         shard: ``(index, count)``: this process takes every count-th slide from index.
         progress: ``auto`` (bar on a terminal, plain lines otherwise), ``bar``, ``plain``, ``none``.
@@ -80,6 +82,7 @@ class EmbedConfig:
     concurrency: int = 0
     read_workers: int = 0
     queue_batches: int = 0
+    slides_in_flight: int = 2
     force: bool = False
     shard: tuple[int, int] | None = None
     progress: str = "auto"
@@ -138,6 +141,7 @@ class EmbedConfig:
             "--batch-size": self.batch_size,
             "--max-attempts": self.max_attempts,
             "--recycle-requests": self.recycle_requests,
+            "--slides-in-flight": self.slides_in_flight,
         }
         for flag, value in at_least_one.items():
             if value is not None and value < 1:

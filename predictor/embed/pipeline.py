@@ -1,4 +1,4 @@
-"""A whole ``histoserve embed`` run: which slides, resume, claims, one slide after another.
+"""A whole ``histoserve embed`` run: which slides, resume, claims, slides overlapping.
 
 :func:`embed` is the Python API and what the CLI calls. In order:
 
@@ -10,6 +10,8 @@
    (unless ``--force``); claimed atomically (two processes never embed one
    slide; a dead holder's claim is taken over at once); embedded; one line in
    ``status.csv`` (``done``, ``skipped`` or ``failed`` with the reason).
+   ``--slides-in-flight`` slides are in progress at once (default 2), sharing
+   one bound of ``--concurrency`` requests in flight.
 
 A slide that fails (unreadable, no mpp, corrupt tiles, a 4xx, retries used up)
 fails alone: the next one starts. Usage errors stop the run before any slide.
@@ -19,8 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,7 +105,15 @@ def _context(
         "histoserve_version": __version__,
     }
     return RunContext(
-        config, info, tissue_info, target_mpp, tile_size, dispatcher, tissue_dispatcher, attrs
+        config,
+        info,
+        tissue_info,
+        target_mpp,
+        tile_size,
+        dispatcher,
+        tissue_dispatcher,
+        attrs,
+        threading.BoundedSemaphore(config.concurrency),
     )
 
 
@@ -162,8 +174,12 @@ def _run(
     ctx = _context(config, dispatcher, tissue)
     progress = Progress(config.progress, len(entries), stream, stats=summary.stats)
     runner = _SlideRunner(ctx, progress, summary)
-    for entry in entries:
-        runner.run(entry)
+    # Slides overlap (--slides-in-flight): the next one is opened, planned and read
+    # while the last requests of the previous one are answered, so the server's
+    # queue does not run dry at every slide boundary.
+    with ThreadPoolExecutor(config.slides_in_flight, thread_name_prefix="slide") as pool:
+        for _ in pool.map(runner.run, entries):
+            pass
     progress.close()
     summary.requests_per_url = dispatcher.stats()
 
@@ -175,6 +191,7 @@ class _SlideRunner:
         self.ctx, self.progress, self.summary = ctx, progress, summary
         out = ctx.config.out_dir
         self.status, self.claims = StatusLog(out), ClaimStore(out)
+        self._lock = threading.Lock()
 
     def run(self, entry: SlideEntry) -> None:
         start = time.monotonic()
@@ -227,7 +244,8 @@ class _SlideRunner:
             logger.exception("slide %s failed unexpectedly", entry.slide_id)
             self._record(entry, "failed", n_tiles, start, f"{type(exc).__name__}: {exc}")
             return
-        self.summary.tiles += outcome.n_tiles
+        with self._lock:
+            self.summary.tiles += outcome.n_tiles
         self._record(entry, "done", outcome.n_tiles, start)
 
     def _record(
@@ -237,12 +255,16 @@ class _SlideRunner:
         error = " ".join(error.split())  # one line in status.csv
         self.status.append(entry.slide_id, str(entry.path), status, n_tiles, seconds, error)
         self.progress.slide_finished(entry.slide_id, status, n_tiles, seconds, error)
+        with self._lock:
+            self._add(entry.slide_id, status, error)
+
+    def _add(self, slide_id: str, status: str, error: str) -> None:
         if status == "done":
-            self.summary.done.append(entry.slide_id)
+            self.summary.done.append(slide_id)
         elif status == "skipped":
-            self.summary.skipped.append(entry.slide_id)
+            self.summary.skipped.append(slide_id)
         else:
-            self.summary.failed[entry.slide_id] = error
+            self.summary.failed[slide_id] = error
 
 
 def _file_sha256(path: Path) -> str:

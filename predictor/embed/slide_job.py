@@ -63,6 +63,8 @@ class RunContext:
         dispatcher: Sends requests for the model.
         tissue_dispatcher: Sends requests for the tissue model (None: otsu/none).
         base_attrs: Attributes every output file carries (model, spec, version, ...).
+        in_flight: Bounds requests in flight over every slide of the run
+            (``--concurrency``), whatever the number of slides in progress.
     """
 
     config: EmbedConfig
@@ -73,6 +75,7 @@ class RunContext:
     dispatcher: Dispatcher
     tissue_dispatcher: Dispatcher | None
     base_attrs: Mapping[str, Any]
+    in_flight: threading.Semaphore
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,9 @@ def _rows(outputs: Mapping[str, np.ndarray], name: str | None, ok: np.ndarray) -
         if not ok.any():  # nothing was sent: an empty slide
             return np.zeros((0, 0), np.float32)
         raise EmbedError(f"the server's answer has no {name!r} output ({sorted(outputs)})")
-    return np.ascontiguousarray(outputs[name][ok])
+    # Without bad tiles (the usual case) the assembled array is written as is: no copy
+    # of what can be the largest array of the run (N x 1536 float32).
+    return outputs[name] if ok.all() else outputs[name][ok]
 
 
 def _bad_attrs(bad: np.ndarray) -> dict[str, Any]:
@@ -180,7 +185,8 @@ def _sender(
         inputs = {"pixels": tiles}
         if bulk_rna is not None:
             inputs["bulk_rna"] = np.broadcast_to(bulk_rna, (len(tiles), len(bulk_rna)))
-        return ctx.dispatcher.infer(model, inputs, {"mode": mode})
+        with ctx.in_flight:
+            return ctx.dispatcher.infer(model, inputs, {"mode": mode})
 
     return send
 

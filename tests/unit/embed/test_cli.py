@@ -26,7 +26,7 @@ def test_every_flag_reaches_the_config(tmp_path: Path) -> None:
         "--tissue-url", "http://seg:80", "--min-tissue", "0.5", "--batch-size", "32",
         "--concurrency", "6", "--read-workers", "3", "--force", "--shard", "1/4",
         "--progress", "bar", "--max-attempts", "5", "--timeout-s", "60",
-        "--recycle-requests", "10", "--recycle-s", "5",
+        "--recycle-requests", "10", "--recycle-s", "5", "--slides-in-flight", "3",
     )  # fmt: skip
     assert config.slides == (Path("a.svs"), Path("b.tiff"))
     assert config.urls == ("http://127.0.0.1:9", "grpc://h:8081")
@@ -41,6 +41,7 @@ def test_every_flag_reaches_the_config(tmp_path: Path) -> None:
     assert config.force and config.shard == (1, 4) and config.progress == "bar"
     assert (config.max_attempts, config.timeout_s) == (5, 60.0)
     assert (config.recycle_requests, config.recycle_s) == (10, 5.0)
+    assert config.slides_in_flight == 3
 
 
 def test_shard_count_alone_reads_the_job_index(tmp_path: Path) -> None:

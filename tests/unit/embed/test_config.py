@@ -41,6 +41,7 @@ def test_defaults_follow_urls_and_workers() -> None:
         ({"min_tissue": 2.0}, "--min-tissue must be in [0, 1], got 2.0"),
         ({"max_attempts": 0}, "--max-attempts must be >= 1, got 0"),
         ({"recycle_s": 0.0}, "--recycle-s must be > 0, got 0.0"),
+        ({"slides_in_flight": 0}, "--slides-in-flight must be >= 1, got 0"),
     ],
 )
 def test_bad_values_are_usage_errors(changes: dict, message: str) -> None:
