@@ -238,3 +238,36 @@ def test_bulk_rna_goes_with_every_tile_and_a_4xx_fails_its_slide(
     np.testing.assert_allclose(
         good["predictions"][rows_], np.round(np.expm1(pred_log), 3), rtol=RTOL, atol=2e-3
     )
+
+
+def _corrupt_tiff_tile(path: Path, index: int) -> None:
+    """Overwrites the middle of level 0's TIFF tile ``index`` with noise (deflate fails on it)."""
+    import tifffile
+
+    with tifffile.TiffFile(path) as tf:
+        offset, count = tf.pages[0].dataoffsets[index], tf.pages[0].databytecounts[index]
+    noise = np.random.default_rng(0).integers(0, 256, count - 20, dtype=np.uint8)
+    with open(path, "r+b") as fh:
+        fh.seek(offset + 10)
+        fh.write(noise.tobytes())
+
+
+def test_corrupt_tiles_are_retried_then_skipped_and_recorded(
+    emb: Server, slide_set: dict, clean_run: Path, tmp_path: Path
+) -> None:
+    corrupt = tmp_path / "corrupt.tiff"
+    shutil.copy(slide_set["tiff"].path, corrupt)
+    _corrupt_tiff_tile(corrupt, 15)  # 256 px TIFF tiles, 14 per row: x, y in [256, 512)
+    out = tmp_path / "out"
+    result = run_embed(corrupt, slide_set["tiff"].path, "--url", emb.base, "--out", out)
+    assert result.returncode == 1, result.stderr
+    rows = {r["slide_id"]: r for r in status_rows(out)}
+    assert rows["tiff"]["status"] == "done" and rows["corrupt"]["status"] == "failed"
+    assert "4 of 10 tiles unreadable" in rows["corrupt"]["error"]
+    got, clean = read_output(out / "corrupt.h5"), read_output(clean_run / "tiff.h5")
+    bad = np.array([[224, 224], [448, 224], [224, 448], [448, 448]])  # overlap the bad tile
+    np.testing.assert_array_equal(got["attrs"]["bad_coords"], bad)
+    keep = ~(clean["coords"][:, None, :] == bad[None]).all(axis=2).any(axis=1)
+    np.testing.assert_array_equal(got["coords"], clean["coords"][keep])
+    np.testing.assert_allclose(got["features"], clean["features"][keep], rtol=RTOL, atol=ATOL)
+    assert got["attrs"]["n_bad_tiles"] == 4
