@@ -78,6 +78,45 @@ def test_no_import_circle_among_predictor_modules():
     assert _cycle(graph) is None, f"import circle: {' -> '.join(_cycle(graph) or [])}"
 
 
+LAYERS = (  # top to bottom, as docs/architecture.md's table ("Layers")
+    (
+        "predictor.__main__",
+        "predictor.cli",
+        "predictor.startup",
+        "predictor.export",
+        "predictor.export_sources",
+    ),
+    ("predictor.server",),
+    ("predictor.families",),
+    ("predictor.model", "predictor.admission", "predictor.stage1"),
+    ("predictor.codecs", "predictor.samples"),
+    ("predictor.batcher", "predictor.batch_worker"),
+    ("predictor.device", "predictor.faults", "predictor.metrics"),
+    ("predictor.package", "predictor.aoti_runner", "predictor.demo_models"),
+    ("predictor.spec", "predictor.config", "predictor.errors"),
+)
+
+
+def _layer(module: str) -> int | None:
+    for index, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    return None
+
+
+def test_imports_point_down_the_layers():
+    modules = _modules()
+    upward = []
+    for name, path in modules.items():
+        here = _layer(name)
+        for dep in _top_level_imports(path, name, modules):
+            there = _layer(dep)
+            if here is not None and there is not None and there < here:
+                upward.append(f"{name} -> {dep}")
+    assert _layer("predictor.families.base") == 2 and _layer("predictor.wire") is None
+    assert not upward, upward
+
+
 def test_the_circle_finder_finds_circles():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
