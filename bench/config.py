@@ -102,6 +102,8 @@ class Profile:
             matrix and baseline cells are skipped (targets always run), so a
             run on a loaded machine still ends in time.
         triton: Run the NVIDIA Triton baseline (needs ``.venv-triton``).
+        null_model: Measure single-tile requests/s and CPU per request on
+            :mod:`bench.null_model` (see :mod:`bench.null_rate`).
     """
 
     name: str
@@ -118,6 +120,7 @@ class Profile:
     target_clients: tuple[int, int, int] = (16, 32, 64)
     cells_budget_s: float = 600.0
     triton: bool = True
+    null_model: bool = True
 
 
 _DEMO = ModelCase(

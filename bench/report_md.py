@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.null_rate import section as null_section
 from bench.report_triton import triton_section
 from bench.targets import CLIENTS_TARGET, EFFICIENCY_TARGET, IDLE_BUDGET_MS
 
@@ -199,6 +200,7 @@ def markdown(results: dict[str, Any], pngs: dict[str, str]) -> str:
     ]
     for label, model in results["models"].items():
         lines += model_section(label, model, pngs.get(label))
+    lines += null_section(results.get("null_model"))
     if results.get("stage1"):
         lines += stage1_section(results["stage1"])
     return "\n".join(lines) + "\n"

@@ -69,7 +69,7 @@ _T0 = time.monotonic()
 
 
 def start_servers(
-    profile: Profile, case: ModelCase, package: Path, log_dir: Path, runner: Any
+    profile: Profile, case: ModelCase, package: Path, log_dir: Path
 ) -> dict[str, Any]:
     """histoserve, batching off (baseline a), the naive model (b) and Triton (when installed)."""
     from bench import servers, triton
@@ -93,7 +93,6 @@ def start_servers(
     if triton.wanted(profile) is None:
         started["triton"] = triton.start_triton(
             package,
-            runner,
             model="bench",
             max_batch_size=case.max_batch_size,
             max_latency_ms=case.max_latency_ms,
@@ -144,7 +143,14 @@ def measure_live(
     log(f"{case.label}: many clients {many.get('throughput')}")
     baselines += [r for name in ("nobatch", "naive") for r in many["runs"][name]]
     vs_triton = triton.measure(
-        client, servers, case, profile, runner, tile_size=tile_size, speed_tps=top, log=log
+        client,
+        servers,
+        case,
+        profile,
+        runner.package.path,
+        tile_size=tile_size,
+        speed_tps=top,
+        log=log,
     )
     annotate(matrix + baselines + [efficiency["cell"], *many["runs"]["histoserve"]], limit)
     annotate(vs_triton.get("cells", []), limit)
@@ -196,7 +202,7 @@ def bench_model(profile: Profile, case: ModelCase, client: Any, log_dir: Path) -
         f"{case.label}: limit "
         + ", ".join(f"b{b} {r['tiles_per_s']:.1f}/s" for b, r in limit.items())
     )
-    servers = start_servers(profile, case, package, log_dir, runner)
+    servers = start_servers(profile, case, package, log_dir)
     try:
         live = measure_live(profile, case, runner, limit, servers, client)
     finally:
@@ -256,6 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["models"] = {
             m.label: bench_model(profile, m, client, log_dir) for m in profile.models
         }
+        if profile.null_model:
+            from bench import null_rate
+
+            log("null model")
+            results["null_model"] = null_rate.measure(profile, client, log_dir, log)
     finally:
         client.close()
     log("stage 1")

@@ -87,13 +87,18 @@ def _env(threads: int) -> dict[str, str]:
     return env
 
 
-def _facts(runner: Any) -> dict[str, str]:
-    """Normalisation and geometry of the loaded package (a :class:`bench.limit.ForwardRunner`)."""
-    spec = runner.package.embedded_spec
+def package_facts(package: Path) -> dict[str, str]:
+    """Normalisation, geometry and input dtype, from the package's own metadata."""
+    from predictor.package.metadata import embedded_spec, package_input_dtype, read_metadata
+
+    metadata = read_metadata(package)
+    spec = embedded_spec(metadata)
+    if spec is None:
+        raise ValueError(f"{package}: no embedded spec; Triton needs its mean, std and geometry")
     return {
         "mean": ",".join(str(v) for v in (spec.mean or (0.0, 0.0, 0.0))),
         "std": ",".join(str(v) for v in (spec.std or (1.0, 1.0, 1.0))),
-        "dtype": str(runner.package.input_dtype).removeprefix("torch."),
+        "dtype": str(package_input_dtype(metadata)).removeprefix("torch."),
         "tile_size": str(spec.tile_size),
         "embedding_dim": str(spec.embedding_dim),
     }
@@ -101,7 +106,6 @@ def _facts(runner: Any) -> dict[str, str]:
 
 def start_triton(
     package: Path,
-    runner: Any,
     *,
     model: str,
     device: str,
@@ -119,7 +123,7 @@ def start_triton(
         raise FileNotFoundError(f"{VENV} is missing; `make bench` creates it")
     ports = (free_port(), free_port())
     metrics_port = free_port()
-    facts = _facts(runner)
+    facts = package_facts(package)
     args = [
         str(VENV / "bin" / "python"), str(REPO / "bench" / "triton_server.py"),
         "--package", str(package), "--model_name", model,
@@ -137,14 +141,14 @@ def start_triton(
     return TritonServer(**base, metrics_port=metrics_port)
 
 
-def check_embeddings(package: Path, runner: Any, servers: Mapping[str, Server]) -> dict[str, Any]:
+def check_embeddings(package: Path, servers: Mapping[str, Server]) -> dict[str, Any]:
     """Served embeddings vs the in-process forward, per server and protocol.
 
     Returns:
         ``{server: {protocol: {"max_abs", "min_cosine", "ok"}}}``, or
         ``{"failed": reason}`` if the check itself could not run.
     """
-    facts = _facts(runner)
+    facts = package_facts(package)
     args = [
         str(VENV / "bin" / "python"), str(REPO / "bench" / "embedding_check.py"),
         "--package", str(package), "--mean", facts["mean"], "--std", facts["std"],
@@ -256,7 +260,7 @@ def measure(
     servers: Mapping[str, Server],
     case: ModelCase,
     profile: Profile,
-    runner: Any,
+    package: Path,
     **run: Any,
 ) -> dict[str, Any]:
     """The whole Triton part of one model: the embedding check, then :func:`compare`.
@@ -268,7 +272,7 @@ def measure(
     if "triton" not in servers:
         return {"skipped": wanted(profile) or "not started"}
     pair = {name: servers[name] for name in ("histoserve", "triton")}
-    check = check_embeddings(runner.package.path, runner, pair)
+    check = check_embeddings(package, pair)
     bad = [
         f"{server} {protocol}: {result}"
         for server, protocols in check.items()

@@ -98,3 +98,18 @@ def test_triton_ran_beside_histoserve(tiny_results: tuple[Path, dict]) -> None:
     assert (
         part["unfair"] and "Triton not measured" not in (tiny_results[0] / "results.md").read_text()
     )
+
+
+@pytest.mark.integration
+def test_null_model_rate_and_cpu_per_request(tiny_results: tuple[Path, dict]) -> None:
+    from bench import triton
+
+    part = tiny_results[1]["null_model"]
+    servers = {"histoserve", "triton"} if triton.available() else {"histoserve"}
+    assert {(c["server"], c["protocol"]) for c in part["cells"]} == {
+        (s, p) for s in servers for p in ("v2-pixels", "v2-grpc")
+    }
+    for cell in part["cells"]:
+        assert cell["requests_per_s"] > 0 and not cell["errors"], cell
+        assert cell["cpu_ms_per_request"] > 0, cell
+    assert "## Null model" in (tiny_results[0] / "results.md").read_text()
