@@ -192,7 +192,7 @@ class GilFreeRunner:
         message = ctypes.c_char_p()
         detail = ""
         if self._lib.AOTInductorGetLastError(ctypes.byref(message)) == 0 and message.value:
-            detail = message.value.decode("utf-8", "replace")
+            detail = message.value.decode("utf-8", "replace").strip()
         raise AotiRunError(f"{self.path.name}: cannot {what}: {detail or f'error code {code}'}")
 
     def get_metadata(self) -> Mapping[str, str]:
