@@ -139,7 +139,7 @@ _VITS = ModelCase(
     max_inflight_tiles=64,
     baseline_cells=((1, 1), (16, 1)),
     target_max_s=15.0,
-    triton_cells=((64, 1),),  # 16 x 32 tiles is over this model's in-flight cap
+    triton_cells=((64, 1),),  # 16 x 32 tiles: a 17 s round on this CPU (in-flight cap)
 )
 
 PROFILES: dict[str, Profile] = {
