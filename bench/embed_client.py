@@ -147,7 +147,7 @@ def read_rate(slide: Path, cfg: EmbedBench, tile_size: int) -> dict[str, Any]:
         run_batches(
             len(coords), cfg.batch_size, readers.read, lambda tiles, rows: {},
             read_workers=cfg.read_workers, concurrency=cfg.concurrency,
-            queue_batches=cfg.concurrency + cfg.read_workers, stats=stats,
+            queue_batches=max(2, cfg.read_workers), stats=stats,
         )  # fmt: skip
     finally:
         readers.close()

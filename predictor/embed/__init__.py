@@ -16,9 +16,12 @@ status.csv, resume), :mod:`~predictor.embed.claims`. The remote side:
 :mod:`~predictor.embed.config` (every option), :mod:`~predictor.embed.remote`
 (what the server serves), :mod:`~predictor.embed.transport` /
 :mod:`~predictor.embed.grpc_transport` (one URL), :mod:`~predictor.embed.dispatch`
-(several URLs, retries), :mod:`~predictor.embed.pipeline` (reading ahead,
+(several URLs, retries), :mod:`~predictor.embed.batches` (reading ahead,
 requests, assembly), :mod:`~predictor.embed.slide_job` (one slide),
-:mod:`~predictor.embed.progress`, :mod:`~predictor.embed.cli`.
+:mod:`~predictor.embed.tissue_remote` (a served tissue model),
+:mod:`~predictor.embed.pipeline` (the run: resume, claims, status),
+:mod:`~predictor.embed.progress`, :mod:`~predictor.embed.memory` (big buffers
+back to the OS), :mod:`~predictor.embed.bulk_rna`, :mod:`~predictor.embed.cli`.
 
 Importing this package imports neither torch nor kserve (names below load on
 first use): ``tritonclient.grpc`` and kserve register the same protobuf

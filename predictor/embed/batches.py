@@ -102,40 +102,58 @@ def run_batches(
     Raises:
         The first exception of a reader or a sender (the rest are stopped).
     """
-    stats = stats if stats is not None else BatchStats()
-    n_batches = -(-n_rows // batch_size)
-    results = _Results(n_rows)
-    work: queue.Queue = queue.Queue(maxsize=max(1, queue_batches))
-    state = _State(n_batches)
+    job = _Job(n_rows, batch_size, read, send, on_batch, stats or BatchStats(), queue_batches)
+    _run_threads(job.state, job.work, job.reader, job.sender, read_workers, concurrency)
+    if job.state.error is not None:
+        raise job.state.error
+    return Assembled(job.results.outputs, job.results.ok)
 
-    def reader() -> None:
-        while (index := state.next_index()) is not None:
+
+class _Job:
+    """One slide's batches: what readers and senders share."""
+
+    def __init__(
+        self,
+        n_rows: int,
+        batch_size: int,
+        read: ReadFn,
+        send: SendFn,
+        on_batch: Callable[[int], None] | None,
+        stats: BatchStats,
+        queue_batches: int,
+    ):
+        self.n_rows, self.batch_size = n_rows, batch_size
+        self.read, self.send, self.on_batch, self.stats = read, send, on_batch, stats
+        self.results = _Results(n_rows)
+        self.work: queue.Queue = queue.Queue(maxsize=max(1, queue_batches))
+        self.state = _State(-(-n_rows // batch_size))
+
+    def reader(self) -> None:
+        """Reads batches in order until none is left (or the slide failed)."""
+        while (index := self.state.next_index()) is not None:
             start = time.monotonic()
-            tiles, ok = read(index)
-            stats.add(read_s=time.monotonic() - start)
-            if not state.put(work, (index, tiles, ok)):
+            tiles, ok = self.read(index)
+            self.stats.add(read_s=time.monotonic() - start)
+            if not self.state.put(self.work, (index, tiles, ok)):
                 return
 
-    def sender() -> None:
+    def sender(self) -> None:
+        """Sends queued batches until the end marker (or the slide failed)."""
         while True:
             start = time.monotonic()
-            item = work.get()
-            stats.add(starved_s=time.monotonic() - start)
-            if item is _DONE or state.failed.is_set():
+            item = self.work.get()
+            self.stats.add(starved_s=time.monotonic() - start)
+            if item is _DONE or self.state.failed.is_set():
                 return
             index, tiles, ok = item
-            rows = slice(index * batch_size, min(n_rows, (index + 1) * batch_size))
+            rows = slice(index * self.batch_size, min(self.n_rows, (index + 1) * self.batch_size))
             start = time.monotonic()
-            answer = send(tiles[ok], rows) if ok.any() else {}
-            stats.add(server_s=time.monotonic() - start, requests=1)
-            results.put(rows, ok, answer)
-            if on_batch is not None:
-                on_batch(int(ok.sum()))
-
-    _run_threads(state, work, reader, sender, read_workers, concurrency)
-    if state.error is not None:
-        raise state.error
-    return Assembled(results.outputs, results.ok)
+            good = tiles if ok.all() else tiles[ok]  # no copy in the usual case
+            answer = self.send(good, rows) if len(good) else {}
+            self.stats.add(server_s=time.monotonic() - start, requests=1)
+            self.results.put(rows, ok, answer)
+            if self.on_batch is not None:
+                self.on_batch(int(ok.sum()))
 
 
 class _State:

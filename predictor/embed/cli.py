@@ -15,6 +15,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from predictor.embed.config import MODES, PROGRESS, EmbedConfig
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -25,6 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Embed whole slides with a histoserve model: one HDF5 file per slide.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    _input_flags(parser)
+    _scale_flags(parser)
+    _call_flags(parser)
+    return parser
+
+
+def _input_flags(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("slides", nargs="*", type=Path, help="slide files (the slide id is the file stem)")
     add("--manifest", type=Path, help="CSV with slide_id,path[,mpp][,bulk_rna]")
@@ -38,11 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--out", type=Path, required=True, help="output folder (<slide_id>.h5, status.csv)")
     add("--model", help="model name (default: the only model the server serves)")
+    add("--mode", default="embedding", choices=MODES)
+    add("--force", action="store_true", help="re-embed slides that are already done")
     add(
-        "--mode",
-        default="embedding",
-        choices=("embedding", "prediction", "prediction_with_embedding"),
+        "--shard", help="I/N: every N-th slide from the I-th; N alone: I from $JOB_COMPLETION_INDEX"
     )
+    add("--progress", default="auto", choices=PROGRESS)
+
+
+def _scale_flags(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
     add("--target-mpp", type=float, help="tile mpp (default: the model's)")
     add("--tile-size", type=int, help="tile edge in px (default: the model's)")
     add("--mpp-override", type=float, help="level-0 mpp for every slide, ahead of metadata")
@@ -57,26 +71,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the --tissue model is served (default: the --url servers)",
     )
     add("--min-tissue", type=float, default=0.25, help="least tissue fraction of a kept tile")
+
+
+def _call_flags(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
     add("--batch-size", type=int, default=64, help="tiles per request")
     add("--concurrency", type=int, default=0, help="requests in flight (default 4 per URL)")
     add("--read-workers", type=int, default=0, help="tile reading threads (default: CPUs, <= 8)")
     add("--queue-batches", type=int, default=0, help=argparse.SUPPRESS)
     add("--slides-in-flight", type=int, default=2, help="slides in progress at once")
-    add("--force", action="store_true", help="re-embed slides that are already done")
-    add(
-        "--shard", help="I/N: every N-th slide from the I-th; N alone: I from $JOB_COMPLETION_INDEX"
-    )
-    add("--progress", default="auto", choices=("auto", "bar", "plain", "none"))
     add("--max-attempts", type=int, default=8, help="attempts per request (503, 429, resets)")
     add("--timeout-s", type=float, default=300.0, help="per-request timeout")
     add("--recycle-requests", type=int, default=1000, help="new connections after N requests")
     add("--recycle-s", type=float, default=30.0, help="...or after this many seconds")
-    return parser
 
 
-def config_from_args(args: argparse.Namespace, env: Mapping[str, str]):  # -> EmbedConfig
+def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> EmbedConfig:
     """The :class:`~predictor.embed.config.EmbedConfig` of parsed flags (UsageError when bad)."""
-    from predictor.embed.config import EmbedConfig
     from predictor.embed.manifest import parse_shard
 
     return EmbedConfig(

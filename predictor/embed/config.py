@@ -106,7 +106,9 @@ class EmbedConfig:
         if self.read_workers == 0:
             set_(self, "read_workers", default_read_workers())
         if self.queue_batches == 0:
-            set_(self, "queue_batches", self.concurrency + self.read_workers)
+            # Read-ahead only absorbs jitter: when the server is the slower side the
+            # queue stays full whatever its depth, and when reading is, it stays empty.
+            set_(self, "queue_batches", max(2, self.read_workers))
 
     def _check_sources(self) -> None:
         if not self.urls:

@@ -37,6 +37,7 @@ from predictor.embed.config import EmbedConfig
 from predictor.embed.dispatch import Dispatcher, RetryPolicy
 from predictor.embed.errors import EmbedError, UsageError
 from predictor.embed.manifest import SlideEntry, entries_from_paths, read_manifest, select_shard
+from predictor.embed.memory import large_buffers_use_mmap
 from predictor.embed.output import StatusLog, config_hash, is_done
 from predictor.embed.progress import Progress
 from predictor.embed.remote import fetch_server_info
@@ -144,6 +145,7 @@ def embed(config: EmbedConfig, stream: Any = None) -> EmbedSummary:
         EmbedError: The server cannot be reached or described.
     """
     start = time.monotonic()
+    large_buffers_use_mmap()
     entries = collect_entries(config)
     config.out_dir.mkdir(parents=True, exist_ok=True)
     retry = RetryPolicy(max_attempts=config.max_attempts)

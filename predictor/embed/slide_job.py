@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from predictor.embed.batches import BatchStats, run_batches
+from predictor.embed.batches import Assembled, BatchStats, run_batches
 from predictor.embed.config import EmbedConfig
 from predictor.embed.dispatch import Dispatcher
 from predictor.embed.errors import EmbedError
@@ -140,17 +140,29 @@ def embed_slide(
         )
     finally:
         readers.close()
+    return _write(ctx, entry, coords, fractions, assembled, {**attrs, **slide_attrs})
+
+
+def _write(
+    ctx: RunContext,
+    entry: SlideEntry,
+    coords: np.ndarray,
+    fractions: np.ndarray,
+    assembled: Assembled,
+    attrs: dict[str, Any],
+) -> SlideOutcome:
+    """Writes the readable rows; raises :class:`CorruptTiles` after writing when some were not."""
     ok = assembled.ok
-    features_name, predictions_name = _MODE_OUTPUTS[cfg.mode]
+    features_name, predictions_name = _MODE_OUTPUTS[ctx.config.mode]
     bad = coords[~ok]
     result = SlideResult(
         features=_rows(assembled.outputs, features_name, ok),
         predictions=_rows(assembled.outputs, predictions_name, ok),
         coords=coords[ok],
         tissue_fraction=fractions[ok],
-        attrs={**attrs, **slide_attrs, **_bad_attrs(bad)},
+        attrs={**attrs, **_bad_attrs(bad)},
     )
-    path = write_slide(cfg.out_dir, entry.slide_id, result)
+    path = write_slide(ctx.config.out_dir, entry.slide_id, result)
     if len(bad):
         raise CorruptTiles(
             f"{len(bad)} of {len(coords)} tiles unreadable even on a fresh handle, left out "

@@ -172,9 +172,17 @@ class HttpTransport:
             ServerRefused: Any other 4xx, with the server's message.
         """
         body, headers = wire.encode_request(inputs, parameters=parameters)
+        headers["content-length"] = str(len(body))
+        # httpx keeps a request (and so its body) in a reference cycle with its
+        # response until the cyclic GC runs: 18 bodies of ~10 MB were seen alive with
+        # 4 in flight. An exhausted iterator lets go of the body once it is sent.
+        content = iter((body,))
+        del body
         pool = self._recycler.acquire()
         try:
-            response = pool.client.post(f"/v2/models/{model}/infer", content=body, headers=headers)
+            response = pool.client.post(
+                f"/v2/models/{model}/infer", content=content, headers=headers
+            )
         except httpx.HTTPError as exc:
             self._recycler.discard(pool)
             raise RetryableError(f"{self.url}: {type(exc).__name__}: {exc}") from exc

@@ -15,7 +15,7 @@ BASE = {"urls": ("http://127.0.0.1:8080",), "out_dir": Path("out"), "slides": (P
 def test_defaults_follow_urls_and_workers() -> None:
     config = EmbedConfig(**{**BASE, "urls": ("http://a:1", "grpc://b:2")}, read_workers=3)
     assert config.concurrency == 2 * DEFAULT_CONCURRENCY_PER_URL
-    assert config.queue_batches == config.concurrency + 3
+    assert config.queue_batches == 3
     assert config.tissue_method == "otsu"
     assert EmbedConfig(**BASE, tissue="tissue-seg").tissue_method == "model"
 
