@@ -2,8 +2,9 @@
 
 :class:`Dispatcher` is called from many threads at once (``--concurrency``).
 Each request goes to the URL with the fewest requests in flight (ties: the one
-used longest ago), so a slow or busy replica gets less work and a fast one
-more, without any configuration. A retryable failure (503 while draining, a
+used longest ago; a URL that just failed is passed over for a moment), so a
+slow or busy replica gets less work and a fast one more, without any
+configuration. A retryable failure (503 while draining, a
 full queue's 503/429, a reset connection, gRPC ``UNAVAILABLE``) is retried up
 to ``max_attempts`` times in all, preferably on ANOTHER URL: a replica going
 away mid-request costs one retry, nothing is lost. The wait before a retry is
@@ -59,12 +60,17 @@ class RetryPolicy:
         backoff_max_s: Largest backoff ceiling.
         retry_after_max_s: Longest ``Retry-After`` honoured (a misconfigured
             server cannot park the client for an hour).
+        cool_down_s: After a failed attempt, new requests prefer the other URLs
+            for this long (or the server's ``Retry-After`` when shorter): a replica
+            that went away does not keep attracting first attempts because its
+            failures leave it with the fewest in flight.
     """
 
     max_attempts: int = 8
     backoff_base_s: float = 0.1
     backoff_max_s: float = 10.0
     retry_after_max_s: float = 60.0
+    cool_down_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -92,6 +98,7 @@ class _Slot:
         self.in_flight = 0
         self.last_used = 0
         self.sent = self.failed = 0
+        self.cool_until = 0.0  # monotonic: after a failure, others are preferred until then
 
 
 def make_transport(url: str, timeout_s: float, recycle: RecyclePolicy) -> Transport:
@@ -159,7 +166,7 @@ class Dispatcher:
                 last, avoid = exc, slot
             finally:
                 self._done(slot)
-            self._count_failure(slot)
+            self._count_failure(slot, last.retry_after_s)
             if attempt < self._retry.max_attempts:
                 with self._lock:
                     delay = self._retry.delay_s(attempt, last.retry_after_s, self._rng)
@@ -170,8 +177,12 @@ class Dispatcher:
 
     def _pick(self, avoid: _Slot | None) -> _Slot:
         with self._lock:
+            now = time.monotonic()
             candidates = [s for s in self._slots if s is not avoid] or self._slots
-            slot = min(candidates, key=lambda s: (s.in_flight, s.last_used, s.order))
+            slot = min(
+                candidates,
+                key=lambda s: (s.cool_until > now, s.in_flight, s.last_used, s.order),
+            )
             self._clock += 1
             slot.in_flight += 1
             slot.last_used = self._clock
@@ -182,10 +193,12 @@ class Dispatcher:
         with self._lock:
             slot.in_flight -= 1
 
-    def _count_failure(self, slot: _Slot) -> None:
+    def _count_failure(self, slot: _Slot, retry_after_s: float | None) -> None:
         with self._lock:
             slot.failed += 1
             self.failed_attempts += 1
+            cool_s = min(self._retry.cool_down_s, retry_after_s or self._retry.cool_down_s)
+            slot.cool_until = time.monotonic() + cool_s
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Per URL: requests sent, failed attempts, now in flight."""

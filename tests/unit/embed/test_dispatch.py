@@ -253,3 +253,14 @@ def test_policies_validate() -> None:
         RecyclePolicy(max_requests=0)
     with pytest.raises(ValueError, match="at least one"):
         Dispatcher([], RetryPolicy())
+
+
+def test_a_failed_url_is_passed_over_for_a_while(servers: list[Scripted]) -> None:
+    gone, good = Scripted(["reset"] * 50), Scripted()
+    servers += [gone, good]
+    with _dispatcher([gone.url, good.url]) as dispatcher:
+        for seed in range(10):  # sequential: both URLs have 0 in flight every time
+            dispatcher.infer("m", {"pixels": _tiles(1, seed)})
+    # Without the cool-down every request would try the gone replica first (ties go to
+    # the URL used longest ago); with it, one failure and the rest go elsewhere.
+    assert gone.seen == ["reset"] and good.seen == ["ok"] * 10
