@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.cells import Cell, LoadClient, run_cell
+from bench.cells import Cell, LoadClient
 from bench.config import Profile
 
 PROTOCOLS = ("v2-pixels", "v2-grpc")
@@ -63,6 +63,7 @@ def measure(
     profile: Profile, client: LoadClient, log_dir: Path, log: Callable[[str], None]
 ) -> dict[str, Any]:
     """Requests/s and server CPU per request, per server and protocol."""
+    from bench import triton
     from harness.packages import module_package
 
     package = module_package("h0-mini", "bench.null_model:build")
@@ -73,7 +74,7 @@ def measure(
         for protocol in PROTOCOLS:
             for name, server in started.items():
                 cell = Cell(name, protocol, clients, 1, target=True)
-                result = run_cell(
+                result = triton.run_cell_counted(  # Triton's mean batch from its counters
                     client,
                     server,
                     cell,

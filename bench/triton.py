@@ -183,7 +183,9 @@ def _triton_batches(server: Server) -> tuple[float, float] | None:
     return sums["nv_inference_count"], sums["nv_inference_exec_count"]
 
 
-def _run(client: LoadClient, server: Server, cell: Cell, **timing: Any) -> dict[str, Any]:
+def run_cell_counted(
+    client: LoadClient, server: Server, cell: Cell, **timing: Any
+) -> dict[str, Any]:
     """One cell; on Triton, its mean batch from Triton's counters around the cell."""
     before = _triton_batches(server) if cell.server == "triton" else None
     result = run_cell(client, server, cell, **timing)
@@ -221,7 +223,7 @@ def compare(
                 if reason:
                     result = {**asdict(cell), "skipped": reason}
                 else:
-                    result = _run(
+                    result = run_cell_counted(
                         client,
                         servers[name],
                         cell,
