@@ -107,20 +107,34 @@ def test_base_torch_is_the_torch_the_tests_run():
     assert tuple(map(int, base_torch.split("."))) >= tuple(map(int, (low + ".0.0").split(".")[:3]))
 
 
-def test_runtime_installs_only_the_package_without_extras():
+# The image serves and runs `histoserve embed` (the embed chart's Job uses the same image).
+IMAGE_EXTRAS = {"slides"}
+
+
+def test_runtime_installs_only_the_package_and_the_slides_extra():
     runs = " ".join(FINAL.all("RUN"))
     installs = re.findall(r"pip install ([^&|;]+)", runs)
     assert installs, "the runtime stage installs nothing"
     for cmd in installs:
         targets = [t for t in cmd.split() if not t.startswith("-") and "constraint" not in t]
         targets = [t for t in targets if not t.startswith("/tmp/base-constraints")]
-        assert targets == ["/wheels/histoserve-*.whl"], f"runtime pip install of {targets}"
-        assert "[" not in cmd, f"extras installed: {cmd}"
+        assert targets == ['"${wheel}[slides]"'], f"runtime pip install of {targets}"
+    assert "wheel=$(echo /wheels/histoserve-*.whl)" in runs
     text = DOCKERFILE
-    for extra in PYPROJECT["project"]["optional-dependencies"]:
+    for extra in set(PYPROJECT["project"]["optional-dependencies"]) - IMAGE_EXTRAS:
         assert f"[{extra}]" not in text, f"the image must not install the {extra!r} extra"
     assert "-e " not in runs and "editable" not in runs
     assert not re.search(r"apt-get install[^&]*(gcc|g\+\+|build-essential)", runs)
+
+
+def test_slides_extra_holds_no_dev_tools():
+    """What the image gains for `histoserve embed` must be runtime readers and clients only."""
+    slides = {
+        re.split(r"[\s<>=!~\[;]", d, maxsplit=1)[0].lower()
+        for d in PYPROJECT["project"]["optional-dependencies"]["slides"]
+    }
+    assert {"openslide-python", "openslide-bin", "h5py"} <= slides
+    assert not slides & {"pytest", "ruff", "hypothesis", "torchvision", "timm", "wsidicom-data"}
 
 
 def test_runtime_dependencies_are_runtime_only():
