@@ -37,20 +37,19 @@ SAMPLE = 6  # tiles per slide checked against the package run in-process
 RTOL, ATOL = 1e-4, 1e-5
 
 
-class SaturationSegmenter(nn.Module):
-    """A tissue segmenter that really segments: tissue = saturated pixels.
+def saturation_segmenter() -> nn.Module:
+    """``--module`` factory: a tissue segmenter that really segments (tissue = saturated pixels).
 
     Input ``/255`` RGB ``[B, 3, H, W]``; logits ``[B, 1, H, W]`` positive where
-    ``max(rgb) - min(rgb) > 0.08`` (H&E stain; white glass is ~0).
+    ``max(rgb) - min(rgb) > 0.08`` (H&E stain; white glass is ~0). The class is
+    defined in here so the package cache key (this function's source) covers it.
     """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        spread = x.amax(dim=1, keepdim=True) - x.amin(dim=1, keepdim=True)
-        return 40.0 * (spread - 0.08)
+    class SaturationSegmenter(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            spread = x.amax(dim=1, keepdim=True) - x.amin(dim=1, keepdim=True)
+            return 40.0 * (spread - 0.08)
 
-
-def saturation_segmenter() -> nn.Module:
-    """``--module`` factory for the tissue-seg test package."""
     return SaturationSegmenter().eval()
 
 
