@@ -151,7 +151,9 @@ def test_otsu_coords_are_the_tissue_grid_and_attrs_are_written(
         assert len(attrs["config_hash"]) == 64 and attrs["histoserve_version"]
         assert out["coords_attrs"]["patch_size_level0"] == patch
         assert out["coords_attrs"]["level0_width"] == 3584
-    assert by_status(status_rows(clean_run)) == {"done": ["svs", "tiff"]}
+    assert {k: sorted(v) for k, v in by_status(status_rows(clean_run)).items()} == {
+        "done": ["svs", "tiff"]  # two slides in flight: either may finish first
+    }
 
 
 def test_served_tissue_model_gives_the_tissue_grid(
