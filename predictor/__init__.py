@@ -22,8 +22,9 @@ request through them):
   :mod:`~predictor.families` (per-family hooks: :mod:`~predictor.families.base`,
   :mod:`~predictor.families.embedding`, :mod:`~predictor.families.multimodal`,
   :mod:`~predictor.families.segmentation`), :mod:`~predictor.spec` (model specs).
-* Scheduling and device: :mod:`~predictor.batcher` and
-  :mod:`~predictor.batch_worker` (protocol-free dynamic batching),
+* Scheduling and device: :mod:`~predictor.batcher`,
+  :mod:`~predictor.batch_queue` and :mod:`~predictor.batch_worker`
+  (protocol-free dynamic batching),
   :mod:`~predictor.device` (normalisation on the device, error classes),
   :mod:`~predictor.aoti_runner` (GIL-free package runner),
   :mod:`~predictor.faults` (test-only fault injection), :mod:`~predictor.metrics`.

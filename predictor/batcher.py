@@ -28,6 +28,8 @@ and the pod restarts.
 
 All futures are created and settled on the event loop thread; observer hooks
 are called there too. Nothing here knows about HTTP, gRPC, tensors or models.
+The queue and how a batch is cut from it live in :mod:`predictor.batch_queue`,
+the workers and the observer hooks in :mod:`predictor.batch_worker`.
 """
 
 from __future__ import annotations
@@ -35,12 +37,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from predictor.batch_queue import BatchQueue, Entry, fail
 from predictor.batch_worker import (
     BatchObserver,
     NullObserver,
@@ -54,8 +55,6 @@ from predictor.config import BatchingConfig
 from predictor.errors import (
     DeviceLost,
     ErrorKind,
-    ForwardError,
-    HistoserveError,
     ModelNotReady,
     Overloaded,
     forward_failure,
@@ -73,23 +72,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-@dataclass(eq=False)
-class _Entry(Generic[T, R]):
-    """One queued item and the future its caller awaits."""
-
-    item: T
-    key: Hashable
-    future: asyncio.Future[R]
-    enqueued_at: float
-
-
-def _fail(entries: Iterable[_Entry[Any, Any]], error: BaseException) -> None:
-    """Fail every future of ``entries`` not already done (e.g. cancelled by its caller)."""
-    for entry in entries:
-        if not entry.future.done():
-            entry.future.set_exception(error)
 
 
 class DynamicBatcher(Generic[T, R]):
@@ -130,7 +112,7 @@ class DynamicBatcher(Generic[T, R]):
         self._classify_error = classify_error
         self._observer: Any = observer if observer is not None else NullObserver()
         self._name = name
-        self._queue: deque[_Entry[T, R]] = deque()
+        self._queue: BatchQueue[T, R] = BatchQueue(config.max_queue_size, config.max_batch_size)
         self._started = False
         self._closed = False
         self._draining = False
@@ -196,19 +178,15 @@ class DynamicBatcher(Generic[T, R]):
         n = len(items)
         if n == 0:
             return []
-        limit = self._config.max_queue_size
-        if len(self._queue) + n > limit:
-            self._queue = deque(e for e in self._queue if not e.future.done())
-        if len(self._queue) + n > limit:
+        assert self._loop is not None
+        entries = self._queue.admit(items, key, self._loop, time.monotonic())
+        if entries is None:
             self._notify("on_reject", n)
+            limit = self._config.max_queue_size
             raise Overloaded(
                 f"{self._name}: queue full ({len(self._queue)} queued + {n} new > {limit})",
                 retry_after_s=self._config.retry_after_s,
             )
-        assert self._loop is not None
-        now = time.monotonic()
-        entries = [_Entry(item, key, self._loop.create_future(), now) for item in items]
-        self._queue.extend(entries)
         self._quiescent.clear()
         self._wakeup.set()
         self._notify("on_enqueue", n, len(self._queue))
@@ -234,7 +212,7 @@ class DynamicBatcher(Generic[T, R]):
             log.warning(
                 "%s: drain timed out; failing %d queued items", self._name, len(self._queue)
             )
-            self._fail_queued(ModelNotReady(f"{self._name}: draining deadline passed"))
+            self._queue.fail_all(ModelNotReady(f"{self._name}: draining deadline passed"))
             return False
 
     async def close(self) -> None:
@@ -249,7 +227,7 @@ class DynamicBatcher(Generic[T, R]):
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
-        self._fail_queued(ModelNotReady(f"{self._name}: batcher closed"))
+        self._queue.fail_all(ModelNotReady(f"{self._name}: batcher closed"))
         for worker in self._workers:
             if worker.executor is not None:
                 worker.executor.shutdown(wait=False, cancel_futures=True)
@@ -262,31 +240,29 @@ class DynamicBatcher(Generic[T, R]):
         fresh = True  # the queue ran empty: the next arrival is dispatched at once
         try:
             while self._healthy:
-                self._drop_cancelled_head()
+                self._queue.drop_cancelled_head()
                 if not self._queue:
                     self._settle_quiescent()
-                    await self._wait_wakeup()
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
                     fresh = True
                     continue
                 worker = next((w for w in self._workers if w.alive and not w.busy), None)
                 if worker is None:  # items queue while every worker is busy
                     fresh = False
-                    await self._wait_wakeup()
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
                     continue
                 if not fresh:
                     await self._fill()
                 fresh = False
-                batch = self._take() if self._queue else []
+                batch = self._queue.take()
                 if batch:
                     self._launch(worker, batch)
         except asyncio.CancelledError:
             raise
         except Exception:
             self._crash("batcher dispatcher crashed")
-
-    async def _wait_wakeup(self) -> None:
-        self._wakeup.clear()
-        await self._wakeup.wait()
 
     def _settle_quiescent(self) -> None:
         """Set the quiescent event when nothing is queued and no batch runs."""
@@ -297,7 +273,7 @@ class DynamicBatcher(Generic[T, R]):
         """A bug in the batcher itself: stop serving (liveness fails), settle the queue."""
         log.exception("%s: %s", self._name, what)
         self._healthy = False
-        self._fail_queued(ModelNotReady(f"{self._name}: {what}"))
+        self._queue.fail_all(ModelNotReady(f"{self._name}: {what}"))
         self._wakeup.set()
         self._quiescent.set()
 
@@ -306,10 +282,10 @@ class DynamicBatcher(Generic[T, R]):
         assert self._loop is not None
         latency_s = self._config.max_latency_ms / 1000.0
         while True:
-            self._drop_cancelled_head()
-            if not self._queue or self._head_batch_complete():
+            self._queue.drop_cancelled_head()
+            if not self._queue or self._queue.head_batch_complete():
                 return
-            remaining = self._queue[0].enqueued_at + latency_s - time.monotonic()
+            remaining = self._queue.head_deadline(latency_s) - time.monotonic()
             if remaining <= 0:
                 return
             self._wakeup.clear()
@@ -319,40 +295,7 @@ class DynamicBatcher(Generic[T, R]):
             finally:
                 timer.cancel()
 
-    def _drop_cancelled_head(self) -> None:
-        """Drop entries at the head whose caller already went away."""
-        while self._queue and self._queue[0].future.done():
-            self._queue.popleft()
-
-    def _head_batch_complete(self) -> bool:
-        """True if waiting cannot grow the head batch: it is full or another key follows."""
-        key = self._queue[0].key
-        size = 0
-        for entry in self._queue:
-            if entry.future.done():
-                continue
-            if entry.key != key:
-                return True
-            size += 1
-            if size >= self._config.max_batch_size:
-                return True
-        return False
-
-    def _take(self) -> list[_Entry[T, R]]:
-        """Pop the head batch: the head's key, FIFO, live items, at most max_batch_size."""
-        batch: list[_Entry[T, R]] = []
-        key = self._queue[0].key
-        while self._queue and len(batch) < self._config.max_batch_size:
-            entry = self._queue[0]
-            if entry.future.done():
-                self._queue.popleft()
-            elif entry.key != key:
-                break
-            else:
-                batch.append(self._queue.popleft())
-        return batch
-
-    def _launch(self, worker: Worker, batch: list[_Entry[T, R]]) -> None:
+    def _launch(self, worker: Worker, batch: list[Entry[T, R]]) -> None:
         """Mark ``worker`` busy and run ``batch`` on it in its own task."""
         assert self._loop is not None
         worker.busy = True
@@ -369,7 +312,7 @@ class DynamicBatcher(Generic[T, R]):
 
         return done
 
-    async def _dispatch(self, worker: Worker, batch: list[_Entry[T, R]]) -> None:
+    async def _dispatch(self, worker: Worker, batch: list[Entry[T, R]]) -> None:
         """Run one batch; if stopped or broken, settle its unsettled items with ModelNotReady."""
         now = time.monotonic()
         waits = [now - e.enqueued_at for e in batch]
@@ -377,13 +320,13 @@ class DynamicBatcher(Generic[T, R]):
         try:
             await self._forward(worker, batch, batch[0].key)
         except asyncio.CancelledError:  # close(): settle, then let the task end cancelled
-            _fail(batch, ModelNotReady(f"{self._name}: batcher stopped while the batch ran"))
+            fail(batch, ModelNotReady(f"{self._name}: batcher stopped while the batch ran"))
             raise
         except Exception:
-            _fail(batch, ModelNotReady(f"{self._name}: batcher failed while the batch ran"))
+            fail(batch, ModelNotReady(f"{self._name}: batcher failed while the batch ran"))
             self._crash("batcher worker crashed")
 
-    async def _forward(self, worker: Worker, entries: list[_Entry[T, R]], key: Hashable) -> None:
+    async def _forward(self, worker: Worker, entries: list[Entry[T, R]], key: Hashable) -> None:
         """Run ``entries`` in ``worker``'s thread and settle them; split on OOM."""
         assert self._loop is not None
         items = [e.item for e in entries]
@@ -411,21 +354,19 @@ class DynamicBatcher(Generic[T, R]):
                 if live and worker.alive:
                     await self._forward(worker, live, key)
                 elif live:
-                    _fail(live, DeviceLost(f"{self._name}: device {worker.name} lost; not run"))
+                    fail(live, DeviceLost(f"{self._name}: device {worker.name} lost; not run"))
         else:
-            error = self._wrap(ForwardError, outcome.error, len(entries))
+            error = forward_failure(
+                outcome.error, name=self._name, n_items=len(entries), fatal=False
+            )
             log.warning("%s", error)
-            _fail(entries, error)
+            fail(entries, error)
 
-    def _wrap(self, cls: type[ForwardError], exc: BaseException, n: int) -> HistoserveError:
-        """The batch's error: :func:`predictor.errors.forward_failure`, the one wrap."""
-        return forward_failure(exc, name=self._name, n_items=n, fatal=cls is DeviceLost)
-
-    def _go_fatal(self, worker: Worker, entries: list[_Entry[T, R]], exc: BaseException) -> None:
+    def _go_fatal(self, worker: Worker, entries: list[Entry[T, R]], exc: BaseException) -> None:
         """Take ``worker`` out and fail its batch with DeviceLost; the last one fails the queue."""
         worker.alive = False
-        error = self._wrap(DeviceLost, exc, len(entries))
-        _fail(entries, error)
+        error = forward_failure(exc, name=self._name, n_items=len(entries), fatal=True)
+        fail(entries, error)
         if worker.executor is not None:
             worker.executor.shutdown(wait=False)
         left = sum(w.alive for w in self._workers)
@@ -437,14 +378,9 @@ class DynamicBatcher(Generic[T, R]):
         log.error("%s; no worker left, marking %s unhealthy", error, self._name)
         queued = DeviceLost(f"{self._name}: device lost in an earlier batch; not run")
         queued.__cause__ = error
-        self._fail_queued(queued)
+        self._queue.fail_all(queued)
         self._wakeup.set()
         self._quiescent.set()
-
-    def _fail_queued(self, error: BaseException) -> None:
-        """Empty the queue, failing its pending futures with ``error``."""
-        _fail(list(self._queue), error)
-        self._queue.clear()
 
     def _not_accepting_reason(self) -> str:
         """Why :meth:`submit` refuses, for the error message."""
