@@ -5,8 +5,9 @@
 - two runs at once on one folder: every slide embedded exactly once (the
   server's own tile counter agrees);
 - a server failing every 3rd batch (the test-only ``--fault_injection`` hook):
-  complete, correct files; with a second server behind a ``grpc://`` URL both
-  receive work.
+  complete, correct files;
+- two servers, one behind an ``http://`` and one behind a ``grpc://`` URL: both
+  receive work (their own tile counters), the files are correct.
 """
 
 from __future__ import annotations
@@ -142,14 +143,23 @@ def test_failing_batches_are_retried_into_complete_files(
         _assert_same(tmp_path, clean, slide_id)
 
 
+@pytest.fixture(scope="module")
+def second(embedding_package_dir: Path, tmp_path_factory) -> Iterator[Server]:
+    """Another healthy replica (the faulty one is passed over after each failure)."""
+    flags = ("--max_batch_size", "8")
+    server = start_server(embedding_package_dir, tmp_path_factory.mktemp("second"), *flags)
+    yield server
+    server.stop()
+
+
 def test_two_servers_http_and_grpc_both_receive_work(
-    embedding_server: Server, faulty: Server, cohort: list[Path], clean: Path, tmp_path: Path
+    embedding_server: Server, second: Server, cohort: list[Path], clean: Path, tmp_path: Path
 ) -> None:
-    before = tiles_served(embedding_server.base), tiles_served(faulty.base)
-    urls = ("--url", embedding_server.base, "--url", f"grpc://{faulty.grpc_url}")
+    before = tiles_served(embedding_server.base), tiles_served(second.base)
+    urls = ("--url", embedding_server.base, "--url", f"grpc://{second.grpc_url}")
     result = run_embed(*cohort, *urls, "--out", tmp_path, *RUN, "--concurrency", "4")
     assert result.returncode == 0, result.stderr
-    after = tiles_served(embedding_server.base), tiles_served(faulty.base)
+    after = tiles_served(embedding_server.base), tiles_served(second.base)
     gained = [a.get("ok", 0) - b.get("ok", 0) for a, b in zip(after, before, strict=True)]
     assert all(g > 0 for g in gained), gained
     assert sum(gained) == N_SLIDES * TILES_PER_SLIDE
