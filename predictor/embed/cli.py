@@ -3,7 +3,13 @@
 Exit status: 0 when every slide is done or skipped, 1 when some failed (see
 ``status.csv``), 2 for usage errors (no slides, no ``--out``, a bad
 ``--shard``, an unknown flag: argparse's own exit 2), found before any slide
-is touched.
+is touched, 130 on Ctrl-C.
+
+Ctrl-C ends the process at once, as SIGTERM and SIGKILL do: files are only
+ever renamed into place when complete and claims are released by the kernel,
+so there is nothing to clean up, and waiting for the slides in progress (what
+Python's own interrupt would do, joining their threads) could take minutes.
+Re-running the same command resumes.
 """
 
 from __future__ import annotations
@@ -11,13 +17,16 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 
 from predictor.embed.config import MODES, PROGRESS, EmbedConfig
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,11 +130,21 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> EmbedC
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``histoserve embed``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _interrupted) if in_main_thread else None
+    try:
+        return _run(args)
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
     from predictor.embed.errors import EmbedError, UsageError
     from predictor.embed.pipeline import embed
 
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         summary = embed(config_from_args(args, os.environ))
     except UsageError as exc:
@@ -141,6 +160,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         file=sys.stderr,
     )
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> None:
+    print("\nhistoserve embed: interrupted; run the same command again to resume", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

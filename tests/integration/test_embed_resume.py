@@ -183,3 +183,28 @@ def test_grpc_only_needs_model_and_mpp_then_matches(
     np.testing.assert_array_equal(got["coords"], want["coords"])
     np.testing.assert_allclose(got["features"], want["features"], rtol=1e-4, atol=1e-5)
     assert got["attrs"]["package_sha256"].startswith("grpc-metadata:")
+
+
+def test_ctrl_c_stops_at_once_and_the_rerun_resumes(
+    embedding_server: Server, cohort: list[Path], clean: Path, tmp_path: Path
+) -> None:
+    args = (*cohort, "--url", embedding_server.base, "--out", tmp_path, *RUN, "--concurrency", "1")
+    proc = subprocess.Popen(
+        embed_command(*args, "--progress", "plain"),
+        cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        for line in proc.stderr:
+            if ": done (" in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        tail = proc.stderr.read()
+    finally:
+        proc.wait(20)  # not the minutes the slides in progress would take
+    assert proc.returncode == 130 and "run the same command again to resume" in tail
+    done = by_status(status_rows(tmp_path)).get("done", [])
+    assert 1 <= len(done) < N_SLIDES
+    result = run_embed(*args)
+    assert result.returncode == 0, result.stderr
+    for i in range(N_SLIDES):
+        _assert_same(tmp_path, clean, f"s{i}")
