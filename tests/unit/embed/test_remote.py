@@ -1,0 +1,49 @@
+"""What the client reads from ``/v2/models/{name}/config``; modes it refuses before any slide."""
+
+from __future__ import annotations
+
+import pytest
+
+from predictor.embed.errors import EmbedError, UsageError
+from predictor.embed.remote import ServerInfo, info_from_config, info_url
+from predictor.spec import resolve_spec
+
+
+def _config(spec_name: str, **extra: object) -> dict:
+    return {"spec": resolve_spec(spec_name).to_dict(), "package_metadata": {"a": "1"}, **extra}
+
+
+def test_embedding_model_info() -> None:
+    info = info_from_config("h0-mini", _config("h0-mini"))
+    assert (info.family, info.tile_size, info.mpp, info.n_genes) == ("embedding", 224, 0.5, 0)
+    assert info.modes == ("embedding",) and info.package_sha256.startswith("metadata:")
+    info.check_mode("embedding")
+    with pytest.raises(UsageError, match="no mode 'prediction'; it answers embedding"):
+        info.check_mode("prediction")
+
+
+def test_package_digest_is_taken_when_the_server_reports_one() -> None:
+    info = info_from_config("h0", _config("h0", package_sha256="ab" * 32))
+    assert info.package_sha256 == "ab" * 32
+    other = info_from_config("h0", {**_config("h0"), "package_metadata": {"a": "2"}})
+    assert other.package_sha256 != info_from_config("h0", _config("h0")).package_sha256
+
+
+def test_multimodal_gene_count_and_segmentation_refused_as_embedder() -> None:
+    info = info_from_config("m-optimus", _config("m-optimus", genes_in=["g"] * 64))
+    assert info.n_genes == 64 and "prediction_with_embedding" in info.modes
+    seg = info_from_config("tissue-seg", _config("tissue-seg"))
+    assert (seg.tile_size, seg.mpp) == (512, 8.0)
+    with pytest.raises(UsageError, match="use it with --tissue tissue-seg"):
+        seg.check_mode("embedding")
+
+
+def test_malformed_config_is_an_embed_error() -> None:
+    with pytest.raises(EmbedError, match="unexpected config answer"):
+        info_from_config("x", {"spec": {"family": "embedding"}})
+
+
+def test_info_url_prefers_http() -> None:
+    assert info_url(["grpc://a:1", "http://b:2", "https://c:3"]) == "http://b:2"
+    assert info_url(["grpc://a:1"]) is None
+    assert isinstance(ServerInfo("m", "embedding", 224, None, ("embedding",)), ServerInfo)
