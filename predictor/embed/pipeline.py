@@ -147,7 +147,10 @@ def embed(config: EmbedConfig, stream: Any = None) -> EmbedSummary:
     start = time.monotonic()
     large_buffers_use_mmap()
     entries = collect_entries(config)
-    config.out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        config.out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {config.out_dir}: cannot create it ({exc})") from exc
     retry = RetryPolicy(max_attempts=config.max_attempts)
     recycle = RecyclePolicy(config.recycle_requests, config.recycle_s)
     summary = EmbedSummary()

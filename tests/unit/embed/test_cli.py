@@ -73,12 +73,14 @@ def test_argparse_errors_exit_2(argv: list[str]) -> None:
         (["a.svs", *URL, "--out", "{out}", "--shard", "4/4"], "--shard"),
         (["a.svs", *URL, "--out", "{out}", "--batch-size", "0"], "--batch-size"),
         (["--manifest", "{out}/missing.csv", *URL, "--out", "{out}"], "missing.csv"),
+        (["{out}/a.svs", *URL, "--out", "{out}/file.txt/out"], "cannot create it"),
     ],
 )
 def test_usage_errors_exit_2_before_any_call(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     argv = [a.replace("{out}", str(tmp_path)) for a in argv]
+    (tmp_path / "file.txt").write_text("a file where a folder should be")
     assert main(argv) == EXIT_USAGE
     assert message in capsys.readouterr().err
 
