@@ -82,12 +82,13 @@ def collect_entries(config: EmbedConfig) -> list[SlideEntry]:
 def _context(
     config: EmbedConfig, dispatcher: Dispatcher, tissue_dispatcher: Dispatcher | None
 ) -> RunContext:
-    info = fetch_server_info(config.urls, config.model, config.timeout_s)
+    retry = RetryPolicy(max_attempts=config.max_attempts)
+    info = fetch_server_info(config.urls, config.model, config.timeout_s, retry)
     info.check_mode(config.mode)
     tissue_info = None
     if tissue_dispatcher is not None:
         urls = config.tissue_urls or config.urls
-        tissue_info = fetch_server_info(urls, config.tissue, config.timeout_s)
+        tissue_info = fetch_server_info(urls, config.tissue, config.timeout_s, retry)
         if tissue_info.family != "segmentation":
             raise UsageError(f"--tissue {config.tissue}: not a segmentation model")
         if tissue_info.mpp is None:

@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from predictor.embed.dispatch import RetryPolicy
 from predictor.embed.errors import EmbedError, UsageError
+from predictor.embed.transport import RETRY_STATUS, parse_retry_after
 
 INFO_TIMEOUT_S = 30.0
 
@@ -70,9 +74,16 @@ def info_url(urls: Sequence[str]) -> str | None:
 
 
 def fetch_server_info(
-    urls: Sequence[str], model: str | None, timeout_s: float = INFO_TIMEOUT_S
+    urls: Sequence[str],
+    model: str | None,
+    timeout_s: float = INFO_TIMEOUT_S,
+    retry: RetryPolicy | None = None,
+    sleep: Callable[[float], Any] = time.sleep,
 ) -> ServerInfo:
     """The model's :class:`ServerInfo`, from the first HTTP URL or else over gRPC.
+
+    Connection errors, 5xx and 429 are retried like inference requests (a Job's
+    pod may start before its InferenceService is ready, or while it scales up).
 
     Raises:
         UsageError: No model named and the server serves several (or none), or an unknown model.
@@ -82,9 +93,10 @@ def fetch_server_info(
     if url is None:
         return _grpc_info(urls[0], model, timeout_s)
     base = url.rstrip("/")
-    with httpx.Client(base_url=base, timeout=timeout_s) as http:
-        name = model or _only_model(http, base)
-        response = _get(http, f"/v2/models/{name}/config", base)
+    getter = _Getter(base, timeout_s, retry or RetryPolicy(), sleep)
+    with getter:
+        name = model or _only_model(getter)
+        response = getter.get(f"/v2/models/{name}/config")
         if response.status_code == 404:
             raise UsageError(f"{base} serves no model {name!r}: {_message(response)}")
         _check(response, base)
@@ -113,8 +125,9 @@ def info_from_config(name: str, config: Mapping[str, Any]) -> ServerInfo:
         raise EmbedError(f"model {name!r}: unexpected config answer ({exc!r})") from exc
 
 
-def _only_model(http: httpx.Client, base: str) -> str:
-    response = _get(http, "/v1/models", base)
+def _only_model(getter: _Getter) -> str:
+    base = getter.base
+    response = getter.get("/v1/models")
     _check(response, base)
     models = response.json().get("models") or []
     if len(models) != 1:
@@ -124,11 +137,38 @@ def _only_model(http: httpx.Client, base: str) -> str:
     return str(models[0])
 
 
-def _get(http: httpx.Client, path: str, base: str) -> httpx.Response:
-    try:
-        return http.get(path)
-    except httpx.HTTPError as exc:
-        raise EmbedError(f"cannot reach {base}{path}: {exc!r}") from exc
+class _Getter:
+    """GETs against one base URL, retried on connection errors, 5xx and 429."""
+
+    def __init__(self, base: str, timeout_s: float, retry: RetryPolicy, sleep: Callable):
+        self.base, self._retry, self._sleep = base, retry, sleep
+        self._http = httpx.Client(base_url=base, timeout=timeout_s)
+        self._rng = random.Random()
+
+    def __enter__(self) -> _Getter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._http.close()
+
+    def get(self, path: str) -> httpx.Response:
+        """The answer (any status but a retryable one), or EmbedError when attempts run out."""
+        for attempt in range(1, self._retry.max_attempts + 1):
+            retry_after = None
+            try:
+                response = self._http.get(path)
+            except httpx.HTTPError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code not in RETRY_STATUS:
+                    return response
+                error = f"HTTP {response.status_code}: {_message(response)}"
+                retry_after = parse_retry_after(response.headers.get("retry-after"))
+            if attempt < self._retry.max_attempts:
+                self._sleep(self._retry.delay_s(attempt, retry_after, self._rng))
+        raise EmbedError(
+            f"cannot reach {self.base}{path} ({self._retry.max_attempts} attempts): {error}"
+        )
 
 
 def _check(response: httpx.Response, base: str) -> None:

@@ -88,10 +88,9 @@ def test_usage_errors_exit_2_before_any_call(
 def test_unreachable_server_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     slide = tmp_path / "a.svs"
     slide.write_bytes(b"not a slide")
-    assert (
-        main([str(slide), *URL, "--out", str(tmp_path / "out"), "--timeout-s", "2"]) == EXIT_FAILED
-    )
-    assert "cannot reach http://127.0.0.1:9" in capsys.readouterr().err
+    argv = [str(slide), *URL, "--out", str(tmp_path / "out"), "--max-attempts", "2"]
+    assert main(argv) == EXIT_FAILED
+    assert "cannot reach http://127.0.0.1:9/v1/models (2 attempts)" in capsys.readouterr().err
 
 
 def test_histoserve_dispatches_embed(capsys: pytest.CaptureFixture[str]) -> None:

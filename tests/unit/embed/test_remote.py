@@ -47,3 +47,42 @@ def test_info_url_prefers_http() -> None:
     assert info_url(["grpc://a:1", "http://b:2", "https://c:3"]) == "http://b:2"
     assert info_url(["grpc://a:1"]) is None
     assert isinstance(ServerInfo("m", "embedding", 224, None, ("embedding",)), ServerInfo)
+
+
+def test_info_fetch_retries_until_the_server_is_ready() -> None:
+    """A Job's pod may start before its InferenceService: 503s and refusals are retried."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from predictor.embed.dispatch import RetryPolicy
+    from predictor.embed.remote import fetch_server_info
+
+    answers = [503, 503, 200]
+    config = json.dumps(_config("h0-mini")).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            status = answers.pop(0) if self.path.endswith("/config") else 200
+            body = config if status == 200 else b'{"error": "model not ready"}'
+            if self.path == "/v1/models":
+                body = b'{"models": ["h0-mini"]}'
+            self.send_response(status)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    sleeps: list[float] = []
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        info = fetch_server_info([url], None, 5.0, RetryPolicy(max_attempts=4), sleeps.append)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert info.model == "h0-mini" and info.tile_size == 224
+    assert answers == [] and len(sleeps) == 2
