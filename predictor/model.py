@@ -156,8 +156,8 @@ class BaseServerModel(Model):
             return False
         if self._pool is None:
             if self._package is None:
-                metadata = inspect_package(self._checkpoint, self._phases)
-                self._package = open_package(self._checkpoint, self._device, metadata, self._phases)
+                facts = inspect_package(self._checkpoint, self._phases)
+                self._package = open_package(self._checkpoint, self._device, facts, self._phases)
             with self._phases.time("probe"):
                 self.check_package(self._package)
             with self._phases.time("warmup"):
@@ -310,6 +310,7 @@ class BaseServerModel(Model):
             "checkpoint": str(self._checkpoint),
             "device": str(self._device),
             "package_metadata": dict(package.metadata) if package else {},
+            "package_sha256": package.sha256 if package else "",
             "batching": asdict(self._options.batching),
             "limits": asdict(self._options.limits),
             "preprocess_workers": self._options.preprocess_workers,

@@ -40,11 +40,11 @@ def build_model(
     """Builds and loads the model the config describes (fail-fast, one hash)."""
     checkpoint = find_checkpoint(config.model_dir, config.checkpoint)
     phases = StartupPhases()
-    metadata = inspect_package(checkpoint, phases)
-    spec = resolve_model_spec(metadata, config.spec)
+    facts = inspect_package(checkpoint, phases)
+    spec = resolve_model_spec(facts.metadata, config.spec)
     device = resolve_device(config.device)
     cls = model_class_for(spec)
-    package = open_package(checkpoint, device, metadata, phases)
+    package = open_package(checkpoint, device, facts, phases)
     name = config.model_name or spec.name
     options = ServingOptions(
         batching=batching,

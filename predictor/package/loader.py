@@ -2,7 +2,8 @@
 
 Start-up is fail-fast: every problem is a :class:`~predictor.errors.StartupError`
 with one clear line, raised before the server reports ready. The order is
-:func:`find_checkpoint`, then :func:`inspect_package` (the one SHA-256 check,
+:func:`find_checkpoint`, then :func:`inspect_package` (the one SHA-256, checked
+against a ``.sha256`` file when there is one and reported to clients,
 :mod:`predictor.package.digest`: a package holds a shared library, so loading
 one runs its code; then the metadata, read straight from the zip), then
 :func:`open_package` (host checks, :mod:`predictor.package.host`, then the
@@ -30,14 +31,14 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from predictor.errors import CheckpointError
-from predictor.package.digest import verify_sha256
+from predictor.package.digest import package_sha256
 from predictor.package.host import HostFacts, check_host_compat
 from predictor.package.metadata import (
     embedded_spec,
@@ -114,6 +115,19 @@ def find_checkpoint(model_dir: Path, checkpoint: str | None) -> Path:
 
 
 @dataclass(frozen=True)
+class PackageFacts:
+    """What start-up learns of a package before loading it.
+
+    Attributes:
+        metadata: Its AOTInductor metadata, read from the zip.
+        sha256: Its hex SHA-256 (the one hash of start-up).
+    """
+
+    metadata: Mapping[str, str]
+    sha256: str
+
+
+@dataclass(frozen=True)
 class LoadedPackage:
     """A loaded package, callable on a batch.
 
@@ -125,6 +139,7 @@ class LoadedPackage:
         input_dtype: Dtype of its first (tile) input.
         runner: torch's loaded model.
         phases: The start-up phases so far (the model adds its own).
+        sha256: Its hex SHA-256 when start-up hashed it, else ``""``.
     """
 
     path: Path
@@ -134,6 +149,7 @@ class LoadedPackage:
     input_dtype: torch.dtype
     runner: Any = field(repr=False, compare=False)
     phases: StartupPhases = field(default_factory=StartupPhases, repr=False, compare=False)
+    sha256: str = ""
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Runs the package; always a flat tuple of outputs, primary first.
@@ -153,8 +169,9 @@ class LoadedPackage:
         return None
 
 
-def inspect_package(path: Path, phases: StartupPhases) -> dict[str, str]:
-    """Verifies the package's SHA-256 (the only hash of start-up) and reads its metadata.
+def inspect_package(path: Path, phases: StartupPhases) -> PackageFacts:
+    """Hashes the package (the only hash of start-up; checked against a
+    ``.sha256`` file when present) and reads its metadata.
 
     Nothing of the package is loaded or run.
 
@@ -163,28 +180,29 @@ def inspect_package(path: Path, phases: StartupPhases) -> dict[str, str]:
             that is corrupt, truncated or holds no AOTInductor metadata.
     """
     with phases.time("digest"):
-        verify_sha256(path)
+        sha256 = package_sha256(path)
     with phases.time("metadata"):
-        return read_metadata(path)
+        return PackageFacts(metadata=read_metadata(path), sha256=sha256)
 
 
 def open_package(
     path: Path,
     device: torch.device,
-    metadata: Mapping[str, str],
+    facts: PackageFacts,
     phases: StartupPhases,
     *,
     host: HostFacts | None = None,
 ) -> LoadedPackage:
-    """Checks the host can run the package, then loads it (``metadata`` from :func:`inspect_package`).
+    """Checks the host can run the package, then loads it (``facts`` from :func:`inspect_package`).
 
     Raises:
         IncompatiblePackage: Built for another device kind, CPU ISA or GPU.
         CheckpointError: The loader fails.
     """
     with phases.time("load"):
-        check_host_compat(metadata, device, host)
-        return load_package(path, device, metadata=metadata, phases=phases)
+        check_host_compat(facts.metadata, device, host)
+        package = load_package(path, device, metadata=facts.metadata, phases=phases)
+        return replace(package, sha256=facts.sha256)
 
 
 def load_package(

@@ -31,6 +31,7 @@ from harness.embed import (
 from harness.packages import copy_package_dir, module_package, package_in
 from harness.reference import Reference, normalise_reference
 from harness.server import Server, start_server
+from predictor.package.digest import sha256_file
 
 pytestmark = pytest.mark.integration
 SAMPLE = 6  # tiles per slide checked against the package run in-process
@@ -133,8 +134,9 @@ def _expected_grid(slide: slides.GeneratedSlide, patch: int) -> np.ndarray:
 
 
 def test_otsu_coords_are_the_tissue_grid_and_attrs_are_written(
-    clean_run: Path, slide_set: dict
+    clean_run: Path, slide_set: dict, embedding_package_dir: Path
 ) -> None:
+    served_sha256 = sha256_file(package_in(embedding_package_dir))
     for name, patch, mpp in (("svs", 448, 0.25), ("tiff", 224, 0.5)):
         out = read_output(clean_run / f"{name}.h5")
         np.testing.assert_array_equal(out["coords"], _expected_grid(slide_set[name], patch))
@@ -144,7 +146,7 @@ def test_otsu_coords_are_the_tissue_grid_and_attrs_are_written(
         assert attrs["level0_mpp"] == pytest.approx(mpp) and attrs["target_mpp"] == 0.5
         assert attrs["mpp_source"] and attrs["tile_size"] == 224
         assert attrs["patch_size_level0"] == patch
-        assert attrs["model"] == "h0-mini" and attrs["package_sha256"]
+        assert attrs["model"] == "h0-mini" and attrs["package_sha256"] == served_sha256
         assert json.loads(attrs["spec"])["name"] == "h0-mini"
         assert attrs["tissue"] == "otsu" and attrs["min_tissue"] == 0.25
         assert attrs["slide_id"] == name and attrs["slide_path"] == str(slide_set[name].path)

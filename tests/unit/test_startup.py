@@ -53,6 +53,22 @@ def test_build_model_hashes_the_package_once(
     model.stop()
 
 
+def test_the_digest_is_served_with_or_without_a_digest_file(
+    embedding_package_dir: Path, tmp_path: Path, hashed: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Clients record which package made their outputs: the one hash is reported."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    source = package_in(embedding_package_dir)
+    (bare / source.name).write_bytes(source.read_bytes())
+    expected = (embedding_package_dir / "h0-mini.pt2.sha256").read_text().split()[0]
+    for model_dir in (embedding_package_dir, bare):
+        model = _build(model_dir, monkeypatch)
+        assert model.get_metadata()["package_sha256"] == expected
+        model.stop()
+    assert hashed == [source, bare / source.name]  # once per start, sidecar or not
+
+
 def test_startup_phases_are_timed_and_served(
     embedding_package_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
