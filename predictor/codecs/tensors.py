@@ -16,26 +16,15 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from predictor import wire
 from predictor.errors import InvalidInput
 
-NUMERIC_DTYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype("?"),
-    "UINT8": np.dtype("<u1"),
-    "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("<i1"),
-    "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"),
-    "FP32": np.dtype("<f4"),
-    "FP64": np.dtype("<f8"),
-}
+NUMERIC_DTYPES: Mapping[str, np.dtype] = wire.DATATYPES
 """V2 datatype to little-endian numpy dtype (the wire order of V2 binary data)."""
 
 DATATYPES = (*NUMERIC_DTYPES, "BYTES")
