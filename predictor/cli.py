@@ -52,8 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     # None means "follow --max_body_bytes", not gRPC's 4 MiB (32 raw tiles are ~4.8 MB).
+    # KServe's per-request trace lines (its latency line, and the wall and CPU
+    # timing lines of its REST middleware: three lines per request) are off
+    # unless asked for: they were ~7% of the event loop's CPU (docs/performance.md).
     parser.set_defaults(
-        model_name=None, grpc_max_receive_message_length=None, grpc_max_send_message_length=None
+        model_name=None,
+        grpc_max_receive_message_length=None,
+        grpc_max_send_message_length=None,
+        enable_latency_logging=False,
     )
     batching, limits = BatchingConfig(), LimitsConfig()
     add = parser.add_argument
@@ -132,7 +138,22 @@ def build_server(args: argparse.Namespace, limits: LimitsConfig) -> Any:
         max_asyncio_workers=args.max_asyncio_workers,
         enable_grpc=args.enable_grpc,
         grace_period=int(args.drain_timeout_s) + 5,
+        enable_latency_logging=args.enable_latency_logging,
     )
+
+
+def configure_trace_logging(enabled: bool) -> None:
+    """KServe's per-request trace logger (``kserve.trace``) on or off.
+
+    It carries only per-request lines (``Model.__call__``'s latency line and
+    the REST timing middleware's wall/CPU lines); errors and the access log
+    go elsewhere and are untouched. Call after the server is built: KServe
+    configures logging in its constructor.
+    """
+    from kserve.logging import KSERVE_TRACE_LOGGER_NAME
+
+    level = logging.INFO if enabled else logging.WARNING
+    logging.getLogger(KSERVE_TRACE_LOGGER_NAME).setLevel(level)
 
 
 def serve(argv: Sequence[str] | None = None) -> int:
@@ -147,6 +168,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
     try:
         model_config, batching, limits = configs_from_args(args)
         server = build_server(args, limits)
+        configure_trace_logging(args.enable_latency_logging)
         model = build_model(model_config, batching, limits)
     except (StartupError, ValueError) as exc:
         print(f"histoserve: cannot start: {exc}", file=sys.stderr)
