@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=limits.max_body_bytes,
         help="HTTP body / gRPC message cap",
     )
+    add(
+        "--forward_runner",
+        choices=("torch", "gil_free"),
+        default="torch",
+        help="torch's AOTI loader, or the package's C ABI with the GIL released (CPU only)",
+    )
     add("--fault_injection", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -109,6 +115,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ModelConfig, BatchingCo
         device=args.device,
         preprocess_workers=args.preprocess_workers,
         fault_injection=args.fault_injection,
+        forward_runner=args.forward_runner,
     )
     batching = BatchingConfig(
         max_batch_size=args.max_batch_size,

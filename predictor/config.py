@@ -85,6 +85,9 @@ class ModelConfig:
         preprocess_workers: Stage-1 decode threads.
         fault_injection: Test-only forward fault hook (see :mod:`predictor.faults`);
             ``None`` (the default) disables it.
+        forward_runner: ``torch`` (torch's AOTInductor loader) or ``gil_free``
+            (:mod:`predictor.aoti_runner`: the package's C ABI called with the
+            GIL released, CPU only).
     """
 
     model_dir: Path = Path("/opt/ml/model")
@@ -94,8 +97,13 @@ class ModelConfig:
     device: str = "auto"
     preprocess_workers: int = 2
     fault_injection: str | None = None
+    forward_runner: str = "torch"
 
     def __post_init__(self) -> None:
+        if self.forward_runner not in ("torch", "gil_free"):
+            raise ValueError(
+                f"forward_runner must be torch or gil_free, got {self.forward_runner!r}"
+            )
         if self.preprocess_workers < 1:
             raise ValueError(f"preprocess_workers must be >= 1, got {self.preprocess_workers}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):

@@ -44,7 +44,7 @@ def build_model(
     spec = resolve_model_spec(facts.metadata, config.spec)
     device = resolve_device(config.device)
     cls = model_class_for(spec)
-    package = open_package(checkpoint, device, facts, phases)
+    package = open_package(checkpoint, device, facts, phases, runner=config.forward_runner)
     name = config.model_name or spec.name
     options = ServingOptions(
         batching=batching,

@@ -192,6 +192,7 @@ def open_package(
     phases: StartupPhases,
     *,
     host: HostFacts | None = None,
+    runner: str = "torch",
 ) -> LoadedPackage:
     """Checks the host can run the package, then loads it (``facts`` from :func:`inspect_package`).
 
@@ -201,7 +202,7 @@ def open_package(
     """
     with phases.time("load"):
         check_host_compat(facts.metadata, device, host)
-        package = load_package(path, device, metadata=facts.metadata, phases=phases)
+        package = load_package(path, device, metadata=facts.metadata, phases=phases, runner=runner)
         return replace(package, sha256=facts.sha256)
 
 
@@ -212,6 +213,7 @@ def load_package(
     check_inputs: bool | None = None,
     metadata: Mapping[str, str] | None = None,
     phases: StartupPhases | None = None,
+    runner: str = "torch",
 ) -> LoadedPackage:
     """Loads a package onto ``device`` with no checks (start-up uses :func:`open_package`).
 
@@ -226,6 +228,8 @@ def load_package(
         check_inputs: Force AOTInductor's input checks on or off.
         metadata: The package's metadata when already read (else read here).
         phases: Where start-up records its phases; a fresh record when None.
+        runner: ``torch`` (torch's loader) or ``gil_free``
+            (:class:`~predictor.aoti_runner.GilFreeRunner`, CPU only).
 
     Raises:
         CheckpointError: The package cannot be loaded (wraps the loader's error).
@@ -238,8 +242,8 @@ def load_package(
     if check_inputs:
         os.environ.setdefault(CHECK_INPUTS_ENV, "1")
     try:
-        runner = _load_runner(path, device)
-        metadata = dict(runner.get_metadata())
+        loaded = _load_runner(path, device, runner)
+        metadata = dict(loaded.get_metadata())
     except Exception as exc:
         raise CheckpointError(f"cannot load package {path}: {exc}") from exc
     return LoadedPackage(
@@ -248,13 +252,16 @@ def load_package(
         embedded_spec=embedded_spec(metadata),
         device=device,
         input_dtype=package_input_dtype(metadata),
-        runner=runner,
+        runner=loaded,
         phases=phases if phases is not None else StartupPhases(),
     )
 
 
-def _load_runner(path: Path, device: torch.device) -> Any:
+def _load_runner(path: Path, device: torch.device, kind: str = "torch") -> Any:
     """``aoti_load_package`` without its device-info probe, when torch allows.
+
+    ``kind="gil_free"`` loads :class:`~predictor.aoti_runner.GilFreeRunner`
+    instead (CPU only; it refuses another device with a ``ValueError``).
 
     ``torch._inductor.aoti_load_package`` first compiles small C++ programs to
     detect the host's vector ISA (only to log a warning on mismatch): ~15 s on
@@ -263,6 +270,10 @@ def _load_runner(path: Path, device: torch.device) -> Any:
     so we build the same loader it builds; on torch versions where that
     private API differs, fall back to the public call.
     """
+    if kind == "gil_free":
+        from predictor.aoti_runner import GilFreeRunner
+
+        return GilFreeRunner(path, device)
     index = device.index if device.index is not None else (0 if device.type == "cuda" else -1)
     try:
         from torch.export.pt2_archive._package import AOTICompiledModel
