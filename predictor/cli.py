@@ -101,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="torch",
         help="torch's AOTI loader, or the package's C ABI with the GIL released (CPU only)",
     )
+    add(
+        "--instances_per_device",
+        type=int,
+        default=1,
+        help="device workers on one shared queue (CPU only above 1 for now)",
+    )
     add("--fault_injection", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -116,6 +122,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ModelConfig, BatchingCo
         preprocess_workers=args.preprocess_workers,
         fault_injection=args.fault_injection,
         forward_runner=args.forward_runner,
+        instances_per_device=args.instances_per_device,
     )
     batching = BatchingConfig(
         max_batch_size=args.max_batch_size,

@@ -88,6 +88,8 @@ class ModelConfig:
         forward_runner: ``torch`` (torch's AOTInductor loader) or ``gil_free``
             (:mod:`predictor.aoti_runner`: the package's C ABI called with the
             GIL released, CPU only).
+        instances_per_device: Device workers sharing the one queue (Triton's
+            instance groups); more than one needs the CPU for now.
     """
 
     model_dir: Path = Path("/opt/ml/model")
@@ -98,8 +100,11 @@ class ModelConfig:
     preprocess_workers: int = 2
     fault_injection: str | None = None
     forward_runner: str = "torch"
+    instances_per_device: int = 1
 
     def __post_init__(self) -> None:
+        if self.instances_per_device < 1:
+            raise ValueError(f"instances_per_device must be >= 1, got {self.instances_per_device}")
         if self.forward_runner not in ("torch", "gil_free"):
             raise ValueError(
                 f"forward_runner must be torch or gil_free, got {self.forward_runner!r}"

@@ -55,6 +55,7 @@ class ServingOptions:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     preprocess_workers: int = 2
     name: str | None = None
+    instances_per_device: int = 1
 
 
 @dataclass
@@ -176,14 +177,22 @@ class BaseServerModel(Model):
     async def start_batching(self) -> None:
         """Starts the batcher inside the running event loop (called by the server)."""
         if self._batcher is None:
+            n = self._options.instances_per_device
+            run: Any = (
+                self.forward_batch
+                if n == 1
+                else {f"{self._device}#{i}": self.forward_batch for i in range(n)}
+            )
             self._batcher = DynamicBatcher(
-                self.forward_batch,
+                run,
                 self._options.batching,
                 classify_error=classify_error,
                 observer=self._metrics,
                 name=self.name,
             )
         await self._batcher.start()
+        workers = [w.name for w in self._batcher.workers]
+        logger.info("%s: %d device worker(s): %s", self.name, len(workers), ", ".join(workers))
 
     async def drain(self, timeout_s: float) -> bool:
         """Turns readiness false, refuses new work and waits for admitted work.

@@ -44,13 +44,21 @@ def build_model(
     spec = resolve_model_spec(facts.metadata, config.spec)
     device = resolve_device(config.device)
     cls = model_class_for(spec)
-    package = open_package(checkpoint, device, facts, phases, runner=config.forward_runner)
+    instances = config.instances_per_device
+    if instances > 1 and device.type != "cpu":
+        raise ValueError(
+            f"--instances_per_device {instances} needs --device cpu for now, got {device}"
+        )
+    package = open_package(
+        checkpoint, device, facts, phases, runner=config.forward_runner, instances=instances
+    )
     name = config.model_name or spec.name
     options = ServingOptions(
         batching=batching,
         limits=limits,
         preprocess_workers=config.preprocess_workers,
         name=name,
+        instances_per_device=instances,
     )
     fault_hook = parse_fault_spec(config.fault_injection) if config.fault_injection else None
     model = cls(

@@ -193,6 +193,7 @@ def open_package(
     *,
     host: HostFacts | None = None,
     runner: str = "torch",
+    instances: int = 1,
 ) -> LoadedPackage:
     """Checks the host can run the package, then loads it (``facts`` from :func:`inspect_package`).
 
@@ -202,7 +203,9 @@ def open_package(
     """
     with phases.time("load"):
         check_host_compat(facts.metadata, device, host)
-        package = load_package(path, device, metadata=facts.metadata, phases=phases, runner=runner)
+        package = load_package(
+            path, device, metadata=facts.metadata, phases=phases, runner=runner, instances=instances
+        )
         return replace(package, sha256=facts.sha256)
 
 
@@ -214,6 +217,7 @@ def load_package(
     metadata: Mapping[str, str] | None = None,
     phases: StartupPhases | None = None,
     runner: str = "torch",
+    instances: int = 1,
 ) -> LoadedPackage:
     """Loads a package onto ``device`` with no checks (start-up uses :func:`open_package`).
 
@@ -230,6 +234,8 @@ def load_package(
         phases: Where start-up records its phases; a fresh record when None.
         runner: ``torch`` (torch's loader) or ``gil_free``
             (:class:`~predictor.aoti_runner.GilFreeRunner`, CPU only).
+        instances: Model copies in the container, so that many threads run
+            forwards at once (``--instances_per_device``).
 
     Raises:
         CheckpointError: The package cannot be loaded (wraps the loader's error).
@@ -242,7 +248,7 @@ def load_package(
     if check_inputs:
         os.environ.setdefault(CHECK_INPUTS_ENV, "1")
     try:
-        loaded = _load_runner(path, device, runner)
+        loaded = _load_runner(path, device, runner, instances)
         metadata = dict(loaded.get_metadata())
     except Exception as exc:
         raise CheckpointError(f"cannot load package {path}: {exc}") from exc
@@ -257,7 +263,7 @@ def load_package(
     )
 
 
-def _load_runner(path: Path, device: torch.device, kind: str = "torch") -> Any:
+def _load_runner(path: Path, device: torch.device, kind: str = "torch", instances: int = 1) -> Any:
     """``aoti_load_package`` without its device-info probe, when torch allows.
 
     ``kind="gil_free"`` loads :class:`~predictor.aoti_runner.GilFreeRunner`
@@ -273,12 +279,12 @@ def _load_runner(path: Path, device: torch.device, kind: str = "torch") -> Any:
     if kind == "gil_free":
         from predictor.aoti_runner import GilFreeRunner
 
-        return GilFreeRunner(path, device)
+        return GilFreeRunner(path, device, num_models=instances)
     index = device.index if device.index is not None else (0 if device.type == "cuda" else -1)
     try:
         from torch.export.pt2_archive._package import AOTICompiledModel
 
-        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, index)
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, instances, index)
         return AOTICompiledModel(loader)
     except (ImportError, AttributeError, TypeError):
         logger.debug("private AOTI loader unavailable; using aoti_load_package", exc_info=True)
