@@ -36,6 +36,8 @@ class Metrics:
     queue_wait_seconds: Histogram
     forward_seconds: Histogram
     preprocess_seconds: Histogram
+    device_forwards_total: Counter
+    device_up: Gauge
 
     def count_tiles(self, outcome: str, n: int) -> None:
         """Adds ``n`` tiles to ``histoserve_tiles_total{outcome}``."""
@@ -72,6 +74,18 @@ class Metrics:
 
     def on_forward(self, batch_size: int, seconds: float, ok: bool) -> None:
         self.forward_seconds.labels(model=self.model).observe(seconds)
+
+    def on_worker_forward(self, worker: str, batch_size: int, seconds: float, ok: bool) -> None:
+        outcome = "ok" if ok else "failed"
+        self.device_forwards_total.labels(model=self.model, worker=worker, outcome=outcome).inc()
+
+    def on_worker_lost(self, worker: str, workers_left: int) -> None:
+        self.device_up.labels(model=self.model, worker=worker).set(0)
+
+    def workers_started(self, workers: Sequence[str]) -> None:
+        """Sets ``histoserve_device_up{worker}`` to 1 for each device worker."""
+        for worker in workers:
+            self.device_up.labels(model=self.model, worker=worker).set(1)
 
 
 def create_metrics(model: str, registry: CollectorRegistry | None = None) -> Metrics:
@@ -121,6 +135,18 @@ def create_metrics(model: str, registry: CollectorRegistry | None = None) -> Met
             "Stage 1 (decode, validate) per request.",
             labels,
             buckets=_SECONDS_BUCKETS,
+            registry=reg,
+        ),
+        device_forwards_total=Counter(
+            "histoserve_device_forwards_total",
+            "Forward calls per device worker, by outcome (ok, failed).",
+            ("model", "worker", "outcome"),
+            registry=reg,
+        ),
+        device_up=Gauge(
+            "histoserve_device_up",
+            "1 while a device worker serves; 0 once a fatal device error took it out.",
+            ("model", "worker"),
             registry=reg,
         ),
     )

@@ -193,6 +193,8 @@ class BaseServerModel(Model):
         await self._batcher.start()
         workers = [w.name for w in self._batcher.workers]
         logger.info("%s: %d device worker(s): %s", self.name, len(workers), ", ".join(workers))
+        if self._metrics is not None:
+            self._metrics.workers_started(workers)
 
     async def drain(self, timeout_s: float) -> bool:
         """Turns readiness false, refuses new work and waits for admitted work.

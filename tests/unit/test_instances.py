@@ -44,9 +44,15 @@ def test_two_instances_serve_concurrent_clients(
     try:
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(call, requests))
+        metrics = server.metrics()
     finally:
         assert server.stop() == 0
     assert "2 device worker(s): cpu#0, cpu#1" in server.log()
+    for worker in ("cpu#0", "cpu#1"):
+        assert (
+            f'histoserve_device_up{{model="{server.model_name}",worker="{worker}"}} 1.0' in metrics
+        )
+    assert "histoserve_device_forwards_total{" in metrics
     (package,) = sorted(embedding_package_dir.glob("*.pt2"))
     reference = Reference(package)
     for tiles, got in zip(requests, answers, strict=True):
