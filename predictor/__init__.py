@@ -26,6 +26,7 @@ request through them):
   :mod:`~predictor.batch_queue` and :mod:`~predictor.batch_worker`
   (protocol-free dynamic batching),
   :mod:`~predictor.device` (normalisation on the device, error classes),
+  :mod:`~predictor.device_workers` (one device slot per GPU under ``--device auto``),
   :mod:`~predictor.aoti_runner` (GIL-free package runner),
   :mod:`~predictor.faults` (test-only fault injection), :mod:`~predictor.metrics`.
 * Packages: :mod:`~predictor.package` -- :mod:`~predictor.package.dtypes`,

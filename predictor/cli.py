@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--model_dir", type=Path, default=Path("/opt/ml/model"), help="where checkpoints live")
     add("--checkpoint", default=None, help="file name in model_dir (default: the only *.pt2)")
     add("--spec", default=None, help="built-in spec name or spec file; overrides the embedded one")
-    add("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    add("--device", default="auto", help="auto (every visible GPU, else cpu), cpu, cuda or cuda:N")
     add("--max_batch_size", type=int, default=batching.max_batch_size, help="tiles per forward")
     add(
         "--max_latency_ms",

@@ -11,6 +11,8 @@ batcher wraps it (:func:`predictor.errors.forward_failure`), nothing here does.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -87,6 +89,18 @@ def _chain(exc: BaseException) -> list[BaseException]:
         seen.append(exc)
         exc = exc.__cause__ or exc.__context__
     return seen
+
+
+@dataclass(frozen=True)
+class DeviceSlot:
+    """A further device's loaded package and normaliser (``--device auto``, several GPUs).
+
+    Each GPU after the first gets one; its worker thread binds it before a
+    forward, so that worker's batches use that device's package and buffers.
+    """
+
+    package: Any  # a predictor.package.loader.LoadedPackage
+    normalizer: Normalizer
 
 
 def classify_error(exc: BaseException) -> ErrorKind:

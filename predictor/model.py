@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,8 @@ from predictor.codecs.base import Codec
 from predictor.codecs.v1 import V1Codec
 from predictor.codecs.v2 import V2Codec
 from predictor.config import BatchingConfig, LimitsConfig
-from predictor.device import classify_error
+from predictor.device import DeviceSlot, classify_error
+from predictor.device_workers import DeviceWorkers
 from predictor.errors import InvalidInput, ModelNotReady
 from predictor.faults import FaultHook
 from predictor.metrics import Metrics
@@ -89,7 +91,12 @@ class BaseServerModel(Model):
         package: The package already verified and loaded by
             :func:`predictor.startup.build_model`; when ``None``, :meth:`load`
             verifies and loads it itself (once, either way).
+        more_packages: Device name to the same package loaded on each further
+            device (one per GPU after the first under ``--device auto``); each
+            gets its own worker(s), normaliser and probe.
     """
+
+    _normalizer: Any = None  # bound by the family's check_package
 
     def __init__(
         self,
@@ -102,6 +109,7 @@ class BaseServerModel(Model):
         metrics: Metrics | None = None,
         fault_hook: FaultHook | None = None,
         package: LoadedPackage | None = None,
+        more_packages: Mapping[str, LoadedPackage] | None = None,
     ):
         self._options = options or ServingOptions()
         super().__init__(self._options.name or model_spec.name)
@@ -111,6 +119,8 @@ class BaseServerModel(Model):
         self._metrics = metrics
         self._fault_hook = fault_hook
         self._package = package
+        self._more_packages = dict(more_packages or {})
+        self._devices = DeviceWorkers()  # the further devices' slots
         self._phases = package.phases if package is not None else StartupPhases()
         self._pool: Stage1Pool | None = None
         self._batcher: DynamicBatcher | None = None
@@ -161,6 +171,8 @@ class BaseServerModel(Model):
                 self._package = open_package(self._checkpoint, self._device, facts, self._phases)
             with self._phases.time("probe"):
                 self.check_package(self._package)
+                for dev, package in self._more_packages.items():
+                    self._devices.slots[dev] = DeviceSlot(package, self.bind_device(package)[1])
             with self._phases.time("warmup"):
                 self.warm_up(self._package)
             self._pool = Stage1Pool(self._options.preprocess_workers)
@@ -177,14 +189,10 @@ class BaseServerModel(Model):
     async def start_batching(self) -> None:
         """Starts the batcher inside the running event loop (called by the server)."""
         if self._batcher is None:
-            n = self._options.instances_per_device
-            run: Any = (
-                self.forward_batch
-                if n == 1
-                else {f"{self._device}#{i}": self.forward_batch for i in range(n)}
-            )
             self._batcher = DynamicBatcher(
-                run,
+                self._devices.runs(
+                    str(self._device), self.forward_batch, self._options.instances_per_device
+                ),
                 self._options.batching,
                 classify_error=classify_error,
                 observer=self._metrics,
@@ -195,6 +203,10 @@ class BaseServerModel(Model):
         logger.info("%s: %d device worker(s): %s", self.name, len(workers), ", ".join(workers))
         if self._metrics is not None:
             self._metrics.workers_started(workers)
+
+    def active_slot(self) -> DeviceSlot:
+        """The package and normaliser of the device the calling worker thread serves."""
+        return self._devices.current() or DeviceSlot(self._package, self._normalizer)
 
     async def drain(self, timeout_s: float) -> bool:
         """Turns readiness false, refuses new work and waits for admitted work.
@@ -240,6 +252,8 @@ class BaseServerModel(Model):
         if self._pool is not None:
             self._pool.shutdown()
         self._package = None
+        self._more_packages.clear()
+        self._devices.slots.clear()
 
     # -- kserve entry points --------------------------------------------------------------
     async def __call__(self, body: Any, headers: dict[str, str] | None = None, verb: Any = None):

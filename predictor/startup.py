@@ -2,7 +2,8 @@
 
 Resolves the checkpoint, verifies it (the one SHA-256 of start-up) and reads
 its metadata, resolves the spec (embedded in the package, or overridden by
-``--spec``), the device and the family class, loads the package once and
+``--spec``), the devices (every visible GPU under ``--device auto``) and the
+family class, loads the package once per device and
 hands it to the model, whose ``load`` then probes it. Every problem raises a
 :class:`~predictor.errors.StartupError` with one clear line. The phases'
 durations are logged once and served by ``GET /v2/models/{name}/config``
@@ -19,7 +20,7 @@ from predictor.families import model_class_for
 from predictor.faults import parse_fault_spec
 from predictor.metrics import create_metrics
 from predictor.model import BaseServerModel, ServingOptions
-from predictor.package.host import resolve_device
+from predictor.package.host import resolve_devices
 from predictor.package.loader import StartupPhases, find_checkpoint, inspect_package, open_package
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec, spec_from_json
 
@@ -42,16 +43,21 @@ def build_model(
     phases = StartupPhases()
     facts = inspect_package(checkpoint, phases)
     spec = resolve_model_spec(facts.metadata, config.spec)
-    device = resolve_device(config.device)
+    devices = resolve_devices(config.device)
+    device = devices[0]
     cls = model_class_for(spec)
     instances = config.instances_per_device
     if instances > 1 and device.type != "cpu":
         raise ValueError(
             f"--instances_per_device {instances} needs --device cpu for now, got {device}"
         )
-    package = open_package(
-        checkpoint, device, facts, phases, runner=config.forward_runner, instances=instances
-    )
+    packages = {
+        str(d): open_package(
+            checkpoint, d, facts, phases, runner=config.forward_runner, instances=instances
+        )
+        for d in devices
+    }
+    package = packages.pop(str(device))
     name = config.model_name or spec.name
     options = ServingOptions(
         batching=batching,
@@ -70,6 +76,7 @@ def build_model(
         metrics=create_metrics(name),
         fault_hook=fault_hook,
         package=package,
+        more_packages=packages,
     )
     model.load()
     return model

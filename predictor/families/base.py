@@ -80,11 +80,22 @@ class TileServerModel(BaseServerModel):
         Raises:
             SpecMismatch: The package disagrees with the spec.
         """
+        shapes, self._normalizer = self.bind_device(package)
+        return shapes
+
+    def bind_device(self, package: LoadedPackage) -> tuple[list[tuple[int, ...]], Normalizer]:
+        """Probes one device's package and builds that device's normaliser.
+
+        Called once per loaded package (one per GPU under ``--device auto``),
+        so every device is probed before the pod turns ready.
+
+        Raises:
+            SpecMismatch: The package disagrees with the spec.
+        """
         probed = probe_outputs(package, self.model_spec, self.extra_input_shapes(package))
         shapes = [tuple(s) for s in probed]
         check_shapes(type(self), self.model_spec, shapes)
-        self._normalizer = Normalizer(self.model_spec, self.device, package.input_dtype)
-        return shapes
+        return shapes, Normalizer(self.model_spec, package.device, package.input_dtype)
 
     def extra_input_shapes(self, package: LoadedPackage) -> Mapping[str, int]:
         """Per-tile sizes of inputs after the tiles (none by default)."""
@@ -122,14 +133,15 @@ class TileServerModel(BaseServerModel):
         """
         if self._fault_hook is not None:
             self._fault_hook.check([s.tile for s in samples])
-        outputs = self._package(*self.batch_inputs(samples))
+        package = self.active_slot().package
+        outputs = package(*self.batch_inputs(samples))
         host = [self.output_to_host(out[: len(samples)]) for out in outputs]
-        synchronize(self.device)
+        synchronize(package.device)
         return self.build_responses([t.numpy() for t in host], mode)
 
     def batch_inputs(self, samples: Sequence[PreparedSample]) -> tuple[torch.Tensor, ...]:
         """The package's inputs for a batch, on the device (tiles first)."""
-        return (self._normalizer([s.tile for s in samples]),)
+        return (self.active_slot().normalizer([s.tile for s in samples]),)
 
     def output_to_host(self, output: torch.Tensor) -> torch.Tensor:
         """Device output (trimmed to the real batch) to a host tensor; fp32 by default."""

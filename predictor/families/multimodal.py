@@ -152,7 +152,7 @@ class MultimodalServerModel(TileServerModel):
     def batch_inputs(self, samples: Sequence[PreparedSample]) -> tuple[torch.Tensor, ...]:
         (tiles,) = super().batch_inputs(samples)
         rna = torch.from_numpy(np.stack([s.extra["bulk_rna"] for s in samples]))
-        return tiles, rna.to(self.device, dtype=tiles.dtype, non_blocking=True)
+        return tiles, rna.to(tiles.device, dtype=tiles.dtype, non_blocking=True)
 
     def build_responses(self, outputs: Sequence[np.ndarray], mode: str) -> list[ModelResponse]:
         log_prediction, embedding = outputs[0], outputs[1]

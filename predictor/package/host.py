@@ -195,6 +195,23 @@ def resolve_device(requested: str, host: HostFacts | None = None) -> torch.devic
     return torch.device("cuda", index)
 
 
+def resolve_devices(requested: str, host: HostFacts | None = None) -> tuple[torch.device, ...]:
+    """Every device to serve on: one per visible GPU under ``auto``, else one.
+
+    ``--device auto`` on a host with several GPUs uses all of them (one
+    device worker each, one shared queue), so a pod given ``gpu.count: 2``
+    leaves no GPU idle; ``cuda:N`` (and ``cuda``, ``cpu``) stay one device.
+
+    Raises:
+        StartupError: As :func:`resolve_device`.
+    """
+    host = host or HostFacts.detect()
+    count = len(host.cuda_capabilities)
+    if requested == "auto" and count > 1:
+        return tuple(torch.device("cuda", i) for i in range(count))
+    return (resolve_device(requested, host),)
+
+
 def check_host_compat(
     metadata: Mapping[str, str], device: torch.device, host: HostFacts | None = None
 ) -> None:
