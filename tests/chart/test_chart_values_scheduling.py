@@ -135,3 +135,25 @@ def test_kserve_batcher(render):
     assert "batcher" not in pred(render())
     p = pred(render(values=["batcher-values.yaml"]))
     assert p["batcher"] == {"maxBatchSize": 16, "maxLatency": 20, "timeout": 60}
+
+
+def test_instances_per_device_reaches_the_server_flag(render):
+    assert "instances_per_device" not in args_of(isvc_container(render()))  # 1: the default
+    objs = render(set_json={"batching.instancesPerDevice": 2, "gpu.count": 0})
+    args = args_of(isvc_container(objs))
+    assert args["instances_per_device"] == "2"
+
+
+def test_several_gpus_are_served_by_device_auto(render, render_error):
+    """``gpu.count: 2`` with ``auto`` (one worker per GPU) renders; one named GPU is refused."""
+    args = args_of(isvc_container(render(set_json={"gpu.count": 2})))
+    assert args["device"] == "auto"
+    err = render_error(set_json={"gpu.count": 2, "model.device": "cuda:0"})
+    assert 'gpu.count 2 but model.device "cuda:0" serves one GPU' in err
+    args = args_of(isvc_container(render(set_json={"gpu.count": 1, "model.device": "cuda:0"})))
+    assert args["device"] == "cuda:0"
+
+
+def test_instances_per_device_above_one_needs_the_cpu(render_error):
+    err = render_error(set_json={"gpu.count": 1, "batching.instancesPerDevice": 2})
+    assert "batching.instancesPerDevice 2 needs gpu.count 0 for now" in err

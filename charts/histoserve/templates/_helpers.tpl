@@ -272,6 +272,9 @@ the h2c one with appProtocol kubernetes.io/h2c).
 {{- if ne $b.preprocessWorkers nil }}
 - --preprocess_workers={{ $b.preprocessWorkers }}
 {{- end }}
+{{- if gt (int $b.instancesPerDevice) 1 }}
+- --instances_per_device={{ $b.instancesPerDevice }}
+{{- end }}
 {{- range .Values.server.extraArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -483,5 +486,11 @@ Checks the schema cannot express (it cannot compare two values).
 {{- end -}}
 {{- if and (eq $metric "gpu-utilization") (eq (int .Values.gpu.count) 0) -}}
 {{- fail "autoscaling.metric gpu-utilization needs gpu.count > 0" -}}
+{{- end -}}
+{{- if and (gt (int .Values.gpu.count) 1) (ne .Values.model.device "auto") -}}
+{{- fail (printf "gpu.count %d but model.device %q serves one GPU: use model.device auto (one worker per GPU)" (int .Values.gpu.count) .Values.model.device) -}}
+{{- end -}}
+{{- if and (gt (int .Values.batching.instancesPerDevice) 1) (gt (int .Values.gpu.count) 0) -}}
+{{- fail (printf "batching.instancesPerDevice %d needs gpu.count 0 for now (the server runs more than one instance on the CPU only)" (int .Values.batching.instancesPerDevice)) -}}
 {{- end -}}
 {{- end -}}
