@@ -7,6 +7,13 @@
 #
 #   bash bench/gpu.sh                       # bf16, results in bench/results-gpu/
 #   DTYPE=fp16 OUT=/tmp/gpu bash bench/gpu.sh --models vit-g
+#   bash bench/gpu.sh parts                 # issue 12's GPU-only parts, < 10 minutes
+#
+# `parts` runs bench/gpu_parts.py on the demo package exported for CUDA:
+# tiles/s on cuda:0 alone vs --device auto (one worker per visible GPU) with
+# each worker's batch count, the pinned copy vs the forward per batch (how
+# much of the copy compute hides), and whether --instances_per_device 2 is
+# accepted on CUDA. Output: $OUT/gpu-parts.json (and the lines on stdout).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -23,5 +30,14 @@ if not torch.cuda.is_available():
     sys.exit("bench/gpu.sh: torch sees no CUDA device (is this the CPU build of torch?)")
 print(f"bench/gpu.sh: {torch.cuda.get_device_name(0)}, torch {torch.__version__}", file=sys.stderr)
 PY
+
+if [[ "${1:-}" == parts ]]; then
+    shift
+    mkdir -p "$OUT"
+    timeout "${PARTS_TIMEOUT_S:-570}" "$PYTHON" -m bench.gpu_parts --device "${PARTS_DEVICE:-auto}" \
+        --dtype "$DTYPE" "$@" | tee "$OUT/gpu-parts.log"
+    tail -n 1 "$OUT/gpu-parts.log" >"$OUT/gpu-parts.json"
+    exit 0
+fi
 
 exec "$PYTHON" -m bench.run --profile gpu --device "$DEVICE" --dtype "$DTYPE" --out "$OUT" "$@"
