@@ -78,10 +78,12 @@ async def measure(forward: Callable[[], Any], forwards: int) -> dict[str, float]
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Builds (or reuses) the package, measures both paths, returns the figures."""
+    from predictor.package.dtypes import DTYPES, dtype_from_name
+
     parser = argparse.ArgumentParser(prog="python -m bench.gil", description=__doc__)
     parser.add_argument("--spec", default="h0-mini")
     parser.add_argument("--preset", default="tiny", help="demo preset (tiny, vit-s)")
-    parser.add_argument("--dtype", default="fp32", help="package dtype (fp32, bf16)")
+    parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="package dtype")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--forwards", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
@@ -92,12 +94,12 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from harness.packages import demo_package
     from predictor.aoti_runner import GilFreeRunner
 
+    dtype = dtype_from_name(args.dtype)  # the one dtype table, as the exporter reads it
     torch.set_num_threads(args.threads)
     opts = {} if args.dtype == "fp32" else {"dtype": args.dtype}
     path = demo_package(args.spec, args.preset, **opts)
     held = torch._inductor.aoti_load_package(str(path))
     free = GilFreeRunner(path)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     x = torch.randn(args.batch, 3, 224, 224).to(dtype).contiguous()
     inference = torch.inference_mode()
     with inference:
