@@ -112,6 +112,20 @@ def template_key(
     return (files, sets, strings, tuple(api_versions), tuple(extra))
 
 
+def helm_notes(helm: str, chart: Path, release: str, namespace: str, *args: str) -> str:
+    """The NOTES.txt ``helm install --dry-run=client`` prints for ``chart`` (no cluster needed)."""
+    proc = subprocess.run(
+        [helm, "install", release, str(chart), "--namespace", namespace, "--dry-run=client", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={"KUBECONFIG": "/nonexistent", "PATH": "/usr/bin:/bin", "HOME": "/tmp"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split("NOTES:", 1)[1]
+
+
 def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)
 

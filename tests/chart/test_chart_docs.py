@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-
-from tests.chart.helpers import CHART, PREDICTOR, load_yaml, preset_files
+from tests.chart.helpers import CHART, PREDICTOR, helm_notes, load_yaml, preset_files
 
 README = (CHART / "README.md").read_text()
 VALUES = load_yaml((CHART / "values.yaml").read_text())
@@ -37,16 +35,7 @@ def test_readme_links_every_preset_and_states_versions():
 
 
 def notes(helm_bin, *args):
-    proc = subprocess.run(
-        [helm_bin, "install", "hs", str(CHART), "--namespace", "histo", "--dry-run=client", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={"KUBECONFIG": "/nonexistent", "PATH": "/usr/bin:/bin", "HOME": "/tmp"},
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.split("NOTES:", 1)[1]
+    return helm_notes(helm_bin, CHART, "hs", "histo", *args)
 
 
 def test_notes_show_endpoint_rest_and_grpc_examples(helm_bin):

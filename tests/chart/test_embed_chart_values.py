@@ -8,11 +8,9 @@ paths, impossible combinations).
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
-from tests.chart.helpers import REPO, load_yaml, one, parse_docs
+from tests.chart.helpers import REPO, helm_notes, load_yaml, one, parse_docs
 from tests.chart.test_embed_chart import (
     CHART,
     CI,
@@ -144,16 +142,7 @@ def test_readme_documents_every_value_and_the_issue_names():
 
 
 def notes(helm_bin: str, *args: str) -> str:
-    proc = subprocess.run(
-        [helm_bin, "install", RELEASE, str(CHART), "-n", NAMESPACE, "--dry-run=client", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={"KUBECONFIG": "/nonexistent", "PATH": "/usr/bin:/bin", "HOME": "/tmp"},
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.split("NOTES:", 1)[1]
+    return helm_notes(helm_bin, CHART, RELEASE, NAMESPACE, *args)
 
 
 def test_notes_say_how_to_watch_progress(helm_bin):
