@@ -49,13 +49,7 @@ def _start(profile: Profile, package: Path, log_dir: Path) -> dict[str, Any]:
             threads=profile.threads,
             log_dir=log_dir,
         )
-    try:
-        for server in started.values():
-            server.wait_ready()
-    except Exception:
-        for server in started.values():
-            server.stop()
-        raise
+    servers.wait_all_ready(started)
     return started
 
 

@@ -98,13 +98,7 @@ def start_servers(
             max_latency_ms=case.max_latency_ms,
             **common,
         )
-    try:
-        for server in started.values():
-            server.wait_ready()
-    except Exception:
-        for server in started.values():
-            server.stop()
-        raise
+    servers.wait_all_ready(started)
     return started
 
 

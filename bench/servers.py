@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from harness.server import Server, free_port, predictor_command, spawn
@@ -62,3 +63,15 @@ def start_naive(package: Path, *, model: str, device: str, threads: int, log_dir
     ]  # fmt: skip
     env = bench_env(threads)
     return spawn(args, ports=ports, log_dir=log_dir, model_name=model, env=env, kind="naive")
+
+
+def wait_all_ready(started: Mapping[str, Server]) -> Mapping[str, Server]:
+    """Waits until every started server is ready; on any failure stops them all and re-raises."""
+    try:
+        for server in started.values():
+            server.wait_ready()
+    except Exception:
+        for server in started.values():
+            server.stop()
+        raise
+    return started
