@@ -85,7 +85,7 @@ LAYERS = (  # top to bottom, as docs/architecture.md's table ("Layers")
     ),
     ("predictor.server",),
     ("predictor.families",),
-    ("predictor.model", "predictor.admission", "predictor.stage1"),
+    ("predictor.model", "predictor.admission", "predictor.stage1", "predictor.device_workers"),
     ("predictor.codecs", "predictor.samples"),
     ("predictor.batcher", "predictor.batch_queue", "predictor.batch_worker"),
     ("predictor.device", "predictor.faults", "predictor.metrics"),
