@@ -18,7 +18,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,17 @@ def helm_notes(helm: str, chart: Path, release: str, namespace: str, *args: str)
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.split("NOTES:", 1)[1]
+
+
+def leaf_paths(node: dict, passthrough: Iterable[str], prefix: str = "") -> Iterator[str]:
+    """Dotted paths of a values tree's leaves; ``passthrough`` paths count as one leaf each."""
+    passthrough = frozenset(passthrough)
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        if path in passthrough or not (isinstance(value, dict) and value):
+            yield path
+        else:
+            yield from leaf_paths(value, passthrough, f"{path}.")
 
 
 def load_yaml(text: str) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.chart.helpers import CHART, PREDICTOR, helm_notes, load_yaml, preset_files
+from tests.chart.helpers import CHART, PREDICTOR, helm_notes, leaf_paths, load_yaml, preset_files
 
 README = (CHART / "README.md").read_text()
 VALUES = load_yaml((CHART / "values.yaml").read_text())
@@ -10,17 +10,8 @@ VALUES = load_yaml((CHART / "values.yaml").read_text())
 PASSTHROUGH = {"resources", "podSecurityContext", "securityContext", "tests.resources"}
 
 
-def leaf_paths(node, prefix=""):
-    for key, value in node.items():
-        path = f"{prefix}{key}"
-        if path in PASSTHROUGH or not (isinstance(value, dict) and value):
-            yield path
-        else:
-            yield from leaf_paths(value, f"{path}.")
-
-
 def test_readme_documents_every_value():
-    paths = sorted(leaf_paths(VALUES))
+    paths = sorted(leaf_paths(VALUES, PASSTHROUGH))
     assert len(paths) > 100
     undocumented = [p for p in paths if f"| `{p}` |" not in README]
     assert not undocumented, f"charts/histoserve/README.md has no row for {undocumented}"

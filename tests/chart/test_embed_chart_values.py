@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.chart.helpers import REPO, helm_notes, load_yaml, one, parse_docs
+from tests.chart.helpers import REPO, helm_notes, leaf_paths, load_yaml, one, parse_docs
 from tests.chart.test_embed_chart import (
     CHART,
     CI,
@@ -111,20 +111,13 @@ def test_oversized_manifest_refused(helm_bin, tmp_path):
 # ------------------------------------------------------------------ docs and NOTES
 
 
-def _leaf_paths(node: dict, prefix: str = ""):
-    passthrough = {"resources", "podSecurityContext", "securityContext"}
-    for key, value in node.items():
-        path = f"{prefix}{key}"
-        if path in passthrough or not (isinstance(value, dict) and value):
-            yield path
-        else:
-            yield from _leaf_paths(value, f"{path}.")
+README_PASSTHROUGH = ("resources", "podSecurityContext", "securityContext")
 
 
 def test_readme_documents_every_value_and_the_issue_names():
     readme = (CHART / "README.md").read_text()
     values = load_yaml((CHART / "values.yaml").read_text())
-    missing = [p for p in _leaf_paths(values) if f"| `{p}` |" not in readme]
+    missing = [p for p in leaf_paths(values, README_PASSTHROUGH) if f"| `{p}` |" not in readme]
     assert not missing, f"charts/histoserve-embed/README.md has no row for {missing}"
     for name in (
         "image",
