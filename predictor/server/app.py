@@ -24,17 +24,15 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from grpc import aio
 from kserve import ModelServer
 from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
 from kserve.errors import ModelNotFound
-from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
-from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.rest.server import RESTServer
 
 from predictor.errors import PayloadTooLarge
 from predictor.server.dataplane import HistoDataPlane
-from predictor.server.edge import GrpcErrorInterceptor, error_response, install_http_handlers
+from predictor.server.edge import error_response, install_http_handlers
+from predictor.server.grpc_server import GrpcServer
 
 logger = logging.getLogger("histoserve")
 
@@ -123,42 +121,6 @@ class CloseWhileDrainingMiddleware:
         await self.app(scope, receive, closing_send)
 
 
-class _GrpcServer:
-    """KServe's V2 gRPC service with our interceptor and message-size limits."""
-
-    def __init__(
-        self, port: int, dataplane: Any, repository: Any, max_message_bytes: int, grace_s: float
-    ):
-        self._port = port
-        self._dataplane = dataplane
-        self._repository = repository
-        self._max_message_bytes = max_message_bytes
-        self._grace_s = grace_s
-        self._server: aio.Server | None = None
-
-    async def start(self, max_workers: int) -> None:
-        from concurrent import futures
-
-        self._server = aio.server(
-            futures.ThreadPoolExecutor(max_workers=max_workers),
-            interceptors=(GrpcErrorInterceptor(),),
-            options=[
-                ("grpc.max_send_message_length", self._max_message_bytes),
-                ("grpc.max_receive_message_length", self._max_message_bytes),
-            ],
-        )
-        servicer = InferenceServicer(self._dataplane, self._repository)
-        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
-        self._server.add_insecure_port(f"[::]:{self._port}")
-        await self._server.start()
-        await self._server.wait_for_termination()
-
-    async def stop(self, grace_s: float | None = None) -> None:
-        """Stops accepting calls; open ones get ``grace_s`` (default: the server's grace)."""
-        if self._server is not None:
-            await self._server.stop(grace=self._grace_s if grace_s is None else grace_s)
-
-
 class HistoModelServer(ModelServer):
     """ModelServer with drain-on-SIGTERM, bounded bodies and histoserve's error table.
 
@@ -211,7 +173,7 @@ class HistoModelServer(ModelServer):
         self._rest_server._server.capture_signals = contextlib.nullcontext
         self._configure_app(_kserve_app())
         self._grpc_server = (
-            _GrpcServer(
+            GrpcServer(
                 self.grpc_port,
                 self.dataplane,
                 self.model_repository_extension,

@@ -1,0 +1,46 @@
+"""The V2 gRPC server: KServe's inference service with our error interceptor and limits."""
+
+from __future__ import annotations
+
+from concurrent import futures
+from typing import Any
+
+from grpc import aio
+from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
+from kserve.protocol.grpc.servicer import InferenceServicer
+
+from predictor.server.edge import GrpcErrorInterceptor
+
+
+class GrpcServer:
+    """KServe's V2 gRPC service with our interceptor and message-size limits."""
+
+    def __init__(
+        self, port: int, dataplane: Any, repository: Any, max_message_bytes: int, grace_s: float
+    ):
+        self._port = port
+        self._dataplane = dataplane
+        self._repository = repository
+        self._max_message_bytes = max_message_bytes
+        self._grace_s = grace_s
+        self._server: aio.Server | None = None
+
+    async def start(self, max_workers: int) -> None:
+        self._server = aio.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers),
+            interceptors=(GrpcErrorInterceptor(),),
+            options=[
+                ("grpc.max_send_message_length", self._max_message_bytes),
+                ("grpc.max_receive_message_length", self._max_message_bytes),
+            ],
+        )
+        servicer = InferenceServicer(self._dataplane, self._repository)
+        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
+        self._server.add_insecure_port(f"[::]:{self._port}")
+        await self._server.start()
+        await self._server.wait_for_termination()
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stops accepting calls; open ones get ``grace_s`` (default: the server's grace)."""
+        if self._server is not None:
+            await self._server.stop(grace=self._grace_s if grace_s is None else grace_s)
