@@ -104,6 +104,10 @@ class Profile:
         triton: Run the NVIDIA Triton baseline (needs ``.venv-triton``).
         null_model: Measure single-tile requests/s and CPU per request on
             :mod:`bench.null_model` (see :mod:`bench.null_rate`).
+        forward_runner: histoserve's ``--forward_runner``: ``gil_free`` on the
+            CPU (the event loop admits and batches requests while a forward
+            runs, as Triton's C++ front end does beside its model), ``torch``
+            on CUDA (the forward only launches kernels there).
     """
 
     name: str
@@ -121,6 +125,7 @@ class Profile:
     cells_budget_s: float = 600.0
     triton: bool = True
     null_model: bool = True
+    forward_runner: str = "gil_free"
 
 
 _DEMO = ModelCase(
@@ -187,6 +192,7 @@ PROFILES: dict[str, Profile] = {
             ),
         ),
         device="cuda",
+        forward_runner="torch",
         threads=4,
         preprocess_workers=8,
         windows=Windows(window_max_s=15.0),

@@ -79,6 +79,7 @@ def start_servers(
         "model": "bench",
         "max_queue_size": profile.max_queue_size,
         "workers": profile.preprocess_workers,
+        "forward_runner": profile.forward_runner,
         **common,
     }
     started = {

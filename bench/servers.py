@@ -39,6 +39,7 @@ def start_histoserve(
     threads: int,
     log_dir: Path,
     kind: str = "histoserve",
+    forward_runner: str = "torch",
 ) -> Server:
     """``python -m predictor`` serving ``package`` with the given batching (not yet ready)."""
     ports = (free_port(), free_port())
@@ -48,6 +49,7 @@ def start_histoserve(
         "--max_batch_size", str(max_batch_size), "--max_latency_ms", str(max_latency_ms),
         "--max_queue_size", str(max(max_queue_size, max_batch_size)),
         "--preprocess_workers", str(workers), "--drain_timeout_s", "5",
+        "--forward_runner", forward_runner,
     )  # fmt: skip
     env = bench_env(threads)
     return spawn(args, ports=ports, log_dir=log_dir, model_name=model, env=env, kind=kind)

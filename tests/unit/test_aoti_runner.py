@@ -70,6 +70,20 @@ def test_two_input_two_output_package_equals_the_loader() -> None:
         gil_free.close()
 
 
+def test_bf16_package_equals_the_loader() -> None:
+    """The benchmark serves bf16 packages through this runner on AMX CPUs."""
+    path = demo_package("h0-mini", dtype="bf16")
+    gil_free = GilFreeRunner(path)
+    try:
+        x = torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(2))
+        x = x.to(torch.bfloat16)
+        got, want = gil_free(x), _reference(path)(x)
+        assert got[0].dtype == want[0].dtype
+        assert torch.equal(got[0], want[0])
+    finally:
+        gil_free.close()
+
+
 def test_non_contiguous_input_is_refused(runner: GilFreeRunner) -> None:
     x = torch.randn(2, 3, 224, 224).permute(0, 1, 3, 2)
     with pytest.raises(ValueError, match="input 0 must be contiguous"):
