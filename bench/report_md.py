@@ -90,7 +90,8 @@ def model_section(label: str, model: dict[str, Any], png: str | None) -> list[st
         f"{model['package_mb']:.0f} MB package",
         "",
         f"histoserve: max_batch_size={hs['max_batch_size']}, max_latency_ms={hs['max_latency_ms']}, "
-        f"max_queue_size={hs['max_queue_size']}, preprocess_workers={hs['preprocess_workers']}. "
+        f"max_queue_size={hs['max_queue_size']}, preprocess_workers={hs['preprocess_workers']}, "
+        f"forward_runner={hs.get('forward_runner', 'torch')}. "
         "Baseline (a): the same server with max_batch_size=1. Baseline (b): the naive KServe model.",
         "",
     ]

@@ -224,6 +224,7 @@ def server_settings(profile: Profile, case: ModelCase) -> dict[str, Any]:
             "max_latency_ms": case.max_latency_ms,
             "max_queue_size": profile.max_queue_size,
             "preprocess_workers": profile.preprocess_workers,
+            "forward_runner": profile.forward_runner,
         },
         "nobatch": {"max_batch_size": 1, "max_latency_ms": 0.0},
         "naive": {"server": "stock kserve.ModelServer", "batching": "none"},
