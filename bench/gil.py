@@ -22,6 +22,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 TICK_S = 0.001
@@ -109,6 +110,29 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         out["gil_free_runner"] = asyncio.run(measure(lambda: free(x), args.forwards))
     free.close()
     return out
+
+
+def section(part: dict[str, Any] | None) -> list[str]:
+    """``results.md`` lines for the event loop's progress during a forward (empty when absent)."""
+    if not part:
+        return []
+    lines = [
+        "## The event loop during a CPU forward (`bench/gil.py`)",
+        "",
+        f"`{Path(part['package']).name}`, batch {part['batch']}, {part['threads']} torch "
+        "thread(s): how much of its idle progress an asyncio loop makes while another thread "
+        "runs forwards (the loop admits and batches requests only when it progresses).",
+        "",
+        "| forward path | forward ms | loop progress | longest stall ms |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for name in ("torch_loader", "gil_free_runner"):
+        r = part[name]
+        lines.append(
+            f"| {name} | {r['forward_ms']:.1f} | {100 * r['progress']:.0f}% "
+            f"| {r['longest_stall_ms']:.1f} |"
+        )
+    return [*lines, ""]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

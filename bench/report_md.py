@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.gil import section as gil_section
 from bench.null_rate import section as null_section
 from bench.report_triton import triton_section
 from bench.targets import CLIENTS_TARGET, EFFICIENCY_TARGET, IDLE_BUDGET_MS
+from bench.workers import section as workers_section
 
 
 def _f(value: Any, digits: int = 1) -> str:
@@ -202,6 +204,8 @@ def markdown(results: dict[str, Any], pngs: dict[str, str]) -> str:
     for label, model in results["models"].items():
         lines += model_section(label, model, pngs.get(label))
     lines += null_section(results.get("null_model"))
+    lines += gil_section(results.get("gil"))
+    lines += workers_section(results.get("workers"))
     if results.get("stage1"):
         lines += stage1_section(results["stage1"])
     return "\n".join(lines) + "\n"

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -231,6 +231,18 @@ def server_settings(profile: Profile, case: ModelCase) -> dict[str, Any]:
     }
 
 
+def measure_cpu_workers(log: Callable[[str], None]) -> dict[str, Any]:
+    """The event loop during a CPU forward, and one vs two device workers (issue 12)."""
+    from bench import gil, workers
+
+    log("event loop during a forward")
+    loop = gil.run(["--batch", "64", "--forwards", "4"])
+    log("one vs two device workers")
+    two = workers.measure()
+    log(f"two workers: {two['gil_free_runner']['ratio']:.2f}x one (GIL-free runner)")
+    return {"gil": loop, "workers": two}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the profile and writes the results; returns the exit status."""
     args = parse_args(argv)
@@ -265,6 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["null_model"] = null_rate.measure(profile, client, log_dir, log)
     finally:
         client.close()
+    if profile.device == "cpu" and profile.name != "tiny":
+        results.update(measure_cpu_workers(log))
     log("stage 1")
     spec = profile.models[0].spec
     budget = 0.2 if profile.name == "tiny" else 1.0

@@ -67,14 +67,8 @@ async def throughput(
     return {"tiles_per_s": done / elapsed, "other_cores": other}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Measures both paths with one and two workers; prints the ratios."""
-    parser = argparse.ArgumentParser(prog="python -m bench.workers", description=__doc__)
-    parser.add_argument("--seconds", type=float, default=6.0)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--clients", type=int, default=8)
-    args = parser.parse_args(argv)
-
+def measure(seconds: float = 6.0, batch: int = 8, clients: int = 8) -> dict[str, Any]:
+    """Both forward paths with one and two workers (one torch thread each); the ratios."""
     import torch
 
     from harness.packages import demo_package
@@ -82,22 +76,65 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     path = demo_package("h0-mini")
-    x = torch.randn(args.batch, 3, 224, 224)
+    x = torch.randn(batch, 3, 224, 224)
     paths = {
         "torch_loader": torch._inductor.aoti_load_package(str(path)),
         "gil_free_runner": GilFreeRunner(path, num_models=2),
     }
-    out: dict[str, Any] = {"batch": args.batch, "clients": args.clients, "torch_threads": 1}
+    out: dict[str, Any] = {"batch": batch, "clients": clients, "torch_threads": 1}
     for name, forward in paths.items():
         forward(x)  # warm
-        one = asyncio.run(throughput(forward, x, 1, args.clients, args.seconds))
-        two = asyncio.run(throughput(forward, x, 2, args.clients, args.seconds))
+        one = asyncio.run(throughput(forward, x, 1, clients, seconds))
+        two = asyncio.run(throughput(forward, x, 2, clients, seconds))
         ratio = two["tiles_per_s"] / one["tiles_per_s"]  # type: ignore[operator]
         out[name] = {"one_worker": one, "two_workers": two, "ratio": ratio}
+    paths["gil_free_runner"].close()
+    return out
+
+
+def section(part: dict[str, Any] | None) -> list[str]:
+    """``results.md`` lines for the workers stage (empty when absent)."""
+    if not part:
+        return []
+    lines = [
+        "## Two device workers on one queue (`bench/workers.py`)",
+        "",
+        f"The real batcher, the tiny demo package at batch {part['batch']}, "
+        f"{part['clients']} closed-loop submitters, one torch thread per worker, no HTTP. "
+        "Goal (issue 12): two workers >= 1.6x one where the forward leaves a core free.",
+        "",
+        "| forward path | 1 worker tiles/s | 2 workers tiles/s | ratio | other cores (1 / 2) |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
+    for name in ("torch_loader", "gil_free_runner"):
+        r = part[name]
+        one, two = r["one_worker"], r["two_workers"]
+        lines.append(
+            f"| {name} | {one['tiles_per_s']:.1f} | {two['tiles_per_s']:.1f} "
+            f"| {r['ratio']:.2f}x | {_cores(one)} / {_cores(two)} |"
+        )
+    return [*lines, ""]
+
+
+def _cores(run: dict[str, Any]) -> str:
+    other = run.get("other_cores")
+    return "n/a" if other is None else f"{other:.2f}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Measures both paths with one and two workers; prints the ratios."""
+    parser = argparse.ArgumentParser(prog="python -m bench.workers", description=__doc__)
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--clients", type=int, default=8)
+    args = parser.parse_args(argv)
+    out = measure(args.seconds, args.batch, args.clients)
+    for name in ("torch_loader", "gil_free_runner"):
+        one, two = out[name]["one_worker"], out[name]["two_workers"]
         print(
             f"{name:<16} 1 worker {one['tiles_per_s']:7.1f} tiles/s, 2 workers "
-            f"{two['tiles_per_s']:7.1f} tiles/s: {ratio:.2f}x (other processes: "
-            f"{one['other_cores']:.2f} / {two['other_cores']:.2f} cores)"
+            f"{two['tiles_per_s']:7.1f} tiles/s: {out[name]['ratio']:.2f}x (other processes: "
+            f"{_cores(one)} / {_cores(two)} cores)"
         )
     print(json.dumps(out))
     return 0
