@@ -104,6 +104,8 @@ class Profile:
         triton: Run the NVIDIA Triton baseline (needs ``.venv-triton``).
         null_model: Measure single-tile requests/s and CPU per request on
             :mod:`bench.null_model` (see :mod:`bench.null_rate`).
+        null_before: Also run the null-model cells on the server as it was
+            before issue 12's request-path work (:mod:`bench.before`), side by side.
         forward_runner: histoserve's ``--forward_runner``: ``gil_free`` on the
             CPU (the event loop admits and batches requests while a forward
             runs, as Triton's C++ front end does beside its model), ``torch``
@@ -125,6 +127,7 @@ class Profile:
     cells_budget_s: float = 600.0
     triton: bool = True
     null_model: bool = True
+    null_before: bool = True
     forward_runner: str = "gil_free"
 
 
@@ -174,6 +177,7 @@ PROFILES: dict[str, Profile] = {
         latency_pairs=6,
         stage1_tiles=4,
         target_clients=(4, 2, 4),
+        null_before=False,
     ),
     "gpu": Profile(
         name="gpu",

@@ -6,7 +6,9 @@ request path costs: the figure that says how many tiles per second a GPU can
 be fed from single-tile clients, and the CPU time per request behind it
 (issue 12). histoserve (the benchmark's batching settings) and, when its venv
 is installed, Triton (same settings, see :mod:`bench.triton`) each get the
-many-clients single-tile cell over V2 binary REST and gRPC.
+many-clients single-tile cell over V2 binary REST and gRPC, and so does the
+server as it was before issue 12's request-path work (:mod:`bench.before`),
+for the issue's "before and after".
 """
 
 from __future__ import annotations
@@ -23,22 +25,24 @@ EXPECTED_RPS = 500.0  # sizes the windows only
 
 
 def _start(profile: Profile, package: Path, log_dir: Path) -> dict[str, Any]:
-    from bench import servers, triton
+    from bench import before, servers, triton
 
-    started = {
-        "histoserve": servers.start_histoserve(
-            package,
-            model="bench",
-            device=profile.device,
-            max_batch_size=32,
-            max_latency_ms=5.0,
-            max_queue_size=profile.max_queue_size,
-            workers=profile.preprocess_workers,
-            threads=profile.threads,
-            log_dir=log_dir,
-            kind="histoserve-null",
-        )
+    settings = {
+        "model": "bench",
+        "device": profile.device,
+        "max_batch_size": 32,
+        "max_latency_ms": 5.0,
+        "max_queue_size": profile.max_queue_size,
+        "workers": profile.preprocess_workers,
+        "threads": profile.threads,
+        "log_dir": log_dir,
     }
+    started = {"histoserve": servers.start_histoserve(package, kind="histoserve-null", **settings)}
+    if profile.null_before:
+        source = before.source_tree()
+        started[f"histoserve@{before.BEFORE_COMMIT}"] = servers.start_histoserve(
+            package, kind="histoserve-before", source=source, **settings
+        )
     if triton.wanted(profile) is None:
         started["triton"] = triton.start_triton(
             package,

@@ -39,9 +39,15 @@ def start_histoserve(
     threads: int,
     log_dir: Path,
     kind: str = "histoserve",
-    forward_runner: str = "torch",
+    forward_runner: str | None = None,
+    source: Path | None = None,
 ) -> Server:
-    """``python -m predictor`` serving ``package`` with the given batching (not yet ready)."""
+    """``python -m predictor`` serving ``package`` with the given batching (not yet ready).
+
+    ``forward_runner`` is passed only when given; ``source`` is a folder holding
+    another version's ``predictor`` package to serve instead of this checkout's
+    (see :mod:`bench.before`).
+    """
     ports = (free_port(), free_port())
     args = predictor_command(
         package.parent, ports,
@@ -49,10 +55,12 @@ def start_histoserve(
         "--max_batch_size", str(max_batch_size), "--max_latency_ms", str(max_latency_ms),
         "--max_queue_size", str(max(max_queue_size, max_batch_size)),
         "--preprocess_workers", str(workers), "--drain_timeout_s", "5",
-        "--forward_runner", forward_runner,
+        *(("--forward_runner", forward_runner) if forward_runner else ()),
     )  # fmt: skip
     env = bench_env(threads)
-    return spawn(args, ports=ports, log_dir=log_dir, model_name=model, env=env, kind=kind)
+    return spawn(
+        args, ports=ports, log_dir=log_dir, model_name=model, env=env, kind=kind, cwd=source
+    )
 
 
 def start_naive(package: Path, *, model: str, device: str, threads: int, log_dir: Path) -> Server:

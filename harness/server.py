@@ -140,6 +140,7 @@ def spawn(
     model_name: str = "",
     env: Mapping[str, str] | None = None,
     kind: str = "histoserve",
+    cwd: Path | None = None,
 ) -> Server:
     """Starts ``args`` from the repository root with output to ``log_dir`` (not yet ready).
 
@@ -150,13 +151,15 @@ def spawn(
         model_name: The model's name, or empty to discover it when waiting.
         env: The child's environment (default: this one, unbuffered).
         kind: Label for the log name and messages.
+        cwd: Where to start it (default: the repository root); ``python -m predictor``
+            imports the ``predictor`` found there.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{kind}-{ports[0]}.log"
     child_env = dict(env) if env is not None else dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as log:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(
-            list(args), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=child_env
+            list(args), cwd=cwd or REPO, stdout=log, stderr=subprocess.STDOUT, env=child_env
         )
     return Server(proc, ports[0], ports[1], model_name, log_path, list(args), kind)
 
