@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
@@ -26,6 +28,13 @@ class Metrics:
 
     Build with :func:`create_metrics`; pass to the model, which hands it to
     the batcher as its observer.
+
+    Every labelled child this model uses is bound once, on its first use, and
+    kept: ``.labels(...)`` validates and hashes the label values and takes the
+    collector's lock on every call, which was most of prometheus_client's
+    share of the event loop's CPU per request (``docs/performance.md``).
+    Binding on first use rather than here keeps ``/metrics`` exactly as
+    before: a series appears once it has been touched, not at start-up.
     """
 
     model: str
@@ -38,16 +47,62 @@ class Metrics:
     preprocess_seconds: Histogram
     device_forwards_total: Counter
     device_up: Gauge
+    _children: dict[tuple[str, ...], Any] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
+    # -- this model's children, bound on first use (see the class docstring) --
+    @cached_property
+    def _queue_depth(self) -> Any:
+        return self.queue_depth.labels(model=self.model)
+
+    @cached_property
+    def _inflight(self) -> Any:
+        return self.inflight_requests.labels(model=self.model)
+
+    @cached_property
+    def _batch_size(self) -> Any:
+        return self.batch_size.labels(model=self.model)
+
+    @cached_property
+    def _queue_wait(self) -> Any:
+        return self.queue_wait_seconds.labels(model=self.model)
+
+    @cached_property
+    def _forward(self) -> Any:
+        return self.forward_seconds.labels(model=self.model)
+
+    @cached_property
+    def _preprocess(self) -> Any:
+        return self.preprocess_seconds.labels(model=self.model)
+
+    def _tiles(self, outcome: str) -> Any:
+        child = self._children.get(("tiles", outcome))
+        if child is None:
+            child = self.tiles_total.labels(model=self.model, outcome=outcome)
+            self._children["tiles", outcome] = child
+        return child
+
+    def _worker_forwards(self, worker: str, outcome: str) -> Any:
+        key = ("forwards", worker, outcome)
+        child = self._children.get(key)
+        if child is None:
+            child = self.device_forwards_total.labels(
+                model=self.model, worker=worker, outcome=outcome
+            )
+            self._children[key] = child
+        return child
+
+    # -- the model's calls --
     def count_tiles(self, outcome: str, n: int) -> None:
         """Adds ``n`` tiles to ``histoserve_tiles_total{outcome}``."""
         if n > 0:
-            self.tiles_total.labels(model=self.model, outcome=outcome).inc(n)
+            self._tiles(outcome).inc(n)
 
     @contextmanager
     def inflight(self) -> Iterator[None]:
         """Counts a request in ``histoserve_inflight_requests`` while it runs."""
-        gauge = self.inflight_requests.labels(model=self.model)
+        gauge = self._inflight
         gauge.inc()
         try:
             yield
@@ -56,28 +111,27 @@ class Metrics:
 
     def observe_preprocess(self, seconds: float) -> None:
         """Records one request's stage-1 time."""
-        self.preprocess_seconds.labels(model=self.model).observe(seconds)
+        self._preprocess.observe(seconds)
 
     # BatchObserver protocol (see predictor.batcher)
     def on_enqueue(self, n_items: int, queue_depth: int) -> None:
-        self.queue_depth.labels(model=self.model).set(queue_depth)
+        self._queue_depth.set(queue_depth)
 
     def on_reject(self, n_items: int) -> None:
         self.count_tiles("rejected", n_items)
 
     def on_dispatch(self, batch_size: int, queue_wait_s: Sequence[float], queue_depth: int) -> None:
-        self.queue_depth.labels(model=self.model).set(queue_depth)
-        self.batch_size.labels(model=self.model).observe(batch_size)
-        wait = self.queue_wait_seconds.labels(model=self.model)
+        self._queue_depth.set(queue_depth)
+        self._batch_size.observe(batch_size)
+        wait = self._queue_wait
         for seconds in queue_wait_s:
             wait.observe(seconds)
 
     def on_forward(self, batch_size: int, seconds: float, ok: bool) -> None:
-        self.forward_seconds.labels(model=self.model).observe(seconds)
+        self._forward.observe(seconds)
 
     def on_worker_forward(self, worker: str, batch_size: int, seconds: float, ok: bool) -> None:
-        outcome = "ok" if ok else "failed"
-        self.device_forwards_total.labels(model=self.model, worker=worker, outcome=outcome).inc()
+        self._worker_forwards(worker, "ok" if ok else "failed").inc()
 
     def on_worker_lost(self, worker: str, workers_left: int) -> None:
         self.device_up.labels(model=self.model, worker=worker).set(0)
