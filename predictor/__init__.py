@@ -10,7 +10,8 @@ request through them):
 * Server edge: :mod:`~predictor.server` -- :mod:`~predictor.server.app`
   (KServe's ModelServer with drain, body limits), :mod:`~predictor.server.dataplane`
   (binary V2 bodies, liveness), :mod:`~predictor.server.edge` (the error table),
-  :mod:`~predictor.server.grpc_server` (the V2 gRPC service).
+  :mod:`~predictor.server.grpc_server` (the V2 gRPC service),
+  :mod:`~predictor.server.fast_infer` (the V2 REST infer route before FastAPI).
 * Protocols: :mod:`~predictor.codecs` -- :mod:`~predictor.codecs.base` (the
   ``Codec`` interface), :mod:`~predictor.codecs.v1`, :mod:`~predictor.codecs.v2`,
   :mod:`~predictor.codecs.v2_response`, :mod:`~predictor.codecs.binary`,
