@@ -186,6 +186,7 @@ def configure_trace_logging(enabled: bool) -> None:
 
 def serve(argv: Sequence[str] | None = None) -> int:
     """Parses flags, loads the model (fail-fast) and serves until drained."""
+    from predictor import gc_policy
     from predictor.errors import StartupError
     from predictor.startup import build_model
 
@@ -208,6 +209,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
         asdict(limits),
         model_config.preprocess_workers,
     )
+    gc_policy.apply()  # after the heavy start-up heap exists (see predictor.gc_policy)
     server.start([model])
     return 0
 

@@ -146,3 +146,11 @@ def test_names_labels_and_help_texts_are_the_contract(families: dict) -> None:
     assert labels["histoserve_device_up"] == {"model", "worker"}
     assert labels["request_predict_seconds"] == {"model_name"}
     assert labels["histoserve_batch_size"] == {"model"}
+
+
+def test_server_froze_its_startup_heap_after_loading(server: Server) -> None:
+    log = server.log()
+    frozen = [line for line in log.splitlines() if "start-up objects frozen" in line]
+    assert len(frozen) == 1, log[-3000:]
+    assert "thresholds (20000, 10, 10)" in frozen[0]
+    assert log.index("serving ") < log.index("start-up objects frozen")  # after the model loaded
