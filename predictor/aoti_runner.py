@@ -38,7 +38,8 @@ import shutil
 import tempfile
 import threading
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,12 @@ class GilFreeRunner:
         device: Must be the CPU (see the module docstring).
         model_name: The model inside the package (``model`` for ``histoserve export``).
         num_models: Model copies in the container: concurrent forwards allowed.
+        metadata: The package's AOTInductor metadata when the caller already
+            read it (start-up does): not read from the zip again.
+        extraction_timer: ``timer("extraction")`` is a context manager around
+            copying the model library out of the zip (start-up passes
+            :meth:`~predictor.package.loader.StartupPhases.time`, so a cold
+            start reports extraction apart from ``dlopen``).
 
     Raises:
         ValueError: A CUDA device, ``num_models`` < 1, or a package without
@@ -131,6 +138,8 @@ class GilFreeRunner:
         *,
         model_name: str = "model",
         num_models: int = 1,
+        metadata: Mapping[str, str] | None = None,
+        extraction_timer: Callable[[str], AbstractContextManager[None]] | None = None,
     ) -> None:
         device = torch.device(device)
         if device.type != "cpu":
@@ -142,7 +151,8 @@ class GilFreeRunner:
         self._idle = threading.Condition()  # close() waits until no forward is running
         self._running = 0
         self._handle: ctypes.c_void_p | None = None
-        self._metadata, self._lib = self._extract_and_open(model_name)
+        timer = extraction_timer or (lambda _phase: contextlib.nullcontext())
+        self._metadata, self._lib = self._extract_and_open(model_name, metadata, timer)
         self._capsule_get, self._capsule_new = _capsule_api()
         handle = _HANDLE()
         self._check(
@@ -155,8 +165,13 @@ class GilFreeRunner:
         self.num_inputs = self._count("AOTInductorModelContainerGetNumInputs")
         self.num_outputs = self._count("AOTInductorModelContainerGetNumOutputs")
 
-    def _extract_and_open(self, model_name: str) -> tuple[dict[str, str], ctypes.CDLL]:
-        """Reads the metadata and dlopens the model library (extracted to a temp dir).
+    def _extract_and_open(
+        self,
+        model_name: str,
+        metadata: Mapping[str, str] | None,
+        timer: Callable[[str], AbstractContextManager[None]],
+    ) -> tuple[dict[str, str], ctypes.CDLL]:
+        """Reads the metadata (unless given) and dlopens the model library (extracted to a temp dir).
 
         The extracted file is removed right after ``dlopen``: the mapping
         stays valid, and nothing is left behind in ``$TMPDIR``.
@@ -164,15 +179,16 @@ class GilFreeRunner:
         with zipfile.ZipFile(self.path) as archive:
             names = archive.namelist()
             so_name = _member(names, model_name, _SO_SUFFIX, self.path)
-            try:
-                meta_name = _member(names, model_name, _METADATA_SUFFIX, self.path)
-                metadata = json.loads(archive.read(meta_name))
-            except ValueError:
-                metadata = {}
+            if metadata is None:
+                try:
+                    meta_name = _member(names, model_name, _METADATA_SUFFIX, self.path)
+                    metadata = json.loads(archive.read(meta_name))
+                except ValueError:
+                    metadata = {}
             tmp = Path(tempfile.mkdtemp(prefix="histoserve_aoti_"))
             try:
                 target = tmp / Path(so_name).name
-                with archive.open(so_name) as src, target.open("wb") as dst:
+                with timer("extraction"), archive.open(so_name) as src, target.open("wb") as dst:
                     shutil.copyfileobj(src, dst, 1 << 22)
                 lib = ctypes.CDLL(str(target), mode=os.RTLD_NOW | os.RTLD_LOCAL)
             finally:

@@ -12,6 +12,8 @@ durations are logged once and served by ``GET /v2/models/{name}/config``
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping
 
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
@@ -23,6 +25,8 @@ from predictor.model import BaseServerModel, ServingOptions
 from predictor.package.host import resolve_devices
 from predictor.package.loader import StartupPhases, find_checkpoint, inspect_package, open_package
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec, spec_from_json
+
+logger = logging.getLogger("histoserve")
 
 
 def resolve_model_spec(metadata: Mapping[str, str], override: str | None) -> ModelSpec:
@@ -38,7 +42,14 @@ def resolve_model_spec(metadata: Mapping[str, str], override: str | None) -> Mod
 def build_model(
     config: ModelConfig, batching: BatchingConfig, limits: LimitsConfig
 ) -> BaseServerModel:
-    """Builds and loads the model the config describes (fail-fast, one hash)."""
+    """Builds and loads the model the config describes (fail-fast, one hash).
+
+    Logs the monotonic clock (system-wide on Linux) when start-up begins and
+    when the model is built, so a benchmark or supervisor on the same host
+    can split process start to ready into imports, phases and server start
+    (:mod:`bench.coldstart` parses these two lines).
+    """
+    logger.info("start-up begins at monotonic %.6f s", time.monotonic())
     checkpoint = find_checkpoint(config.model_dir, config.checkpoint)
     phases = StartupPhases()
     facts = inspect_package(checkpoint, phases)
@@ -79,4 +90,5 @@ def build_model(
         more_packages=packages,
     )
     model.load()
+    logger.info("model built at monotonic %.6f s", time.monotonic())
     return model

@@ -20,8 +20,13 @@ fresh ``$TMPDIR/aotinductor_XXXXXX`` directory (``/tmp`` when ``TMPDIR`` is
 unset), removed when the package is freed; torch also creates its inductor
 cache at ``$TORCHINDUCTOR_CACHE_DIR`` (default ``$TMPDIR/torchinductor_<user>``).
 Under a read-only root filesystem both must point at writable volumes.
-Extraction and loading are one call in torch's loader, so they are one phase,
-``load``.
+With torch's loader (``--forward_runner torch``) extraction and loading are
+one C++ call, so they are one phase, ``load`` (= extraction + load; splitting
+them would mean reimplementing torch's loader). The GIL-free runner
+(``--forward_runner gil_free``) extracts the model library itself, so there
+its own ``extraction`` phase is recorded and ``load`` is the rest (host
+checks, ``dlopen``, creating the model container). Phases are exclusive: a
+phase timed inside another is not counted in the outer one.
 """
 
 from __future__ import annotations
@@ -57,22 +62,34 @@ class StartupPhases:
     """Seconds spent in each start-up phase, in the order they ran.
 
     Phases: ``digest`` (SHA-256 of the package), ``metadata`` (read from the
-    zip), ``load`` (host checks, extraction and load), then the model's
-    ``probe`` (output check) and ``warmup``. Timed with ``time.monotonic()``.
+    zip), ``extraction`` (the GIL-free runner's model library out of the zip;
+    absent with torch's loader, whose ``load`` includes it), ``load`` (host
+    checks and load), then the model's ``probe`` (output check) and
+    ``warmup``. Timed with ``time.monotonic()``. Phases are exclusive: time
+    spent in a phase nested inside another counts for the inner one only, so
+    the phases add up to the time they cover.
     """
 
     def __init__(self) -> None:
         self._seconds: dict[str, float] = {}
+        self._open: list[float] = []  # per open phase: seconds of its nested phases
 
     @contextmanager
     def time(self, phase: str) -> Iterator[None]:
-        """Times the ``with`` block as ``phase`` (added to an earlier run of it)."""
+        """Times the ``with`` block as ``phase`` (added to an earlier run of it).
+
+        A phase timed inside this block is subtracted from this one.
+        """
         start = time.monotonic()
+        self._open.append(0.0)
         try:
             yield
         finally:
             elapsed = time.monotonic() - start
-            self._seconds[phase] = self._seconds.get(phase, 0.0) + elapsed
+            nested = self._open.pop()
+            self._seconds[phase] = self._seconds.get(phase, 0.0) + elapsed - nested
+            if self._open:
+                self._open[-1] += elapsed
 
     def as_dict(self) -> dict[str, float]:
         """Phase name to seconds (rounded to the millisecond), in run order."""
@@ -247,8 +264,9 @@ def load_package(
         check_inputs = bool(provenance(metadata).get("batch1_input_checks"))
     if check_inputs:
         os.environ.setdefault(CHECK_INPUTS_ENV, "1")
+    phases = phases if phases is not None else StartupPhases()
     try:
-        loaded = _load_runner(path, device, runner, instances)
+        loaded = _load_runner(path, device, runner, instances, metadata=metadata, phases=phases)
         metadata = dict(loaded.get_metadata())
     except Exception as exc:
         raise CheckpointError(f"cannot load package {path}: {exc}") from exc
@@ -259,15 +277,25 @@ def load_package(
         device=device,
         input_dtype=package_input_dtype(metadata),
         runner=loaded,
-        phases=phases if phases is not None else StartupPhases(),
+        phases=phases,
     )
 
 
-def _load_runner(path: Path, device: torch.device, kind: str = "torch", instances: int = 1) -> Any:
+def _load_runner(
+    path: Path,
+    device: torch.device,
+    kind: str = "torch",
+    instances: int = 1,
+    *,
+    metadata: Mapping[str, str] | None = None,
+    phases: StartupPhases | None = None,
+) -> Any:
     """``aoti_load_package`` without its device-info probe, when torch allows.
 
     ``kind="gil_free"`` loads :class:`~predictor.aoti_runner.GilFreeRunner`
-    instead (CPU only; it refuses another device with a ``ValueError``).
+    instead (CPU only; it refuses another device with a ``ValueError``),
+    handing it the metadata already read (not read again) and timing its
+    extraction as the ``extraction`` phase.
 
     ``torch._inductor.aoti_load_package`` first compiles small C++ programs to
     detect the host's vector ISA (only to log a warning on mismatch): ~15 s on
@@ -279,7 +307,10 @@ def _load_runner(path: Path, device: torch.device, kind: str = "torch", instance
     if kind == "gil_free":
         from predictor.aoti_runner import GilFreeRunner
 
-        return GilFreeRunner(path, device, num_models=instances)
+        timer = phases.time if phases is not None else None
+        return GilFreeRunner(
+            path, device, num_models=instances, metadata=metadata, extraction_timer=timer
+        )
     index = device.index if device.index is not None else (0 if device.type == "cuda" else -1)
     try:
         from torch.export.pt2_archive._package import AOTICompiledModel

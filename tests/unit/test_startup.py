@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -15,6 +18,7 @@ from predictor.families import model_class_for
 from predictor.families.embedding import EmbeddingServerModel
 from predictor.metrics import create_metrics
 from predictor.package import digest
+from predictor.package.loader import StartupPhases
 from predictor.spec import BUILTIN_SPECS
 
 PHASES = ["digest", "metadata", "load", "probe", "warmup"]
@@ -34,12 +38,36 @@ def hashed(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     return calls
 
 
-def _build(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> EmbeddingServerModel:
+@pytest.fixture
+def metadata_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every AOTInductor metadata member read through Python's zipfile, in order (a spy).
+
+    Counts the step itself, whichever code does it (start-up's
+    ``read_metadata`` or the GIL-free runner). torch's C++ loader reads its own
+    copy while extracting the package; that is inside torch's one load call.
+    """
+    reads: list[str] = []
+    real_open = zipfile.ZipFile.open  # ZipFile.read goes through open too
+
+    def spy(self: zipfile.ZipFile, name: Any, *args: Any, **kwargs: Any) -> Any:
+        member = str(getattr(name, "filename", name))
+        if member.endswith("_metadata.json"):
+            reads.append(member)
+        return real_open(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", spy)
+    return reads
+
+
+def _build(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch, **options: Any
+) -> EmbeddingServerModel:
     # A private registry: the global one already holds this process's collectors.
     monkeypatch.setattr(
         startup, "create_metrics", lambda name: create_metrics(name, CollectorRegistry())
     )
-    config = ModelConfig(model_dir=model_dir, device="cpu", preprocess_workers=1)
+    fields = {"device": "cpu", "preprocess_workers": 1, **options}
+    config = ModelConfig(model_dir=model_dir, **fields)
     return startup.build_model(config, BatchingConfig(), LimitsConfig())
 
 
@@ -101,3 +129,46 @@ def test_a_tampered_package_stops_start_up_before_loading(
     (copy / "h0-mini.pt2.sha256").write_text("0" * 64 + "  h0-mini.pt2\n")
     with pytest.raises(CheckpointError, match="tampered or truncated"):
         _build(copy, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    ("options", "phases"),
+    [
+        ({}, PHASES),
+        ({"device": "auto"}, PHASES),  # every visible device: here the CPU
+        ({"forward_runner": "gil_free"}, ["digest", "metadata", "extraction", *PHASES[2:]]),
+    ],
+    ids=["cpu", "device-auto", "gil-free"],
+)
+def test_no_start_up_step_runs_twice(
+    embedding_package_dir: Path,
+    hashed: list[Path],
+    metadata_reads: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    options: dict[str, str],
+    phases: list[str],
+) -> None:
+    """One hash and one metadata read per start, on every path and across KServe's reloads."""
+    model = _build(embedding_package_dir, monkeypatch, **options)
+    assert hashed == [embedding_package_dir / "h0-mini.pt2"]
+    assert len(metadata_reads) == 1, metadata_reads
+    assert model.load() and model.load()  # KServe calls load again: nothing re-runs
+    assert len(hashed) == 1 and len(metadata_reads) == 1
+    assert list(model.get_metadata()["startup_seconds"]) == phases
+    model.stop()
+
+
+def test_nested_phases_are_exclusive() -> None:
+    """Extraction timed inside load counts once: the phases add up to the time they cover."""
+    phases = StartupPhases()
+    start = time.monotonic()
+    with phases.time("load"):
+        with phases.time("extraction"):
+            time.sleep(0.05)  # a known duration to split, not a synchronisation
+        time.sleep(0.02)
+    covered = time.monotonic() - start
+    seconds = phases.as_dict()
+    assert list(seconds) == ["extraction", "load"]
+    assert seconds["extraction"] >= 0.05
+    assert 0.02 <= seconds["load"] < 0.05
+    assert sum(seconds.values()) == pytest.approx(covered, abs=0.002)
