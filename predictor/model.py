@@ -193,10 +193,10 @@ class BaseServerModel(Model):
     async def start_batching(self) -> None:
         """Starts the batcher inside the running event loop (called by the server)."""
         if self._batcher is None:
+            first = DeviceSlot(self._package, self._normalizer)
+            instances = self._options.instances_per_device
             self._batcher = DynamicBatcher(
-                self._devices.runs(
-                    str(self._device), self.forward_batch, self._options.instances_per_device
-                ),
+                self._devices.runs(str(self._device), first, self.forward_batch, instances),
                 self._options.batching,
                 classify_error=classify_error,
                 observer=self._metrics,
@@ -209,7 +209,7 @@ class BaseServerModel(Model):
             self._metrics.workers_started(workers)
 
     def active_slot(self) -> DeviceSlot:
-        """The package and normaliser of the device the calling worker thread serves."""
+        """The calling worker's package, normaliser and stream (the model's own off a worker)."""
         return self._devices.current() or DeviceSlot(self._package, self._normalizer)
 
     async def drain(self, timeout_s: float) -> bool:

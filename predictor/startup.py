@@ -57,11 +57,9 @@ def build_model(
     devices = resolve_devices(config.device)
     device = devices[0]
     cls = model_class_for(spec)
+    # Each device's package holds one model copy per instance; each worker
+    # gets its own normaliser and, on CUDA, stream (predictor.device_workers).
     instances = config.instances_per_device
-    if instances > 1 and device.type != "cpu":
-        raise ValueError(
-            f"--instances_per_device {instances} needs --device cpu for now, got {device}"
-        )
     packages = {
         str(d): open_package(
             checkpoint, d, facts, phases, runner=config.forward_runner, instances=instances

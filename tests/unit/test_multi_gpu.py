@@ -1,18 +1,22 @@
 """``--device auto`` with several GPUs: one device worker (and package) per GPU.
 
-This machine has no GPU, so two fakes stand in for what cannot exist here:
-the host's GPU count (``HostFacts`` with several compute capabilities) and
-the per-device load (``open_package`` loads the real package on the CPU,
-once per fake GPU, and records the device it was asked for). Everything
-else is real: start-up, the probe per package, the batcher and its workers.
+This machine has no GPU, so fakes stand in for what cannot exist here:
+the host's GPU count (``HostFacts`` with several compute capabilities), the
+per-device load (``open_package`` loads the real package on the CPU, once
+per fake GPU, and records the device it was asked for) and, with several
+instances, each worker's CUDA stream. Everything else is real: start-up,
+the probe per package, the batcher and its workers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -20,8 +24,11 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
+from predictor import device as device_mod
 from predictor import startup
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
+from predictor.device import DeviceSlot
+from predictor.device_workers import DeviceWorkers
 from predictor.errors import DeviceLost, StartupError
 from predictor.metrics import create_metrics
 from predictor.package.host import HostFacts, resolve_devices
@@ -167,33 +174,90 @@ def test_the_pod_stays_live_while_any_gpu_worker_is(
     assert ran == ["cuda:1", "cuda:1"]
 
 
-def test_instances_on_cuda_keep_their_limit(
+class _FakeStream:
+    """Stands in for a worker's CUDA stream (no CUDA here): records the slot bound inside it.
+
+    The first entry waits at ``barrier`` until every worker is inside its
+    stream, so the workers provably run at once.
+    """
+
+    def __init__(self, device: torch.device, model: Any, barrier: threading.Barrier) -> None:
+        self.device, self.model, self.barrier = device, model, barrier
+        self.seen: list[Any] = []
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        barrier, self.barrier = self.barrier, None
+        if barrier is not None:
+            barrier.wait(timeout=30)
+        yield
+
+    def synchronize(self) -> None:
+        self.seen.append(self.model.active_slot())
+
+
+def test_instances_on_every_gpu_each_with_its_own_slot(
     embedding_package_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(ValueError, match="needs --device cpu for now, got cuda:0"):
-        _build(embedding_package_dir, monkeypatch, gpus=2, instances=2)
+    model, runners, ran = _build(embedding_package_dir, monkeypatch, gpus=2, instances=2)
+    streams: list[_FakeStream] = []
+    barrier = threading.Barrier(4)
+
+    def fake_worker_stream(device: torch.device) -> _FakeStream:  # a CUDA stream's stand-in
+        streams.append(_FakeStream(device, model, barrier))
+        return streams[-1]
+
+    monkeypatch.setattr(device_mod, "worker_stream", fake_worker_stream)
+    for runner in runners.values():
+        runner.armed = True
+    tiles = _tiles(4)
+
+    async def body() -> list[str]:
+        await model.start_batching()
+        names = [w.name for w in model._batcher.workers]
+        futures = [f for t in tiles for f in model._batcher.submit([t], key="embedding")]
+        await asyncio.gather(*futures)
+        await model._batcher.close()
+        return names
+
+    names = asyncio.run(body())
+    model.stop()
+    assert names == ["cuda:0#0", "cuda:0#1", "cuda:1#0", "cuda:1#1"]
+    assert sorted(ran) == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]  # all four at once
+    slots = [s.seen[0] for s in streams]
+    assert [slot.stream for slot in slots] == streams  # each worker ran in its own stream
+    assert len({id(slot.normalizer) for slot in slots}) == 4
+    assert [slot.package.runner.name for slot in slots] == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
 
 
 def test_worker_names_per_device_and_instance() -> None:
-    from predictor.device import DeviceSlot
-    from predictor.device_workers import DeviceWorkers
-
     def forward(samples: list[Any], mode: Any) -> list[Any]:
         return samples
 
+    cpu = SimpleNamespace(device=torch.device("cpu"))
+    first = DeviceSlot(package=cpu, normalizer=_FakeNormalizer())  # type: ignore[arg-type]
     workers = DeviceWorkers()
-    assert workers.runs("cpu", forward, 1) is forward  # the lone worker, as before
-    assert list(workers.runs("cpu", forward, 2)) == ["cpu#0", "cpu#1"]
-    workers.slots["cuda:1"] = DeviceSlot(package=None, normalizer=None)  # type: ignore[arg-type]
-    runs = workers.runs("cuda:0", forward, 2)
+    assert workers.runs("cpu", first, forward, 1) is forward  # the lone worker, as before
+    assert list(workers.runs("cpu", first, forward, 2)) == ["cpu#0", "cpu#1"]
+    workers.slots["cuda:1"] = first
+    runs = workers.runs("cuda:0", first, forward, 2)
     assert list(runs) == ["cuda:0#0", "cuda:0#1", "cuda:1#0", "cuda:1#1"]
     bound: list[Any] = []
-    workers = DeviceWorkers()
-    workers.slots["cuda:1"] = slot = DeviceSlot(package=None, normalizer=None)  # type: ignore[arg-type]
-    runs = workers.runs("cuda:0", lambda s, m: bound.append(workers.current()) or s, 1)
-    assert list(runs) == ["cuda:0", "cuda:1"]
+    made: list[str] = []
+    workers = DeviceWorkers(stream_factory=lambda d: made.append(str(d)))  # no stream: CPU-like
+    workers.slots["cuda:1"] = slot = DeviceSlot(package=cpu, normalizer=_FakeNormalizer())  # type: ignore[arg-type]
+    runs = workers.runs("cuda:0", first, lambda s, m: bound.append(workers.current()) or s, 1)
+    assert list(runs) == ["cuda:0", "cuda:1"] and made == ["cpu", "cpu"]
     runs["cuda:0"]([1], None)
     runs["cuda:1"]([1], None)
-    assert bound == [None, slot] and workers.current() is None  # unbound after the forward
+    assert [b.normalizer for b in bound] == [first.normalizer, slot.normalizer]
+    assert workers.current() is None  # unbound after the forward
     with pytest.raises(ValueError, match="must be >= 1, got 0"):
-        workers.runs("cpu", forward, 0)
+        workers.runs("cpu", first, forward, 0)
+
+
+class _FakeNormalizer:
+    """Only what worker slots ask of a normaliser: a copy for another instance."""
+
+    def for_another_worker(self) -> _FakeNormalizer:
+        return _FakeNormalizer()
