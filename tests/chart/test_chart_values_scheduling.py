@@ -154,6 +154,12 @@ def test_several_gpus_are_served_by_device_auto(render, render_error):
     assert args["device"] == "cuda:0"
 
 
-def test_instances_per_device_above_one_needs_the_cpu(render_error):
-    err = render_error(set_json={"gpu.count": 1, "batching.instancesPerDevice": 2})
-    assert "batching.instancesPerDevice 2 needs gpu.count 0 for now" in err
+def test_instances_per_device_above_one_runs_on_gpus(render, render_error):
+    """Several instances per GPU are served now (own normaliser and stream per instance)."""
+    objs = render(set_json={"gpu.count": 2, "batching.instancesPerDevice": 3})
+    container = isvc_container(objs)
+    args = args_of(container)
+    assert (args["instances_per_device"], args["device"]) == ("3", "auto")
+    assert container["resources"]["limits"]["nvidia.com/gpu"] in (2, "2")
+    err = render_error(set_json={"batching.instancesPerDevice": 0})
+    assert "instancesPerDevice" in err  # the schema's minimum 1

@@ -490,7 +490,4 @@ Checks the schema cannot express (it cannot compare two values).
 {{- if and (gt (int .Values.gpu.count) 1) (ne .Values.model.device "auto") -}}
 {{- fail (printf "gpu.count %d but model.device %q serves one GPU: use model.device auto (one worker per GPU)" (int .Values.gpu.count) .Values.model.device) -}}
 {{- end -}}
-{{- if and (gt (int .Values.batching.instancesPerDevice) 1) (gt (int .Values.gpu.count) 0) -}}
-{{- fail (printf "batching.instancesPerDevice %d needs gpu.count 0 for now (the server runs more than one instance on the CPU only)" (int .Values.batching.instancesPerDevice)) -}}
-{{- end -}}
 {{- end -}}
