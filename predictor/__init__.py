@@ -6,7 +6,8 @@ request through them):
 * Entry: :mod:`~predictor.__main__` (``python -m predictor``),
   :mod:`~predictor.cli` (flags, ``serve``/``export``/``embed``),
   :mod:`~predictor.config` (frozen configs), :mod:`~predictor.startup`
-  (from config to a loaded, checked model).
+  (from config to a loaded, checked model), :mod:`~predictor.gc_policy` (the
+  collector's settings while serving).
 * Server edge: :mod:`~predictor.server` -- :mod:`~predictor.server.app`
   (KServe's ModelServer with drain, body limits), :mod:`~predictor.server.dataplane`
   (binary V2 bodies, liveness), :mod:`~predictor.server.edge` (the error table),
@@ -19,6 +20,7 @@ request through them):
   :mod:`~predictor.codecs.common`; :mod:`~predictor.samples` (the types they
   hand over). None imports torch.
 * Model: :mod:`~predictor.model` (KServe adapter and lifecycle),
+  :mod:`~predictor.kserve_call` (KServe's stages of one predict, run directly),
   :mod:`~predictor.admission` (admitted requests, staged tiles),
   :mod:`~predictor.stage1` (the decode thread pool),
   :mod:`~predictor.families` (per-family hooks: :mod:`~predictor.families.base`,

@@ -18,7 +18,6 @@ back, which outputs a mode returns, how its package is checked) is in
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -28,8 +27,6 @@ from typing import Any
 
 import torch
 from kserve import InferRequest, InferResponse, Model
-from kserve import metrics as kserve_metrics
-from kserve.logging import trace_logger
 from kserve.model import InferenceVerb
 
 from predictor.admission import Admission
@@ -42,6 +39,7 @@ from predictor.device import DeviceSlot, classify_error
 from predictor.device_workers import DeviceWorkers
 from predictor.errors import InvalidInput, ModelNotReady
 from predictor.faults import FaultHook
+from predictor.kserve_call import StageCall
 from predictor.metrics import Metrics
 from predictor.package.loader import LoadedPackage, StartupPhases, inspect_package, open_package
 from predictor.samples import DecodedRequest, ModelResponse, PreparedSample
@@ -129,6 +127,7 @@ class BaseServerModel(Model):
         self._pool: Stage1Pool | None = None
         self._batcher: DynamicBatcher | None = None
         self._stopped = False
+        self._stage_call = StageCall(self.name)
         limits = self._options.limits
         self._v1 = V1Codec(model_spec, limits)
         self._v2 = V2Codec(
@@ -268,53 +267,16 @@ class BaseServerModel(Model):
                 return await self._call(body, headers, verb)
 
     async def _call(self, body: Any, headers: dict[str, str] | None, verb: Any):
-        """KServe's ``Model.__call__`` for a predict, without its per-request lookups.
+        """KServe's ``Model.__call__``, for a predict without its per-request lookups.
 
-        KServe's version looks up its three labelled histograms, checks
-        ``inspect.iscoroutinefunction`` on three bound methods and takes
-        ``time.time()`` pairs on every request (``docs/performance.md``). Our
-        stages are always coroutines and the children are bound once per
-        model (:attr:`_kserve_stage_timers`), so a predict runs the stages
-        directly with the same observable effects: each stage's
-        ``request_{preprocess,predict,postprocess}_seconds{model_name}``
-        observed whether it returned or raised, the ``(response, headers)``
-        shape, and KServe's trace line when ``--enable_latency_logging`` is on.
-        Any other verb (explain), and a model asked for response headers, go
-        through KServe's own ``__call__``, so they answer as they always did.
+        A predict goes through :class:`~predictor.kserve_call.StageCall` (the
+        same stage histograms, return shape and trace line); explain, and a
+        model asked for response headers, go through KServe's own, so they
+        answer as they always did.
         """
         if (verb is not None and verb != InferenceVerb.PREDICT) or self.required_response_headers:
             return await super().__call__(body, headers, verb or InferenceVerb.PREDICT)
-        pre, pred, post = self._kserve_stage_timers
-        started = time.perf_counter()
-        try:
-            payload = await self.preprocess(body, headers)
-        finally:
-            pre_done = time.perf_counter()
-            pre.observe(pre_done - started)
-        payload = self.validate(payload)
-        try:
-            response = await self.predict(payload, headers)
-        finally:
-            pred_done = time.perf_counter()
-            pred.observe(pred_done - pre_done)
-        try:
-            response = await self.postprocess(response, headers)
-        finally:
-            post_done = time.perf_counter()
-            post.observe(post_done - pred_done)
-        if self.enable_latency_logging is True:
-            _log_latency(headers, pre_done - started, pred_done - pre_done, post_done - pred_done)
-        return response, {}
-
-    @functools.cached_property
-    def _kserve_stage_timers(self) -> tuple[Any, Any, Any]:
-        """KServe's preprocess, predict and postprocess histogram children for this model."""
-        labels = kserve_metrics.get_labels(self.name)
-        return (
-            kserve_metrics.PRE_HIST_TIME.labels(**labels),
-            kserve_metrics.PREDICT_HIST_TIME.labels(**labels),
-            kserve_metrics.POST_HIST_TIME.labels(**labels),
-        )
+        return await self._stage_call(self, body, headers)
 
     def validate(self, payload: Any) -> Any:
         """Codecs validate; KServe's dict checks would misread our payload."""
@@ -393,18 +355,6 @@ class BaseServerModel(Model):
     def _count(self, outcome: str, n: int) -> None:
         if self._metrics is not None:
             self._metrics.count_tiles(outcome, n)
-
-
-def _log_latency(
-    headers: dict[str, str] | None, pre_s: float, predict_s: float, post_s: float
-) -> None:
-    """KServe's per-request latency line, in its words, on its ``kserve.trace`` logger."""
-    request_id = headers.get("x-request-id", "N.A.") if headers else "N.A."
-    trace_logger.info(
-        f"requestId: {request_id}, preprocess_ms: {round(pre_s * 1000, 9)}, "
-        f"explain_ms: 0, predict_ms: {round(predict_s * 1000, 9)}, "
-        f"postprocess_ms: {round(post_s * 1000, 9)}"
-    )
 
 
 def resolve_mode(spec: ModelSpec, mode: str | None, model_name: str) -> str:

@@ -26,6 +26,7 @@ from harness.packages import package_in
 from harness.tiles import encode_png, random_tiles
 from predictor.errors import InvalidInput
 from predictor.families import model_class_for
+from predictor.kserve_call import StageCall
 from predictor.model import BaseServerModel, ServingOptions
 from predictor.spec import BUILTIN_SPECS
 
@@ -149,3 +150,8 @@ def test_trace_line_when_latency_logging_is_on(served) -> None:
     matches = [TRACE_LINE.match(line) for line in handler.lines]
     assert all(matches), handler.lines
     assert [m["id"] for m in matches] == ["ours", "stock"]
+
+
+def test_stage_call_needs_a_model_name() -> None:
+    with pytest.raises(ValueError, match="StageCall needs a model name, got ''"):
+        StageCall("")
