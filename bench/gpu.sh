@@ -12,8 +12,8 @@
 # `parts` runs bench/gpu_parts.py on the demo package exported for CUDA:
 # tiles/s on cuda:0 alone vs --device auto (one worker per visible GPU) with
 # each worker's batch count, the pinned copy vs the forward per batch (how
-# much of the copy compute hides), and whether --instances_per_device 2 is
-# accepted on CUDA. Output: $OUT/gpu-parts.json (and the lines on stdout).
+# much of the copy compute hides), and tiles/s with 1 vs 2 instances on cuda:0
+# (--instances_per_device 2). Output: $OUT/gpu-parts.json (and the lines on stdout).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
