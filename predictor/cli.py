@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--instances_per_device",
         type=int,
         default=1,
-        help="device workers on one shared queue (CPU only above 1 for now)",
+        help="device workers per device on one shared queue (CPU or each GPU)",
     )
     add(
         "--rest_fast_path",

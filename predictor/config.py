@@ -89,7 +89,8 @@ class ModelConfig:
             (:mod:`predictor.aoti_runner`: the package's C ABI called with the
             GIL released, CPU only).
         instances_per_device: Device workers sharing the one queue (Triton's
-            instance groups); more than one needs the CPU for now.
+            instance groups), per device: CPU or each GPU (own normaliser and
+            CUDA stream per instance).
     """
 
     model_dir: Path = Path("/opt/ml/model")
