@@ -37,11 +37,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.config import ModelCase, Profile
+
 BEGIN_RE = re.compile(r"start-up begins at monotonic ([0-9]+\.[0-9]+) s")
 BUILT_RE = re.compile(r"model built at monotonic ([0-9]+\.[0-9]+) s")
 PHASES = ("digest", "metadata", "extraction", "load", "probe", "warmup")
 PARTS = ("imports", *PHASES, "other", "server_start")
 MODEL_NAME = "coldstart"
+VIT_G = ModelCase(label="vit-g", spec="h0", preset="vit-g", dtype="bf16")
 _READ_CHUNK = 8 << 20
 
 
@@ -76,6 +79,21 @@ class ColdStartConfig:
             raise ValueError(f"poll_s must be in (0, 1], got {self.poll_s}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+
+
+def cases_for(profile: Profile) -> tuple[ModelCase, ...]:
+    """The packages a profile cold-starts.
+
+    The tiny profile: its demo package (a fast harness check). Every other:
+    its models but the demo one, plus ViT-g in bf16 (what a deployment of a
+    ~1.1B-parameter model ships; exported once and cached like the others).
+    """
+    if profile.name == "tiny":
+        return profile.models
+    cases = [m for m in profile.models if m.label != "demo"]
+    if not any(m.label == VIT_G.label for m in cases):
+        cases.append(VIT_G)
+    return tuple(cases)
 
 
 def drop_page_cache(path: Path) -> bool:

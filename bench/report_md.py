@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.coldstart import section as coldstart_section
 from bench.gil import section as gil_section
 from bench.null_rate import section as null_section
 from bench.report_triton import triton_section
@@ -208,4 +209,5 @@ def markdown(results: dict[str, Any], pngs: dict[str, str]) -> str:
     lines += workers_section(results.get("workers"))
     if results.get("stage1"):
         lines += stage1_section(results["stage1"])
+    lines += coldstart_section(results.get("coldstart"))
     return "\n".join(lines) + "\n"

@@ -3,7 +3,8 @@
 For each model case of the profile: the limit (forward throughput per batch
 size, in-process), three servers side by side (histoserve, histoserve with
 batching off, the naive KServe model), idle latency, the end-to-end matrix,
-the baseline cells and the target cells; then stage-1 costs. Writes
+the baseline cells and the target cells; then stage-1 costs, the slide
+client and, last, cold starts (:mod:`bench.coldstart`). Writes
 ``results.json``, ``results.md`` and PNG plots under ``--out``.
 """
 
@@ -33,6 +34,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--dtype", default=None, help="override the dtype of every model but the demo one"
     )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument(
+        "--coldstart_runs",
+        type=int,
+        default=3,
+        help="server starts per package and page-cache state in the cold-start stage "
+        "(1 on the tiny profile; 0 skips the stage)",
+    )
     parser.add_argument(
         "--render",
         type=Path,
@@ -243,6 +251,32 @@ def measure_cpu_workers(log: Callable[[str], None]) -> dict[str, Any]:
     return {"gil": loop, "workers": two}
 
 
+def measure_coldstart(
+    profile: Profile, runs: int, log_dir: Path, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """Process start to ready per package (:mod:`bench.coldstart`), split into its parts.
+
+    The last stage, so nothing of the benchmark runs beside a start (and the
+    big packages' page-cache traffic cannot slow another cell).
+    """
+    from bench import coldstart
+    from bench.packages import package_for
+
+    cfg = coldstart.ColdStartConfig(
+        runs=runs,
+        device=profile.device,
+        threads=profile.threads,
+        forward_runner=profile.forward_runner,
+    )
+    out = {}
+    for case in coldstart.cases_for(profile):
+        log(f"cold start: {case.label} package")
+        out[case.label] = coldstart.measure_package(
+            package_for(case, profile.device), cfg, log_dir, log
+        )
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the profile and writes the results; returns the exit status."""
     args = parse_args(argv)
@@ -290,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         cfg = embed_client.EmbedBench(device=profile.device, threads=profile.threads)
         results["embed_client"] = embed_client.write(embed_client.measure(cfg, log_dir, log), out)
+    runs = min(args.coldstart_runs, 1) if profile.name == "tiny" else args.coldstart_runs
+    if runs > 0:
+        results["coldstart"] = measure_coldstart(profile, runs, log_dir, log)
     results["meta"]["duration_s"] = time.time() - started
     results["meta"]["loadavg_end"] = report.loadavg()
     paths = report.write(results, out, plots=not args.no_plots)

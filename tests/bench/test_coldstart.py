@@ -113,3 +113,12 @@ def test_one_real_cold_start_of_the_tiny_package(
         assert summary["total"] == run["total"] and 0 < summary["server_cores"] <= 2.5
         assert result["read_once_s"][state] > 0
     assert len(section({"demo": result})) == 9
+
+
+def test_the_profiles_cold_start_their_big_packages() -> None:
+    from bench.config import PROFILES
+
+    assert [c.label for c in coldstart.cases_for(PROFILES["tiny"])] == ["demo"]
+    assert [c.label for c in coldstart.cases_for(PROFILES["full"])] == ["vit-s", "vit-g"]
+    assert [c.label for c in coldstart.cases_for(PROFILES["gpu"])] == ["vit-g"]
+    assert coldstart.VIT_G.dtype == "bf16"

@@ -113,3 +113,12 @@ def test_null_model_rate_and_cpu_per_request(tiny_results: tuple[Path, dict]) ->
         assert cell["requests_per_s"] > 0 and not cell["errors"], cell
         assert cell["cpu_ms_per_request"] > 0, cell
     assert "## Null model" in (tiny_results[0] / "results.md").read_text()
+
+
+@pytest.mark.integration
+def test_cold_start_stage_ran_last_on_the_demo_package(tiny_results: tuple[Path, dict]) -> None:
+    part = tiny_results[1]["coldstart"]
+    assert list(part) == ["demo"]
+    starts = part["demo"]["starts"]
+    assert starts["warm"]["runs"] == 1 and starts["warm"]["total"] > starts["warm"]["imports"] > 0
+    assert "## Cold start: process start to ready" in (tiny_results[0] / "results.md").read_text()
