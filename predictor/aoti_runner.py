@@ -152,15 +152,22 @@ class GilFreeRunner:
         self._running = 0
         self._handle: ctypes.c_void_p | None = None
         timer = extraction_timer or (lambda _phase: contextlib.nullcontext())
-        self._metadata, self._lib = self._extract_and_open(model_name, metadata, timer)
-        self._capsule_get, self._capsule_new = _capsule_api()
-        handle = _HANDLE()
-        self._check(
-            self._lib.AOTInductorModelContainerCreateWithDevice(
-                ctypes.byref(handle), num_models, b"cpu", None
-            ),
-            "create the model container",
-        )
+        tmp = Path(tempfile.mkdtemp(prefix="histoserve_aoti_"))
+        try:
+            self._metadata, self._lib = self._extract_and_open(model_name, metadata, timer, tmp)
+            self._capsule_get, self._capsule_new = _capsule_api()
+            handle = _HANDLE()
+            self._check(
+                self._lib.AOTInductorModelContainerCreateWithDevice(
+                    ctypes.byref(handle), num_models, b"cpu", None
+                ),
+                "create the model container",
+            )
+        finally:
+            # Only now: weights too big for the library's data section (~2 GB
+            # and up, e.g. a ViT-g) are appended to the .so file and read from
+            # it by the container's constructor.
+            shutil.rmtree(tmp, ignore_errors=True)
         self._handle = handle
         self.num_inputs = self._count("AOTInductorModelContainerGetNumInputs")
         self.num_outputs = self._count("AOTInductorModelContainerGetNumOutputs")
@@ -170,11 +177,12 @@ class GilFreeRunner:
         model_name: str,
         metadata: Mapping[str, str] | None,
         timer: Callable[[str], AbstractContextManager[None]],
+        tmp: Path,
     ) -> tuple[dict[str, str], ctypes.CDLL]:
-        """Reads the metadata (unless given) and dlopens the model library (extracted to a temp dir).
+        """Reads the metadata (unless given) and dlopens the model library (extracted into ``tmp``).
 
-        The extracted file is removed right after ``dlopen``: the mapping
-        stays valid, and nothing is left behind in ``$TMPDIR``.
+        The caller removes ``tmp`` once the model container exists: the
+        library's mapping stays valid, and nothing is left behind in ``$TMPDIR``.
         """
         with zipfile.ZipFile(self.path) as archive:
             names = archive.namelist()
@@ -185,14 +193,10 @@ class GilFreeRunner:
                     metadata = json.loads(archive.read(meta_name))
                 except ValueError:
                     metadata = {}
-            tmp = Path(tempfile.mkdtemp(prefix="histoserve_aoti_"))
-            try:
-                target = tmp / Path(so_name).name
-                with timer("extraction"), archive.open(so_name) as src, target.open("wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 22)
-                lib = ctypes.CDLL(str(target), mode=os.RTLD_NOW | os.RTLD_LOCAL)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+            target = tmp / Path(so_name).name
+            with timer("extraction"), archive.open(so_name) as src, target.open("wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 22)
+            lib = ctypes.CDLL(str(target), mode=os.RTLD_NOW | os.RTLD_LOCAL)
         _bind(lib)
         return {str(k): str(v) for k, v in metadata.items()}, lib
 
