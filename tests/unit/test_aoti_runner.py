@@ -174,3 +174,37 @@ def test_concurrent_forwards_with_several_models(embedding_pt2: Path) -> None:
         assert all(g is not None and torch.equal(g, w) for g, w in zip(got, want, strict=True))
     finally:
         r.close()
+
+
+def _mmap_weights_package(output: Path) -> None:
+    """A small linear model whose weights are appended to the ``.so`` file, not linked in.
+
+    AOTInductor does this itself for weights too big for a data section
+    (~2 GB and up, e.g. a ViT-g); ``force_mmap_weights`` makes a small
+    package do the same, so the path is tested without a 2 GB export.
+    """
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).eval()
+    program = torch.export.export(module, (torch.randn(2, 16),), strict=False)
+    torch._inductor.aoti_compile_and_package(
+        program,
+        package_path=str(output),
+        inductor_configs={"aot_inductor.force_mmap_weights": True},
+    )
+
+
+def test_weights_appended_to_the_library_are_read_before_it_is_removed(tmp_path: Path) -> None:
+    """The runner keeps the extracted ``.so`` until the model container has read its weights."""
+    from harness.packages import cached
+
+    # The cache keys by spec name; the source dict tells this package apart.
+    path = cached("h0-mini", {"module": "linear16x8", "force_mmap_weights": True},
+                  _mmap_weights_package)  # fmt: skip
+    x = torch.randn(2, 16)
+    r = GilFreeRunner(path)
+    try:
+        (got,) = r(x)
+        (want,) = _reference(path)(x)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    finally:
+        r.close()
