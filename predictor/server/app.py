@@ -240,6 +240,11 @@ class HistoModelServer(ModelServer):
             ours.append(Middleware(FastInferMiddleware, dataplane=self.dataplane))
         outside = self._rest_fast_path and not self.enable_latency_logging
         insert_beside_timing(app.user_middleware, ours, outside=outside)
+        logger.info(
+            "REST fast path %s (POST /v2/models/{name}/infer %s)",
+            "on" if self._rest_fast_path else "off",
+            "answered before FastAPI's router" if self._rest_fast_path else "through FastAPI",
+        )
 
     async def _model_config(self, model_name: str) -> dict[str, Any]:
         model = self.registered_models.get_model(model_name)

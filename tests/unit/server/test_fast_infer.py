@@ -287,6 +287,12 @@ def test_metrics_and_access_log_still_count_fast_requests(pair: dict) -> None:
     assert server.log().count(access) - lines_before == 3
 
 
+@pytest.mark.integration
+def test_startup_log_says_which_path(pair: dict) -> None:
+    assert "REST fast path on" in pair["fast"].log()
+    assert "REST fast path off" in pair["slow"].log()
+
+
 def _poll(done: Callable[[], bool], timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not done():
