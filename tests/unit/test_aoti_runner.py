@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 from harness.packages import demo_package
-from predictor.aoti_runner import AotiRunError, GilFreeRunner
+from predictor.aoti_runner import AotiRunError, GilFreeRunner, extract_member
 
 
 def _reference(path: Path) -> Callable[..., tuple[torch.Tensor, ...]]:
@@ -206,5 +207,47 @@ def test_weights_appended_to_the_library_are_read_before_it_is_removed(tmp_path:
         (got,) = r(x)
         (want,) = _reference(path)(x)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+    finally:
+        r.close()
+
+
+def _so_member(archive: zipfile.ZipFile) -> zipfile.ZipInfo:
+    return next(i for i in archive.infolist() if i.filename.endswith(".wrapper.so"))
+
+
+def test_a_stored_library_is_extracted_byte_for_byte(embedding_pt2: Path, tmp_path: Path) -> None:
+    with zipfile.ZipFile(embedding_pt2) as archive:
+        info = _so_member(archive)
+        assert info.compress_type == zipfile.ZIP_STORED  # torch's packages: the fast path
+        extract_member(archive, info, tmp_path / "lib.so")
+        assert (tmp_path / "lib.so").read_bytes() == archive.read(info)
+
+
+def test_a_corrupt_library_is_refused_by_its_crc(embedding_pt2: Path, tmp_path: Path) -> None:
+    """One flipped byte inside the ``.so``: the zip's CRC-32 catches it before ``dlopen``."""
+    bad = tmp_path / "bad.pt2"
+    data = bytearray(embedding_pt2.read_bytes())
+    with zipfile.ZipFile(embedding_pt2) as archive:
+        info = _so_member(archive)
+    local = data[info.header_offset : info.header_offset + 30]  # the local header
+    start = info.header_offset + 30 + int.from_bytes(local[26:28], "little")
+    start += int.from_bytes(local[28:30], "little")
+    data[start + info.file_size // 2] ^= 1
+    bad.write_bytes(bytes(data))
+    with pytest.raises(zipfile.BadZipFile, match="CRC"):
+        GilFreeRunner(bad)
+
+
+def test_a_compressed_library_is_extracted_through_zipfile(
+    embedding_pt2: Path, tmp_path: Path
+) -> None:
+    deflated = tmp_path / "deflated.pt2"
+    with zipfile.ZipFile(embedding_pt2) as src, zipfile.ZipFile(deflated, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info), compress_type=zipfile.ZIP_DEFLATED)
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(2))
+    r = GilFreeRunner(deflated)
+    try:
+        torch.testing.assert_close(r(x), _reference(embedding_pt2)(x), rtol=0, atol=0)
     finally:
         r.close()
