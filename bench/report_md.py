@@ -6,6 +6,7 @@ from typing import Any
 
 from bench.coldstart import section as coldstart_section
 from bench.gil import section as gil_section
+from bench.instances import section as instances_section
 from bench.null_rate import section as null_section
 from bench.report_triton import triton_section
 from bench.targets import CLIENTS_TARGET, EFFICIENCY_TARGET, IDLE_BUDGET_MS
@@ -205,6 +206,7 @@ def markdown(results: dict[str, Any], pngs: dict[str, str]) -> str:
     for label, model in results["models"].items():
         lines += model_section(label, model, pngs.get(label))
     lines += null_section(results.get("null_model"))
+    lines += instances_section(results.get("instances"))
     lines += gil_section(results.get("gil"))
     lines += workers_section(results.get("workers"))
     if results.get("stage1"):

@@ -277,6 +277,23 @@ def measure_coldstart(
     return out
 
 
+def measure_instances(
+    profile: Profile, log_dir: Path, log: Callable[[str], None]
+) -> dict[str, Any] | None:
+    """histoserve vs Triton with two instances each (:mod:`bench.instances`), if Triton runs."""
+    from bench import instances, triton
+    from bench.cells import LoadClient
+
+    if triton.wanted(profile) is not None:
+        return None
+    log("two instances each: histoserve vs Triton")
+    client = LoadClient()
+    try:
+        return instances.measure(profile, client, log_dir, log, rounds=2)
+    finally:
+        client.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the profile and writes the results; returns the exit status."""
     args = parse_args(argv)
@@ -313,6 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         client.close()
     if profile.device == "cpu" and profile.name != "tiny":
         results.update(measure_cpu_workers(log))
+        results["instances"] = measure_instances(profile, log_dir, log)
     log("stage 1")
     spec = profile.models[0].spec
     budget = 0.2 if profile.name == "tiny" else 1.0

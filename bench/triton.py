@@ -113,6 +113,7 @@ def start_triton(
     max_latency_ms: float,
     threads: int,
     log_dir: Path,
+    instances: int = 1,
 ) -> TritonServer:
     """``bench/triton_server.py`` under the Triton venv (not yet ready).
 
@@ -130,7 +131,7 @@ def start_triton(
         "--http_port", str(ports[0]), "--grpc_port", str(ports[1]),
         "--metrics_port", str(metrics_port), "--device", device,
         "--max_batch_size", str(max_batch_size), "--max_latency_ms", str(max_latency_ms),
-        "--threads", str(threads),
+        "--threads", str(threads), "--instances", str(instances),
         *(item for key in ("mean", "std", "dtype", "tile_size", "embedding_dim")
           for item in (f"--{key}", facts[key])),
     ]  # fmt: skip

@@ -59,6 +59,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tile_size", type=int, required=True)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (the package's)")
+    parser.add_argument(
+        "--instances", type=int, default=1, help="model instances (each its own package load)"
+    )
     return parser.parse_args(argv)
 
 
@@ -96,11 +99,15 @@ def serve(args: argparse.Namespace) -> int:
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig
 
-    forward = PackageForward(args)
+    def instance(forward: PackageForward) -> Any:
+        @batch
+        def infer(pixels: np.ndarray) -> dict[str, Any]:
+            return {"embedding": forward(pixels)}
 
-    @batch
-    def infer(pixels: np.ndarray) -> dict[str, Any]:
-        return {"embedding": forward(pixels)}
+        return infer
+
+    # pytriton: a list of callables is an instance group, one instance each.
+    infers = [instance(PackageForward(args)) for _ in range(args.instances)]
 
     config = TritonConfig(
         http_address="127.0.0.1",
@@ -118,7 +125,7 @@ def serve(args: argparse.Namespace) -> int:
     with Triton(config=config) as triton:
         triton.bind(
             model_name=args.model_name,
-            infer_func=infer,
+            infer_func=infers if len(infers) > 1 else infers[0],
             inputs=[Tensor(name="pixels", dtype=np.uint8, shape=(size, size, 3))],
             outputs=[Tensor(name="embedding", dtype=np.float32, shape=(args.embedding_dim,))],
             config=ModelConfig(max_batch_size=args.max_batch_size, batcher=batcher),
