@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -47,49 +46,16 @@ class Metrics:
     preprocess_seconds: Histogram
     device_forwards_total: Counter
     device_up: Gauge
-    _children: dict[tuple[str, ...], Any] = field(
+    _children: dict[tuple[Any, tuple[str, ...]], Any] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
-    # -- this model's children, bound on first use (see the class docstring) --
-    @cached_property
-    def _queue_depth(self) -> Any:
-        return self.queue_depth.labels(model=self.model)
-
-    @cached_property
-    def _inflight(self) -> Any:
-        return self.inflight_requests.labels(model=self.model)
-
-    @cached_property
-    def _batch_size(self) -> Any:
-        return self.batch_size.labels(model=self.model)
-
-    @cached_property
-    def _queue_wait(self) -> Any:
-        return self.queue_wait_seconds.labels(model=self.model)
-
-    @cached_property
-    def _forward(self) -> Any:
-        return self.forward_seconds.labels(model=self.model)
-
-    @cached_property
-    def _preprocess(self) -> Any:
-        return self.preprocess_seconds.labels(model=self.model)
-
-    def _tiles(self, outcome: str) -> Any:
-        child = self._children.get(("tiles", outcome))
-        if child is None:
-            child = self.tiles_total.labels(model=self.model, outcome=outcome)
-            self._children["tiles", outcome] = child
-        return child
-
-    def _worker_forwards(self, worker: str, outcome: str) -> Any:
-        key = ("forwards", worker, outcome)
+    def _child(self, collector: Any, *labels: str) -> Any:
+        """``collector.labels(self.model, *labels)``, bound on first use and kept."""
+        key = (collector, labels)
         child = self._children.get(key)
         if child is None:
-            child = self.device_forwards_total.labels(
-                model=self.model, worker=worker, outcome=outcome
-            )
+            child = collector.labels(self.model, *labels)
             self._children[key] = child
         return child
 
@@ -97,12 +63,12 @@ class Metrics:
     def count_tiles(self, outcome: str, n: int) -> None:
         """Adds ``n`` tiles to ``histoserve_tiles_total{outcome}``."""
         if n > 0:
-            self._tiles(outcome).inc(n)
+            self._child(self.tiles_total, outcome).inc(n)
 
     @contextmanager
     def inflight(self) -> Iterator[None]:
         """Counts a request in ``histoserve_inflight_requests`` while it runs."""
-        gauge = self._inflight
+        gauge = self._child(self.inflight_requests)
         gauge.inc()
         try:
             yield
@@ -111,35 +77,35 @@ class Metrics:
 
     def observe_preprocess(self, seconds: float) -> None:
         """Records one request's stage-1 time."""
-        self._preprocess.observe(seconds)
+        self._child(self.preprocess_seconds).observe(seconds)
 
     # BatchObserver protocol (see predictor.batcher)
     def on_enqueue(self, n_items: int, queue_depth: int) -> None:
-        self._queue_depth.set(queue_depth)
+        self._child(self.queue_depth).set(queue_depth)
 
     def on_reject(self, n_items: int) -> None:
         self.count_tiles("rejected", n_items)
 
     def on_dispatch(self, batch_size: int, queue_wait_s: Sequence[float], queue_depth: int) -> None:
-        self._queue_depth.set(queue_depth)
-        self._batch_size.observe(batch_size)
-        wait = self._queue_wait
+        self._child(self.queue_depth).set(queue_depth)
+        self._child(self.batch_size).observe(batch_size)
+        wait = self._child(self.queue_wait_seconds)
         for seconds in queue_wait_s:
             wait.observe(seconds)
 
     def on_forward(self, batch_size: int, seconds: float, ok: bool) -> None:
-        self._forward.observe(seconds)
+        self._child(self.forward_seconds).observe(seconds)
 
     def on_worker_forward(self, worker: str, batch_size: int, seconds: float, ok: bool) -> None:
-        self._worker_forwards(worker, "ok" if ok else "failed").inc()
+        self._child(self.device_forwards_total, worker, "ok" if ok else "failed").inc()
 
     def on_worker_lost(self, worker: str, workers_left: int) -> None:
-        self.device_up.labels(model=self.model, worker=worker).set(0)
+        self._child(self.device_up, worker).set(0)
 
     def workers_started(self, workers: Sequence[str]) -> None:
         """Sets ``histoserve_device_up{worker}`` to 1 for each device worker."""
         for worker in workers:
-            self.device_up.labels(model=self.model, worker=worker).set(1)
+            self._child(self.device_up, worker).set(1)
 
 
 def create_metrics(model: str, registry: CollectorRegistry | None = None) -> Metrics:
