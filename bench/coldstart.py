@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.config import ModelCase, Profile
+from bench.markdown import number as _f
 
 BEGIN_RE = re.compile(r"start-up begins at monotonic ([0-9]+\.[0-9]+) s")
 BUILT_RE = re.compile(r"model built at monotonic ([0-9]+\.[0-9]+) s")
@@ -187,7 +188,7 @@ def start_once(package: Path, cfg: ColdStartConfig, log_dir: Path, *, drop: bool
     """One server start: its parts (:func:`split_start`) and the cores used meanwhile."""
     import httpx
 
-    from bench.probes import machine_busy_s, process_cpu_s
+    from bench.probes import machine_busy_s, own_cpu_s, process_cpu_s
     from bench.servers import bench_env
     from harness.server import free_port, predictor_command, spawn
 
@@ -199,12 +200,12 @@ def start_once(package: Path, cfg: ColdStartConfig, log_dir: Path, *, drop: bool
         "--device", cfg.device, "--forward_runner", cfg.forward_runner,
     )  # fmt: skip
     env = bench_env(cfg.threads)
-    busy0, own0 = machine_busy_s(), _own_cpu_s()
+    busy0, own0 = machine_busy_s(), own_cpu_s()
     t0 = time.monotonic()
     server = spawn(args, ports=ports, log_dir=log_dir, model_name=MODEL_NAME, env=env, kind="cold")
     try:
         ready = _wait_ready(server, cfg)
-        busy1, own1 = machine_busy_s(), _own_cpu_s()
+        busy1, own1 = machine_busy_s(), own_cpu_s()
         server_cpu = process_cpu_s(server.pid)
         url = f"{server.base}/v2/models/{MODEL_NAME}/config"
         phases = httpx.get(url, timeout=10).json()["startup_seconds"]
@@ -217,11 +218,6 @@ def start_once(package: Path, cfg: ColdStartConfig, log_dir: Path, *, drop: bool
         parts["server_cores"] = server_cpu / span
         parts["other_cores"] = max(0.0, other / span)
     return parts
-
-
-def _own_cpu_s() -> float:
-    times = os.times()
-    return times.user + times.system
 
 
 def summarise(runs: Sequence[Mapping[str, float]]) -> dict[str, Any]:
@@ -263,10 +259,6 @@ def measure_package(
     }
 
 
-def _f(value: float | None, digits: int = 3) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
-
-
 def section(part: Mapping[str, Any] | None) -> list[str]:
     """The results markdown section (empty when the stage did not run)."""
     if not part:
@@ -292,10 +284,10 @@ def section(part: Mapping[str, Any] | None) -> list[str]:
             )
             lines.append(
                 f"| {label} | {result['package_mb']:.0f} | {state} "
-                f"| {_f(result['read_once_s'][state])} | {_f(s['total'], 2)} ({_f(lo, 2)}–{_f(hi, 2)}) "
-                f"| {_f(s['imports'])} | {_f(s['digest'])} | {_f(s['metadata'])} "
-                f"| {_f(extraction)} | {_f(s['load'])} | {_f(s['probe'])} | {_f(s['warmup'])} "
-                f"| {_f(s['other'])} | {_f(s['server_start'])} "
+                f"| {_f(result['read_once_s'][state], 3)} | {_f(s['total'], 2)} ({_f(lo, 2)}–{_f(hi, 2)}) "
+                f"| {_f(s['imports'], 3)} | {_f(s['digest'], 3)} | {_f(s['metadata'], 3)} "
+                f"| {_f(extraction, 3)} | {_f(s['load'], 3)} | {_f(s['probe'], 3)} | {_f(s['warmup'], 3)} "
+                f"| {_f(s['other'], 3)} | {_f(s['server_start'], 3)} "
                 f"| {_f(s.get('server_cores'), 2)} / {_f(s.get('other_cores'), 2)} |"
             )
     return [*lines, ""]

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.probes import machine_busy_s, process_cpu_s
+from bench.probes import machine_busy_s, own_cpu_s, process_cpu_s
 
 REPO = Path(__file__).resolve().parents[1]
 SLIDE_CACHE = REPO / ".cache" / "bench-slides"
@@ -105,13 +105,13 @@ class CpuProbe:
     def start(self) -> CpuProbe:
         self._t = time.monotonic()
         self._busy = machine_busy_s() or 0.0
-        self._own = _own_cpu_s()
+        self._own = own_cpu_s()
         self._cpu = {k: process_cpu_s(p) or 0.0 for k, p in self.pids.items()}
         return self
 
     def stop(self, extra_cpu_s: dict[str, float] | None = None) -> dict[str, float]:
         span = max(time.monotonic() - self._t, 1e-9)
-        cores = {"bench_cores": (_own_cpu_s() - self._own) / span}
+        cores = {"bench_cores": (own_cpu_s() - self._own) / span}
         for name, pid in self.pids.items():
             cores[f"{name}_cores"] = ((process_cpu_s(pid) or 0.0) - self._cpu[name]) / span
         for name, seconds in (extra_cpu_s or {}).items():
@@ -122,11 +122,6 @@ class CpuProbe:
             0.0, busy - sum(v for k, v in cores.items() if k != "machine_cores")
         )
         return {k: round(v, 2) for k, v in cores.items()}
-
-
-def _own_cpu_s() -> float:
-    times = os.times()
-    return times.user + times.system
 
 
 def read_rate(slide: Path, cfg: EmbedBench, tile_size: int) -> dict[str, Any]:

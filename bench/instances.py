@@ -28,6 +28,7 @@ from typing import Any
 
 from bench.cells import Cell, LoadClient
 from bench.config import PROFILES, ModelCase, Profile
+from bench.markdown import number
 
 INSTANCES = 2
 CELLS = ((64, 1), (16, 32))
@@ -121,16 +122,11 @@ def section(part: dict[str, Any] | None) -> list[str]:
             f"| {p['round']} | {p['protocol']} | {p['clients']} x {p['tiles']} "
             f"| {p['histoserve_tps']:.1f} | {p['triton_tps']:.1f} | {p['throughput_ratio']:.2f} "
             f"| {p['histoserve_p99_ms']:.0f} / {p['triton_p99_ms']:.0f} "
-            f"| {_num(h, 'mean_batch')} / {_num(t, 'mean_batch')} "
-            f"| {_num(h, 'server_cores')} / {_num(t, 'server_cores')} "
-            f"| {_num(h, 'other_cores')} / {_num(t, 'other_cores')} |"
+            f"| {number(h.get('mean_batch'), 2)} / {number(t.get('mean_batch'), 2)} "
+            f"| {number(h.get('server_cores'), 2)} / {number(t.get('server_cores'), 2)} "
+            f"| {number(h.get('other_cores'), 2)} / {number(t.get('other_cores'), 2)} |"
         )
     return [*lines, ""]
-
-
-def _num(cell: dict[str, Any], key: str) -> str:
-    value = cell.get(key)
-    return "n/a" if value is None else f"{value:.2f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -83,6 +83,12 @@ def process_cpu_s(pid: int) -> float | None:
     return total
 
 
+def own_cpu_s() -> float:
+    """User + system CPU seconds of this process alone (not its children)."""
+    times = os.times()
+    return times.user + times.system
+
+
 def machine_busy_s() -> float | None:
     """CPU seconds all cores spent busy since boot (``/proc/stat``), or None."""
     try:

@@ -7,18 +7,11 @@ from typing import Any
 from bench.coldstart import section as coldstart_section
 from bench.gil import section as gil_section
 from bench.instances import section as instances_section
+from bench.markdown import number as _f
 from bench.null_rate import section as null_section
 from bench.report_triton import triton_section
 from bench.targets import CLIENTS_TARGET, EFFICIENCY_TARGET, IDLE_BUDGET_MS
 from bench.workers import section as workers_section
-
-
-def _f(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
 
 
 def _verdict(met: bool | None) -> str:

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.markdown import number as _f
+
 # The goals against Triton (ratios of one run on one machine).
 SINGLE_TILE_GOAL = 1.25  # 64 single-tile clients, binary REST and gRPC; p99 <= Triton's
 MANY_TILE_GOAL = 1.4  # 16 clients x 32 tiles, binary REST
-
-
-def _f(value: Any, digits: int = 1) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
 
 
 def _goal(pair: dict[str, Any]) -> tuple[str, bool | None]:

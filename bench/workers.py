@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+from bench.markdown import number
 from bench.probes import machine_busy_s, process_cpu_s
 
 
@@ -111,14 +112,9 @@ def section(part: dict[str, Any] | None) -> list[str]:
         one, two = r["one_worker"], r["two_workers"]
         lines.append(
             f"| {name} | {one['tiles_per_s']:.1f} | {two['tiles_per_s']:.1f} "
-            f"| {r['ratio']:.2f}x | {_cores(one)} / {_cores(two)} |"
+            f"| {r['ratio']:.2f}x | {number(one.get('other_cores'), 2)} / {number(two.get('other_cores'), 2)} |"
         )
     return [*lines, ""]
-
-
-def _cores(run: dict[str, Any]) -> str:
-    other = run.get("other_cores")
-    return "n/a" if other is None else f"{other:.2f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -134,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"{name:<16} 1 worker {one['tiles_per_s']:7.1f} tiles/s, 2 workers "
             f"{two['tiles_per_s']:7.1f} tiles/s: {out[name]['ratio']:.2f}x (other processes: "
-            f"{_cores(one)} / {_cores(two)} cores)"
+            f"{number(one.get('other_cores'), 2)} / {number(two.get('other_cores'), 2)} cores)"
         )
     print(json.dumps(out))
     return 0
