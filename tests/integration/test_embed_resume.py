@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -65,20 +64,27 @@ def _assert_same(out: Path, clean: Path, slide_id: str) -> None:
     assert len(got["coords"]) == TILES_PER_SLIDE
 
 
+def _signal_after_first_slide(args: tuple, sig: signal.Signals) -> subprocess.Popen:
+    """``histoserve embed`` started on ``args`` and sent ``sig`` once its first slide is done."""
+    proc = subprocess.Popen(
+        embed_command(*args, "--progress", "plain"),
+        cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    for line in proc.stderr:  # the per-slide line is printed after its status row
+        if ": done (" in line:
+            proc.send_signal(sig)
+            break
+    return proc
+
+
 def test_sigkill_then_rerun_equals_a_clean_run(
     embedding_server: Server, cohort: list[Path], clean: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
     args = (*cohort, "--url", embedding_server.base, "--out", out, *RUN, "--concurrency", "1")
-    proc = subprocess.Popen(
-        embed_command(*args, "--progress", "plain"),
-        cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+    proc = _signal_after_first_slide(args, signal.SIGKILL)
     try:
-        for line in proc.stderr:  # the per-slide line is printed after its status row
-            if ": done (" in line:
-                os.kill(proc.pid, signal.SIGKILL)
-                break
+        proc.stderr.read()
     finally:
         proc.wait(60)
     assert proc.returncode == -signal.SIGKILL
@@ -189,15 +195,8 @@ def test_ctrl_c_stops_at_once_and_the_rerun_resumes(
     embedding_server: Server, cohort: list[Path], clean: Path, tmp_path: Path
 ) -> None:
     args = (*cohort, "--url", embedding_server.base, "--out", tmp_path, *RUN, "--concurrency", "1")
-    proc = subprocess.Popen(
-        embed_command(*args, "--progress", "plain"),
-        cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+    proc = _signal_after_first_slide(args, signal.SIGINT)
     try:
-        for line in proc.stderr:
-            if ": done (" in line:
-                proc.send_signal(signal.SIGINT)
-                break
         tail = proc.stderr.read()
     finally:
         proc.wait(20)  # not the minutes the slides in progress would take
