@@ -79,7 +79,7 @@ def measure(
                             client, server, cell, tile_size=224, speed_tps=300.0,
                             windows=profile.windows,
                         )  # fmt: skip
-                    ratio = triton._ratio(protocol, clients, tiles, pair)
+                    ratio = triton.pair_ratio(protocol, clients, tiles, pair)
                     ratio.update(round=index, cells=pair)
                     log(f"  x{INSTANCES} {protocol} {clients}x{tiles}: {_line(ratio)}")
                     pairs.append(ratio)

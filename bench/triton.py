@@ -236,11 +236,12 @@ def compare(
                         f"{result.get('throughput', 0):.1f} tiles/s p99 {result.get('p99_ms')}")  # fmt: skip
                 cells.append(result)
                 pair[name] = result
-            pairs.append(_ratio(protocol, clients, tiles, pair))
+            pairs.append(pair_ratio(protocol, clients, tiles, pair))
     return {"cells": cells, "pairs": pairs}
 
 
-def _ratio(protocol: str, clients: int, tiles: int, pair: Mapping[str, Any]) -> dict[str, Any]:
+def pair_ratio(protocol: str, clients: int, tiles: int, pair: Mapping[str, Any]) -> dict[str, Any]:
+    """One cell on histoserve and on Triton: the throughput ratio, both rates, p50 and p99."""
     h, t = pair["histoserve"], pair["triton"]
     out: dict[str, Any] = {"protocol": protocol, "clients": clients, "tiles": tiles}
     if h.get("throughput") and t.get("throughput"):
