@@ -51,7 +51,7 @@ def build(package: Path, device: str, batch: int, instances: int = 1) -> Any:
 
     from predictor import startup
     from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
-    from predictor.metrics import create_metrics
+    from predictor.serving.metrics import create_metrics
 
     startup.create_metrics = lambda name: create_metrics(name, CollectorRegistry())
     config = ModelConfig(
@@ -66,7 +66,7 @@ def build(package: Path, device: str, batch: int, instances: int = 1) -> Any:
 
 
 def _samples(batch: int, size: int) -> list[Any]:
-    from predictor.samples import PreparedSample
+    from predictor.codecs.samples import PreparedSample
 
     rng = np.random.default_rng(0)
     return [
@@ -77,7 +77,7 @@ def _samples(batch: int, size: int) -> list[Any]:
 
 async def throughput(model: Any, batch: int, clients: int, seconds: float) -> dict[str, Any]:
     """Tiles/s of ``clients`` closed-loop submitters of ``batch`` tiles, and batches per worker."""
-    from predictor.model import resolve_mode
+    from predictor.serving.model import resolve_mode
 
     samples = _samples(batch, model.model_spec.tile_size)
     mode = resolve_mode(model.model_spec, None, model.name)
@@ -104,7 +104,7 @@ def copy_vs_compute(model: Any, batch: int, reps: int = 20) -> dict[str, float]:
     """Milliseconds per batch: copy+normalise, forward, both through ``forward_batch``."""
     import torch
 
-    from predictor.model import resolve_mode
+    from predictor.serving.model import resolve_mode
 
     samples = _samples(batch, model.model_spec.tile_size)
     mode = resolve_mode(model.model_spec, None, model.name)

@@ -5,11 +5,11 @@
 Issue 12's CPU stand-in for "every GPU used": a package whose forward leaves
 a core free (one torch thread per worker on a 2-core machine) should run
 about twice as fast on two workers as on one. Here the real
-:class:`~predictor.batcher.DynamicBatcher` feeds one or two workers, each
+:class:`~predictor.batching.batcher.DynamicBatcher` feeds one or two workers, each
 calling the tiny demo package on a batch of ``--batch`` tiles, with
 ``--clients`` closed-loop submitters on the event loop, for each forward
 path: torch's loader (holds the GIL for the whole forward, so two workers
-cannot overlap) and :class:`~predictor.aoti_runner.GilFreeRunner` (two model
+cannot overlap) and :class:`~predictor.package.aoti_runner.GilFreeRunner` (two model
 copies in one container, GIL released). No HTTP: this isolates the workers.
 Prints one line per path and a JSON line.
 """
@@ -34,7 +34,7 @@ async def throughput(
 ) -> dict[str, float | None]:
     """Tiles per second through a batcher with ``workers`` workers calling ``forward``,
     and the cores other processes used meanwhile (a busy machine shows there)."""
-    from predictor.batcher import DynamicBatcher
+    from predictor.batching.batcher import DynamicBatcher
     from predictor.config import BatchingConfig
 
     batch = len(x)
@@ -73,7 +73,7 @@ def measure(seconds: float = 6.0, batch: int = 8, clients: int = 8) -> dict[str,
     import torch
 
     from harness.packages import demo_package
-    from predictor.aoti_runner import GilFreeRunner
+    from predictor.package.aoti_runner import GilFreeRunner
 
     torch.set_num_threads(1)
     path = demo_package("h0-mini")

@@ -1,12 +1,12 @@
 """``histoserve embed`` as tests and the benchmark run it: a real subprocess, real files.
 
 - :func:`embed_command` / :func:`run_embed`: the CLI in its own interpreter
-  (``python -m predictor.embed.cli``), so its ``tritonclient.grpc`` never meets
+  (``python -m predictor.client.embed.cli``), so its ``tritonclient.grpc`` never meets
   the test process's kserve;
 - :func:`read_output`: one ``<slide_id>.h5`` as plain numpy arrays and attributes;
 - :func:`tiles_served`: a server's ``histoserve_tiles_total`` by outcome, from ``/metrics``;
 - :func:`independent_tiles`: tiles read straight from OpenSlide and resized with
-  PIL, independently of ``predictor.embed``, for numerical truth.
+  PIL, independently of ``predictor.client.embed``, for numerical truth.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ _TILES = re.compile(r"^histoserve_tiles_total\{([^}]*)\}\s+([0-9.e+]+)", re.MULT
 
 
 def embed_command(*args: str | Path) -> list[str]:
-    """``python -m predictor.embed.cli ARGS`` with this interpreter."""
-    return [sys.executable, "-m", "predictor.embed.cli", *map(str, args)]
+    """``python -m predictor.client.embed.cli ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "predictor.client.embed.cli", *map(str, args)]
 
 
 def run_embed(*args: str | Path, timeout_s: float = EMBED_TIMEOUT_S) -> subprocess.CompletedProcess:
@@ -81,7 +81,7 @@ def independent_tiles(
 
     Written from the issue's definition (read ``read_size`` px at ``level``,
     composite on white, antialiased resize to ``tile_size``), not from
-    ``predictor.embed``'s code.
+    ``predictor.client.embed``'s code.
     """
     import openslide
     from PIL import Image

@@ -30,8 +30,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 CACHE_ENV = "HISTOSERVE_TEST_PACKAGE_CACHE"
 KEY_SOURCES = (
-    "predictor/demo_models.py",
-    "predictor/export*.py",
+    "predictor/package/demo_models.py",
+    "predictor/export/*.py",
     "predictor/package/*.py",
     "predictor/families/*.py",
 )
@@ -111,7 +111,7 @@ def _cli(*argv: str) -> Callable[[Path], object]:
     """A build step running ``histoserve export argv --output OUT`` in-process."""
 
     def build(output: Path) -> None:
-        from predictor.export import main as export_main
+        from predictor.export.build import main as export_main
 
         full = [*argv, "--output", str(output)]
         if export_main(full) != 0:
@@ -124,7 +124,7 @@ def demo_package(spec_name: str, preset: str = "tiny", **opts: Any) -> Path:
     """A cached demo package (the ``.pt2`` path in the cache; copy before modifying).
 
     Built through the ``histoserve export --demo`` CLI when every option is a
-    CLI flag, else through :func:`predictor.export.export_demo`.
+    CLI flag, else through :func:`predictor.export.build.export_demo`.
 
     Args:
         spec_name: Built-in spec name.
@@ -141,7 +141,7 @@ def demo_package(spec_name: str, preset: str = "tiny", **opts: Any) -> Path:
         )
 
     def build(output: Path) -> Path:
-        from predictor.export import export_demo
+        from predictor.export.build import export_demo
         from predictor.spec import resolve_spec
 
         return export_demo(resolve_spec(spec_name), output, preset=preset, **opts)

@@ -186,8 +186,8 @@ def configure_trace_logging(enabled: bool) -> None:
 
 def serve(argv: Sequence[str] | None = None) -> int:
     """Parses flags, loads the model (fail-fast) and serves until drained."""
-    from predictor import gc_policy
     from predictor.errors import StartupError
+    from predictor.server import gc_policy
     from predictor.startup import build_model
 
     args = build_parser().parse_args(argv)
@@ -209,7 +209,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
         asdict(limits),
         model_config.preprocess_workers,
     )
-    gc_policy.apply()  # after the heavy start-up heap exists (see predictor.gc_policy)
+    gc_policy.apply()  # after the heavy start-up heap exists (see predictor.server.gc_policy)
     server.start([model])
     return 0
 
@@ -218,11 +218,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``histoserve serve ...``, ``histoserve export ...`` or ``histoserve embed ...``; plain flags mean serve."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "export":
-        from predictor.export import main as export_main
+        from predictor.export.build import main as export_main
 
         return export_main(argv[1:])
     if argv and argv[0] == "embed":
-        from predictor.embed.cli import main as embed_main
+        from predictor.client.embed.cli import main as embed_main
 
         return embed_main(argv[1:])
     if argv and argv[0] == "serve":

@@ -83,10 +83,10 @@ class ModelConfig:
         model_name: Name in URLs; ``None`` uses the spec's name.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         preprocess_workers: Stage-1 decode threads.
-        fault_injection: Test-only forward fault hook (see :mod:`predictor.faults`);
+        fault_injection: Test-only forward fault hook (see :mod:`predictor.device.faults`);
             ``None`` (the default) disables it.
         forward_runner: ``torch`` (torch's AOTInductor loader) or ``gil_free``
-            (:mod:`predictor.aoti_runner`: the package's C ABI called with the
+            (:mod:`predictor.package.aoti_runner`: the package's C ABI called with the
             GIL released, CPU only).
         instances_per_device: Device workers sharing the one queue (Triton's
             instance groups), per device: CPU or each GPU (own normaliser and

@@ -17,13 +17,13 @@ import time
 from collections.abc import Mapping
 
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
+from predictor.device.faults import parse_fault_spec
 from predictor.errors import SpecError
 from predictor.families import model_class_for
-from predictor.faults import parse_fault_spec
-from predictor.metrics import create_metrics
-from predictor.model import BaseServerModel, ServingOptions
 from predictor.package.host import resolve_devices
 from predictor.package.loader import StartupPhases, find_checkpoint, inspect_package, open_package
+from predictor.serving.metrics import create_metrics
+from predictor.serving.model import BaseServerModel, ServingOptions
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec, spec_from_json
 
 logger = logging.getLogger("histoserve")
@@ -58,7 +58,7 @@ def build_model(
     device = devices[0]
     cls = model_class_for(spec)
     # Each device's package holds one model copy per instance; each worker
-    # gets its own normaliser and, on CUDA, stream (predictor.device_workers).
+    # gets its own normaliser and, on CUDA, stream (predictor.device.workers).
     instances = config.instances_per_device
     packages = {
         str(d): open_package(

@@ -7,7 +7,7 @@ Each module knows one wire format and nothing of scheduling or models;
 
 * :mod:`predictor.codecs.images`: encoded tile bytes to ``uint8 [H, W, 3]``.
 * :mod:`predictor.codecs.v2`: Open Inference Protocol (REST JSON, REST binary
-  extension, gRPC) ``InferRequest`` to :class:`~predictor.samples.DecodedRequest`
+  extension, gRPC) ``InferRequest`` to :class:`~predictor.codecs.samples.DecodedRequest`
   and results back to an ``InferResponse``.
 * :mod:`predictor.codecs.binary`: our strict parser of the V2 binary tensor
   extension body (KServe's decodes ``BYTES`` as UTF-8 text).

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from predictor.samples import DecodedRequest, ModelResponse
+from predictor.codecs.samples import DecodedRequest, ModelResponse
 
 
 class Codec(Protocol):

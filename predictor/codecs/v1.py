@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from predictor.codecs.common import decode_base64, first_non_finite, string_parameter
+from predictor.codecs.samples import DecodedRequest, ModelRequest, ModelResponse
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
-from predictor.samples import DecodedRequest, ModelRequest, ModelResponse
 from predictor.spec import ModelSpec
 
 IMAGE_DATA, BULK_RNA = "image_data", "bulk_rna"

@@ -39,6 +39,7 @@ from predictor.codecs.common import (
     string_parameter,
 )
 from predictor.codecs.images import check_encoded_size
+from predictor.codecs.samples import ModelRequest, ModelResponse
 from predictor.codecs.tensors import bytes_elements, numeric_tensor, parse_shape
 from predictor.codecs.v2_response import (
     V2DecodedRequest,
@@ -48,7 +49,6 @@ from predictor.codecs.v2_response import (
 )
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
-from predictor.samples import ModelRequest, ModelResponse
 from predictor.spec import ModelSpec
 
 __all__ = [

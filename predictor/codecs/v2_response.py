@@ -30,9 +30,9 @@ import orjson
 from kserve import InferOutput, InferResponse
 from kserve.protocol.grpc.grpc_predict_v2_pb2 import ModelInferResponse
 
+from predictor.codecs.samples import DecodedRequest, ModelResponse
 from predictor.codecs.tensors import NUMERIC_DTYPES
 from predictor.errors import InvalidInput
-from predictor.samples import DecodedRequest, ModelResponse
 
 
 @dataclass

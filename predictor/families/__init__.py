@@ -124,7 +124,7 @@ def demo_example_inputs(
     last row is all ``NaN`` when ``batch > 1``, so the "no bulk RNA" path is
     part of every export and probe.
     """
-    from predictor.demo_models import DEMO_GENES_IN
+    from predictor.package.demo_models import DEMO_GENES_IN
 
     genes = DEMO_GENES_IN if genes_in is None else genes_in
     return model_class_for(spec).example_inputs(spec, batch, genes_in=genes, seed=seed)

@@ -26,17 +26,17 @@ import torch
 from torch import nn
 
 from predictor.codecs.images import decode_tile
-from predictor.device import Normalizer, synchronize
+from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
+from predictor.device.normalizer import Normalizer, synchronize
 from predictor.errors import InvalidInput, SpecMismatch
-from predictor.model import BaseServerModel
 from predictor.package.loader import LoadedPackage
 from predictor.package.probe import format_shapes, probe_outputs
-from predictor.samples import ModelRequest, ModelResponse, PreparedSample
+from predictor.serving.model import BaseServerModel
 from predictor.spec import ModelSpec
 
 
 class TileServerModel(BaseServerModel):
-    """A :class:`~predictor.model.BaseServerModel` that serves tiles; families subclass it."""
+    """A :class:`~predictor.serving.model.BaseServerModel` that serves tiles; families subclass it."""
 
     PACKAGE_INPUTS: ClassVar[tuple[str, ...]] = ("tiles",)
     """Input names recorded in the family's packages, tiles first."""
@@ -106,7 +106,7 @@ class TileServerModel(BaseServerModel):
         """Decodes and validates one tile; ``InvalidInput`` becomes a 400.
 
         Called in the stage-1 thread pool. The tile stays ``uint8 [H, W, 3]``
-        (see :mod:`predictor.samples` for why HWC); normalisation happens on
+        (see :mod:`predictor.codecs.samples` for why HWC); normalisation happens on
         the device, in the batch.
         """
         pixels = request.pixels

@@ -2,7 +2,7 @@
 
 224x224 tiles normalised with the vendor's mean/std; the package returns
 ``[B, D]`` and each tile gets its row, ``FP32 [D]``. Its demo model is a
-ViT/14 with the spec's prefix tokens (:class:`predictor.demo_models.DemoViT`).
+ViT/14 with the spec's prefix tokens (:class:`predictor.package.demo_models.DemoViT`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any, ClassVar
 import numpy as np
 from torch import nn
 
-from predictor.demo_models import vit_for
+from predictor.codecs.samples import ModelResponse
 from predictor.errors import SpecMismatch
 from predictor.families.base import TileServerModel
-from predictor.samples import ModelResponse
+from predictor.package.demo_models import vit_for
 from predictor.spec import ModelSpec
 
 

@@ -10,7 +10,7 @@ from one forward pass; predictions go out ``expm1``-transformed and rounded.
 
 Gene lists (input and output Ensembl IDs) load from CSV assets beside the
 checkpoint; their lengths must match the package's shapes at start-up. The
-demo model is :class:`predictor.demo_models.DemoMultimodal`.
+demo model is :class:`predictor.package.demo_models.DemoMultimodal`.
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ import torch
 from torch import nn
 
 from predictor.codecs.common import first_non_finite
-from predictor.demo_models import DEMO_GENES_IN, DEMO_GENES_OUT, DemoMultimodal, vit_for
+from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
 from predictor.errors import ForwardError, InvalidInput, SpecMismatch
 from predictor.families.base import TileServerModel
 from predictor.families.embedding import check_embedding_shape
 from predictor.package import genes
+from predictor.package.demo_models import DEMO_GENES_IN, DEMO_GENES_OUT, DemoMultimodal, vit_for
 from predictor.package.loader import LoadedPackage
 from predictor.package.probe import declared_input_dim
-from predictor.samples import ModelRequest, ModelResponse, PreparedSample
 from predictor.spec import ModelSpec
 
 # expm1 overflows float32 just above 88.7; clip the log-space prediction below that.

@@ -5,7 +5,7 @@ returns logits ``[B', 1, H, W]`` or ``[B', H, W]``; packages that pad their
 output to a fixed batch (``B' > B``) are trimmed to the real batch. The mask
 (``sigmoid > threshold``) is computed on the device and copied back as
 ``uint8``, a quarter of the float32 bytes. The demo model is
-:class:`predictor.demo_models.DemoSegmenter`.
+:class:`predictor.package.demo_models.DemoSegmenter`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from predictor.demo_models import SEGMENTER_CHANNELS, DemoSegmenter
+from predictor.codecs.samples import ModelResponse
 from predictor.errors import SpecError, SpecMismatch
 from predictor.families.base import TileServerModel
-from predictor.samples import ModelResponse
+from predictor.package.demo_models import SEGMENTER_CHANNELS, DemoSegmenter
 from predictor.spec import ModelSpec
 
 

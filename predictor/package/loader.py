@@ -250,7 +250,7 @@ def load_package(
         metadata: The package's metadata when already read (else read here).
         phases: Where start-up records its phases; a fresh record when None.
         runner: ``torch`` (torch's loader) or ``gil_free``
-            (:class:`~predictor.aoti_runner.GilFreeRunner`, CPU only).
+            (:class:`~predictor.package.aoti_runner.GilFreeRunner`, CPU only).
         instances: Model copies in the container, so that many threads run
             forwards at once (``--instances_per_device``).
 
@@ -292,7 +292,7 @@ def _load_runner(
 ) -> Any:
     """``aoti_load_package`` without its device-info probe, when torch allows.
 
-    ``kind="gil_free"`` loads :class:`~predictor.aoti_runner.GilFreeRunner`
+    ``kind="gil_free"`` loads :class:`~predictor.package.aoti_runner.GilFreeRunner`
     instead (CPU only; it refuses another device with a ``ValueError``),
     handing it the metadata already read (not read again) and timing its
     extraction as the ``extraction`` phase.
@@ -305,7 +305,7 @@ def _load_runner(
     private API differs, fall back to the public call.
     """
     if kind == "gil_free":
-        from predictor.aoti_runner import GilFreeRunner
+        from predictor.package.aoti_runner import GilFreeRunner
 
         timer = phases.time if phases is not None else None
         return GilFreeRunner(

@@ -1,6 +1,6 @@
 """``/metrics`` of a live server after known traffic: every count is what the traffic made.
 
-The per-request metrics are bound once per model now (``predictor.metrics``
+The per-request metrics are bound once per model now (``predictor.serving.metrics``
 and ``BaseServerModel._call``); this scrape checks that nothing was lost or
 double counted on the way, over REST and gRPC, for good and bad requests,
 and that the names, labels and help texts are the ones the contract lists.
@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.grpc_client import GrpcClient, GrpcError
 from harness.server import Server, start_server
 from harness.tiles import random_tiles
-from predictor.client import HistoserveClient, InferenceError
+from predictor.client.histoserve import HistoserveClient, InferenceError
 
 pytestmark = pytest.mark.integration
 

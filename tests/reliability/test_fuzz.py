@@ -23,12 +23,12 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc.servicer import InferenceServicer
 from PIL import Image
 
+from predictor.codecs.samples import ModelRequest
 from predictor.codecs.v2 import decode_v2
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
 from predictor.families import model_class_for
-from predictor.model import BaseServerModel
-from predictor.samples import ModelRequest
+from predictor.serving.model import BaseServerModel
 from predictor.spec import BUILTIN_SPECS
 
 pytestmark = pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from predictor.admission import Admission
 from predictor.errors import ModelNotReady, Overloaded
+from predictor.serving.admission import Admission
 
 
 def test_staged_tiles_share_the_queue_bound():

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from harness.packages import demo_package
-from predictor.aoti_runner import AotiRunError, GilFreeRunner, extract_member
+from predictor.package.aoti_runner import AotiRunError, GilFreeRunner, extract_member
 
 
 def _reference(path: Path) -> Callable[..., tuple[torch.Tensor, ...]]:

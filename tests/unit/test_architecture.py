@@ -71,54 +71,69 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_no_import_circle_among_predictor_modules():
     modules = _modules()
     graph = {name: _top_level_imports(path, name, modules) for name, path in modules.items()}
-    assert graph["predictor.startup"] >= {"predictor.model", "predictor.package.loader"}
+    assert graph["predictor.startup"] >= {"predictor.serving.model", "predictor.package.loader"}
     assert _cycle(graph) is None, f"import circle: {' -> '.join(_cycle(graph) or [])}"
 
 
-LAYERS = (  # top to bottom, as docs/architecture.md's table ("Layers")
-    (
-        "predictor.__main__",
-        "predictor.cli",
-        "predictor.startup",
-        "predictor.export",
-        "predictor.export_sources",
-        "predictor.gc_policy",
-    ),
-    ("predictor.server",),
-    ("predictor.families",),
-    (
-        "predictor.model",
-        "predictor.admission",
-        "predictor.stage1",
-        "predictor.device_workers",
-        "predictor.kserve_call",
-    ),
-    ("predictor.codecs", "predictor.samples"),
-    ("predictor.batcher", "predictor.batch_queue", "predictor.batch_worker"),
-    ("predictor.device", "predictor.faults", "predictor.metrics"),
-    ("predictor.package", "predictor.aoti_runner", "predictor.demo_models"),
-    ("predictor.spec", "predictor.config", "predictor.errors"),
-)
+def _layer_table() -> list[tuple[str, tuple[str, ...]]]:
+    """docs/architecture.md's layer table, top to bottom: (layer, module prefixes)."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = text[text.index("| layer | folders and modules |") :].split("\n\n")[0]
+    rows = []
+    for line in table.splitlines()[2:]:
+        layer, cell = (c.strip() for c in line.strip("|").split("|")[:2])
+        names = re.findall(r"`([\w/]+)`", cell)
+        rows.append((layer, tuple("predictor." + n.rstrip("/").replace("/", ".") for n in names)))
+    return rows
 
 
-def _layer(module: str) -> int | None:
-    for index, prefixes in enumerate(LAYERS):
+def _layer(module: str, table: list[tuple[str, tuple[str, ...]]]) -> str | None:
+    for layer, prefixes in table:
         if any(module == p or module.startswith(p + ".") for p in prefixes):
-            return index
+            return layer
     return None
 
 
+def test_every_module_is_in_one_layer_by_its_folder():
+    table = _layer_table()
+    assert [layer for layer, _ in table][:2] == ["entry", "server edge"]
+    unfiled = [m for m in _modules() if m != "predictor" and _layer(m, table) is None]
+    assert not unfiled, f"modules in no layer of docs/architecture.md: {unfiled}"
+    top = [m for m in _modules() if m.count(".") == 1 and not (PACKAGE / m.split(".")[1]).is_dir()]
+    assert len(top) <= 12, top
+
+
 def test_imports_point_down_the_layers():
+    table = _layer_table()
+    order = [layer for layer, _ in table]
+    server_layers = order[: order.index("clients")]
     modules = _modules()
     upward = []
     for name, path in modules.items():
-        here = _layer(name)
+        here = _layer(name, table)
         for dep in _top_level_imports(path, name, modules):
-            there = _layer(dep)
-            if here is not None and there is not None and there < here:
+            there = _layer(dep, table)
+            if here is None or there is None or here == "clients" or there == "clients":
+                continue
+            if order.index(there) < order.index(here):
                 upward.append(f"{name} -> {dep}")
-    assert _layer("predictor.families.base") == 2 and _layer("predictor.wire") is None
+    assert _layer("predictor.families.base", table) == "families"
+    assert set(server_layers) >= {"entry", "foundations"}
     assert not upward, upward
+
+
+def test_the_client_side_and_the_server_never_import_each_other():
+    table = _layer_table()
+    modules = _modules()
+    allowed_for_client = ("predictor.client", "predictor.wire")
+    crossing = []
+    for name, path in modules.items():
+        deps = _top_level_imports(path, name, modules) - {"predictor"}
+        if _layer(name, table) == "clients":
+            crossing += [f"{name} -> {d}" for d in deps if not d.startswith(allowed_for_client)]
+        elif name != "predictor.cli":  # the CLI dispatches to `embed` lazily
+            crossing += [f"{name} -> {d}" for d in deps if _layer(d, table) == "clients"]
+    assert not crossing, crossing
 
 
 def test_the_circle_finder_finds_circles():
@@ -128,7 +143,12 @@ def test_the_circle_finder_finds_circles():
 
 @pytest.mark.parametrize(
     "module",
-    ["predictor.codecs.v1", "predictor.codecs.v2", "predictor.codecs.base", "predictor.samples"],
+    [
+        "predictor.codecs.v1",
+        "predictor.codecs.v2",
+        "predictor.codecs.base",
+        "predictor.codecs.samples",
+    ],
 )
 def test_a_codec_imports_no_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules)"
@@ -184,14 +204,4 @@ def test_the_architecture_walk_names_real_code():
     assert steps == [str(i) for i in range(1, 11)]  # ten steps, in order
     assert len(refs) >= 20
     missing = sorted(f"{f}:{name}" for f, name in refs if not _defined(ROOT / f, name))
-    assert not missing, missing
-
-
-def test_the_package_docstring_names_every_module():
-    import predictor
-
-    doc = predictor.__doc__ or ""
-    # predictor.embed's own docstring lists its modules.
-    names = [n for n in _modules() if n != "predictor" and not n.startswith("predictor.embed.")]
-    missing = [n for n in names if f"~{n}`" not in doc]
     assert not missing, missing

@@ -1,4 +1,4 @@
-"""Unit tests of :mod:`predictor.batcher`, through its public API only.
+"""Unit tests of :mod:`predictor.batching.batcher`, through its public API only.
 
 The fake ``run_batch`` records each call and can be held on a
 ``threading.Event`` so a test controls exactly what arrives while the worker
@@ -17,7 +17,13 @@ from typing import Any, TypeVar
 
 import pytest
 
-from predictor.batcher import BatchObserver, DynamicBatcher, ErrorKind, NullObserver, WorkerState
+from predictor.batching.batcher import (
+    BatchObserver,
+    DynamicBatcher,
+    ErrorKind,
+    NullObserver,
+    WorkerState,
+)
 from predictor.config import BatchingConfig
 from predictor.errors import (
     DeviceLost,

@@ -1,4 +1,4 @@
-"""predictor.client against a real server on loopback: pixels, images, modes and errors.
+"""predictor.client.histoserve against a real server on loopback: pixels, images, modes and errors.
 
 The server runs a real demo package with a queue of 8 tiles, so a 9-tile
 request is refused deterministically with 503 and ``Retry-After`` (admission
@@ -17,7 +17,7 @@ from harness.packages import package_in
 from harness.reference import Reference, normalise_reference
 from harness.server import Server, start_server
 from harness.tiles import encode_png, random_tiles
-from predictor.client import HistoserveClient, InferenceError
+from predictor.client.histoserve import HistoserveClient, InferenceError
 
 pytestmark = pytest.mark.integration
 ATOL = 1e-4

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from predictor.device import Normalizer, classify_error
+from predictor.device.failures import classify_error
+from predictor.device.normalizer import Normalizer
 from predictor.errors import DeviceLost, ErrorKind, ForwardError, InvalidInput, forward_failure
 from predictor.package.dtypes import dtype_from_name
 from predictor.spec import BUILTIN_SPECS

@@ -12,9 +12,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from predictor.batcher import DynamicBatcher, ErrorKind
+from predictor.batching.batcher import DynamicBatcher, ErrorKind
 from predictor.config import BatchingConfig
-from predictor.metrics import create_metrics
+from predictor.serving.metrics import create_metrics
 
 
 class FakeDeviceError(RuntimeError):

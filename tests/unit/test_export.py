@@ -12,14 +12,14 @@ import torch
 from torch import nn
 
 from harness.packages import demo_package, module_package
-from predictor import export
-from predictor.demo_models import PRESETS, DemoSegmenter
 from predictor.errors import IncompatiblePackage, SpecError, SpecMismatch
+from predictor.export import build as export
 from predictor.families import build_demo_model, demo_example_inputs
 from predictor.package import digest as pkg_digest
 from predictor.package import host as pkg_host
 from predictor.package import loader, probe
 from predictor.package import metadata as pkg_meta
+from predictor.package.demo_models import PRESETS, DemoSegmenter
 from predictor.package.genes import demo_gene_ids, read_gene_ids, write_gene_ids
 from predictor.package.host import HostFacts
 from predictor.spec import BUILTIN_SPECS, METADATA_KEY, ModelSpec
@@ -251,8 +251,8 @@ def test_cli_module_source() -> None:
         (["--spec", "h9", "--demo"], "unknown spec 'h9'"),
         (["--spec", "h0", "--module", "nocolon"], "pkg.mod:factory"),
         (["--spec", "h0", "--module", "no_such_mod_xyz:f"], "cannot import"),
-        (["--spec", "h0", "--module", "predictor.export:nothing_here"], "no attribute"),
-        (["--spec", "h0", "--module", "predictor.export:DTYPES"], "not callable"),
+        (["--spec", "h0", "--module", "predictor.export.build:nothing_here"], "no attribute"),
+        (["--spec", "h0", "--module", "predictor.export.build:DTYPES"], "not callable"),
         (["--spec", "h0", "--timm", "vit_giant_patch14_dinov2"], "--weights"),
         (["--spec", "h0", "--demo", "--min_batch", "8", "--max_batch", "4"], "min_batch"),
         (

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from predictor.device.faults import FATAL_MESSAGE, parse_fault_spec
 from predictor.errors import ForwardError
-from predictor.faults import FATAL_MESSAGE, parse_fault_spec
 
 TILE = torch.zeros(3, 4, 4, dtype=torch.uint8)
 

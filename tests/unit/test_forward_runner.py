@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from harness.reference import Reference, normalise_reference
-from predictor.aoti_runner import GilFreeRunner
 from predictor.cli import build_parser, configs_from_args
-from predictor.client import HistoserveClient
+from predictor.client.histoserve import HistoserveClient
 from predictor.config import ModelConfig
+from predictor.package.aoti_runner import GilFreeRunner
 from predictor.package.loader import load_package
 from tests.conftest import demo_package
 

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from predictor.gc_policy import GcPolicy
+from predictor.server.gc_policy import GcPolicy
 
 PROBE = """
 import gc, json
-from predictor.gc_policy import GcPolicy, apply
+from predictor.server.gc_policy import GcPolicy, apply
 import torch  # a heap the size of the server's start-up one
 before = gc.get_threshold()
 applied = apply(GcPolicy(gen0_threshold=12345))

@@ -26,13 +26,13 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from harness.reference import Reference, normalise_reference
-from predictor import device as device_mod
 from predictor import startup
 from predictor.cli import build_parser, configs_from_args
-from predictor.client import HistoserveClient
+from predictor.client.histoserve import HistoserveClient
+from predictor.codecs.samples import PreparedSample
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
-from predictor.metrics import create_metrics
-from predictor.samples import PreparedSample
+from predictor.device import streams as device_mod
+from predictor.serving.metrics import create_metrics
 
 
 class FakeStream:

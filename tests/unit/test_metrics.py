@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from predictor.metrics import create_metrics
+from predictor.serving.metrics import create_metrics
 
 
 def _value(registry, name, labels):

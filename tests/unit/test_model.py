@@ -10,11 +10,11 @@ import pytest
 from harness.packages import package_in
 from harness.reference import Reference, normalise_reference
 from harness.tiles import encode_png, random_tiles
+from predictor.codecs.samples import ModelRequest
+from predictor.device.faults import parse_fault_spec
 from predictor.errors import ForwardError, InvalidInput, ModelNotReady
 from predictor.families import model_class_for
-from predictor.faults import parse_fault_spec
-from predictor.model import ServingOptions
-from predictor.samples import ModelRequest
+from predictor.serving.model import ServingOptions
 from predictor.spec import BUILTIN_SPECS
 
 

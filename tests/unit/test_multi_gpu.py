@@ -24,16 +24,16 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
-from predictor import device as device_mod
 from predictor import startup
+from predictor.codecs.samples import PreparedSample
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
-from predictor.device import DeviceSlot
-from predictor.device_workers import DeviceWorkers
+from predictor.device import streams as device_mod
+from predictor.device.slot import DeviceSlot
+from predictor.device.workers import DeviceWorkers
 from predictor.errors import DeviceLost, StartupError
-from predictor.metrics import create_metrics
 from predictor.package.host import HostFacts, resolve_devices
 from predictor.package.loader import open_package
-from predictor.samples import PreparedSample
+from predictor.serving.metrics import create_metrics
 
 FLAGS = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"})
 

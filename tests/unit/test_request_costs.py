@@ -26,8 +26,8 @@ from harness.packages import package_in
 from harness.tiles import encode_png, random_tiles
 from predictor.errors import InvalidInput
 from predictor.families import model_class_for
-from predictor.kserve_call import StageCall
-from predictor.model import BaseServerModel, ServingOptions
+from predictor.serving.kserve_call import StageCall
+from predictor.serving.model import BaseServerModel, ServingOptions
 from predictor.spec import BUILTIN_SPECS
 
 STAGES = ("request_preprocess_seconds", "request_predict_seconds", "request_postprocess_seconds")

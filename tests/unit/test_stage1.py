@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from predictor.codecs.samples import ModelRequest, PreparedSample
 from predictor.errors import InvalidInput
-from predictor.samples import ModelRequest, PreparedSample
-from predictor.stage1 import Stage1Pool
+from predictor.serving.stage1 import Stage1Pool
 
 
 def _prepare_recording(threads):

@@ -16,9 +16,9 @@ from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.errors import CheckpointError
 from predictor.families import model_class_for
 from predictor.families.embedding import EmbeddingServerModel
-from predictor.metrics import create_metrics
 from predictor.package import digest
 from predictor.package.loader import StartupPhases
+from predictor.serving.metrics import create_metrics
 from predictor.spec import BUILTIN_SPECS
 
 PHASES = ["digest", "metadata", "load", "probe", "warmup"]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from predictor.cli import build_parser, configure_trace_logging
-from predictor.client import HistoserveClient
+from predictor.client.histoserve import HistoserveClient
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from kserve.protocol.infer_type import InferRequest
 
 from predictor.codecs.binary import parse_binary_body
+from predictor.codecs.samples import ModelResponse
 from predictor.codecs.v2 import decode_v2, encode_v2
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
-from predictor.samples import ModelResponse
 from predictor.spec import BUILTIN_SPECS
 
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput
 
+from predictor.codecs.samples import ModelResponse
 from predictor.codecs.v1 import V1Codec
 from predictor.codecs.v2 import V2Codec
 from predictor.errors import InvalidInput
-from predictor.samples import ModelResponse
 
 DATATYPES = {"prediction": "FP32", "embedding": "FP32"}
 

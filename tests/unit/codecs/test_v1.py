@@ -13,10 +13,10 @@ from fastapi.responses import ORJSONResponse
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from predictor.codecs.samples import ModelResponse
 from predictor.codecs.v1 import INSTANCE_FIELDS, METADATA_FIELDS, decode_v1, encode_v1
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
-from predictor.samples import ModelResponse
 from predictor.spec import BUILTIN_SPECS
 
 ENCODER = BUILTIN_SPECS["h0-mini"]

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from kserve.protocol.rest.v2_datamodels import InferenceResponse
 
+from predictor.codecs.samples import ModelResponse
 from predictor.codecs.v2 import V2DecodedRequest, V2Response, encode_v2, select_outputs
 from predictor.errors import InvalidInput
-from predictor.samples import ModelResponse
 
 
 def b64(data: bytes) -> str:

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from predictor.embed.batches import BatchStats, run_batches
+from predictor.client.embed.batches import BatchStats, run_batches
 
 
 def _read_factory(n_rows: int, batch: int, bad_rows: set[int] = frozenset()):

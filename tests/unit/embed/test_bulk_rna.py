@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from predictor.embed.bulk_rna import read_bulk_rna
-from predictor.embed.errors import SlideError
+from predictor.client.embed.bulk_rna import read_bulk_rna
+from predictor.client.embed.errors import SlideError
 
 COUNTS = np.array([0, 3, 12.5, 7], np.float32)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from predictor.embed.claims import ClaimStore
-from predictor.embed.errors import UsageError
+from predictor.client.embed.claims import ClaimStore
+from predictor.client.embed.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[3]
 HOLDER = """
 import json, sys
 from pathlib import Path
-from predictor.embed.claims import ClaimStore
+from predictor.client.embed.claims import ClaimStore
 args = sys.argv[1:]
 wait_go = args[0] == "--wait-go"
 if wait_go:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from predictor.cli import main as histoserve_main
-from predictor.embed.cli import EXIT_FAILED, EXIT_USAGE, build_parser, config_from_args, main
-from predictor.embed.errors import UsageError
-from predictor.embed.pipeline import EmbedSummary, collect_entries
+from predictor.client.embed.cli import EXIT_FAILED, EXIT_USAGE, build_parser, config_from_args, main
+from predictor.client.embed.errors import UsageError
+from predictor.client.embed.pipeline import EmbedSummary, collect_entries
 
 URL = ("--url", "http://127.0.0.1:9")  # nothing listens on the discard port
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from predictor.embed.config import DEFAULT_CONCURRENCY_PER_URL, EmbedConfig
-from predictor.embed.errors import UsageError
+from predictor.client.embed.config import DEFAULT_CONCURRENCY_PER_URL, EmbedConfig
+from predictor.client.embed.errors import UsageError
 
 BASE = {"urls": ("http://127.0.0.1:8080",), "out_dir": Path("out"), "slides": (Path("a.svs"),)}
 

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from predictor import wire
-from predictor.embed.dispatch import Dispatcher, RequestFailed, RetryPolicy
-from predictor.embed.transport import HttpTransport, RecyclePolicy, parse_retry_after
+from predictor.client.embed.dispatch import Dispatcher, RequestFailed, RetryPolicy
+from predictor.client.embed.transport import HttpTransport, RecyclePolicy, parse_retry_after
 
 Action = Callable[["_Handler"], None]
 

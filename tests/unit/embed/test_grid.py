@@ -8,9 +8,9 @@ import pytest
 from PIL import Image
 
 from harness.slides import GeneratedSlide, expected_coords
-from predictor.embed.errors import SlideError
-from predictor.embed.grid import choose_level, grid_coords, plan_tiles, read_tile, read_tiles
-from predictor.embed.slides import MppInfo, SlideReader
+from predictor.client.embed.errors import SlideError
+from predictor.client.embed.grid import choose_level, grid_coords, plan_tiles, read_tile, read_tiles
+from predictor.client.embed.slides import MppInfo, SlideReader
 
 TOL = 0.05
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from predictor.embed.errors import UsageError
-from predictor.embed.manifest import (
+from predictor.client.embed.errors import UsageError
+from predictor.client.embed.manifest import (
     SlideEntry,
     entries_from_paths,
     parse_shard,

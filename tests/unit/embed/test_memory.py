@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from predictor.embed.memory import large_buffers_use_mmap
+from predictor.client.embed.memory import large_buffers_use_mmap
 
 _PROBE = """
 import sys, threading
-from predictor.embed.memory import large_buffers_use_mmap
+from predictor.client.embed.memory import large_buffers_use_mmap
 if sys.argv[1] == "on":
     assert large_buffers_use_mmap()
 def rss():

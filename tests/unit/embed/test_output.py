@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from harness.slides import GeneratedSlide
-from predictor.embed.grid import plan_tiles
-from predictor.embed.output import (
+from predictor.client.embed.grid import plan_tiles
+from predictor.client.embed.output import (
     SlideResult,
     StatusLog,
     config_hash,
@@ -23,7 +23,7 @@ from predictor.embed.output import (
     read_status,
     write_slide,
 )
-from predictor.embed.slides import MppInfo, SlideReader
+from predictor.client.embed.slides import MppInfo, SlideReader
 
 REPO = Path(__file__).resolve().parents[3]
 HASH = config_hash({"model": "h0-mini", "target_mpp": 0.5})
@@ -119,7 +119,7 @@ def test_a_crash_before_the_rename_leaves_the_old_file_and_a_temp_nobody_trusts(
 import os, signal
 import numpy as np
 from pathlib import Path
-import predictor.embed.output as out
+import predictor.client.embed.output as out
 out.os.replace = lambda a, b: os.kill(os.getpid(), signal.SIGKILL)
 r = out.SlideResult(np.ones((3, 4), np.float32), None, np.zeros((3, 2), np.int64),
                     np.ones(3, np.float32), {{"config_hash": {HASH!r}}})
@@ -147,7 +147,9 @@ def test_config_hash_is_stable_across_processes_and_key_order() -> None:
     reordered = dict(reversed(list(settings.items())))
     assert config_hash(reordered) == config_hash(settings)
     assert config_hash({**settings, "target_mpp": 0.25}) != config_hash(settings)
-    code = f"from predictor.embed.output import config_hash; print(config_hash({settings!r}))"
+    code = (
+        f"from predictor.client.embed.output import config_hash; print(config_hash({settings!r}))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
@@ -184,7 +186,7 @@ def test_status_log_from_two_processes(tmp_path: Path) -> None:
     code = f"""
 import sys
 from pathlib import Path
-from predictor.embed.output import StatusLog
+from predictor.client.embed.output import StatusLog
 log = StatusLog(Path({str(tmp_path)!r}))
 sys.stdin.readline()  # start together
 for i in range(n := {n}):

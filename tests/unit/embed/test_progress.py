@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from predictor.embed.batches import BatchStats
-from predictor.embed.progress import Progress, resolve_mode
+from predictor.client.embed.batches import BatchStats
+from predictor.client.embed.progress import Progress, resolve_mode
 
 
 class _Tty(io.StringIO):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from predictor.embed.errors import EmbedError, UsageError
-from predictor.embed.remote import ServerInfo, info_from_config, info_url
+from predictor.client.embed.errors import EmbedError, UsageError
+from predictor.client.embed.remote import ServerInfo, info_from_config, info_url
 from predictor.spec import resolve_spec
 
 
@@ -55,8 +55,8 @@ def test_info_fetch_retries_until_the_server_is_ready() -> None:
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from predictor.embed.dispatch import RetryPolicy
-    from predictor.embed.remote import fetch_server_info
+    from predictor.client.embed.dispatch import RetryPolicy
+    from predictor.client.embed.remote import fetch_server_info
 
     answers = [503, 503, 200]
     config = json.dumps(_config("h0-mini")).encode()

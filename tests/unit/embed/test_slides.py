@@ -9,8 +9,8 @@ import openslide
 import pytest
 
 from harness.slides import GeneratedSlide, render_region
-from predictor.embed.errors import SlideError
-from predictor.embed.slides import MppInfo, SlideReader, mpp_from_properties, resolve_mpp
+from predictor.client.embed.errors import SlideError
+from predictor.client.embed.slides import MppInfo, SlideReader, mpp_from_properties, resolve_mpp
 
 TOL = 0.05
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from harness.slides import GeneratedSlide, expected_coords
-from predictor.embed.grid import TilePlan, plan_tiles
-from predictor.embed.slides import MppInfo, SlideReader, resolve_mpp
-from predictor.embed.tissue import (
+from predictor.client.embed.grid import TilePlan, plan_tiles
+from predictor.client.embed.slides import MppInfo, SlideReader, resolve_mpp
+from predictor.client.embed.tissue import (
     fractions_from_mask,
     otsu_mask,
     otsu_threshold,
@@ -127,7 +127,7 @@ def test_large_bench_slide_is_all_tissue(tmp_path) -> None:
 
 
 def test_threshold_without_background_does_not_split_the_tissue() -> None:
-    from predictor.embed.tissue import MIN_SATURATION, tissue_threshold
+    from predictor.client.embed.tissue import MIN_SATURATION, tissue_threshold
 
     rng = np.random.default_rng(3)
     pink_and_purple = np.concatenate([rng.integers(50, 70, 500), rng.integers(120, 150, 500)])

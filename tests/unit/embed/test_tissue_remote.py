@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from predictor.embed.tissue_remote import from_tiles, to_tiles
+from predictor.client.embed.tissue_remote import from_tiles, to_tiles
 
 
 def test_tiles_round_trip_and_white_padding() -> None:

@@ -1,0 +1,1 @@
+"""Protocol-free dynamic batching: opaque samples in, one future per sample out."""

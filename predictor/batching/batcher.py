@@ -1,0 +1,400 @@
+"""A protocol-agnostic dynamic batcher: opaque items in, one future per item out.
+
+Contract:
+    * :meth:`DynamicBatcher.submit` enqueues a request's items (all or none) in
+      one bounded FIFO queue and returns one :class:`asyncio.Future` per item,
+      in order. Every future is settled exactly once: with its result, with a
+      :mod:`predictor.errors` error, or by the caller's cancellation.
+    * ``run_batch(items, key)`` is synchronous and runs in a dedicated worker
+      thread, never on the event loop, so the loop keeps admitting (and the
+      next batch keeps filling) while the device runs the current one.
+    * Several workers (one per GPU, or N per device: Triton's instance
+      groups) pull from the one queue: ``run_batch`` may be a mapping of
+      worker name to callable, each with its own thread; a batch goes to the
+      first free worker (in the mapping's order).
+    * A batch holds at most ``max_batch_size`` items of one ``key`` (the head
+      item's), taken in FIFO order; a request larger than a batch is split.
+
+Why this policy: an idle worker dispatches a lone arrival at once (no latency
+tax at low load); items that queue up while the device is busy wait at most
+``max_latency_ms`` (from the oldest one's arrival) for their batch to fill, so
+batches grow with load and latency stays bounded. The queue bound turns
+overload into a fast :class:`~predictor.errors.Overloaded` instead of
+unbounded memory. Failures stay inside their batch: CUDA out-of-memory splits
+the batch and retries the halves (on the same worker); a sticky device error
+takes that worker out (its batch fails, the queue stays for the others) and
+marks the batcher unhealthy only when no worker is left, so liveness fails
+and the pod restarts.
+
+All futures are created and settled on the event loop thread; observer hooks
+are called there too. Nothing here knows about HTTP, gRPC, tensors or models.
+The queue and how a batch is cut from it live in :mod:`predictor.batching.queue`,
+the workers and the observer hooks in :mod:`predictor.batching.worker`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Generic, TypeVar
+
+from predictor.batching.queue import BatchQueue, Entry, fail
+from predictor.batching.worker import (
+    BatchObserver,
+    NullObserver,
+    Outcome,
+    Worker,
+    WorkerState,
+    classify,
+    notify,
+)
+from predictor.config import BatchingConfig
+from predictor.errors import (
+    DeviceLost,
+    ErrorKind,
+    ModelNotReady,
+    Overloaded,
+    forward_failure,
+)
+
+__all__ = [
+    "BatchObserver",
+    "DynamicBatcher",
+    "ErrorKind",
+    "NullObserver",
+    "WorkerState",
+]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class DynamicBatcher(Generic[T, R]):
+    """Groups submitted items into batches and runs them on one or more workers.
+
+    Args:
+        run_batch: Synchronous ``(items, key) -> results``, one result per
+            item, aligned; or a mapping of worker name to such a callable, one
+            worker (and thread) each. A lone callable is one worker named ``0``.
+        config: Batch size, latency, queue bound and ``Retry-After`` hint.
+        classify_error: Maps an exception from ``run_batch`` to an
+            :class:`ErrorKind`. ``DeviceLost`` is always ``FATAL``.
+        observer: Metrics hook; :class:`NullObserver` when ``None``.
+        name: Used in messages, logs and the worker threads' names.
+
+    Raises:
+        ValueError: An empty mapping of workers, or a worker that is not callable.
+    """
+
+    def __init__(
+        self,
+        run_batch: Callable[[list[T], Hashable], list[R]]
+        | Mapping[str, Callable[[list[T], Hashable], list[R]]],
+        config: BatchingConfig,
+        *,
+        classify_error: Callable[[BaseException], ErrorKind] = lambda e: ErrorKind.BATCH,
+        observer: BatchObserver | None = None,
+        name: str = "model",
+    ) -> None:
+        runs = dict(run_batch) if isinstance(run_batch, Mapping) else {"0": run_batch}
+        if not runs:
+            raise ValueError(f"{name}: at least one worker is needed, got {run_batch!r}")
+        for worker, fn in runs.items():
+            if not callable(fn):
+                raise ValueError(f"{name}: worker {worker!r} is not callable: {fn!r}")
+        self._workers = [Worker(str(w), fn) for w, fn in runs.items()]
+        self._config = config
+        self._classify_error = classify_error
+        self._observer: Any = observer if observer is not None else NullObserver()
+        self._name = name
+        self._queue: BatchQueue[T, R] = BatchQueue(config.max_queue_size, config.max_batch_size)
+        self._started = False
+        self._closed = False
+        self._draining = False
+        self._healthy = True
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()  # one task per batch on a worker
+        self._wakeup = asyncio.Event()  # set on enqueue, a worker freed, the fill timer
+        self._quiescent = asyncio.Event()  # set while the queue is empty and no batch runs
+        self._quiescent.set()
+
+    @property
+    def queue_depth(self) -> int:
+        """Items waiting (not the running batches); cancelled ones count until purged."""
+        return len(self._queue)
+
+    @property
+    def healthy(self) -> bool:
+        """False once no worker is left (every device lost) or the batcher crashed."""
+        return self._healthy
+
+    @property
+    def workers(self) -> tuple[WorkerState, ...]:
+        """Every worker's state, in dispatch order (alive or not)."""
+        return tuple(w.state for w in self._workers)
+
+    @property
+    def accepting(self) -> bool:
+        """True while :meth:`submit` admits work: started, healthy, not draining or closed."""
+        return self._started and self._healthy and not (self._draining or self._closed)
+
+    async def start(self) -> None:
+        """Start the dispatcher task on the running loop and one thread per worker.
+
+        Raises:
+            RuntimeError: If already started or closed.
+        """
+        if self._started or self._closed:
+            raise RuntimeError(f"{self._name}: batcher already started or closed")
+        self._loop = asyncio.get_running_loop()
+        for worker in self._workers:
+            prefix = f"batcher-{self._name}-{worker.name}"
+            worker.executor = ThreadPoolExecutor(1, thread_name_prefix=prefix)
+        self._dispatcher = self._loop.create_task(self._work(), name=f"batcher-{self._name}")
+        self._started = True
+
+    def submit(self, items: Sequence[T], key: Hashable = None) -> list[asyncio.Future[R]]:
+        """Enqueue all of ``items`` (or none) under ``key``; call on the loop thread.
+
+        Args:
+            items: The request's items, each its own queue entry.
+            key: Batches never mix keys (e.g. the request mode).
+
+        Returns:
+            One future per item, in the order of ``items``.
+
+        Raises:
+            ModelNotReady: Not started, draining, closed or unhealthy.
+            Overloaded: The queue cannot take all of ``items``; nothing enqueued.
+        """
+        if not self.accepting:
+            raise ModelNotReady(f"{self._name}: {self._not_accepting_reason()}")
+        n = len(items)
+        if n == 0:
+            return []
+        assert self._loop is not None
+        entries = self._queue.admit(items, key, self._loop, time.monotonic())
+        if entries is None:
+            self._notify("on_reject", n)
+            limit = self._config.max_queue_size
+            raise Overloaded(
+                f"{self._name}: queue full ({len(self._queue)} queued + {n} new > {limit})",
+                retry_after_s=self._config.retry_after_s,
+            )
+        self._quiescent.clear()
+        self._wakeup.set()
+        self._notify("on_enqueue", n, len(self._queue))
+        return [e.future for e in entries]
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Stop admitting at once and wait for the admitted work to finish.
+
+        Args:
+            timeout_s: Longest wait. Items still queued then fail with
+                ``ModelNotReady``; a batch already running is left to finish.
+
+        Returns:
+            True if the queue emptied and no batch was running in time.
+        """
+        self._draining = True
+        if self._quiescent.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self._quiescent.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            log.warning(
+                "%s: drain timed out; failing %d queued items", self._name, len(self._queue)
+            )
+            self._queue.fail_all(ModelNotReady(f"{self._name}: draining deadline passed"))
+            return False
+
+    async def close(self) -> None:
+        """Stop the workers; fail everything queued or running with ``ModelNotReady``.
+
+        Does not wait for a ``run_batch`` call already in a worker thread;
+        :meth:`drain` first for a graceful stop.
+        """
+        self._closed = True
+        tasks = [t for t in (self._dispatcher, *self._running) if t is not None and not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        self._queue.fail_all(ModelNotReady(f"{self._name}: batcher closed"))
+        for worker in self._workers:
+            if worker.executor is not None:
+                worker.executor.shutdown(wait=False, cancel_futures=True)
+        self._quiescent.set()
+
+    # -- worker ---------------------------------------------------------------
+
+    async def _work(self) -> None:
+        """The dispatcher: wait for work and a free worker, form a batch, hand it over."""
+        fresh = True  # the queue ran empty: the next arrival is dispatched at once
+        try:
+            while self._healthy:
+                self._queue.drop_cancelled_head()
+                if not self._queue:
+                    self._settle_quiescent()
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    fresh = True
+                    continue
+                worker = next((w for w in self._workers if w.alive and not w.busy), None)
+                if worker is None:  # items queue while every worker is busy
+                    fresh = False
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                if not fresh:
+                    await self._fill()
+                fresh = False
+                batch = self._queue.take()
+                if batch:
+                    self._launch(worker, batch)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self._crash("batcher dispatcher crashed")
+
+    def _settle_quiescent(self) -> None:
+        """Set the quiescent event when nothing is queued and no batch runs."""
+        if not self._queue and not self._running:
+            self._quiescent.set()
+
+    def _crash(self, what: str) -> None:
+        """A bug in the batcher itself: stop serving (liveness fails), settle the queue."""
+        log.exception("%s: %s", self._name, what)
+        self._healthy = False
+        self._queue.fail_all(ModelNotReady(f"{self._name}: {what}"))
+        self._wakeup.set()
+        self._quiescent.set()
+
+    async def _fill(self) -> None:
+        """Wait until the head batch is full or its oldest item's deadline passes."""
+        assert self._loop is not None
+        latency_s = self._config.max_latency_ms / 1000.0
+        while True:
+            self._queue.drop_cancelled_head()
+            if not self._queue or self._queue.head_batch_complete():
+                return
+            remaining = self._queue.head_deadline(latency_s) - time.monotonic()
+            if remaining <= 0:
+                return
+            self._wakeup.clear()
+            timer = self._loop.call_later(remaining, self._wakeup.set)
+            try:
+                await self._wakeup.wait()
+            finally:
+                timer.cancel()
+
+    def _launch(self, worker: Worker, batch: list[Entry[T, R]]) -> None:
+        """Mark ``worker`` busy and run ``batch`` on it in its own task."""
+        assert self._loop is not None
+        worker.busy = True
+        task = self._loop.create_task(self._dispatch(worker, batch))
+        self._running.add(task)
+        task.add_done_callback(self._batch_done(worker))
+
+    def _batch_done(self, worker: Worker) -> Callable[[asyncio.Task[None]], None]:
+        def done(task: asyncio.Task[None]) -> None:
+            self._running.discard(task)
+            worker.busy = False
+            self._wakeup.set()
+            self._settle_quiescent()
+
+        return done
+
+    async def _dispatch(self, worker: Worker, batch: list[Entry[T, R]]) -> None:
+        """Run one batch; if stopped or broken, settle its unsettled items with ModelNotReady."""
+        now = time.monotonic()
+        waits = [now - e.enqueued_at for e in batch]
+        self._notify("on_dispatch", len(batch), waits, len(self._queue))
+        try:
+            await self._forward(worker, batch, batch[0].key)
+        except asyncio.CancelledError:  # close(): settle, then let the task end cancelled
+            fail(batch, ModelNotReady(f"{self._name}: batcher stopped while the batch ran"))
+            raise
+        except Exception:
+            fail(batch, ModelNotReady(f"{self._name}: batcher failed while the batch ran"))
+            self._crash("batcher worker crashed")
+
+    async def _forward(self, worker: Worker, entries: list[Entry[T, R]], key: Hashable) -> None:
+        """Run ``entries`` in ``worker``'s thread and settle them; split on OOM."""
+        assert self._loop is not None
+        items = [e.item for e in entries]
+        worker.batches += 1
+        outcome: Outcome[R] = await self._loop.run_in_executor(
+            worker.executor, worker.call, items, key, self._name
+        )
+        ok = outcome.error is None
+        self._notify("on_forward", len(entries), outcome.seconds, ok)
+        self._notify("on_worker_forward", worker.name, len(entries), outcome.seconds, ok)
+        if outcome.error is None:
+            assert outcome.results is not None
+            for entry, result in zip(entries, outcome.results, strict=True):
+                if not entry.future.done():
+                    entry.future.set_result(result)
+            return
+        kind = outcome.kind or classify(outcome.error, self._classify_error, self._name)
+        if kind is ErrorKind.FATAL:
+            self._go_fatal(worker, entries, outcome.error)
+        elif kind is ErrorKind.OOM and len(entries) > 1:
+            log.warning("%s: out of memory on a batch of %d; splitting", self._name, len(entries))
+            mid = len(entries) // 2
+            for half in (entries[:mid], entries[mid:]):
+                live = [e for e in half if not e.future.done()]
+                if live and worker.alive:
+                    await self._forward(worker, live, key)
+                elif live:
+                    fail(live, DeviceLost(f"{self._name}: device {worker.name} lost; not run"))
+        else:
+            error = forward_failure(
+                outcome.error, name=self._name, n_items=len(entries), fatal=False
+            )
+            log.warning("%s", error)
+            fail(entries, error)
+
+    def _go_fatal(self, worker: Worker, entries: list[Entry[T, R]], exc: BaseException) -> None:
+        """Take ``worker`` out and fail its batch with DeviceLost; the last one fails the queue."""
+        worker.alive = False
+        error = forward_failure(exc, name=self._name, n_items=len(entries), fatal=True)
+        fail(entries, error)
+        if worker.executor is not None:
+            worker.executor.shutdown(wait=False)
+        left = sum(w.alive for w in self._workers)
+        self._notify("on_worker_lost", worker.name, left)
+        if left:
+            log.error("%s; worker %s taken out, %d left", error, worker.name, left)
+            return
+        self._healthy = False
+        log.error("%s; no worker left, marking %s unhealthy", error, self._name)
+        queued = DeviceLost(f"{self._name}: device lost in an earlier batch; not run")
+        queued.__cause__ = error
+        self._queue.fail_all(queued)
+        self._wakeup.set()
+        self._quiescent.set()
+
+    def _not_accepting_reason(self) -> str:
+        """Why :meth:`submit` refuses, for the error message."""
+        if not self._healthy:
+            return (
+                "unhealthy (device lost)"
+                if not any(w.alive for w in self._workers)
+                else ("unhealthy (batcher crashed)")
+            )
+        if self._closed:
+            return "closed"
+        if self._draining:
+            return "draining"
+        return "not started"
+
+    def _notify(self, hook: str, *args: Any) -> None:
+        notify(self._observer, hook, *args, name=self._name)

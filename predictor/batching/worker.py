@@ -1,0 +1,140 @@
+"""The worker side of :mod:`predictor.batching.batcher`: workers, one forward call, observer hooks.
+
+Contract:
+    * A :class:`Worker` is one device (or one of N instances on a device): its
+      ``run_batch`` and its own single thread. :meth:`Worker.call` runs in
+      that thread and never raises: every outcome (results, the exception,
+      a wrong number of results) comes back as an :class:`Outcome` with the
+      time it took, so a failing forward never kills the thread.
+    * :func:`classify` decides how a failure is handled (:class:`ErrorKind`):
+      ``DeviceLost`` is always fatal; a buggy classifier counts as a batch error.
+    * :class:`BatchObserver` is the metrics hook; :func:`notify` calls a hook
+      only if the observer has it and contains the observer's own bugs.
+
+Kept apart from the queue and the dispatch policy so each stays small.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from predictor.errors import DeviceLost, ErrorKind, ForwardError
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+
+class BatchObserver(Protocol):
+    """Metrics hook. Called on the event loop thread; must not block or raise."""
+
+    def on_enqueue(self, n_items: int, queue_depth: int) -> None:
+        """A request of ``n_items`` was admitted; ``queue_depth`` is after it."""
+
+    def on_reject(self, n_items: int) -> None:
+        """A request of ``n_items`` was refused because the queue was full."""
+
+    def on_dispatch(self, batch_size: int, queue_wait_s: Sequence[float], queue_depth: int) -> None:
+        """A batch left the queue; per-item enqueue-to-dispatch waits in seconds."""
+
+    def on_forward(self, batch_size: int, seconds: float, ok: bool) -> None:
+        """One ``run_batch`` call (OOM retries included) took ``seconds``."""
+
+    def on_worker_forward(self, worker: str, batch_size: int, seconds: float, ok: bool) -> None:
+        """The same call, with the name of the worker (device) that ran it."""
+
+    def on_worker_lost(self, worker: str, workers_left: int) -> None:
+        """A fatal error took ``worker`` out; ``workers_left`` still serve."""
+
+
+class NullObserver(BatchObserver):
+    """An observer that records nothing; subclass it to override some hooks."""
+
+
+def notify(observer: Any, hook: str, *args: Any, name: str = "model") -> None:
+    """Call ``observer.hook(*args)`` if it has it; an observer's bug never breaks serving."""
+    method = getattr(observer, hook, None)
+    if method is None:
+        return
+    try:
+        method(*args)
+    except Exception:
+        log.exception("%s: observer %s failed", name, hook)
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    """A snapshot of one worker, for health and metrics per device.
+
+    Attributes:
+        name: The worker's name (e.g. ``cuda:1`` or ``cpu#0``).
+        alive: False once a fatal (device-lost) error took it out.
+        busy: True while it runs a batch.
+        batches: ``run_batch`` calls it made (OOM retries included).
+    """
+
+    name: str
+    alive: bool
+    busy: bool
+    batches: int
+
+
+@dataclass
+class Outcome(Generic[R]):
+    """What one ``run_batch`` call produced, captured in the worker thread."""
+
+    results: list[R] | None
+    error: BaseException | None
+    seconds: float
+    kind: ErrorKind | None = None  # set when the batcher itself decides the kind
+
+
+@dataclass(eq=False)
+class Worker:
+    """One worker: its ``run_batch``, its own thread (set by the batcher's start), its state."""
+
+    name: str
+    run_batch: Callable[[list[Any], Hashable], list[Any]]
+    executor: ThreadPoolExecutor | None = None
+    alive: bool = True
+    busy: bool = False
+    batches: int = 0
+
+    @property
+    def state(self) -> WorkerState:
+        """A snapshot of this worker."""
+        return WorkerState(self.name, self.alive, self.busy, self.batches)
+
+    def call(self, items: list[Any], key: Hashable, model: str) -> Outcome[Any]:
+        """Worker thread: call ``run_batch``, capturing any exception and the time."""
+        start = time.monotonic()
+        try:
+            results = list(self.run_batch(items, key))
+        except BaseException as exc:  # everything is a batch outcome, never a dead thread
+            return Outcome(None, exc, time.monotonic() - start)
+        seconds = time.monotonic() - start
+        if len(results) != len(items):
+            error = ForwardError(
+                f"{model}: forward of a batch of {len(items)} failed: "
+                f"returned {len(results)} results"
+            )
+            return Outcome(None, error, seconds, ErrorKind.BATCH)
+        return Outcome(results, None, seconds)
+
+
+def classify(
+    exc: BaseException, classify_error: Callable[[BaseException], ErrorKind], model: str
+) -> ErrorKind:
+    """``DeviceLost`` is fatal; otherwise ask ``classify_error`` (BATCH if it fails)."""
+    if isinstance(exc, DeviceLost):
+        return ErrorKind.FATAL
+    try:
+        return classify_error(exc)
+    except Exception:
+        log.exception("%s: classify_error failed; treating as a batch error", model)
+        return ErrorKind.BATCH

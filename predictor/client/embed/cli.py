@@ -1,0 +1,172 @@
+"""``histoserve embed``: the command line over :func:`predictor.client.embed.embed`.
+
+Exit status: 0 when every slide is done or skipped, 1 when some failed (see
+``status.csv``), 2 for usage errors (no slides, no ``--out``, a bad
+``--shard``, an unknown flag: argparse's own exit 2), found before any slide
+is touched, 130 on Ctrl-C.
+
+Ctrl-C ends the process at once, as SIGTERM and SIGKILL do: files are only
+ever renamed into place when complete and claims are released by the kernel,
+so there is nothing to clean up, and waiting for the slides in progress (what
+Python's own interrupt would do, joining their threads) could take minutes.
+Re-running the same command resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+
+from predictor.client.embed.config import MODES, PROGRESS, EmbedConfig
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``histoserve embed`` parser (flags as in the README)."""
+    parser = argparse.ArgumentParser(
+        prog="histoserve embed",
+        description="Embed whole slides with a histoserve model: one HDF5 file per slide.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _input_flags(parser)
+    _scale_flags(parser)
+    _call_flags(parser)
+    return parser
+
+
+def _input_flags(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("slides", nargs="*", type=Path, help="slide files (the slide id is the file stem)")
+    add("--manifest", type=Path, help="CSV with slide_id,path[,mpp][,bulk_rna]")
+    add(
+        "--url",
+        action="append",
+        dest="urls",
+        required=True,
+        metavar="URL",
+        help="server, http://host:port or grpc://host:port; repeat for several",
+    )
+    add("--out", type=Path, required=True, help="output folder (<slide_id>.h5, status.csv)")
+    add("--model", help="model name (default: the only model the server serves)")
+    add("--mode", default="embedding", choices=MODES)
+    add("--force", action="store_true", help="re-embed slides that are already done")
+    add(
+        "--shard", help="I/N: every N-th slide from the I-th; N alone: I from $JOB_COMPLETION_INDEX"
+    )
+    add("--progress", default="auto", choices=PROGRESS)
+
+
+def _scale_flags(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--target-mpp", type=float, help="tile mpp (default: the model's)")
+    add("--tile-size", type=int, help="tile edge in px (default: the model's)")
+    add("--mpp-override", type=float, help="level-0 mpp for every slide, ahead of metadata")
+    add("--mpp-tolerance", type=float, default=0.05, help="relative tolerance for equal mpp")
+    add("--tissue", default="otsu", help="otsu, none, or a served tissue-seg model name")
+    add(
+        "--tissue-url",
+        action="append",
+        dest="tissue_urls",
+        default=[],
+        metavar="URL",
+        help="where the --tissue model is served (default: the --url servers)",
+    )
+    add("--min-tissue", type=float, default=0.25, help="least tissue fraction of a kept tile")
+
+
+def _call_flags(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--batch-size", type=int, default=64, help="tiles per request")
+    add("--concurrency", type=int, default=0, help="requests in flight (default 4 per URL)")
+    add("--read-workers", type=int, default=0, help="tile reading threads (default: CPUs, <= 8)")
+    add("--queue-batches", type=int, default=0, help=argparse.SUPPRESS)
+    add("--slides-in-flight", type=int, default=2, help="slides in progress at once")
+    add("--max-attempts", type=int, default=8, help="attempts per request (503, 429, resets)")
+    add("--timeout-s", type=float, default=300.0, help="per-request timeout")
+    add("--recycle-requests", type=int, default=1000, help="new connections after N requests")
+    add("--recycle-s", type=float, default=30.0, help="...or after this many seconds")
+
+
+def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> EmbedConfig:
+    """The :class:`~predictor.client.embed.config.EmbedConfig` of parsed flags (UsageError when bad)."""
+    from predictor.client.embed.manifest import parse_shard
+
+    return EmbedConfig(
+        urls=tuple(args.urls),
+        out_dir=args.out,
+        slides=tuple(args.slides),
+        manifest=args.manifest,
+        model=args.model,
+        mode=args.mode,
+        target_mpp=args.target_mpp,
+        tile_size=args.tile_size,
+        mpp_override=args.mpp_override,
+        mpp_tolerance=args.mpp_tolerance,
+        tissue=args.tissue,
+        tissue_urls=tuple(args.tissue_urls),
+        min_tissue=args.min_tissue,
+        batch_size=args.batch_size,
+        concurrency=args.concurrency,
+        read_workers=args.read_workers,
+        queue_batches=args.queue_batches,
+        slides_in_flight=args.slides_in_flight,
+        force=args.force,
+        shard=parse_shard(args.shard, env),
+        progress=args.progress,
+        max_attempts=args.max_attempts,
+        timeout_s=args.timeout_s,
+        recycle_requests=args.recycle_requests,
+        recycle_s=args.recycle_s,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs ``histoserve embed``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _interrupted) if in_main_thread else None
+    try:
+        return _run(args)
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from predictor.client.embed.errors import EmbedError, UsageError
+    from predictor.client.embed.pipeline import embed
+
+    try:
+        summary = embed(config_from_args(args, os.environ))
+    except UsageError as exc:
+        print(f"histoserve embed: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except EmbedError as exc:
+        print(f"histoserve embed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    done, skipped, failed = len(summary.done), len(summary.skipped), len(summary.failed)
+    print(
+        f"histoserve embed: {done} done, {skipped} skipped, {failed} failed; "
+        f"{summary.tiles} tiles in {summary.seconds:.1f} s; status in {args.out / 'status.csv'}",
+        file=sys.stderr,
+    )
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> None:
+    print("\nhistoserve embed: interrupted; run the same command again to resume", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

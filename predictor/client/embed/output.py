@@ -1,0 +1,283 @@
+"""Per-slide HDF5 feature files, written atomically, and the run's ``status.csv``.
+
+``<out>/<slide_id>.h5`` holds the datasets ``features`` (float32 ``[N, D]``),
+``predictions`` (float32 ``[N, K]``, when the mode has them), ``coords``
+(int64 ``[N, 2]``, level-0 top-left x, y, rows by y then x) and
+``tissue_fraction`` (float32 ``[N]``), with the run's facts as file
+attributes. ``coords`` also carries the attributes TRIDENT
+(``patch_size``, ``patch_size_level0``, ``level0_magnification``,
+``target_magnification``, ``overlap``, ``name``, ``savetodir``) and CLAM
+(``patch_level``, ``downsample``, ``level_dim``, ``downsampled_level_dim``)
+write on their coordinate datasets, so their readers take our files.
+Note ``patch_size`` follows TRIDENT (the tile edge at the target scale);
+CLAM's meaning (the edge read at ``patch_level``) is ``read_size``.
+
+A file is written under a hidden temporary name in the same folder, flushed,
+fsynced and ``os.replace``d to its final name, so a crash leaves either the
+old state or a temp file that :func:`is_done` never looks at. A finished file
+also carries ``complete = True``, written last.
+
+``status.csv`` gets one line per slide (``slide_id,path,status,n_tiles,
+seconds,error``), appended under ``fcntl.flock`` so lines from several
+processes never interleave; the header is written once, by whoever creates
+the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import hashlib
+import io
+import json
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from predictor.client.embed.grid import TilePlan
+from predictor.client.embed.slides import SlideReader
+
+STATUS_FILE = "status.csv"
+STATUS_COLUMNS = ("slide_id", "path", "status", "n_tiles", "seconds", "error")
+STATUSES = ("done", "skipped", "failed")
+COMPLETE_ATTR = "complete"
+
+
+def config_hash(settings: Mapping[str, Any]) -> str:
+    """A stable hex digest of everything that shapes a slide's output.
+
+    Callers pass the model name, package sha256, target mpp, tile size, tissue
+    method and threshold, mode, mpp override and the like; key order does not
+    matter. Two runs with equal settings get equal hashes in any process.
+    """
+    text = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def final_path(out_dir: Path, slide_id: str) -> Path:
+    """Where a slide's finished file lives: ``out_dir / f"{slide_id}.h5"``."""
+    return Path(out_dir) / f"{slide_id}.h5"
+
+
+def is_done(out_dir: Path, slide_id: str, config_hash: str) -> bool:
+    """Whether the slide's final file exists, opens, is complete and has ``config_hash``.
+
+    Any doubt (unreadable, no ``complete`` flag, another hash, datasets of
+    different lengths) is False: the slide is embedded again.
+    """
+    import h5py
+
+    path = final_path(out_dir, slide_id)
+    if not path.is_file():
+        return False
+    try:
+        with h5py.File(path, "r") as f:
+            if not bool(f.attrs.get(COMPLETE_ATTR, False)):
+                return False
+            if str(f.attrs.get("config_hash", "")) != config_hash:
+                return False
+            n = f["coords"].shape[0]
+            lengths = [
+                f[name].shape[0]
+                for name in ("features", "predictions", "tissue_fraction")
+                if name in f
+            ]
+            return all(length == n for length in lengths)
+    except (OSError, KeyError, ValueError):
+        return False
+
+
+@dataclass
+class SlideResult:
+    """What :func:`write_slide` writes for one slide.
+
+    Attributes:
+        features: float32 ``[N, D]`` embeddings, or None when the mode has none.
+        predictions: float32 ``[N, K]``, or None when the mode has none.
+        coords: int64 ``[N, 2]`` level-0 (x, y), ordered by y then x.
+        tissue_fraction: float32 ``[N]``.
+        attrs: File attributes (see :func:`plan_attrs`, plus slide_id,
+            slide_path, model, package sha256/spec, tissue method/threshold,
+            config_hash, histoserve version). None values are left out;
+            dicts and lists are stored as JSON text.
+    """
+
+    features: np.ndarray | None
+    predictions: np.ndarray | None
+    coords: np.ndarray
+    tissue_fraction: np.ndarray
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+def plan_attrs(reader: SlideReader, plan: TilePlan) -> dict[str, Any]:
+    """The attributes a tile plan contributes to a slide's file (scale, level, geometry)."""
+    level = plan.read_level
+    level_w, level_h = reader.level_dimensions[level]
+    return {
+        "target_mpp": plan.target_mpp,
+        "level0_mpp": plan.level0_mpp,
+        "mpp_source": plan.mpp_source,
+        "tile_size": plan.tile_size,
+        "patch_size_level0": plan.patch_size_level0,
+        "read_level": level,
+        "read_size": plan.read_size,
+        "read_downsample": float(reader.level_downsamples[level]),
+        "read_level_width": int(level_w),
+        "read_level_height": int(level_h),
+        "level0_width": plan.level0_width,
+        "level0_height": plan.level0_height,
+        "slide_backend": reader.backend,
+    }
+
+
+def coords_attrs(attrs: Mapping[str, Any], slide_id: str, out_dir: Path) -> dict[str, Any]:
+    """TRIDENT/CLAM attributes for the ``coords`` dataset, derived from the file attributes."""
+    out: dict[str, Any] = {"name": slide_id, "savetodir": str(out_dir), "overlap": 0}
+    if "tile_size" in attrs:
+        out["patch_size"] = int(attrs["tile_size"])
+    for key in ("patch_size_level0", "level0_width", "level0_height"):
+        if key in attrs:
+            out[key] = int(attrs[key])
+    if "level0_mpp" in attrs:
+        out["level0_magnification"] = magnification(float(attrs["level0_mpp"]))
+    if "target_mpp" in attrs:
+        out["target_magnification"] = magnification(float(attrs["target_mpp"]))
+    if "read_level" in attrs:
+        out["patch_level"] = int(attrs["read_level"])
+    if "read_downsample" in attrs:
+        d = float(attrs["read_downsample"])
+        out["downsample"] = np.array([d, d])
+    if "read_level_width" in attrs and "read_level_height" in attrs:
+        dims = np.array([attrs["read_level_width"], attrs["read_level_height"]], np.int64)
+        out["level_dim"] = dims
+        out["downsampled_level_dim"] = dims
+    return out
+
+
+def magnification(mpp: float) -> int:
+    """Objective magnification by the usual convention (10 um/px at 1x: 0.25 -> 40, 0.5 -> 20)."""
+    return round(10.0 / mpp)
+
+
+def _attr_value(value: Any) -> Any:
+    if isinstance(value, Mapping | list | tuple):
+        return json.dumps(value, sort_keys=True, default=str)
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _checked_arrays(result: SlideResult) -> dict[str, np.ndarray]:
+    coords = np.asarray(result.coords, dtype=np.int64).reshape(-1, 2)
+    n = len(coords)
+    arrays = {"coords": coords, "tissue_fraction": np.asarray(result.tissue_fraction, np.float32)}
+    if result.features is not None:
+        arrays["features"] = np.asarray(result.features, np.float32)
+    if result.predictions is not None:
+        arrays["predictions"] = np.asarray(result.predictions, np.float32)
+    for name, array in arrays.items():
+        if array.shape[0] != n:
+            raise ValueError(f"{name} has {array.shape[0]} rows but coords has {n}")
+    return arrays
+
+
+def write_slide(out_dir: Path, slide_id: str, result: SlideResult) -> Path:
+    """Write ``result`` to ``out_dir/<slide_id>.h5`` atomically; return the final path.
+
+    Raises:
+        ValueError: Arrays of different lengths.
+        OSError: The folder cannot be written (the temp file is removed).
+    """
+    import h5py
+
+    out_dir = Path(out_dir)
+    arrays = _checked_arrays(result)
+    final = final_path(out_dir, slide_id)
+    tmp = out_dir / f".{slide_id}.h5.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with h5py.File(tmp, "w") as f:
+            for name, array in arrays.items():
+                f.create_dataset(name, data=array)
+            for key, value in coords_attrs(result.attrs, slide_id, out_dir).items():
+                f["coords"].attrs[key] = value
+            for key, value in result.attrs.items():
+                if value is not None:
+                    f.attrs[key] = _attr_value(value)
+            f.attrs[COMPLETE_ATTR] = True
+        _fsync_path(tmp)
+        os.replace(tmp, final)
+        _fsync_path(out_dir)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return final
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class StatusLog:
+    """``out_dir/status.csv``: one line per slide, safe to append from several processes."""
+
+    def __init__(self, out_dir: Path) -> None:
+        """Log into ``out_dir/status.csv`` (the folder must exist)."""
+        out_dir = Path(out_dir)
+        if not out_dir.is_dir():
+            raise ValueError(f"output folder {out_dir} does not exist")
+        self.path = out_dir / STATUS_FILE
+
+    def append(
+        self,
+        slide_id: str,
+        path: str,
+        status: str,
+        n_tiles: int,
+        seconds: float,
+        error: str = "",
+    ) -> None:
+        """Append one line (header first if the file is new), under an exclusive flock.
+
+        Raises:
+            ValueError: ``status`` is not ``done``, ``skipped`` or ``failed``.
+        """
+        import fcntl
+
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+        # One physical line per slide: a multi-line reason would break line-based tools.
+        error = " ".join(str(error).split())
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerow(
+            [slide_id, str(path), status, int(n_tiles), f"{float(seconds):.3f}", error]
+        )
+        with open(self.path, "a", newline="", encoding="utf-8") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                header = ""
+                if os.fstat(handle.fileno()).st_size == 0:
+                    header = ",".join(STATUS_COLUMNS) + "\n"
+                handle.write(header + buf.getvalue())
+                handle.flush()
+                os.fsync(handle.fileno())
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def read_status(out_dir: Path) -> list[dict[str, str]]:
+    """The rows of ``out_dir/status.csv`` (empty when there is none)."""
+    path = Path(out_dir) / STATUS_FILE
+    if not path.is_file():
+        return []
+    with open(path, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))

@@ -1,0 +1,292 @@
+"""A whole ``histoserve embed`` run: which slides, resume, claims, slides overlapping.
+
+:func:`embed` is the Python API and what the CLI calls. In order:
+
+1. the slides (paths and/or manifest; ``UsageError`` when none), this
+   process's shard of them;
+2. the model from the server (``GET /v2/models/{name}/config``): tile size and
+   target mpp unless given, the package identity for the config hash;
+3. per slide: skipped when its file is complete with the same config hash
+   (unless ``--force``); claimed atomically (two processes never embed one
+   slide; a dead holder's claim is taken over at once); embedded; one line in
+   ``status.csv`` (``done``, ``skipped`` or ``failed`` with the reason).
+   ``--slides-in-flight`` slides are in progress at once (default 2), sharing
+   one bound of ``--concurrency`` requests in flight.
+
+A slide that fails (unreadable, no mpp, corrupt tiles, a 4xx, retries used up)
+fails alone: the next one starts. Usage errors stop the run before any slide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from predictor import __version__
+from predictor.client.embed.batches import BatchStats
+from predictor.client.embed.bulk_rna import read_bulk_rna
+from predictor.client.embed.claims import ClaimStore
+from predictor.client.embed.config import EmbedConfig
+from predictor.client.embed.dispatch import Dispatcher, RetryPolicy
+from predictor.client.embed.errors import EmbedError, UsageError
+from predictor.client.embed.manifest import (
+    SlideEntry,
+    entries_from_paths,
+    read_manifest,
+    select_shard,
+)
+from predictor.client.embed.memory import large_buffers_use_mmap
+from predictor.client.embed.output import StatusLog, config_hash, is_done
+from predictor.client.embed.progress import Progress
+from predictor.client.embed.remote import fetch_server_info
+from predictor.client.embed.slide_job import RunContext, embed_slide
+from predictor.client.embed.transport import RecyclePolicy
+
+logger = logging.getLogger("histoserve.embed")
+
+
+@dataclass
+class EmbedSummary:
+    """What a run did, slide ids by outcome (``failed``: id -> reason)."""
+
+    done: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    tiles: int = 0
+    seconds: float = 0.0
+    stats: BatchStats = field(default_factory=BatchStats)
+    requests_per_url: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every slide is done or skipped, 1 when some failed."""
+        return 1 if self.failed else 0
+
+
+def collect_entries(config: EmbedConfig) -> list[SlideEntry]:
+    """This process's slides: paths, then the manifest, then the shard; UsageError when none."""
+    entries = entries_from_paths(config.slides) if config.slides else []
+    if config.manifest is not None:
+        entries += read_manifest(config.manifest)
+    ids = [e.slide_id for e in entries]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise UsageError(f"slide ids given twice: {', '.join(duplicates[:5])}; rename one")
+    if not entries:
+        raise UsageError("no slides given: pass slide paths or a --manifest with rows")
+    return select_shard(entries, config.shard)
+
+
+def _context(
+    config: EmbedConfig, dispatcher: Dispatcher, tissue_dispatcher: Dispatcher | None
+) -> RunContext:
+    retry = RetryPolicy(max_attempts=config.max_attempts)
+    info = fetch_server_info(config.urls, config.model, config.timeout_s, retry)
+    info.check_mode(config.mode)
+    tissue_info = None
+    if tissue_dispatcher is not None:
+        urls = config.tissue_urls or config.urls
+        tissue_info = fetch_server_info(urls, config.tissue, config.timeout_s, retry)
+        if tissue_info.family != "segmentation":
+            raise UsageError(f"--tissue {config.tissue}: not a segmentation model")
+        if tissue_info.mpp is None:
+            raise UsageError(f"--tissue {config.tissue}: its mpp is unknown over gRPC alone")
+    target_mpp = config.target_mpp or info.mpp
+    if target_mpp is None:
+        raise UsageError("the server does not say the model's mpp over gRPC: pass --target-mpp")
+    tile_size = config.tile_size or info.tile_size
+    attrs = {
+        "model": info.model,
+        "package_sha256": info.package_sha256,
+        "spec": _json(info.spec),
+        "mode": config.mode,
+        "tissue": config.tissue,
+        "min_tissue": config.min_tissue,
+        "histoserve_version": __version__,
+    }
+    return RunContext(
+        config,
+        info,
+        tissue_info,
+        target_mpp,
+        tile_size,
+        dispatcher,
+        tissue_dispatcher,
+        attrs,
+        threading.BoundedSemaphore(config.concurrency),
+    )
+
+
+def slide_settings(ctx: RunContext, entry: SlideEntry) -> dict[str, Any]:
+    """Everything that shapes a slide's output: its config hash is made of these."""
+    cfg = ctx.config
+    return {
+        "model": ctx.info.model,
+        "package_sha256": ctx.info.package_sha256,
+        "target_mpp": ctx.target_mpp,
+        "tile_size": ctx.tile_size,
+        "mode": cfg.mode,
+        "tissue": cfg.tissue,
+        "tissue_package": ctx.tissue_info.package_sha256 if ctx.tissue_info else "",
+        "min_tissue": cfg.min_tissue,
+        "mpp_override": cfg.mpp_override,
+        "mpp_tolerance": cfg.mpp_tolerance,
+        "manifest_mpp": entry.mpp,
+        "bulk_rna_sha256": _file_sha256(entry.bulk_rna) if entry.bulk_rna else "",
+    }
+
+
+def embed(config: EmbedConfig, stream: Any = None) -> EmbedSummary:
+    """Runs ``histoserve embed``; returns what happened to each slide.
+
+    Raises:
+        UsageError: Bad usage found before any slide (no slides, unknown model, ...).
+        EmbedError: The server cannot be reached or described.
+    """
+    start = time.monotonic()
+    large_buffers_use_mmap()
+    entries = collect_entries(config)
+    try:
+        config.out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {config.out_dir}: cannot create it ({exc})") from exc
+    retry = RetryPolicy(max_attempts=config.max_attempts)
+    recycle = RecyclePolicy(config.recycle_requests, config.recycle_s)
+    summary = EmbedSummary()
+    tissue = None
+    if config.tissue_method == "model":
+        tissue_urls = config.tissue_urls or config.urls
+        tissue = Dispatcher.from_urls(tissue_urls, config.timeout_s, retry, recycle)
+    with Dispatcher.from_urls(config.urls, config.timeout_s, retry, recycle) as dispatcher:
+        try:
+            _run(config, entries, dispatcher, tissue, stream, summary)
+        finally:
+            if tissue is not None:
+                tissue.close()
+    summary.seconds = time.monotonic() - start
+    return summary
+
+
+def _run(
+    config: EmbedConfig,
+    entries: list[SlideEntry],
+    dispatcher: Dispatcher,
+    tissue: Dispatcher | None,
+    stream: Any,
+    summary: EmbedSummary,
+) -> None:
+    ctx = _context(config, dispatcher, tissue)
+    progress = Progress(config.progress, len(entries), stream, stats=summary.stats)
+    runner = _SlideRunner(ctx, progress, summary)
+    # Slides overlap (--slides-in-flight): the next one is opened, planned and read
+    # while the last requests of the previous one are answered, so the server's
+    # queue does not run dry at every slide boundary.
+    with ThreadPoolExecutor(config.slides_in_flight, thread_name_prefix="slide") as pool:
+        for _ in pool.map(runner.run, entries):
+            pass
+    progress.close()
+    summary.requests_per_url = dispatcher.stats()
+
+
+class _SlideRunner:
+    """Resume check, claim, embed and status line for one slide at a time."""
+
+    def __init__(self, ctx: RunContext, progress: Progress, summary: EmbedSummary):
+        self.ctx, self.progress, self.summary = ctx, progress, summary
+        out = ctx.config.out_dir
+        self.status, self.claims = StatusLog(out), ClaimStore(out)
+        self._lock = threading.Lock()
+
+    def run(self, entry: SlideEntry) -> None:
+        start = time.monotonic()
+        try:
+            chash = config_hash(slide_settings(self.ctx, entry))
+        except OSError as exc:
+            self._record(entry, "failed", 0, start, f"bulk RNA file: {exc}")
+            return
+        if self._complete(entry, chash):
+            self._record(entry, "skipped", 0, start, "already done with this configuration")
+            return
+        claim = self.claims.try_claim(entry.slide_id)
+        if claim is None:
+            self._record(entry, "skipped", 0, start, "being embedded by another process")
+            return
+        with claim:
+            if self._complete(entry, chash):  # finished by another process meanwhile
+                self._record(entry, "skipped", 0, start, "already done with this configuration")
+                return
+            self._embed(entry, chash, start)
+
+    def _complete(self, entry: SlideEntry, chash: str) -> bool:
+        return not self.ctx.config.force and is_done(self.ctx.config.out_dir, entry.slide_id, chash)
+
+    def _embed(self, entry: SlideEntry, chash: str, start: float) -> None:
+        attrs = {
+            **self.ctx.base_attrs,
+            "slide_id": entry.slide_id,
+            "slide_path": str(entry.path),
+            "config_hash": chash,
+        }
+        n_tiles = 0
+
+        def started(n: int) -> None:
+            nonlocal n_tiles
+            n_tiles = n
+            self.progress.slide_started(entry.slide_id, n)
+
+        try:
+            bulk = None
+            if entry.bulk_rna is not None:
+                bulk = read_bulk_rna(entry.bulk_rna, self.ctx.info.n_genes)
+            outcome = embed_slide(
+                self.ctx, entry, bulk, attrs, started, self.progress.tiles, self.summary.stats
+            )
+        except EmbedError as exc:
+            self._record(entry, "failed", n_tiles, start, str(exc))
+            return
+        except Exception as exc:  # one slide's surprise never stops the others
+            logger.exception("slide %s failed unexpectedly", entry.slide_id)
+            self._record(entry, "failed", n_tiles, start, f"{type(exc).__name__}: {exc}")
+            return
+        with self._lock:
+            self.summary.tiles += outcome.n_tiles
+        self._record(entry, "done", outcome.n_tiles, start)
+
+    def _record(
+        self, entry: SlideEntry, status: str, n_tiles: int, start: float, error: str = ""
+    ) -> None:
+        seconds = time.monotonic() - start
+        error = " ".join(error.split())  # one line in status.csv
+        self.status.append(entry.slide_id, str(entry.path), status, n_tiles, seconds, error)
+        self.progress.slide_finished(entry.slide_id, status, n_tiles, seconds, error)
+        with self._lock:
+            self._add(entry.slide_id, status, error)
+
+    def _add(self, slide_id: str, status: str, error: str) -> None:
+        if status == "done":
+            self.summary.done.append(slide_id)
+        elif status == "skipped":
+            self.summary.skipped.append(slide_id)
+        else:
+            self.summary.failed[slide_id] = error
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _json(data: Mapping[str, Any]) -> str:
+    import json
+
+    return json.dumps(data, sort_keys=True, default=str)

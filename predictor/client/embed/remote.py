@@ -1,0 +1,211 @@
+"""What the server says about its model: tile size, mpp, outputs, package identity.
+
+``histoserve embed`` tiles slides at the model's own scale, so before reading
+a single tile it asks a server: ``GET /v2/models`` (or ``/v1/models``) for the
+model name when none is given, then ``GET /v2/models/{name}/config`` for the
+spec (``tile_size``, ``mpp``, ``family``, modes), the package's metadata and,
+for multimodal models, the input gene list. The answer goes into every output
+file (spec, package identity) and into the config hash that decides resume.
+
+A ``grpc://`` URL has no config endpoint: the info then comes from the first
+HTTP URL given, else from gRPC model metadata (tile size, gene count), and the
+target mpp must be given with ``--target-mpp``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from predictor.client.embed.dispatch import RetryPolicy
+from predictor.client.embed.errors import EmbedError, UsageError
+from predictor.client.embed.transport import RETRY_STATUS, parse_retry_after
+
+INFO_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """One served model as the embed client needs it.
+
+    Attributes:
+        model: Model name in URLs.
+        family: ``embedding``, ``multimodal`` or ``segmentation``.
+        tile_size: Tile edge the model takes (px).
+        mpp: Microns per pixel the model was trained at (None: unknown, gRPC only).
+        modes: Modes the model answers; the first is its default.
+        n_genes: Bulk-RNA vector length for multimodal models (0: takes none).
+        package_sha256: The package digest when the server reports one, else a
+            digest of the package metadata it reports (provenance, spec, build facts).
+        spec: The spec as the server reports it (JSON-ready).
+    """
+
+    model: str
+    family: str
+    tile_size: int
+    mpp: float | None
+    modes: tuple[str, ...]
+    n_genes: int = 0
+    package_sha256: str = ""
+    spec: Mapping[str, Any] = field(default_factory=dict)
+
+    def check_mode(self, mode: str) -> None:
+        """UsageError when the model cannot answer ``mode`` (e.g. a segmentation model)."""
+        if self.family == "segmentation":
+            raise UsageError(
+                f"model {self.model!r} is a segmentation model: use it with --tissue {self.model}"
+            )
+        if mode not in self.modes:
+            raise UsageError(
+                f"model {self.model!r} has no mode {mode!r}; it answers {', '.join(self.modes)}"
+            )
+
+
+def info_url(urls: Sequence[str]) -> str | None:
+    """The first HTTP(S) URL: the one that has the config endpoint."""
+    return next((u for u in urls if u.startswith(("http://", "https://"))), None)
+
+
+def fetch_server_info(
+    urls: Sequence[str],
+    model: str | None,
+    timeout_s: float = INFO_TIMEOUT_S,
+    retry: RetryPolicy | None = None,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> ServerInfo:
+    """The model's :class:`ServerInfo`, from the first HTTP URL or else over gRPC.
+
+    Connection errors, 5xx and 429 are retried like inference requests (a Job's
+    pod may start before its InferenceService is ready, or while it scales up).
+
+    Raises:
+        UsageError: No model named and the server serves several (or none), or an unknown model.
+        EmbedError: The server cannot be reached or answers something unexpected.
+    """
+    url = info_url(urls)
+    if url is None:
+        return _grpc_info(urls[0], model, timeout_s)
+    base = url.rstrip("/")
+    getter = _Getter(base, timeout_s, retry or RetryPolicy(), sleep)
+    with getter:
+        name = model or _only_model(getter)
+        response = getter.get(f"/v2/models/{name}/config")
+        if response.status_code == 404:
+            raise UsageError(f"{base} serves no model {name!r}: {_message(response)}")
+        _check(response, base)
+        return info_from_config(name, response.json())
+
+
+def info_from_config(name: str, config: Mapping[str, Any]) -> ServerInfo:
+    """Builds :class:`ServerInfo` from a ``/v2/models/{name}/config`` answer."""
+    try:
+        spec = dict(config["spec"])
+        digest = config.get("package_sha256") or config.get("sha256")
+        if not digest:
+            blob = json.dumps(config.get("package_metadata", {}), sort_keys=True).encode()
+            digest = "metadata:" + hashlib.sha256(blob).hexdigest()
+        return ServerInfo(
+            model=name,
+            family=str(spec["family"]),
+            tile_size=int(spec["tile_size"]),
+            mpp=float(spec["mpp"]),
+            modes=tuple(spec["modes"]),
+            n_genes=len(config.get("genes_in") or ()),
+            package_sha256=str(digest),
+            spec=spec,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EmbedError(f"model {name!r}: unexpected config answer ({exc!r})") from exc
+
+
+def _only_model(getter: _Getter) -> str:
+    base = getter.base
+    response = getter.get("/v1/models")
+    _check(response, base)
+    models = response.json().get("models") or []
+    if len(models) != 1:
+        raise UsageError(
+            f"{base} serves {len(models)} models ({', '.join(models) or 'none'}): pick one with --model"
+        )
+    return str(models[0])
+
+
+class _Getter:
+    """GETs against one base URL, retried on connection errors, 5xx and 429."""
+
+    def __init__(self, base: str, timeout_s: float, retry: RetryPolicy, sleep: Callable):
+        self.base, self._retry, self._sleep = base, retry, sleep
+        self._http = httpx.Client(base_url=base, timeout=timeout_s)
+        self._rng = random.Random()
+
+    def __enter__(self) -> _Getter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._http.close()
+
+    def get(self, path: str) -> httpx.Response:
+        """The answer (any status but a retryable one), or EmbedError when attempts run out."""
+        for attempt in range(1, self._retry.max_attempts + 1):
+            retry_after = None
+            try:
+                response = self._http.get(path)
+            except httpx.HTTPError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code not in RETRY_STATUS:
+                    return response
+                error = f"HTTP {response.status_code}: {_message(response)}"
+                retry_after = parse_retry_after(response.headers.get("retry-after"))
+            if attempt < self._retry.max_attempts:
+                self._sleep(self._retry.delay_s(attempt, retry_after, self._rng))
+        raise EmbedError(
+            f"cannot reach {self.base}{path} ({self._retry.max_attempts} attempts): {error}"
+        )
+
+
+def _check(response: httpx.Response, base: str) -> None:
+    if response.status_code >= 400:
+        raise EmbedError(
+            f"{base}{response.request.url.path}: HTTP {response.status_code}: {_message(response)}"
+        )
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("error", response.text))
+    except ValueError:
+        return response.text[:500]
+
+
+def _grpc_info(url: str, model: str | None, timeout_s: float) -> ServerInfo:
+    """Tile size and gene count from gRPC model metadata (no spec, no mpp)."""
+    from predictor.client.embed.grpc_transport import grpc_metadata
+
+    name, inputs, outputs = grpc_metadata(url, model, timeout_s)
+    shapes = {i["name"]: i["shape"] for i in inputs}
+    if "pixels" not in shapes:
+        raise EmbedError(f"{url}: model {name!r} has no 'pixels' input ({sorted(shapes)})")
+    out_names = {o["name"] for o in outputs}
+    family = "segmentation" if "mask" in out_names else "embedding"
+    modes = ("embedding",) if "embedding" in out_names else ()
+    if "prediction" in out_names:
+        family = "multimodal" if "bulk_rna" in shapes else family
+        modes = ("prediction", "embedding", "prediction_with_embedding")
+    return ServerInfo(
+        model=name,
+        family=family,
+        tile_size=int(shapes["pixels"][1]),
+        mpp=None,
+        modes=modes,
+        n_genes=int(shapes["bulk_rna"][1]) if "bulk_rna" in shapes else 0,
+        package_sha256="grpc-metadata:" + hashlib.sha256(repr(shapes).encode()).hexdigest(),
+        spec={"name": name, "family": family, "inputs": inputs, "outputs": outputs},
+    )

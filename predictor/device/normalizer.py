@@ -1,0 +1,97 @@
+"""Stage 2 on the device: host uint8 HWC tiles to one normalised batch, and the wait for it.
+
+Tiles stay ``uint8 [H, W, 3]`` until they reach the device; the permute to
+CHW and normalisation (``(x/255 - mean) / std``) run there, fused into one
+multiply-add, on the whole batch. Batches are staged in a reused host
+buffer (pinned on CUDA) and copied with ``non_blocking`` so the copy
+overlaps the launch. Each device worker has its own :class:`Normalizer`
+(so its own buffer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from predictor.spec import ModelSpec
+
+
+class Normalizer:
+    """Host ``uint8 [H, W, 3]`` tiles to one normalised ``[B, C, H, W]`` batch on the device.
+
+    Tiles arrive HWC (their one layout from decode on, see
+    :mod:`predictor.codecs.samples`): stacking them is one memory copy into a
+    reused host buffer (pinned on CUDA), the batch crosses to the device as
+    ``uint8``, and the permute to CHW happens there, fused with the
+    normalisation. The buffer is reused by the next batch, so one normaliser
+    serves one worker at a time: every device worker gets its own
+    (:meth:`for_another_worker`).
+    """
+
+    def __init__(self, spec: ModelSpec, device: torch.device, dtype: torch.dtype):
+        mean = torch.tensor(spec.mean or (0.0, 0.0, 0.0), dtype=torch.float32)
+        std = torch.tensor(spec.std or (1.0, 1.0, 1.0), dtype=torch.float32)
+        # x/255 - mean) / std  ==  x * scale + shift
+        self.scale = (1.0 / (255.0 * std)).view(1, 3, 1, 1).to(device)
+        self.shift = (-mean / std).view(1, 3, 1, 1).to(device)
+        self.device = device
+        self.dtype = dtype
+        self._host: torch.Tensor | None = None
+
+    @property
+    def host_buffer(self) -> torch.Tensor | None:
+        """The staging buffer the last batch was stacked into (``None`` before the first)."""
+        return self._host
+
+    def for_another_worker(self) -> Normalizer:
+        """A normaliser for another worker: same constants (copied), its own staging buffer."""
+        twin = object.__new__(Normalizer)
+        twin.scale, twin.shift = self.scale.clone(), self.shift.clone()
+        twin.device, twin.dtype, twin._host = self.device, self.dtype, None
+        return twin
+
+    def stage(self, tiles_hwc: Sequence[np.ndarray]) -> torch.Tensor:
+        """Stacks per-tile ``uint8 [H, W, 3]`` arrays into one device batch, still uint8.
+
+        On the CPU the result is a view of the staging buffer: the caller
+        must consume it (:meth:`normalise` copies) before the next ``stage``.
+        On CUDA the copy is queued on the current stream, which the worker
+        synchronises before the buffer is written again.
+        """
+        shape = (len(tiles_hwc), *tiles_hwc[0].shape)
+        if (
+            self._host is None
+            or self._host.shape[0] < shape[0]
+            or self._host.shape[1:] != shape[1:]
+        ):
+            pinned = self.device.type == "cuda"
+            self._host = torch.empty(shape, dtype=torch.uint8, pin_memory=pinned)
+        host = self._host[: shape[0]]
+        np.stack(tiles_hwc, out=host.numpy())
+        if self.device.type != "cuda":
+            return host
+        return host.to(self.device, non_blocking=True)
+
+    def normalise(self, batch_hwc: torch.Tensor) -> torch.Tensor:
+        """Normalised, contiguous ``[B, C, H, W]`` in the package's input dtype (a new tensor)."""
+        x = batch_hwc.permute(0, 3, 1, 2).contiguous().to(torch.float32)
+        x = torch.addcmul(self.shift, x, self.scale)
+        return x if self.dtype == torch.float32 else x.to(self.dtype)
+
+    def __call__(self, tiles_hwc: Sequence[np.ndarray]) -> torch.Tensor:
+        return self.normalise(self.stage(tiles_hwc))
+
+
+def synchronize(device: torch.device) -> None:
+    """Waits for the calling thread's current stream on ``device``.
+
+    Only that stream, not the whole device: with several workers on one GPU
+    each worker's thread runs on its own stream (:class:`WorkerStream`), and
+    a device-wide wait would hold this worker until the others' forwards end.
+    Errors of the device (sticky or not) still surface here, inside the
+    batch's ``try``.
+    """
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()

@@ -1,0 +1,1 @@
+"""Building ``.pt2`` packages: ``python -m predictor.export.build`` (``histoserve export``)."""

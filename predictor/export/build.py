@@ -1,0 +1,367 @@
+"""``python -m predictor.export.build`` (``histoserve export``): build ``.pt2`` packages.
+
+A package is ``torch.export.export`` with a dynamic batch axis, compiled by
+``torch._inductor.aoti_compile_and_package``. Its metadata describes it:
+
+- ``histoserve.spec``: the spec JSON (:data:`predictor.spec.METADATA_KEY`);
+- ``histoserve.provenance``: torch version, source, weights digest, dtype,
+  device, batch range, creation time (UTC);
+- ``histoserve.inputs`` / ``histoserve.outputs``: names, shapes (``-1`` for
+  the batch axis) and dtypes;
+- ``histoserve.cpu_build``: ``-march`` and the CPU instruction-set flags the
+  native code may use (see :mod:`predictor.package.host`);
+- written by torch itself: ``AOTI_DEVICE_KEY``, ``AOTI_PLATFORM``,
+  ``AOTI_MACHINE``, ``AOTI_CPU_ISA``, ``AOTI_COMPUTE_CAPABILITY``.
+
+The first input is the normalised float tile batch (the vendor convention) in
+the package dtype; other inputs keep their example dtype. Beside the package go
+``<output>.sha256`` (``sha256sum`` format) and, for multimodal specs, the gene
+lists named by the spec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from predictor.errors import CheckpointError, HistoserveError, SpecError
+from predictor.export import sources as export_sources
+from predictor.families import build_demo_model, demo_example_inputs, model_class_for
+from predictor.package import genes, host
+from predictor.package.demo_models import PRESETS
+from predictor.package.digest import sha256_file
+from predictor.package.dtypes import DTYPES
+from predictor.package.metadata import (
+    CPU_BUILD_KEY,
+    INPUTS_KEY,
+    OUTPUTS_KEY,
+    PROVENANCE_KEY,
+)
+from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec
+
+# --cpu_target: None = inductor's default (-march=native, widest vector ISA).
+CPU_TARGETS: Mapping[str, dict[str, Any]] = {
+    "native": {},
+    "x86-64-v3": {"cpp.march": "x86-64-v3", "cpp.simdlen": 256},
+}
+_V3_FLAGS = ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "sse4_1", "sse4_2", "ssse3")
+
+
+def export_package(
+    module: nn.Module,
+    spec: ModelSpec,
+    output: Path,
+    *,
+    example_inputs: Sequence[torch.Tensor],
+    device: str = "cpu",
+    dtype: str = "fp32",
+    min_batch: int = 1,
+    max_batch: int = 256,
+    source: str = "module",
+    weights_digest: str | None = None,
+    cpu_target: str = "native",
+    gene_lists: tuple[Sequence[str], Sequence[str]] | None = None,
+) -> Path:
+    """Exports ``module`` as a self-describing ``.pt2`` package at ``output``.
+
+    Args:
+        module: Takes the normalised tile batch first (then e.g. bulk RNA).
+        spec: Embedded in the package; picks input/output names.
+        output: Where the ``.pt2`` goes (written atomically).
+        example_inputs: One example per input, batch axis first; any batch
+            size (they are resized to an in-range batch of 2 when possible).
+        device: ``cpu`` or ``cuda`` (``cuda:N``): what the package runs on.
+        dtype: ``fp32``, ``fp16`` or ``bf16``: weights and the tile input.
+        min_batch: Smallest batch the package accepts (>= 1).
+        max_batch: Largest batch the package accepts.
+        source: Provenance label (``demo:tiny``, ``module:pkg.mod:f``, ``timm:...``).
+        weights_digest: SHA-256 of the weights file, recorded in provenance.
+        cpu_target: ``native`` (fastest, runs only on CPUs with the build host's
+            instruction sets) or ``x86-64-v3`` (AVX2, portable).
+        gene_lists: Multimodal only: (input genes, output genes), written
+            beside the package as the spec's CSVs; demo IDs when ``None``.
+
+    Returns:
+        The package path.
+
+    Raises:
+        SpecError: Bad dtype, device, batch range or cpu target.
+        SpecMismatch: Gene lists whose lengths differ from the model's ``G``/``K``.
+        CheckpointError: Export or compilation failed (wraps torch's error).
+    """
+    _check_options(dtype, device, min_batch, max_batch, cpu_target)
+    output = Path(output)
+    target = torch.device(device)
+    module = module.to(device=target, dtype=DTYPES[dtype]).eval()
+    batch = min(max(2, min_batch), max_batch)
+    args = _example_args(example_inputs, batch, target, DTYPES[dtype])
+    with torch.no_grad():
+        outputs = _flat(module(*args))
+    metadata = _metadata(spec, args, outputs, target, cpu_target)
+    metadata[PROVENANCE_KEY] = json.dumps(
+        _provenance(source, weights_digest, dtype, target, min_batch, max_batch, cpu_target),
+        sort_keys=True,
+    )
+    if spec.takes_bulk_rna:  # gene lists: check them before the slow part
+        gene_lists = genes.gene_lists_for(spec, args[1].shape[1], outputs[0].shape[1], gene_lists)
+    program = _export(module, args, min_batch, max_batch)
+    _compile(program, output, metadata, cpu_target)
+    write_sha256(output)
+    if gene_lists is not None:
+        genes.write_gene_lists(spec, output.parent, *gene_lists)
+    return output
+
+
+def _check_options(
+    dtype: str, device: str, min_batch: int, max_batch: int, cpu_target: str
+) -> None:
+    if dtype not in DTYPES:
+        raise SpecError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
+    if torch.device(device).type not in ("cpu", "cuda"):
+        raise SpecError(f"unsupported export device {device!r}; expected cpu or cuda")
+    if not 1 <= min_batch <= max_batch:
+        raise SpecError(
+            f"batch range must satisfy 1 <= min_batch <= max_batch, got {min_batch}..{max_batch}"
+        )
+    if cpu_target not in CPU_TARGETS:
+        raise SpecError(f"unknown cpu target {cpu_target!r}; expected one of {sorted(CPU_TARGETS)}")
+
+
+def _example_args(
+    inputs: Sequence[torch.Tensor], batch: int, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, ...]:
+    args = []
+    for i, x in enumerate(inputs):
+        rows = x[torch.arange(batch) % x.shape[0]]  # resize the batch axis, keeping content
+        args.append(rows.to(device=device, dtype=dtype if i == 0 else x.dtype).contiguous())
+    return tuple(args)
+
+
+def _flat(out: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.utils._pytree.tree_leaves(out))
+
+
+def _describe(names: Sequence[str], tensors: Sequence[torch.Tensor]) -> str:
+    items = []
+    for i, t in enumerate(tensors):
+        name = names[i] if i < len(names) else f"output_{i}"
+        items.append(
+            {
+                "name": name,
+                "shape": [-1, *t.shape[1:]],
+                "dtype": str(t.dtype).removeprefix("torch."),
+            }
+        )
+    return json.dumps(items)
+
+
+def _metadata(
+    spec: ModelSpec,
+    args: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+    device: torch.device,
+    cpu_target: str,
+) -> dict[str, str]:
+    family = model_class_for(spec)
+    return {
+        METADATA_KEY: spec.to_json(),
+        INPUTS_KEY: _describe(family.PACKAGE_INPUTS, args),
+        OUTPUTS_KEY: _describe(family.PACKAGE_OUTPUTS, outputs),
+        CPU_BUILD_KEY: json.dumps(_cpu_build(cpu_target)),
+    }
+
+
+def _cpu_build(cpu_target: str) -> dict[str, Any]:
+    if cpu_target == "native":
+        flags = host.isa_flags(host.read_cpu_flags())
+        return {"march": "native", "required_flags": sorted(flags)}
+    return {"march": cpu_target, "required_flags": list(_V3_FLAGS)}
+
+
+def _provenance(
+    source: str,
+    weights_digest: str | None,
+    dtype: str,
+    device: torch.device,
+    min_batch: int,
+    max_batch: int,
+    cpu_target: str,
+) -> dict[str, Any]:
+    return {
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "source": source,
+        "weights_sha256": weights_digest,
+        "dtype": dtype,
+        "device": device.type,
+        "min_batch": min_batch,
+        "max_batch": max_batch,
+        "cpu_target": cpu_target,
+        # built with aot_inductor.check_lowerbound off: batch 1 passes input checks
+        "batch1_input_checks": True,
+        "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _export(
+    module: nn.Module, args: tuple[torch.Tensor, ...], min_batch: int, max_batch: int
+) -> torch.export.ExportedProgram:
+    dynamic: Any = None
+    if min_batch < max_batch:
+        batch = torch.export.Dim("batch", min=min_batch, max=max_batch)
+        dynamic = tuple({0: batch} for _ in args)
+    try:
+        return torch.export.export(module, args, dynamic_shapes=dynamic, strict=False)
+    except Exception as exc:
+        raise CheckpointError(f"torch.export failed: {exc}") from exc
+
+
+def _compile(
+    program: torch.export.ExportedProgram, output: Path, metadata: dict[str, str], cpu_target: str
+) -> None:
+    configs: dict[str, Any] = {
+        "aot_inductor.metadata": dict(metadata),  # torch adds to it in place
+        "aot_inductor.check_lowerbound": False,
+        **CPU_TARGETS[cpu_target],
+    }
+    output.parent.mkdir(parents=True, exist_ok=True)
+    # Compile under a temp dir beside the output, then rename: readers never see
+    # a half-written package, and the archive's inner folder keeps the final name.
+    with tempfile.TemporaryDirectory(dir=output.parent, prefix=".export-") as tmp:
+        staged = Path(tmp) / output.name
+        try:
+            torch._inductor.aoti_compile_and_package(
+                program, package_path=str(staged), inductor_configs=configs
+            )
+        except Exception as exc:
+            raise CheckpointError(f"AOTInductor compilation failed: {exc}") from exc
+        os.replace(staged, output)
+
+
+def write_sha256(path: Path) -> Path:
+    """Writes ``<path>.sha256`` as ``sha256sum`` does (``<hex>  <name>``)."""
+    digest_file = path.with_name(path.name + ".sha256")
+    digest_file.write_text(f"{sha256_file(path)}  {path.name}\n", encoding="utf-8")
+    return digest_file
+
+
+def export_demo(spec: ModelSpec, output: Path, *, preset: str = "tiny", **opts: Any) -> Path:
+    """Exports a random-weight demo package with ``spec``'s exact geometry.
+
+    Args:
+        spec: Any spec; its family picks the demo model.
+        output: Where the ``.pt2`` goes.
+        preset: ``tiny``, ``vit-s`` or ``vit-g`` (see :mod:`predictor.package.demo_models`).
+        **opts: :func:`export_package` options (``device``, ``dtype``,
+            ``min_batch``, ``max_batch``, ``cpu_target``) and the rest to
+            :func:`~predictor.families.build_demo_model` (e.g.
+            ``embedding_dim``, ``pad_to_batch``, ``genes_in``).
+    """
+    export_keys = ("device", "dtype", "min_batch", "max_batch", "cpu_target", "gene_lists")
+    export_opts = {k: opts.pop(k) for k in export_keys if k in opts}
+    if "gene_lists" in export_opts:  # size the demo to the given gene lists
+        opts.setdefault("genes_in", len(export_opts["gene_lists"][0]))
+        opts.setdefault("genes_out", len(export_opts["gene_lists"][1]))
+    module = build_demo_model(spec, preset, **opts)
+    pad = opts.get("pad_to_batch")
+    if pad is not None:
+        export_opts["max_batch"] = min(export_opts.get("max_batch", 256), pad)
+    inputs = demo_example_inputs(spec, 2, genes_in=getattr(module, "genes_in", 64))
+    return export_package(
+        module, spec, output, example_inputs=inputs, source=f"demo:{preset}", **export_opts
+    )
+
+
+def export_timm(spec: ModelSpec, output: Path, arch: str, weights: Path, **opts: Any) -> Path:
+    """Exports real weights through timm (see :func:`predictor.export.sources.build_timm`).
+
+    Raises:
+        SpecError: timm missing, not an embedding spec, or unusable weights.
+    """
+    module, digest = export_sources.build_timm(spec, arch, Path(weights))
+    inputs = demo_example_inputs(spec, 2)
+    return export_package(
+        module,
+        spec,
+        output,
+        example_inputs=inputs,
+        source=f"timm:{arch}",
+        weights_digest=digest,
+        **opts,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The export CLI's argument parser (built on demand, never at import)."""
+    parser = argparse.ArgumentParser(prog="histoserve export", description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, help="built-in spec name or spec file path")
+    parser.add_argument("--output", required=True, type=Path, help="the .pt2 file to write")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--demo", action="store_true", help="random-weight demo model")
+    source.add_argument("--module", help="pkg.mod:factory returning an nn.Module")
+    source.add_argument("--timm", metavar="ARCH", help="timm architecture (needs --weights)")
+    parser.add_argument("--demo_preset", default="tiny", choices=sorted(PRESETS))
+    parser.add_argument("--weights", type=Path, help="weights file for --timm")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
+    parser.add_argument("--min_batch", type=int, default=1)
+    parser.add_argument("--max_batch", type=int, default=256)
+    parser.add_argument("--cpu_target", default="native", choices=sorted(CPU_TARGETS))
+    parser.add_argument("--genes_in", type=Path, help="multimodal: input gene CSV to ship")
+    parser.add_argument("--genes_out", type=Path, help="multimodal: output gene CSV to ship")
+    return parser
+
+
+def run(args: argparse.Namespace) -> Path:
+    """Runs a parsed export command; returns the package path."""
+    spec = resolve_spec(args.spec)
+    opts: dict[str, Any] = {
+        "device": args.device,
+        "dtype": args.dtype,
+        "min_batch": args.min_batch,
+        "max_batch": args.max_batch,
+        "cpu_target": args.cpu_target,
+    }
+    if (args.genes_in is None) != (args.genes_out is None):
+        raise SpecError("--genes_in and --genes_out go together")
+    if args.genes_in is not None:
+        opts["gene_lists"] = (
+            genes.read_gene_ids(args.genes_in),
+            genes.read_gene_ids(args.genes_out),
+        )
+    if args.demo:
+        return export_demo(spec, args.output, preset=args.demo_preset, **opts)
+    if args.timm:
+        if args.weights is None:
+            raise SpecError("--timm needs --weights FILE")
+        return export_timm(spec, args.output, args.timm, args.weights, **opts)
+    module = export_sources.build_from_factory(export_sources.load_factory(args.module), spec)
+    inputs = export_sources.module_example_inputs(module, spec)
+    source = f"module:{args.module}"
+    return export_package(module, spec, args.output, example_inputs=inputs, source=source, **opts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit status (errors print one line, exit 2)."""
+    args = build_parser().parse_args(argv)
+    try:
+        path = run(args)
+    except HistoserveError as exc:
+        print(f"histoserve export: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path} ({path.stat().st_size} bytes, sha256 in {path.name}.sha256)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

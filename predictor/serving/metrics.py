@@ -1,0 +1,172 @@
+"""Prometheus metrics: the ``histoserve_*`` series of the interface contract.
+
+Nothing registers at import: :func:`create_metrics` builds the collectors on
+a registry (KServe's global one by default, so they appear on ``/metrics``
+beside KServe's own). :class:`Metrics` is also the batcher's observer, so the
+batcher stays free of any metrics library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+OUTCOMES = ("ok", "invalid", "failed", "rejected")
+
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """The histoserve collectors, labelled for one model.
+
+    Build with :func:`create_metrics`; pass to the model, which hands it to
+    the batcher as its observer.
+
+    Every labelled child this model uses is bound once, on its first use, and
+    kept: ``.labels(...)`` validates and hashes the label values and takes the
+    collector's lock on every call, which was most of prometheus_client's
+    share of the event loop's CPU per request (``docs/performance.md``).
+    Binding on first use rather than here keeps ``/metrics`` exactly as
+    before: a series appears once it has been touched, not at start-up.
+    """
+
+    model: str
+    batch_size: Histogram
+    queue_depth: Gauge
+    inflight_requests: Gauge
+    tiles_total: Counter
+    queue_wait_seconds: Histogram
+    forward_seconds: Histogram
+    preprocess_seconds: Histogram
+    device_forwards_total: Counter
+    device_up: Gauge
+    _children: dict[tuple[Any, tuple[str, ...]], Any] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def _child(self, collector: Any, *labels: str) -> Any:
+        """``collector.labels(self.model, *labels)``, bound on first use and kept."""
+        key = (collector, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = collector.labels(self.model, *labels)
+            self._children[key] = child
+        return child
+
+    # -- the model's calls --
+    def count_tiles(self, outcome: str, n: int) -> None:
+        """Adds ``n`` tiles to ``histoserve_tiles_total{outcome}``."""
+        if n > 0:
+            self._child(self.tiles_total, outcome).inc(n)
+
+    @contextmanager
+    def inflight(self) -> Iterator[None]:
+        """Counts a request in ``histoserve_inflight_requests`` while it runs."""
+        gauge = self._child(self.inflight_requests)
+        gauge.inc()
+        try:
+            yield
+        finally:
+            gauge.dec()
+
+    def observe_preprocess(self, seconds: float) -> None:
+        """Records one request's stage-1 time."""
+        self._child(self.preprocess_seconds).observe(seconds)
+
+    # BatchObserver protocol (see predictor.batching.batcher)
+    def on_enqueue(self, n_items: int, queue_depth: int) -> None:
+        self._child(self.queue_depth).set(queue_depth)
+
+    def on_reject(self, n_items: int) -> None:
+        self.count_tiles("rejected", n_items)
+
+    def on_dispatch(self, batch_size: int, queue_wait_s: Sequence[float], queue_depth: int) -> None:
+        self._child(self.queue_depth).set(queue_depth)
+        self._child(self.batch_size).observe(batch_size)
+        wait = self._child(self.queue_wait_seconds)
+        for seconds in queue_wait_s:
+            wait.observe(seconds)
+
+    def on_forward(self, batch_size: int, seconds: float, ok: bool) -> None:
+        self._child(self.forward_seconds).observe(seconds)
+
+    def on_worker_forward(self, worker: str, batch_size: int, seconds: float, ok: bool) -> None:
+        self._child(self.device_forwards_total, worker, "ok" if ok else "failed").inc()
+
+    def on_worker_lost(self, worker: str, workers_left: int) -> None:
+        self._child(self.device_up, worker).set(0)
+
+    def workers_started(self, workers: Sequence[str]) -> None:
+        """Sets ``histoserve_device_up{worker}`` to 1 for each device worker."""
+        for worker in workers:
+            self._child(self.device_up, worker).set(1)
+
+
+def create_metrics(model: str, registry: CollectorRegistry | None = None) -> Metrics:
+    """Registers the histoserve collectors for ``model`` on ``registry``.
+
+    Args:
+        model: Value of the ``model`` label.
+        registry: Where to register; KServe's global registry when ``None``
+            (that is what its ``/metrics`` endpoint exposes).
+    """
+    reg = REGISTRY if registry is None else registry
+    labels = ("model",)
+    return Metrics(
+        model=model,
+        batch_size=Histogram(
+            "histoserve_batch_size",
+            "Tiles per forward call.",
+            labels,
+            buckets=_BATCH_BUCKETS,
+            registry=reg,
+        ),
+        queue_depth=Gauge(
+            "histoserve_queue_depth", "Tiles waiting for a batch.", labels, registry=reg
+        ),
+        inflight_requests=Gauge(
+            "histoserve_inflight_requests", "Requests being served.", labels, registry=reg
+        ),
+        tiles_total=Counter(
+            "histoserve_tiles_total", "Tiles by outcome.", ("model", "outcome"), registry=reg
+        ),
+        queue_wait_seconds=Histogram(
+            "histoserve_queue_wait_seconds",
+            "Enqueue to dispatch, per tile.",
+            labels,
+            buckets=_SECONDS_BUCKETS,
+            registry=reg,
+        ),
+        forward_seconds=Histogram(
+            "histoserve_forward_seconds",
+            "Forward pass per batch (incl. copies).",
+            labels,
+            buckets=_SECONDS_BUCKETS,
+            registry=reg,
+        ),
+        preprocess_seconds=Histogram(
+            "histoserve_preprocess_seconds",
+            "Stage 1 (decode, validate) per request.",
+            labels,
+            buckets=_SECONDS_BUCKETS,
+            registry=reg,
+        ),
+        device_forwards_total=Counter(
+            "histoserve_device_forwards_total",
+            "Forward calls per device worker, by outcome (ok, failed).",
+            ("model", "worker", "outcome"),
+            registry=reg,
+        ),
+        device_up=Gauge(
+            "histoserve_device_up",
+            "1 while a device worker serves; 0 once a fatal device error took it out.",
+            ("model", "worker"),
+            registry=reg,
+        ),
+    )

@@ -1,0 +1,374 @@
+"""``BaseServerModel``: the KServe adapter and the lifecycle, nothing per family.
+
+KServe calls :meth:`~BaseServerModel.preprocess` (stage 1), :meth:`predict`
+(stage 2) and :meth:`postprocess` on one request. Stage 1 picks the request's
+codec once (V1 for a dict body, V2 for an ``InferRequest``), decodes it into
+per-tile :class:`~predictor.codecs.samples.ModelRequest` items and runs the family's
+``prepare_sample`` on each in a thread pool (an error there is a 400 for that
+request only). Stage 2 hands the prepared samples, and nothing else, to the
+:class:`~predictor.batching.batcher.DynamicBatcher`, which calls the family's
+``forward_batch`` on one device worker (an error there is a 503 for that batch
+only). The same codec encodes the responses.
+
+What a family does (inputs beyond the tile, how a batch is fed and read
+back, which outputs a mode returns, how its package is checked) is in
+:mod:`predictor.families`; see ``docs/architecture.md`` for the whole walk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from kserve import InferRequest, InferResponse, Model
+from kserve.model import InferenceVerb
+
+from predictor.batching.batcher import DynamicBatcher
+from predictor.codecs.base import Codec
+from predictor.codecs.samples import DecodedRequest, ModelResponse, PreparedSample
+from predictor.codecs.v1 import V1Codec
+from predictor.codecs.v2 import V2Codec
+from predictor.config import BatchingConfig, LimitsConfig
+from predictor.device.failures import classify_error
+from predictor.device.faults import FaultHook
+from predictor.device.slot import DeviceSlot
+from predictor.device.workers import DeviceWorkers
+from predictor.errors import InvalidInput, ModelNotReady
+from predictor.package.loader import LoadedPackage, StartupPhases, inspect_package, open_package
+from predictor.serving.admission import Admission
+from predictor.serving.kserve_call import StageCall
+from predictor.serving.metrics import Metrics
+from predictor.serving.stage1 import Stage1Pool
+from predictor.spec import ModelSpec
+
+logger = logging.getLogger("histoserve")
+
+MODEL_ROOT = Path("/opt/ml/model")
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    """Runtime options beside the spec; built by the CLI, defaults fit tests."""
+
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    preprocess_workers: int = 2
+    name: str | None = None
+    instances_per_device: int = 1
+
+
+@dataclass
+class _Prepared:
+    """One request between the stages: its codec, decoded form, mode and samples."""
+
+    codec: Codec
+    decoded: DecodedRequest
+    mode: str
+    samples: list[PreparedSample]
+
+
+class BaseServerModel(Model):
+    """Serves one ``.pt2`` package over KServe with dynamic batching.
+
+    Not served as is: a family (:class:`predictor.families.base.TileServerModel`
+    and its subclasses) provides the hooks this class calls:
+    ``prepare_sample`` (stage 1, one tile), ``forward_batch`` (stage 2, one
+    batch), ``check_package`` and ``warm_up`` (start-up), ``output_names`` and
+    ``output_datatypes`` (what a mode returns), and KServe's
+    ``get_input_types``/``get_output_types``.
+
+    Args:
+        model_spec: The model specification (tile size, normalisation, ...).
+        checkpoint_name: File name of the ``.pt2`` inside ``model_root``.
+        device: Torch device string (``cpu``, ``cuda``, ``cuda:N``).
+        model_root: Directory containing the checkpoints.
+        options: Batching, limits and naming; see :class:`ServingOptions`.
+        metrics: Prometheus collectors; ``None`` disables metrics.
+        fault_hook: Test-only forward fault injection; ``None`` in production.
+        package: The package already verified and loaded by
+            :func:`predictor.startup.build_model`; when ``None``, :meth:`load`
+            verifies and loads it itself (once, either way).
+        more_packages: Device name to the same package loaded on each further
+            device (one per GPU after the first under ``--device auto``); each
+            gets its own worker(s), normaliser and probe.
+    """
+
+    _normalizer: Any = None  # bound by the family's check_package
+
+    def __init__(
+        self,
+        model_spec: ModelSpec,
+        checkpoint_name: str,
+        device: str = "cuda",
+        model_root: Path = MODEL_ROOT,
+        *,
+        options: ServingOptions | None = None,
+        metrics: Metrics | None = None,
+        fault_hook: FaultHook | None = None,
+        package: LoadedPackage | None = None,
+        more_packages: Mapping[str, LoadedPackage] | None = None,
+    ):
+        self._options = options or ServingOptions()
+        super().__init__(self._options.name or model_spec.name)
+        self._spec = model_spec
+        self._checkpoint = Path(model_root) / checkpoint_name
+        self._device = torch.device(device)
+        self._metrics = metrics
+        self._fault_hook = fault_hook
+        self._package = package
+        self._more_packages = dict(more_packages or {})
+        self._devices = DeviceWorkers()  # the further devices' slots
+        self._phases = package.phases if package is not None else StartupPhases()
+        self._pool: Stage1Pool | None = None
+        self._batcher: DynamicBatcher | None = None
+        self._stopped = False
+        self._stage_call = StageCall(self.name)
+        limits = self._options.limits
+        self._v1 = V1Codec(model_spec, limits)
+        self._v2 = V2Codec(
+            model_spec, limits, model_name=self.name, datatypes=self.output_datatypes()
+        )
+        batching = self._options.batching
+        self._admission = Admission(
+            self.name,
+            batching.max_queue_size,
+            batching.retry_after_s,
+            on_reject=lambda n: self._count("rejected", n),
+        )
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def model_spec(self) -> ModelSpec:
+        """The model's specification (tile size, normalisation, etc.)."""
+        return self._spec
+
+    @property
+    def model_name(self) -> str:
+        """Human-readable model identifier (the name in URLs)."""
+        return self.name
+
+    @property
+    def device(self) -> torch.device:
+        """The device the package runs on."""
+        return self._device
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def load(self) -> bool:
+        """Checks the package against the spec (loading it first if not handed one).
+
+        Raises a :class:`~predictor.errors.StartupError` on any problem. The
+        package is hashed once: here only when the constructor got none.
+        Idempotent: KServe calls ``load`` again whenever the model reports not
+        ready (e.g. while draining), which must not reload anything.
+        """
+        if self._stopped:
+            return False
+        if self._pool is None:
+            if self._package is None:
+                facts = inspect_package(self._checkpoint, self._phases)
+                self._package = open_package(self._checkpoint, self._device, facts, self._phases)
+            with self._phases.time("probe"):
+                self.check_package(self._package)
+                for dev, package in self._more_packages.items():
+                    self._devices.slots[dev] = DeviceSlot(package, self.bind_device(package)[1])
+            with self._phases.time("warmup"):
+                self.warm_up(self._package)
+            self._pool = Stage1Pool(self._options.preprocess_workers)
+            logger.info(
+                "loaded %s (%s) on %s; start-up phases: %s",
+                self._checkpoint,
+                self._spec.name,
+                self._device,
+                self._phases.summary(),
+            )
+        self.ready = not self._admission.draining
+        return self.ready
+
+    async def start_batching(self) -> None:
+        """Starts the batcher inside the running event loop (called by the server)."""
+        if self._batcher is None:
+            first = DeviceSlot(self._package, self._normalizer)
+            instances = self._options.instances_per_device
+            self._batcher = DynamicBatcher(
+                self._devices.runs(str(self._device), first, self.forward_batch, instances),
+                self._options.batching,
+                classify_error=classify_error,
+                observer=self._metrics,
+                name=self.name,
+            )
+        await self._batcher.start()
+        workers = [w.name for w in self._batcher.workers]
+        logger.info("%s: %d device worker(s): %s", self.name, len(workers), ", ".join(workers))
+        if self._metrics is not None:
+            self._metrics.workers_started(workers)
+
+    def active_slot(self) -> DeviceSlot:
+        """The calling worker's package, normaliser and stream (the model's own off a worker)."""
+        return self._devices.current() or DeviceSlot(self._package, self._normalizer)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Turns readiness false, refuses new work and waits for admitted work.
+
+        Admitted requests still in stage 1 (decoding) have not reached the
+        batcher yet, so the batcher keeps accepting their tiles until every
+        admitted request has finished or the deadline passes; then the
+        batcher drains whatever is left in the time that remains.
+        """
+        admission = self._admission
+        admission.start_draining()
+        self.ready = False
+        deadline = time.monotonic() + timeout_s
+        if not await admission.wait_idle(timeout_s):
+            logger.warning(
+                "%s: %d admitted requests still running at the drain deadline",
+                self.name,
+                admission.admitted,
+            )
+        if self._batcher is None:
+            return admission.admitted == 0
+        drained = await self._batcher.drain(max(0.0, deadline - time.monotonic()))
+        return drained and admission.admitted == 0
+
+    async def healthy(self) -> bool:
+        """Ready for traffic: loaded, not draining, device usable."""
+        return bool(self.ready and not self._admission.draining and self.live)
+
+    @property
+    def live(self) -> bool:
+        """False once a sticky device error made the device unusable."""
+        return self._batcher is None or self._batcher.healthy
+
+    def stop(self) -> None:
+        """Releases the stage-1 pool and the package for good (no reload after this).
+
+        Dropping the package runs its loader's destructor now, which deletes the
+        files it extracted, so the process can exit without a full garbage
+        collection (see ``predictor.__main__``).
+        """
+        self.ready = False
+        self._stopped = True
+        if self._pool is not None:
+            self._pool.shutdown()
+        self._package = None
+        self._more_packages.clear()
+        self._devices.slots.clear()
+
+    # -- kserve entry points --------------------------------------------------------------
+    async def __call__(self, body: Any, headers: dict[str, str] | None = None, verb: Any = None):
+        with self._admission.request():
+            if self._metrics is None:
+                return await self._call(body, headers, verb)
+            with self._metrics.inflight():
+                return await self._call(body, headers, verb)
+
+    async def _call(self, body: Any, headers: dict[str, str] | None, verb: Any):
+        """KServe's ``Model.__call__``, for a predict without its per-request lookups.
+
+        A predict goes through :class:`~predictor.serving.kserve_call.StageCall` (the
+        same stage histograms, return shape and trace line); explain, and a
+        model asked for response headers, go through KServe's own, so they
+        answer as they always did.
+        """
+        if (verb is not None and verb != InferenceVerb.PREDICT) or self.required_response_headers:
+            return await super().__call__(body, headers, verb or InferenceVerb.PREDICT)
+        return await self._stage_call(self, body, headers)
+
+    def validate(self, payload: Any) -> Any:
+        """Codecs validate; KServe's dict checks would misread our payload."""
+        return payload
+
+    async def preprocess(
+        self, payload: dict | InferRequest, headers: dict[str, str] | None = None
+    ) -> _Prepared:
+        """Stage 1: pick the codec, decode, prepare every tile; 400 on any bad input."""
+        if self._admission.draining or self._pool is None:
+            raise ModelNotReady(
+                f"model {self.name!r} is not accepting requests (draining or not loaded)"
+            )
+        started = time.monotonic()
+        codec: Codec = self._v2 if isinstance(payload, InferRequest) else self._v1
+        decoded = codec.decode(payload)
+        try:
+            mode = resolve_mode(self._spec, decoded.mode, self.name)
+            codec.check_outputs(decoded, self.output_names(mode))  # before any compute
+            samples = await self._prepare_staged(decoded)
+        except InvalidInput:
+            self._count("invalid", len(decoded.items))
+            raise
+        if self._metrics is not None:
+            self._metrics.observe_preprocess(time.monotonic() - started)
+        return _Prepared(codec, decoded, mode, samples)
+
+    async def predict(
+        self, payload: _Prepared, headers: dict[str, str] | None = None
+    ) -> tuple[_Prepared, list[ModelResponse]]:
+        """Stage 2: enqueue the samples and await one response per tile, in order."""
+        if self._batcher is None:
+            raise ModelNotReady(f"model {self.name!r} has no running batcher")
+        futures = self._batcher.submit(payload.samples, key=payload.mode)
+        try:
+            results = await asyncio.gather(*futures)
+        except Exception:
+            self._count("failed", len(payload.samples))
+            raise
+        self._count("ok", len(payload.samples))
+        return payload, list(results)
+
+    async def postprocess(
+        self, result: tuple[_Prepared, list[ModelResponse]], headers: dict[str, str] | None = None
+    ) -> dict | InferResponse:
+        """Encodes the responses with the codec the request was decoded with."""
+        prepared, responses = result
+        names = self.output_names(prepared.mode)
+        return prepared.codec.encode(prepared.decoded, responses, names)
+
+    async def _prepare_staged(self, decoded: DecodedRequest) -> list[PreparedSample]:
+        """Stage 1 for every tile, refused up front (fast 503) when the queue is full."""
+        depth = self._batcher.queue_depth if self._batcher is not None else 0
+        with self._admission.staged(len(decoded.items), depth):
+            return await self._pool.prepare(decoded.items, decoded.tile_input, self.prepare_sample)
+
+    # -- description ----------------------------------------------------------------------
+    def get_metadata(self) -> dict[str, Any]:
+        """Name, inputs/outputs, spec, provenance, batching, limits and start-up phases."""
+        package = self._package
+        return {
+            "name": self.name,
+            "spec": self._spec.to_dict(),
+            "inputs": self.get_input_types(),
+            "outputs": self.get_output_types(),
+            "checkpoint": str(self._checkpoint),
+            "device": str(self._device),
+            "package_metadata": dict(package.metadata) if package else {},
+            "package_sha256": package.sha256 if package else "",
+            "batching": asdict(self._options.batching),
+            "limits": asdict(self._options.limits),
+            "preprocess_workers": self._options.preprocess_workers,
+            "startup_seconds": self._phases.as_dict(),
+        }
+
+    def _count(self, outcome: str, n: int) -> None:
+        if self._metrics is not None:
+            self._metrics.count_tiles(outcome, n)
+
+
+def resolve_mode(spec: ModelSpec, mode: str | None, model_name: str) -> str:
+    """The request's mode, or the spec's default when it names none.
+
+    Raises:
+        InvalidInput: A mode the model does not support (``parameters.mode``).
+    """
+    if mode is None:
+        return spec.default_mode
+    if mode not in spec.modes:
+        raise InvalidInput(
+            f"unknown mode {mode!r}; model {model_name!r} supports {list(spec.modes)}",
+            input_name="parameters.mode",
+        )
+    return mode

@@ -1,0 +1,64 @@
+"""Stage 1 in a thread pool: prepare every tile of a request, in order.
+
+Decoding PNG/JPEG releases the GIL, so a request's tiles are split into one
+chunk per worker and prepared in parallel. Raw ``pixels`` need no decoding:
+they are prepared inline, where a thread hop would cost more than the work.
+The first invalid tile fails the whole request with its index named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from predictor.codecs.samples import ModelRequest, PreparedSample
+from predictor.errors import InvalidInput
+
+PrepareFn = Callable[[ModelRequest], PreparedSample]
+
+
+class Stage1Pool:
+    """Runs ``prepare_sample`` over a request's tiles on ``workers`` threads."""
+
+    def __init__(self, workers: int):
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self._workers = workers
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="histoserve-prep")
+
+    async def prepare(
+        self, items: Sequence[ModelRequest], tile_input: str, prepare: PrepareFn
+    ) -> list[PreparedSample]:
+        """Prepared samples in item order; ``InvalidInput`` located at the first bad tile."""
+        if not any(item.image_data is not None for item in items):
+            return prepare_chunk(items, tile_input, prepare)
+        size = max(1, -(-len(items) // self._workers))
+        chunks = [items[i : i + size] for i in range(0, len(items), size)]
+        loop = asyncio.get_running_loop()
+        jobs = [
+            loop.run_in_executor(self._pool, prepare_chunk, chunk, tile_input, prepare)
+            for chunk in chunks
+        ]
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return [sample for chunk in results for sample in chunk]
+
+    def shutdown(self) -> None:
+        """Stops the threads; queued work is cancelled."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def prepare_chunk(
+    items: Sequence[ModelRequest], tile_input: str, prepare: PrepareFn
+) -> list[PreparedSample]:
+    """Prepares ``items`` one by one, naming the input and tile of a failure."""
+    prepared = []
+    for item in items:
+        try:
+            prepared.append(prepare(item))
+        except InvalidInput as exc:
+            raise exc.at(input_name=tile_input, tile=item.index) from exc
+    return prepared
