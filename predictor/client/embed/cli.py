@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from predictor.client.embed.config import MODES, PROGRESS, EmbedConfig
+from predictor.client.embed.config import LAYOUTS, MODES, PROGRESS, EmbedConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -62,6 +62,12 @@ def _input_flags(parser: argparse.ArgumentParser) -> None:
         "--shard", help="I/N: every N-th slide from the I-th; N alone: I from $JOB_COMPLETION_INDEX"
     )
     add("--progress", default="auto", choices=PROGRESS)
+    add(
+        "--layout",
+        default="flat",
+        choices=LAYOUTS,
+        help="output files: flat (<id>.h5), trident (TRIDENT's job folder), clam (h5_files, pt_files)",
+    )
 
 
 def _scale_flags(parser: argparse.ArgumentParser) -> None:
@@ -125,6 +131,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> EmbedC
         timeout_s=args.timeout_s,
         recycle_requests=args.recycle_requests,
         recycle_s=args.recycle_s,
+        layout=args.layout,
     )
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from predictor.client.embed.errors import UsageError
 
 MODES = ("embedding", "prediction", "prediction_with_embedding")
+LAYOUTS = ("flat", "trident", "clam")
 PROGRESS = ("auto", "bar", "plain", "none")
 URL_SCHEMES = ("http://", "https://", "grpc://")
 # Requests in flight per URL by default: one being computed, one queued behind
@@ -63,6 +64,8 @@ class EmbedConfig:
         timeout_s: Per-request timeout.
         recycle_requests: Keep-alive connections are replaced after this many requests...
         recycle_s: ...or this many seconds, so replicas added by an autoscaler get traffic.
+        layout: Output layout, ``flat``, ``trident`` or ``clam`` (see
+            :mod:`predictor.client.embed.layouts`); also how slide ids come from paths.
     """
 
     urls: tuple[str, ...]
@@ -90,6 +93,7 @@ class EmbedConfig:
     timeout_s: float = 300.0
     recycle_requests: int = 1000
     recycle_s: float = 30.0
+    layout: str = "flat"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -120,6 +124,10 @@ class EmbedConfig:
             raise UsageError("no slides given: pass slide paths or --manifest slides.csv")
         if self.mode not in MODES:
             raise UsageError(f"--mode {self.mode!r}: must be one of {', '.join(MODES)}")
+        if self.layout not in LAYOUTS:
+            raise UsageError(f"--layout {self.layout!r}: must be one of {', '.join(LAYOUTS)}")
+        if self.layout != "flat" and self.mode == "prediction":
+            raise UsageError(f"--layout {self.layout} writes features: use an embedding mode")
         if self.progress not in PROGRESS:
             raise UsageError(f"--progress {self.progress!r}: must be one of {', '.join(PROGRESS)}")
         if not self.tissue:

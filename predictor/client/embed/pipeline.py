@@ -36,6 +36,7 @@ from predictor.client.embed.claims import ClaimStore
 from predictor.client.embed.config import EmbedConfig
 from predictor.client.embed.dispatch import Dispatcher, RetryPolicy
 from predictor.client.embed.errors import EmbedError, UsageError
+from predictor.client.embed.layouts import Layout, slide_id_from_path
 from predictor.client.embed.manifest import (
     SlideEntry,
     entries_from_paths,
@@ -43,9 +44,9 @@ from predictor.client.embed.manifest import (
     select_shard,
 )
 from predictor.client.embed.memory import large_buffers_use_mmap
-from predictor.client.embed.output import StatusLog, config_hash, is_done
+from predictor.client.embed.output import StatusLog, config_hash
 from predictor.client.embed.progress import Progress
-from predictor.client.embed.remote import fetch_server_info
+from predictor.client.embed.remote import ServerInfo, fetch_server_info
 from predictor.client.embed.slide_job import RunContext, embed_slide
 from predictor.client.embed.transport import RecyclePolicy
 
@@ -72,7 +73,11 @@ class EmbedSummary:
 
 def collect_entries(config: EmbedConfig) -> list[SlideEntry]:
     """This process's slides: paths, then the manifest, then the shard; UsageError when none."""
-    entries = entries_from_paths(config.slides) if config.slides else []
+
+    def id_of(path: Path) -> str:
+        return slide_id_from_path(path, config.layout)
+
+    entries = entries_from_paths(config.slides, id_of) if config.slides else []
     if config.manifest is not None:
         entries += read_manifest(config.manifest)
     ids = [e.slide_id for e in entries]
@@ -121,7 +126,13 @@ def _context(
         tissue_dispatcher,
         attrs,
         threading.BoundedSemaphore(config.concurrency),
+        _layout(config, info, target_mpp, tile_size),
     )
+
+
+def _layout(config: EmbedConfig, info: ServerInfo, target_mpp: float, tile_size: int) -> Layout:
+    dim = info.spec.get("embedding_dim") or 0
+    return Layout(config.layout, config.out_dir, target_mpp, tile_size, info.model, int(dim))
 
 
 def slide_settings(ctx: RunContext, entry: SlideEntry) -> dict[str, Any]:
@@ -140,6 +151,7 @@ def slide_settings(ctx: RunContext, entry: SlideEntry) -> dict[str, Any]:
         "mpp_tolerance": cfg.mpp_tolerance,
         "manifest_mpp": entry.mpp,
         "bulk_rna_sha256": _file_sha256(entry.bulk_rna) if entry.bulk_rna else "",
+        **({"layout": cfg.layout} if cfg.layout != "flat" else {}),
     }
 
 
@@ -225,7 +237,7 @@ class _SlideRunner:
             self._embed(entry, chash, start)
 
     def _complete(self, entry: SlideEntry, chash: str) -> bool:
-        return not self.ctx.config.force and is_done(self.ctx.config.out_dir, entry.slide_id, chash)
+        return not self.ctx.config.force and self.ctx.layout.is_done(entry.slide_id, chash)
 
     def _embed(self, entry: SlideEntry, chash: str, start: float) -> None:
         attrs = {
