@@ -19,8 +19,10 @@ fails alone: the next one starts. Usage errors stop the run before any slide.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from predictor import __version__
+from predictor.client.embed.auth import load_credentials
 from predictor.client.embed.batches import BatchStats
 from predictor.client.embed.bulk_rna import read_bulk_rna
 from predictor.client.embed.claims import ClaimStore
@@ -93,12 +96,15 @@ def _context(
     config: EmbedConfig, dispatcher: Dispatcher, tissue_dispatcher: Dispatcher | None
 ) -> RunContext:
     retry = RetryPolicy(max_attempts=config.max_attempts)
-    info = fetch_server_info(config.urls, config.model, config.timeout_s, retry)
+    creds = config.credentials
+    info = fetch_server_info(config.urls, config.model, config.timeout_s, retry, credentials=creds)
     info.check_mode(config.mode)
     tissue_info = None
     if tissue_dispatcher is not None:
         urls = config.tissue_urls or config.urls
-        tissue_info = fetch_server_info(urls, config.tissue, config.timeout_s, retry)
+        tissue_info = fetch_server_info(
+            urls, config.tissue, config.timeout_s, retry, credentials=creds
+        )
         if tissue_info.family != "segmentation":
             raise UsageError(f"--tissue {config.tissue}: not a segmentation model")
         if tissue_info.mpp is None:
@@ -132,6 +138,9 @@ def _context(
 
 def _layout(config: EmbedConfig, info: ServerInfo, target_mpp: float, tile_size: int) -> Layout:
     dim = info.spec.get("embedding_dim") or 0
+    for out in info.spec.get("outputs", ()) if not dim else ():  # gRPC metadata only
+        if isinstance(out, dict) and out.get("name") == "embedding":
+            dim = int(out["shape"][-1])
     return Layout(config.layout, config.out_dir, target_mpp, tile_size, info.model, int(dim))
 
 
@@ -164,6 +173,9 @@ def embed(config: EmbedConfig, stream: Any = None) -> EmbedSummary:
     """
     start = time.monotonic()
     large_buffers_use_mmap()
+    if config.credentials is None:  # the Python API: $HISTOSERVE_TOKEN as the CLI reads it
+        creds = load_credentials(None, None, (), os.environ)
+        config = dataclasses.replace(config, credentials=creds)
     entries = collect_entries(config)
     try:
         config.out_dir.mkdir(parents=True, exist_ok=True)
@@ -175,8 +187,11 @@ def embed(config: EmbedConfig, stream: Any = None) -> EmbedSummary:
     tissue = None
     if config.tissue_method == "model":
         tissue_urls = config.tissue_urls or config.urls
-        tissue = Dispatcher.from_urls(tissue_urls, config.timeout_s, retry, recycle)
-    with Dispatcher.from_urls(config.urls, config.timeout_s, retry, recycle) as dispatcher:
+        tissue = Dispatcher.from_urls(
+            tissue_urls, config.timeout_s, retry, recycle, config.credentials
+        )
+    main = Dispatcher.from_urls(config.urls, config.timeout_s, retry, recycle, config.credentials)
+    with main as dispatcher:
         try:
             _run(config, entries, dispatcher, tissue, stream, summary)
         finally:
