@@ -137,8 +137,8 @@ class HttpsProxy:
         self.seen = Seen()
         self._budget = fail_first
         self._client = httpx.Client(base_url=upstream, timeout=120)
-        handler = self._handler()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _ProxyHandler)
+        self._server.proxy = self  # type: ignore[attr-defined]
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(pki.server_cert, pki.server_key)
         self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
@@ -159,55 +159,50 @@ class HttpsProxy:
                 return True
         return False
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:  # quiet: tests read their own records
-                return
-
-            def _forward(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                body = self.rfile.read(length) if length else b""
-                ok = _authorized(dict(self.headers), proxy._token, proxy._required)
-                proxy.seen.add(self.path, ok)
-                if not ok:
-                    return self._reply(
-                        401, {"content-type": "application/json"}, b'{"error": "unauthorized"}'
-                    )
-                if self._is_post and proxy._fail_now(self.path):
-                    return self._reply(503, {"retry-after": "0"}, b'{"error": "busy"}')
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-                headers.pop("Authorization", None)
-                up = proxy._client.request(self.command, self.path, content=body, headers=headers)
-                out = {k: v for k, v in up.headers.items() if k.lower() not in _HOP}
-                self._reply(up.status_code, out, up.content)
-
-            def _reply(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
-                self.send_response(status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self) -> None:
-                self._is_post = False
-                self._forward()
-
-            def do_POST(self) -> None:
-                self._is_post = True
-                self._forward()
-
-        return Handler
+    def forward(self, handler: BaseHTTPRequestHandler, body: bytes) -> tuple[int, dict, bytes]:
+        """One request: 401 without the credentials, 503 on purpose, else the upstream answer."""
+        ok = _authorized(dict(handler.headers), self._token, self._required)
+        self.seen.add(handler.path, ok)
+        if not ok:
+            return 401, {"content-type": "application/json"}, b'{"error": "unauthorized"}'
+        if handler.command == "POST" and self._fail_now(handler.path):
+            return 503, {"retry-after": "0"}, b'{"error": "busy"}'
+        headers = {k: v for k, v in handler.headers.items() if k.lower() not in _HOP}
+        headers.pop("Authorization", None)
+        up = self._client.request(handler.command, handler.path, content=body, headers=headers)
+        return (
+            up.status_code,
+            {k: v for k, v in up.headers.items() if k.lower() not in _HOP},
+            up.content,
+        )
 
     def stop(self) -> None:
         """Stops serving and closes the upstream client."""
         self._server.shutdown()
         self._server.server_close()
         self._client.close()
+
+
+class _ProxyHandler(BaseHTTPRequestHandler):
+    """Hands every GET/POST to the server's :class:`HttpsProxy` (``server.proxy``)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:  # quiet: tests read the proxy's records
+        return
+
+    def _handle(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        body = self.rfile.read(length) if length else b""
+        status, headers, content = self.server.proxy.forward(self, body)  # type: ignore[attr-defined]
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("content-length", str(len(content)))
+        self.end_headers()
+        self.wfile.write(content)
+
+    do_GET = do_POST = _handle
 
 
 class GrpcTlsProxy:
