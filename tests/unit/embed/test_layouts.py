@@ -204,3 +204,16 @@ def test_flat_and_trident_never_import_torch(tmp_path: Path, svs_slide: Generate
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(("layout", "ids"), [("trident", ["a", "b"]), ("clam", ["a.ome", "b"])])
+def test_the_cli_layout_sets_how_ids_come_from_paths(
+    tmp_path: Path, layout: str, ids: list[str]
+) -> None:
+    from predictor.client.embed.cli import build_parser, config_from_args
+    from predictor.client.embed.pipeline import collect_entries
+
+    argv = ["d/a.ome.tiff", "d/b.svs", "--url", "http://h:1", "--out", str(tmp_path)]
+    config = config_from_args(build_parser().parse_args([*argv, "--layout", layout]), {})
+    assert config.layout == layout
+    assert [e.slide_id for e in collect_entries(config)] == ids
