@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -176,15 +177,7 @@ def _write_level(path: Path, spec: SlideSpec, index: int, d: int, uids: dict[str
         ["ORIGINAL", "PRIMARY", "VOLUME", "NONE"] if index == 0
         else ["DERIVED", "PRIMARY", "VOLUME", "RESAMPLED"]
     )  # fmt: skip
-    ds.Rows = ds.Columns = spec.tile
-    ds.TotalPixelMatrixColumns, ds.TotalPixelMatrixRows = spec.width // d, spec.height // d
-    ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.PlanarConfiguration = 3, "RGB", 0
-    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
-    ds.DimensionOrganizationType, ds.TotalPixelMatrixFocalPlanes = "TILED_FULL", 1
-    ds.NumberOfOpticalPaths = 1
-    ds.ImagedVolumeWidth = spec.width * spec.mpp[0] / 1000  # type: ignore[index]
-    ds.ImagedVolumeHeight = spec.height * spec.mpp[1] / 1000  # type: ignore[index]
-    ds.ImagedVolumeDepth = 0.001
+    _geometry(ds, spec, d)
     measures = Dataset()
     measures.PixelSpacing = [spec.mpp[1] * d / 1000, spec.mpp[0] * d / 1000]  # type: ignore[index]
     measures.SliceThickness = 0.001
@@ -203,6 +196,19 @@ def _write_level(path: Path, spec: SlideSpec, index: int, d: int, uids: dict[str
     ds.OpticalPathSequence = [_optical_path()]
     ds.PixelData, ds.NumberOfFrames = _frames(spec, d)
     ds.save_as(path, enforce_file_format=True)
+
+
+def _geometry(ds: Any, spec: SlideSpec, d: int) -> None:
+    """Tile and matrix sizes, pixel format, TILED_FULL, imaged volume (mm)."""
+    ds.Rows = ds.Columns = spec.tile
+    ds.TotalPixelMatrixColumns, ds.TotalPixelMatrixRows = spec.width // d, spec.height // d
+    ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.PlanarConfiguration = 3, "RGB", 0
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
+    ds.DimensionOrganizationType, ds.TotalPixelMatrixFocalPlanes = "TILED_FULL", 1
+    ds.NumberOfOpticalPaths = 1
+    ds.ImagedVolumeWidth = spec.width * spec.mpp[0] / 1000  # type: ignore[index]
+    ds.ImagedVolumeHeight = spec.height * spec.mpp[1] / 1000  # type: ignore[index]
+    ds.ImagedVolumeDepth = 0.001
 
 
 def _optical_path() -> object:

@@ -50,37 +50,38 @@ class Pki:
     server_key: Path
 
 
+def _certificate(subject: Any, issuer: Any, public_key: Any, signer: Any, extension: Any) -> Any:
+    """An X.509 certificate valid from five minutes ago for a day, signed by ``signer``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (
+        x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
+        .public_key(public_key).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+    )  # fmt: skip
+    critical = isinstance(extension, x509.BasicConstraints)
+    return builder.add_extension(extension, critical=critical).sign(signer, hashes.SHA256())
+
+
 def make_pki(folder: Path) -> Pki:
     """A fresh CA and a server certificate for 127.0.0.1 and localhost, valid for a day."""
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "histoserve test CA")])
-    ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
+    server_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    ca_ext = x509.BasicConstraints(ca=True, path_length=None)
+    ca = _certificate(ca_name, ca_name, ca_key.public_key(), ca_key, ca_ext)
     san = x509.SubjectAlternativeName(
         [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
     )
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
-        .issuer_name(ca_name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(san, critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
+    cert = _certificate(server_name, ca_name, key.public_key(), ca_key, san)
     folder.mkdir(parents=True, exist_ok=True)
     pki = Pki(folder / "ca.pem", folder / "server.pem", folder / "server.key")
     pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))

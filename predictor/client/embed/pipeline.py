@@ -96,15 +96,11 @@ def _context(
     config: EmbedConfig, dispatcher: Dispatcher, tissue_dispatcher: Dispatcher | None
 ) -> RunContext:
     retry = RetryPolicy(max_attempts=config.max_attempts)
-    creds = config.credentials
-    info = fetch_server_info(config.urls, config.model, config.timeout_s, retry, credentials=creds)
+    info = _info(config, config.urls, config.model, retry)
     info.check_mode(config.mode)
     tissue_info = None
     if tissue_dispatcher is not None:
-        urls = config.tissue_urls or config.urls
-        tissue_info = fetch_server_info(
-            urls, config.tissue, config.timeout_s, retry, credentials=creds
-        )
+        tissue_info = _info(config, config.tissue_urls or config.urls, config.tissue, retry)
         if tissue_info.family != "segmentation":
             raise UsageError(f"--tissue {config.tissue}: not a segmentation model")
         if tissue_info.mpp is None:
@@ -134,6 +130,11 @@ def _context(
         threading.BoundedSemaphore(config.concurrency),
         _layout(config, info, target_mpp, tile_size),
     )
+
+
+def _info(config: EmbedConfig, urls: Any, model: str | None, retry: RetryPolicy) -> ServerInfo:
+    """The model's description, asked with the run's credentials."""
+    return fetch_server_info(urls, model, config.timeout_s, retry, credentials=config.credentials)
 
 
 def _layout(config: EmbedConfig, info: ServerInfo, target_mpp: float, tile_size: int) -> Layout:
