@@ -38,8 +38,9 @@ class EmbedConfig:
 
     Attributes:
         urls: Server URLs, ``http(s)://host:port`` (V2 REST, binary tensors) or
-            ``grpc://host:port`` (V2 gRPC). Requests go to the one with the fewest in flight.
-        out_dir: Output folder: ``<slide_id>.h5`` per slide and ``status.csv``.
+            ``grpc(s)://host:port`` (V2 gRPC, TLS with ``grpcs``). Requests go to the one
+            with the fewest in flight.
+        out_dir: Output folder: ``<slide_id>.h5`` per slide (see ``layout``) and ``status.csv``.
         slides: Slide paths (the slide id is the file stem).
         manifest: CSV ``slide_id,path[,mpp][,bulk_rna]`` instead of (or beside) ``slides``.
         model: Model name on the servers; ``None``: the only model they serve.
