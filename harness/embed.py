@@ -31,8 +31,13 @@ def embed_command(*args: str | Path) -> list[str]:
     return [sys.executable, "-m", "predictor.client.embed.cli", *map(str, args)]
 
 
-def run_embed(*args: str | Path, timeout_s: float = EMBED_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """Runs the CLI to completion (progress ``plain`` unless given); output captured as text."""
+def run_embed(
+    *args: str | Path, timeout_s: float = EMBED_TIMEOUT_S, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Runs the CLI to completion (progress ``plain`` unless given); output captured as text.
+
+    ``env``: the child's whole environment (default: this process's).
+    """
     extra = () if "--progress" in args else ("--progress", "plain")
     return subprocess.run(
         embed_command(*args, *extra),
@@ -41,6 +46,7 @@ def run_embed(*args: str | Path, timeout_s: float = EMBED_TIMEOUT_S) -> subproce
         text=True,
         timeout=timeout_s,
         check=False,
+        env=env,
     )
 
 

@@ -259,3 +259,32 @@ def test_deployment_strategy_only_in_standard(render, mode):
         assert p["deploymentStrategy"] == {"type": "Recreate"}
     else:
         assert "deploymentStrategy" not in pred(render(set_json={"deploymentMode": "Knative"}))
+
+
+def test_network_policy_admits_named_namespaces_and_embed_jobs(render):
+    np_ = one(render(values=["network-policy-protected-values.yaml"]), "NetworkPolicy")
+    serving, metrics = np_["spec"]["ingress"]
+    assert ingress_ports(serving) == [8080, 8081]
+    test_peer, gateway, embed_ns, embed_jobs = serving["from"]
+    assert test_peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "test"
+    names = [p["namespaceSelector"]["matchLabels"] for p in (gateway, embed_ns)]
+    assert names == [
+        {"kubernetes.io/metadata.name": "istio-system"},
+        {"kubernetes.io/metadata.name": "pathology-embed"},
+    ]
+    # The histoserve-embed chart's pod labels, whatever its release or nameOverride.
+    assert embed_jobs == {
+        "podSelector": {
+            "matchLabels": {
+                "app.kubernetes.io/part-of": "histoserve",
+                "app.kubernetes.io/component": "embed",
+            }
+        }
+    }
+    assert ingress_ports(metrics) == [8080]
+    # allowExternal wins: the shortcuts only narrow a restricted policy.
+    open_np = one(
+        render(set_json={"networkPolicy.enabled": True, "networkPolicy.allowedNamespaces": ["a"]}),
+        "NetworkPolicy",
+    )
+    assert "from" not in open_np["spec"]["ingress"][0]

@@ -326,3 +326,12 @@ def test_rendered_args_are_what_the_cli_accepts(helm_bin, values):
 
 def job_values(values: str | None) -> dict[str, Any]:
     return ci_values(values) if values else {}
+
+
+def test_embed_pods_carry_the_labels_the_server_network_policy_admits(helm_bin):
+    """``networkPolicy.allowEmbedJobs`` in charts/histoserve selects exactly these labels."""
+    objs = render(helm_bin, None, 'nameOverride="renamed"')
+    (job,) = [o for o in objs if o["kind"] == "Job"]
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/part-of"] == "histoserve"
+    assert labels["app.kubernetes.io/component"] == "embed"

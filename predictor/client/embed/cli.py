@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from predictor.client.embed.config import MODES, PROGRESS, EmbedConfig
+from predictor.client.embed.config import LAYOUTS, MODES, PROGRESS, EmbedConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -52,7 +52,7 @@ def _input_flags(parser: argparse.ArgumentParser) -> None:
         dest="urls",
         required=True,
         metavar="URL",
-        help="server, http://host:port or grpc://host:port; repeat for several",
+        help="server, http(s)://host:port or grpc(s)://host:port; repeat for several",
     )
     add("--out", type=Path, required=True, help="output folder (<slide_id>.h5, status.csv)")
     add("--model", help="model name (default: the only model the server serves)")
@@ -62,6 +62,22 @@ def _input_flags(parser: argparse.ArgumentParser) -> None:
         "--shard", help="I/N: every N-th slide from the I-th; N alone: I from $JOB_COMPLETION_INDEX"
     )
     add("--progress", default="auto", choices=PROGRESS)
+    add("--ca-cert", type=Path, help="CA bundle (PEM) for https:// and grpcs:// servers")
+    add("--token-file", type=Path, help="bearer token file (default: $HISTOSERVE_TOKEN)")
+    add(
+        "--header",
+        action="append",
+        dest="headers",
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="extra header (gRPC metadata on gRPC) on every request; repeat for several",
+    )
+    add(
+        "--layout",
+        default="flat",
+        choices=LAYOUTS,
+        help="output files: flat (<id>.h5), trident (TRIDENT's job folder), clam (h5_files, pt_files)",
+    )
 
 
 def _scale_flags(parser: argparse.ArgumentParser) -> None:
@@ -97,6 +113,7 @@ def _call_flags(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> EmbedConfig:
     """The :class:`~predictor.client.embed.config.EmbedConfig` of parsed flags (UsageError when bad)."""
+    from predictor.client.embed.auth import load_credentials
     from predictor.client.embed.manifest import parse_shard
 
     return EmbedConfig(
@@ -125,6 +142,8 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> EmbedC
         timeout_s=args.timeout_s,
         recycle_requests=args.recycle_requests,
         recycle_s=args.recycle_s,
+        layout=args.layout,
+        credentials=load_credentials(args.ca_cert, args.token_file, args.headers, env),
     )
 
 

@@ -11,14 +11,16 @@ here too, so the pipeline never sees ``None`` for them.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from predictor.client.embed.auth import Credentials
 from predictor.client.embed.errors import UsageError
 
 MODES = ("embedding", "prediction", "prediction_with_embedding")
+LAYOUTS = ("flat", "trident", "clam")
 PROGRESS = ("auto", "bar", "plain", "none")
-URL_SCHEMES = ("http://", "https://", "grpc://")
+URL_SCHEMES = ("http://", "https://", "grpc://", "grpcs://")
 # Requests in flight per URL by default: one being computed, one queued behind
 # it and one on the wire keep a server's batcher fed without deep queues.
 DEFAULT_CONCURRENCY_PER_URL = 4
@@ -36,8 +38,9 @@ class EmbedConfig:
 
     Attributes:
         urls: Server URLs, ``http(s)://host:port`` (V2 REST, binary tensors) or
-            ``grpc://host:port`` (V2 gRPC). Requests go to the one with the fewest in flight.
-        out_dir: Output folder: ``<slide_id>.h5`` per slide and ``status.csv``.
+            ``grpc(s)://host:port`` (V2 gRPC, TLS with ``grpcs``). Requests go to the one
+            with the fewest in flight.
+        out_dir: Output folder: ``<slide_id>.h5`` per slide (see ``layout``) and ``status.csv``.
         slides: Slide paths (the slide id is the file stem).
         manifest: CSV ``slide_id,path[,mpp][,bulk_rna]`` instead of (or beside) ``slides``.
         model: Model name on the servers; ``None``: the only model they serve.
@@ -63,6 +66,10 @@ class EmbedConfig:
         timeout_s: Per-request timeout.
         recycle_requests: Keep-alive connections are replaced after this many requests...
         recycle_s: ...or this many seconds, so replicas added by an autoscaler get traffic.
+        layout: Output layout, ``flat``, ``trident`` or ``clam`` (see
+            :mod:`predictor.client.embed.layouts`); also how slide ids come from paths.
+        credentials: CA bundle, bearer token and extra headers for protected
+            endpoints (None: ``$HISTOSERVE_TOKEN`` if set); never in ``repr``.
     """
 
     urls: tuple[str, ...]
@@ -90,6 +97,8 @@ class EmbedConfig:
     timeout_s: float = 300.0
     recycle_requests: int = 1000
     recycle_s: float = 30.0
+    layout: str = "flat"
+    credentials: Credentials | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -115,11 +124,17 @@ class EmbedConfig:
             raise UsageError("no server given: pass --url http://host:port (or grpc://host:port)")
         for url in self.urls + self.tissue_urls:
             if not url.startswith(URL_SCHEMES) or not url.split("://", 1)[1].strip("/"):
-                raise UsageError(f"--url {url!r}: must be http://, https:// or grpc://host:port")
+                raise UsageError(
+                    f"--url {url!r}: must be http://, https://, grpc:// or grpcs://host:port"
+                )
         if not self.slides and self.manifest is None:
             raise UsageError("no slides given: pass slide paths or --manifest slides.csv")
         if self.mode not in MODES:
             raise UsageError(f"--mode {self.mode!r}: must be one of {', '.join(MODES)}")
+        if self.layout not in LAYOUTS:
+            raise UsageError(f"--layout {self.layout!r}: must be one of {', '.join(LAYOUTS)}")
+        if self.layout != "flat" and self.mode == "prediction":
+            raise UsageError(f"--layout {self.layout} writes features: use an embedding mode")
         if self.progress not in PROGRESS:
             raise UsageError(f"--progress {self.progress!r}: must be one of {', '.join(PROGRESS)}")
         if not self.tissue:

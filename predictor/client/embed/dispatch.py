@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from predictor.client.embed.auth import Credentials
 from predictor.client.embed.errors import EmbedError
 from predictor.client.embed.transport import (
     HttpTransport,
@@ -101,13 +102,15 @@ class _Slot:
         self.cool_until = 0.0  # monotonic: after a failure, others are preferred until then
 
 
-def make_transport(url: str, timeout_s: float, recycle: RecyclePolicy) -> Transport:
-    """An HTTP or gRPC transport by URL scheme."""
-    if url.startswith("grpc://"):
+def make_transport(
+    url: str, timeout_s: float, recycle: RecyclePolicy, credentials: Credentials | None = None
+) -> Transport:
+    """An HTTP(S) or gRPC(S) transport by URL scheme, sending ``credentials`` on every request."""
+    if url.startswith(("grpc://", "grpcs://")):
         from predictor.client.embed.grpc_transport import GrpcTransport
 
-        return GrpcTransport(url, timeout_s, recycle)
-    return HttpTransport(url, timeout_s, recycle)
+        return GrpcTransport(url, timeout_s, recycle, credentials)
+    return HttpTransport(url, timeout_s, recycle, credentials)
 
 
 class Dispatcher:
@@ -138,10 +141,15 @@ class Dispatcher:
 
     @classmethod
     def from_urls(
-        cls, urls: Sequence[str], timeout_s: float, retry: RetryPolicy, recycle: RecyclePolicy
+        cls,
+        urls: Sequence[str],
+        timeout_s: float,
+        retry: RetryPolicy,
+        recycle: RecyclePolicy,
+        credentials: Credentials | None = None,
     ) -> Dispatcher:
-        """A dispatcher over ``urls`` (``http(s)://`` or ``grpc://``)."""
-        return cls([make_transport(u, timeout_s, recycle) for u in urls], retry)
+        """A dispatcher over ``urls`` (``http(s)://`` or ``grpc(s)://``)."""
+        return cls([make_transport(u, timeout_s, recycle, credentials) for u in urls], retry)
 
     def infer(
         self,

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from predictor.client.embed.auth import Credentials
 from predictor.client.embed.errors import EmbedError, UsageError
 from predictor.client.embed.transport import RecyclePolicy, Recycler, RetryableError, ServerRefused
 
@@ -37,15 +38,18 @@ _MAX_MESSAGE = 2**31 - 1
 
 
 def host_port(url: str) -> str:
-    """``host:port`` of a ``grpc://host:port`` URL."""
+    """``host:port`` of a ``grpc(s)://host:port`` URL."""
     return url.split("://", 1)[1].rstrip("/")
 
 
-def _client(url: str) -> Any:
+def _client(url: str, credentials: Credentials) -> Any:
     import tritonclient.grpc as grpcclient
 
+    ca = credentials.ca_cert
     return grpcclient.InferenceServerClient(
         host_port(url),
+        ssl=url.startswith("grpcs://"),
+        root_certificates=str(ca) if ca is not None else None,
         channel_args=[
             ("grpc.max_send_message_length", _MAX_MESSAGE),
             ("grpc.max_receive_message_length", _MAX_MESSAGE),
@@ -70,15 +74,23 @@ class GrpcTransport:
     """V2 gRPC inference to one ``grpc://host:port``.
 
     Args:
-        url: ``grpc://host:port``.
+        url: ``grpc://host:port``, or ``grpcs://host:port`` for TLS.
         timeout_s: Per-call deadline.
         policy: Channel recycling.
+        credentials: CA bundle and metadata (token) for every call.
     """
 
-    def __init__(self, url: str, timeout_s: float, policy: RecyclePolicy):
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float,
+        policy: RecyclePolicy,
+        credentials: Credentials | None = None,
+    ):
         self.url = url
         self._timeout_s = timeout_s
-        self._recycler = Recycler(lambda: _client(url), lambda c: c.close(), policy)
+        creds = self._credentials = credentials or Credentials()
+        self._recycler = Recycler(lambda: _client(url, creds), lambda c: c.close(), policy)
 
     @property
     def pools_opened(self) -> int:
@@ -105,6 +117,7 @@ class GrpcTransport:
                 infer_inputs,
                 parameters=dict(parameters) or None,
                 client_timeout=self._timeout_s,
+                headers=self._credentials.grpc_metadata() or None,
             )
         except InferenceServerException as exc:
             error = _wrap(self.url, exc)
@@ -121,7 +134,7 @@ class GrpcTransport:
 
 
 def grpc_metadata(
-    url: str, model: str | None, timeout_s: float
+    url: str, model: str | None, timeout_s: float, credentials: Credentials | None = None
 ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
     """``(name, inputs, outputs)`` of a model from gRPC ``ModelMetadata``.
 
@@ -133,9 +146,15 @@ def grpc_metadata(
 
     if model is None:
         raise UsageError(f"{url}: pass --model NAME (a gRPC URL cannot list its models)")
-    client = _client(url)
+    credentials = credentials or Credentials()
+    client = _client(url, credentials)
     try:
-        meta = client.get_model_metadata(model, as_json=True, client_timeout=timeout_s)
+        meta = client.get_model_metadata(
+            model,
+            headers=credentials.grpc_metadata() or None,
+            as_json=True,
+            client_timeout=timeout_s,
+        )
     except InferenceServerException as exc:
         raise EmbedError(f"{url}: model metadata for {model!r}: {exc}") from exc
     finally:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,11 +79,21 @@ def _check_unique(entries: Sequence[SlideEntry]) -> None:
         seen[entry.slide_id] = entry.path
 
 
-def entries_from_paths(paths: Sequence[str | Path]) -> list[SlideEntry]:
-    """Slides given on the command line; the id is the file stem (``a/b/S1.svs`` -> ``S1``)."""
-    entries = [SlideEntry(Path(p).stem, Path(p)) for p in paths]
+def entries_from_paths(
+    paths: Sequence[str | Path], id_of: Callable[[Path], str] | None = None
+) -> list[SlideEntry]:
+    """Slides given on the command line; the id is ``id_of(path)``, else the file stem.
+
+    (``a/b/S1.svs`` -> ``S1``; the layouts pass their tool's rule, see
+    :func:`predictor.client.embed.layouts.slide_id_from_path`.)
+    """
+    entries = [SlideEntry((id_of or _stem)(Path(p)), Path(p)) for p in paths]
     _check_unique(entries)
     return entries
+
+
+def _stem(path: Path) -> str:
+    return path.stem
 
 
 def _parse_mpp(text: str, where: str) -> float | None:

@@ -4,13 +4,16 @@
 ``predictions`` (float32 ``[N, K]``, when the mode has them), ``coords``
 (int64 ``[N, 2]``, level-0 top-left x, y, rows by y then x) and
 ``tissue_fraction`` (float32 ``[N]``), with the run's facts as file
-attributes. ``coords`` also carries the attributes TRIDENT
-(``patch_size``, ``patch_size_level0``, ``level0_magnification``,
+attributes: the ``flat`` layout. ``coords`` also carries the attribute names
+TRIDENT (``patch_size``, ``patch_size_level0``, ``level0_magnification``,
 ``target_magnification``, ``overlap``, ``name``, ``savetodir``) and CLAM
 (``patch_level``, ``downsample``, ``level_dim``, ``downsampled_level_dim``)
-write on their coordinate datasets, so their readers take our files.
-Note ``patch_size`` follows TRIDENT (the tile edge at the target scale);
-CLAM's meaning (the edge read at ``patch_level``) is ``read_size``.
+write on their coordinate datasets, but ``patch_size`` here follows TRIDENT
+(the tile edge at the target scale): CLAM's meaning (the edge read at
+``patch_level``) is ``read_size``, so CLAM would read the wrong area from
+this file when tiles are resized. The files those tools read unchanged are
+written by ``--layout trident`` and ``--layout clam``
+(:mod:`~predictor.client.embed.layouts`).
 
 A file is written under a hidden temporary name in the same folder, flushed,
 fsynced and ``os.replace``d to its final name, so a crash leaves either the

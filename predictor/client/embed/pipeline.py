@@ -19,8 +19,10 @@ fails alone: the next one starts. Usage errors stop the run before any slide.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -30,12 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from predictor import __version__
+from predictor.client.embed.auth import load_credentials
 from predictor.client.embed.batches import BatchStats
 from predictor.client.embed.bulk_rna import read_bulk_rna
 from predictor.client.embed.claims import ClaimStore
 from predictor.client.embed.config import EmbedConfig
 from predictor.client.embed.dispatch import Dispatcher, RetryPolicy
 from predictor.client.embed.errors import EmbedError, UsageError
+from predictor.client.embed.layouts import Layout, slide_id_from_path
 from predictor.client.embed.manifest import (
     SlideEntry,
     entries_from_paths,
@@ -43,9 +47,9 @@ from predictor.client.embed.manifest import (
     select_shard,
 )
 from predictor.client.embed.memory import large_buffers_use_mmap
-from predictor.client.embed.output import StatusLog, config_hash, is_done
+from predictor.client.embed.output import StatusLog, config_hash
 from predictor.client.embed.progress import Progress
-from predictor.client.embed.remote import fetch_server_info
+from predictor.client.embed.remote import ServerInfo, fetch_server_info
 from predictor.client.embed.slide_job import RunContext, embed_slide
 from predictor.client.embed.transport import RecyclePolicy
 
@@ -72,7 +76,11 @@ class EmbedSummary:
 
 def collect_entries(config: EmbedConfig) -> list[SlideEntry]:
     """This process's slides: paths, then the manifest, then the shard; UsageError when none."""
-    entries = entries_from_paths(config.slides) if config.slides else []
+
+    def id_of(path: Path) -> str:
+        return slide_id_from_path(path, config.layout)
+
+    entries = entries_from_paths(config.slides, id_of) if config.slides else []
     if config.manifest is not None:
         entries += read_manifest(config.manifest)
     ids = [e.slide_id for e in entries]
@@ -88,12 +96,11 @@ def _context(
     config: EmbedConfig, dispatcher: Dispatcher, tissue_dispatcher: Dispatcher | None
 ) -> RunContext:
     retry = RetryPolicy(max_attempts=config.max_attempts)
-    info = fetch_server_info(config.urls, config.model, config.timeout_s, retry)
+    info = _info(config, config.urls, config.model, retry)
     info.check_mode(config.mode)
     tissue_info = None
     if tissue_dispatcher is not None:
-        urls = config.tissue_urls or config.urls
-        tissue_info = fetch_server_info(urls, config.tissue, config.timeout_s, retry)
+        tissue_info = _info(config, config.tissue_urls or config.urls, config.tissue, retry)
         if tissue_info.family != "segmentation":
             raise UsageError(f"--tissue {config.tissue}: not a segmentation model")
         if tissue_info.mpp is None:
@@ -121,7 +128,21 @@ def _context(
         tissue_dispatcher,
         attrs,
         threading.BoundedSemaphore(config.concurrency),
+        _layout(config, info, target_mpp, tile_size),
     )
+
+
+def _info(config: EmbedConfig, urls: Any, model: str | None, retry: RetryPolicy) -> ServerInfo:
+    """The model's description, asked with the run's credentials."""
+    return fetch_server_info(urls, model, config.timeout_s, retry, credentials=config.credentials)
+
+
+def _layout(config: EmbedConfig, info: ServerInfo, target_mpp: float, tile_size: int) -> Layout:
+    dim = info.spec.get("embedding_dim") or 0
+    for out in info.spec.get("outputs", ()) if not dim else ():  # gRPC metadata only
+        if isinstance(out, dict) and out.get("name") == "embedding":
+            dim = int(out["shape"][-1])
+    return Layout(config.layout, config.out_dir, target_mpp, tile_size, info.model, int(dim))
 
 
 def slide_settings(ctx: RunContext, entry: SlideEntry) -> dict[str, Any]:
@@ -140,6 +161,7 @@ def slide_settings(ctx: RunContext, entry: SlideEntry) -> dict[str, Any]:
         "mpp_tolerance": cfg.mpp_tolerance,
         "manifest_mpp": entry.mpp,
         "bulk_rna_sha256": _file_sha256(entry.bulk_rna) if entry.bulk_rna else "",
+        **({"layout": cfg.layout} if cfg.layout != "flat" else {}),
     }
 
 
@@ -152,6 +174,9 @@ def embed(config: EmbedConfig, stream: Any = None) -> EmbedSummary:
     """
     start = time.monotonic()
     large_buffers_use_mmap()
+    if config.credentials is None:  # the Python API: $HISTOSERVE_TOKEN as the CLI reads it
+        creds = load_credentials(None, None, (), os.environ)
+        config = dataclasses.replace(config, credentials=creds)
     entries = collect_entries(config)
     try:
         config.out_dir.mkdir(parents=True, exist_ok=True)
@@ -163,8 +188,11 @@ def embed(config: EmbedConfig, stream: Any = None) -> EmbedSummary:
     tissue = None
     if config.tissue_method == "model":
         tissue_urls = config.tissue_urls or config.urls
-        tissue = Dispatcher.from_urls(tissue_urls, config.timeout_s, retry, recycle)
-    with Dispatcher.from_urls(config.urls, config.timeout_s, retry, recycle) as dispatcher:
+        tissue = Dispatcher.from_urls(
+            tissue_urls, config.timeout_s, retry, recycle, config.credentials
+        )
+    main = Dispatcher.from_urls(config.urls, config.timeout_s, retry, recycle, config.credentials)
+    with main as dispatcher:
         try:
             _run(config, entries, dispatcher, tissue, stream, summary)
         finally:
@@ -225,7 +253,7 @@ class _SlideRunner:
             self._embed(entry, chash, start)
 
     def _complete(self, entry: SlideEntry, chash: str) -> bool:
-        return not self.ctx.config.force and is_done(self.ctx.config.out_dir, entry.slide_id, chash)
+        return not self.ctx.config.force and self.ctx.layout.is_done(entry.slide_id, chash)
 
     def _embed(self, entry: SlideEntry, chash: str, start: float) -> None:
         attrs = {

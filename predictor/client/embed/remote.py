@@ -7,7 +7,8 @@ spec (``tile_size``, ``mpp``, ``family``, modes), the package's metadata and,
 for multimodal models, the input gene list. The answer goes into every output
 file (spec, package identity) and into the config hash that decides resume.
 
-A ``grpc://`` URL has no config endpoint: the info then comes from the first
+Credentials (CA bundle, token, headers) go with these requests as with
+inference requests. A ``grpc://`` URL has no config endpoint: the info then comes from the first
 HTTP URL given, else from gRPC model metadata (tile size, gene count), and the
 target mpp must be given with ``--target-mpp``.
 """
@@ -24,9 +25,10 @@ from typing import Any
 
 import httpx
 
+from predictor.client.embed.auth import Credentials
 from predictor.client.embed.dispatch import RetryPolicy
 from predictor.client.embed.errors import EmbedError, UsageError
-from predictor.client.embed.transport import RETRY_STATUS, parse_retry_after
+from predictor.client.embed.transport import RETRY_STATUS, http_client, parse_retry_after
 
 INFO_TIMEOUT_S = 30.0
 
@@ -79,6 +81,7 @@ def fetch_server_info(
     timeout_s: float = INFO_TIMEOUT_S,
     retry: RetryPolicy | None = None,
     sleep: Callable[[float], Any] = time.sleep,
+    credentials: Credentials | None = None,
 ) -> ServerInfo:
     """The model's :class:`ServerInfo`, from the first HTTP URL or else over gRPC.
 
@@ -91,9 +94,9 @@ def fetch_server_info(
     """
     url = info_url(urls)
     if url is None:
-        return _grpc_info(urls[0], model, timeout_s)
+        return _grpc_info(urls[0], model, timeout_s, credentials)
     base = url.rstrip("/")
-    getter = _Getter(base, timeout_s, retry or RetryPolicy(), sleep)
+    getter = _Getter(base, timeout_s, retry or RetryPolicy(), sleep, credentials)
     with getter:
         name = model or _only_model(getter)
         response = getter.get(f"/v2/models/{name}/config")
@@ -140,9 +143,16 @@ def _only_model(getter: _Getter) -> str:
 class _Getter:
     """GETs against one base URL, retried on connection errors, 5xx and 429."""
 
-    def __init__(self, base: str, timeout_s: float, retry: RetryPolicy, sleep: Callable):
+    def __init__(
+        self,
+        base: str,
+        timeout_s: float,
+        retry: RetryPolicy,
+        sleep: Callable,
+        credentials: Credentials | None = None,
+    ):
         self.base, self._retry, self._sleep = base, retry, sleep
-        self._http = httpx.Client(base_url=base, timeout=timeout_s)
+        self._http = http_client(base, timeout_s, credentials or Credentials())
         self._rng = random.Random()
 
     def __enter__(self) -> _Getter:
@@ -185,11 +195,13 @@ def _message(response: httpx.Response) -> str:
         return response.text[:500]
 
 
-def _grpc_info(url: str, model: str | None, timeout_s: float) -> ServerInfo:
+def _grpc_info(
+    url: str, model: str | None, timeout_s: float, credentials: Credentials | None
+) -> ServerInfo:
     """Tile size and gene count from gRPC model metadata (no spec, no mpp)."""
     from predictor.client.embed.grpc_transport import grpc_metadata
 
-    name, inputs, outputs = grpc_metadata(url, model, timeout_s)
+    name, inputs, outputs = grpc_metadata(url, model, timeout_s, credentials)
     shapes = {i["name"]: i["shape"] for i in inputs}
     if "pixels" not in shapes:
         raise EmbedError(f"{url}: model {name!r} has no 'pixels' input ({sorted(shapes)})")

@@ -31,8 +31,9 @@ from predictor.client.embed.config import EmbedConfig
 from predictor.client.embed.dispatch import Dispatcher
 from predictor.client.embed.errors import EmbedError
 from predictor.client.embed.grid import TilePlan, plan_tiles, read_tile, read_tiles
+from predictor.client.embed.layouts import Layout
 from predictor.client.embed.manifest import SlideEntry
-from predictor.client.embed.output import SlideResult, plan_attrs, write_slide
+from predictor.client.embed.output import SlideResult, plan_attrs
 from predictor.client.embed.remote import ServerInfo
 from predictor.client.embed.slides import SlideReader, resolve_mpp
 from predictor.client.embed.tissue import tissue_fractions
@@ -65,6 +66,7 @@ class RunContext:
         base_attrs: Attributes every output file carries (model, spec, version, ...).
         in_flight: Bounds requests in flight over every slide of the run
             (``--concurrency``), whatever the number of slides in progress.
+        layout: Where and how slides are written (``--layout``).
     """
 
     config: EmbedConfig
@@ -76,6 +78,7 @@ class RunContext:
     tissue_dispatcher: Dispatcher | None
     base_attrs: Mapping[str, Any]
     in_flight: threading.Semaphore
+    layout: Layout
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,7 @@ def _write(
         tissue_fraction=fractions[ok],
         attrs={**attrs, **_bad_attrs(bad)},
     )
-    path = write_slide(ctx.config.out_dir, entry.slide_id, result)
+    path = ctx.layout.write(entry.slide_id, result)
     if len(bad):
         raise CorruptTiles(
             f"{len(bad)} of {len(coords)} tiles unreadable even on a fresh handle, left out "

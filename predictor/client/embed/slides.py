@@ -1,15 +1,18 @@
 """Open a whole-slide image and find its level-0 microns per pixel, never by guessing.
 
 :class:`SlideReader` wraps OpenSlide (the self-contained ``openslide-bin``
-wheel: svs, ndpi, mrxs, scn, tiff, ...) and falls back to ``tiffslide`` (pure
-Python) for files OpenSlide does not open. A TIFF whose tile data runs past
+wheel: svs, ndpi, mrxs, scn, tiff, DICOM WSI given as a folder of ``.dcm``
+files or one of them, ...) and falls back to ``tiffslide`` (pure Python) for
+files OpenSlide does not open. Zeiss ``.czi`` files are read with
+``pylibCZIrw`` (:mod:`~predictor.client.embed.readers_czi`). A TIFF whose tile data runs past
 the end of the file (a broken copy) is refused at open with a clear message,
 because tiffslide would otherwise open it and fail tile by tile. Backend
 errors become :class:`~predictor.client.embed.errors.SlideError` so that one bad
 slide fails alone.
 
 The mpp comes from, in order: ``--mpp-override``, the manifest's ``mpp``
-column, the reader's ``openslide.mpp-x``/``-y`` (``tiffslide.mpp-*``), the
+column, the reader's ``openslide.mpp-x``/``-y`` (``tiffslide.mpp-*``; a CZI's
+``czi.mpp-*`` from its scaling metadata; DICOM's Pixel Spacing), the
 Aperio ``MPP`` in the description, the TIFF resolution tags with their unit.
 None of them, non-square pixels, or an implausible value (72 dpi screen
 defaults) is a SlideError that says which flag or column gives it.
@@ -35,6 +38,7 @@ from predictor.client.embed.errors import SlideError
 # writer's default (72 dpi is 352.8 um/px), not a microscope's scale.
 PLAUSIBLE_MPP = (0.01, 20.0)
 _FIX = "give it with --mpp-override X or the manifest's mpp column"
+_BACKENDS = ("openslide", "tiffslide", "czi")
 _TIFF_SUFFIXES = (".tif", ".tiff", ".svs", ".btf", ".tf8", ".qptiff", ".scn", ".ndpi", ".bif")
 
 
@@ -43,7 +47,7 @@ class SlideReader:
 
     Attributes:
         path: The slide file.
-        backend: ``"openslide"`` or ``"tiffslide"``.
+        backend: ``"openslide"``, ``"tiffslide"`` or ``"czi"``.
         dimensions: Level-0 ``(w, h)``.
         level_dimensions: ``(w, h)`` per level.
         level_downsamples: Downsample of each level relative to level 0.
@@ -64,8 +68,8 @@ class SlideReader:
         be written here carries ``openslide.bounds-*`` (MRXS, SCN writers don't
         exist in Python), so bounds tests inject them beside a real file.
         """
-        if backend not in ("openslide", "tiffslide"):
-            raise ValueError(f"backend must be 'openslide' or 'tiffslide', got {backend!r}")
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
         self._handle = handle
         self.path = Path(path)
         self.backend = backend
@@ -78,14 +82,16 @@ class SlideReader:
 
     @classmethod
     def open(cls, path: Path) -> SlideReader:
-        """Open ``path`` with OpenSlide, else tiffslide.
+        """Open ``path`` with OpenSlide, else tiffslide (``.czi``: pylibCZIrw; a folder: DICOM).
 
         Raises:
             SlideError: The file is missing, truncated, or neither backend opens it.
         """
         path = Path(path)
-        if not path.is_file():
-            raise SlideError(f"slide file not found: {path}")
+        if path.suffix.lower() == ".czi" and path.is_file():
+            return cls(_open_czi(path), path, "czi")
+        if not _openslide_target(path).is_file():
+            raise SlideError(f"slide file not found: {path} (a folder must hold DICOM files)")
         _check_tiff_complete(path)
         handle, backend, first_error = _open_openslide(path), "openslide", None
         if isinstance(handle, Exception):
@@ -131,7 +137,7 @@ class SlideReader:
         """
         x, y = int(xy_level0[0]), int(xy_level0[1])
         try:
-            if self.backend == "openslide":
+            if self.backend in ("openslide", "czi"):
                 region = np.asarray(self._handle.read_region((x, y), level, size))
             else:
                 region = np.asarray(self._handle.read_region((x, y), level, size, as_array=True))
@@ -145,6 +151,10 @@ class SlideReader:
     def reopen(self) -> None:
         """Replace the handle with a fresh one (after a read error OpenSlide's handle is dead)."""
         old = self._handle
+        if self.backend == "czi":
+            self._handle = _open_czi(self.path)
+            _close_quietly(old)
+            return
         fresh = _open_openslide(self.path) if self.backend == "openslide" else None
         if fresh is None or isinstance(fresh, Exception):
             fresh = _open_tiffslide(self.path)
@@ -178,11 +188,29 @@ def _to_rgb(region: np.ndarray) -> np.ndarray:
     return out.astype(np.uint8)
 
 
+def _openslide_target(path: Path) -> Path:
+    """The file OpenSlide opens for ``path``: itself, or a DICOM instance of a folder."""
+    if not path.is_dir():
+        return path
+    from predictor.client.embed.readers_dicom import dicom_instance
+
+    return dicom_instance(path) or path
+
+
+def _open_czi(path: Path) -> Any:
+    from predictor.client.embed.readers_czi import CziHandle
+
+    try:
+        return CziHandle.open(path)
+    except Exception as exc:  # pylibCZIrw raises RuntimeError and others for a bad file
+        raise SlideError(f"cannot open CZI slide {path}: {type(exc).__name__}: {exc}") from exc
+
+
 def _open_openslide(path: Path) -> Any:
     try:
         import openslide
 
-        return openslide.OpenSlide(str(path))
+        return openslide.OpenSlide(str(_openslide_target(path)))
     except Exception as exc:  # unsupported format, corrupt file, missing library
         return exc
 
@@ -285,10 +313,11 @@ def mpp_from_properties(props: Mapping[str, str], tolerance: float, where: str) 
     Raises:
         SlideError: As :func:`resolve_mpp`.
     """
-    for prefix in ("openslide", "tiffslide"):
+    for prefix in ("openslide", "tiffslide", "czi"):
         pair = _number(props.get(f"{prefix}.mpp-x")), _number(props.get(f"{prefix}.mpp-y"))
         if pair[0] is not None or pair[1] is not None:
-            return _checked(pair, "openslide.mpp", f"{prefix}.mpp-x/-y", tolerance, where)
+            source = "czi.mpp" if prefix == "czi" else "openslide.mpp"
+            return _checked(pair, source, f"{prefix}.mpp-x/-y", tolerance, where)
     aperio = _number(props.get("aperio.MPP"))
     if aperio is not None:
         return _checked((aperio, aperio), "aperio.MPP", "aperio.MPP", tolerance, where)

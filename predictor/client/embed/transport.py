@@ -30,6 +30,7 @@ import httpx
 import numpy as np
 
 from predictor import wire
+from predictor.client.embed.auth import Credentials
 from predictor.client.embed.errors import EmbedError
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -147,15 +148,23 @@ class HttpTransport:
         url: ``http(s)://host:port``.
         timeout_s: Per-request timeout (connect, read, write).
         policy: Keep-alive recycling.
+        credentials: CA bundle and headers (token) for every request.
     """
 
-    def __init__(self, url: str, timeout_s: float, policy: RecyclePolicy):
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float,
+        policy: RecyclePolicy,
+        credentials: Credentials | None = None,
+    ):
         self.url = url.rstrip("/")
         self._timeout_s = timeout_s
+        self._credentials = credentials or Credentials()
         self._recycler = Recycler(self._new_client, lambda c: c.close(), policy)
 
     def _new_client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=self._timeout_s)
+        return http_client(self.url, self._timeout_s, self._credentials)
 
     @property
     def pools_opened(self) -> int:
@@ -199,6 +208,16 @@ class HttpTransport:
     def close(self) -> None:
         """Closes the connections."""
         self._recycler.close()
+
+
+def http_client(base_url: str, timeout_s: float, credentials: Credentials) -> httpx.Client:
+    """An ``httpx.Client`` that verifies with the CA bundle and sends the credential headers."""
+    return httpx.Client(
+        base_url=base_url,
+        timeout=timeout_s,
+        headers=credentials.http_headers(),
+        verify=credentials.httpx_verify(),
+    )
 
 
 def _status_error(url: str, response: httpx.Response) -> EmbedError:

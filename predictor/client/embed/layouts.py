@@ -1,0 +1,331 @@
+"""Where a slide's output goes and in what form: ``flat``, ``trident`` or ``clam``.
+
+- ``flat`` (the default): ``<out>/<slide_id>.h5`` as :mod:`~predictor.client.embed.output`
+  writes it.
+- ``trident``: TRIDENT's job folder. ``<out>/<mag>x_<size>px_0px_overlap/patches/
+  <slide_id>_patches.h5`` (``coords`` int64 ``[N, 2]`` with TRIDENT's
+  ``coords_to_h5`` attributes: ``patch_size`` the tile edge at the target
+  magnification, ``patch_size_level0``, ``level0_magnification``,
+  ``target_magnification``, ``overlap``, ``name``, ``savetodir``,
+  ``level0_width``, ``level0_height``) and ``.../features_<encoder>/<slide_id>.h5``
+  (``features`` float32 ``[N, D]`` with ``name``, ``savetodir``, ``encoder``;
+  ``coords`` as above). Magnifications follow TRIDENT's mpp bins (0.25 um/px
+  is 40x, 0.5 is 20x); the encoder is TRIDENT's name for the model
+  (:func:`trident_encoder`).
+- ``clam``: ``<out>/h5_files/<slide_id>.h5`` (``features`` float32 ``[N, D]``,
+  ``coords`` int64 ``[N, 2]`` level-0 with CLAM's patch attributes:
+  ``patch_size`` and ``patch_level`` are the area actually read, i.e.
+  ``read_size`` px at ``read_level``, plus ``downsample``, ``level_dim``,
+  ``downsampled_level_dim``, ``name``, ``save_path``) and
+  ``<out>/pt_files/<slide_id>.pt`` (``torch.save`` of the float32 features
+  tensor). torch is imported only when a ``clam`` file is written.
+
+Every file is written under a hidden temporary name and renamed into place;
+the file that says "done" (the flat file, TRIDENT's features file, CLAM's
+``h5_files`` file) is renamed last and carries ``complete`` and
+``config_hash`` as file attributes, so resume, claims and shards behave the
+same in every layout. An empty slide has ``features`` of shape ``(0, D)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from predictor.client.embed import output
+from predictor.client.embed.errors import UsageError
+
+LAYOUTS = ("flat", "trident", "clam")
+# TRIDENT's compound extensions (trident/IO.py): x.ome.tiff is slide "x" there.
+_COMPOUND_SUFFIXES = (".ome.tif", ".ome.tiff", ".ome.zarr")
+# TRIDENT's encoder names (trident/patch_encoder_models/load.py) by normalised model name.
+_TRIDENT_ENCODERS = {"hoptimus0": "hoptimus0", "hoptimus1": "hoptimus1", "h0mini": "h0-mini"}
+# TRIDENT's level-0 magnification bins (WSI._fetch_magnification): mpp upper bound -> mag.
+_MAG_BINS = ((0.16, 80), (0.2, 60), (0.3, 40), (0.6, 20), (1.2, 10), (2.4, 5))
+
+
+def slide_id_from_path(path: str | Path, layout: str) -> str:
+    """A slide id as the layout's tool derives it from a file or folder name.
+
+    ``flat`` and ``clam`` drop the last suffix (``os.path.splitext``, CLAM's
+    rule: ``x.ome.tiff`` -> ``x.ome``); ``trident`` also drops TRIDENT's compound
+    suffixes ``.ome.tif``, ``.ome.tiff``, ``.ome.zarr`` (``x.ome.tiff`` -> ``x``).
+    """
+    name = Path(path).name
+    if layout == "trident":
+        for suffix in _COMPOUND_SUFFIXES:
+            if name.lower().endswith(suffix):
+                return name[: -len(suffix)]
+    return Path(name).stem
+
+
+def trident_encoder(model: str) -> str:
+    """TRIDENT's encoder name for a served model (``h-optimus-0`` -> ``hoptimus0``).
+
+    H-optimus-0, H-optimus-1 and H0-mini, in any case and with any dashes or
+    underscores, get TRIDENT's spelling; other models keep their served name.
+    """
+    key = "".join(ch for ch in model.lower() if ch.isalnum())
+    return _TRIDENT_ENCODERS.get(key, model)
+
+
+def trident_magnification(mpp: float) -> float:
+    """TRIDENT's magnification for an mpp: its level-0 bins, ``10 / mpp`` beyond them."""
+    for upper, mag in _MAG_BINS:
+        if mpp < upper:
+            return float(mag)
+    return 10.0 / mpp
+
+
+def _mag_text(mag: float) -> str:
+    return str(round(mag)) if abs(mag - round(mag)) < 1e-9 else f"{mag:g}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One run's output layout.
+
+    Attributes:
+        name: ``flat``, ``trident`` or ``clam``.
+        out_dir: The run's output folder (TRIDENT's job folder).
+        target_mpp: Tile mpp (names TRIDENT's coords folder).
+        tile_size: Tile edge (px) at the target mpp.
+        model: Served model name (TRIDENT's encoder name is derived from it).
+        embedding_dim: ``D`` of an empty slide's ``(0, D)`` features.
+    """
+
+    name: str
+    out_dir: Path
+    target_mpp: float
+    tile_size: int
+    model: str
+    embedding_dim: int = 0
+
+    def __post_init__(self) -> None:
+        if self.name not in LAYOUTS:
+            raise UsageError(f"--layout {self.name!r}: must be one of {', '.join(LAYOUTS)}")
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+
+    @property
+    def coords_dir(self) -> Path:
+        """TRIDENT's ``<mag>x_<size>px_0px_overlap`` folder."""
+        mag = _mag_text(10.0 / self.target_mpp)
+        return self.out_dir / f"{mag}x_{self.tile_size}px_0px_overlap"
+
+    def done_file(self, slide_id: str) -> Path:
+        """The file renamed into place last: it holds ``complete`` and ``config_hash``."""
+        if self.name == "trident":
+            return self.coords_dir / f"features_{trident_encoder(self.model)}" / f"{slide_id}.h5"
+        if self.name == "clam":
+            return self.out_dir / "h5_files" / f"{slide_id}.h5"
+        return output.final_path(self.out_dir, slide_id)
+
+    def files(self, slide_id: str) -> tuple[Path, ...]:
+        """Every file a finished slide has, the done file last."""
+        if self.name == "trident":
+            patches = self.coords_dir / "patches" / f"{slide_id}_patches.h5"
+            return patches, self.done_file(slide_id)
+        if self.name == "clam":
+            return self.out_dir / "pt_files" / f"{slide_id}.pt", self.done_file(slide_id)
+        return (self.done_file(slide_id),)
+
+    def is_done(self, slide_id: str, config_hash: str) -> bool:
+        """Whether every file of the slide exists and the done file is complete with the hash."""
+        if self.name == "flat":
+            return output.is_done(self.out_dir, slide_id, config_hash)
+        if not all(path.is_file() for path in self.files(slide_id)):
+            return False
+        return _h5_complete(self.done_file(slide_id), config_hash)
+
+    def write(self, slide_id: str, result: output.SlideResult) -> Path:
+        """Writes the slide's files (the done file last); returns the done file.
+
+        Raises:
+            ValueError: Arrays of different lengths.
+            OSError: A folder cannot be written.
+        """
+        result = _with_dim(result, self.embedding_dim)
+        if self.name == "flat":
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            return output.write_slide(self.out_dir, slide_id, result)
+        if result.features is None:
+            raise UsageError(f"--layout {self.name} needs features: use an embedding mode")
+        if self.name == "trident":
+            return self._write_trident(slide_id, result)
+        return self._write_clam(slide_id, result)
+
+    def _write_trident(self, slide_id: str, result: output.SlideResult) -> Path:
+        patches, final = self.files(slide_id)
+        coords_attrs = self._trident_coords_attrs(slide_id, result.attrs)
+        _write_h5(patches, {"coords": result.coords}, {"coords": coords_attrs}, {})
+        feature_attrs = {
+            "name": slide_id,
+            "savetodir": str(final.parent),
+            "encoder": trident_encoder(self.model),
+        }
+        datasets = _datasets(result)
+        attrs = {"features": feature_attrs, "coords": coords_attrs}
+        return _write_h5(final, datasets, attrs, _file_attrs(result))
+
+    def _trident_coords_attrs(self, slide_id: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
+        level0 = trident_magnification(float(attrs["level0_mpp"]))
+        target = 10.0 / self.target_mpp
+        return {
+            "patch_size": int(self.tile_size),
+            "patch_size_level0": int(attrs["patch_size_level0"]),
+            "level0_magnification": int(level0) if level0.is_integer() else level0,
+            "target_magnification": int(target) if target.is_integer() else target,
+            "overlap": 0,
+            "name": slide_id,
+            "savetodir": str(self.coords_dir),
+            "level0_width": int(attrs["level0_width"]),
+            "level0_height": int(attrs["level0_height"]),
+        }
+
+    def _write_clam(self, slide_id: str, result: output.SlideResult) -> Path:
+        pt_file, final = self.files(slide_id)
+        _write_pt(pt_file, np.asarray(result.features, np.float32))
+        coords_attrs = clam_coords_attrs(slide_id, result.attrs, self.out_dir)
+        datasets = _datasets(result)
+        return _write_h5(final, datasets, {"coords": coords_attrs}, _file_attrs(result))
+
+
+def clam_coords_attrs(slide_id: str, attrs: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
+    """CLAM's ``coords`` attributes (``create_patches_fp.py``) for the area actually read.
+
+    ``patch_size`` is the edge read at ``patch_level`` (``read_size``), not the
+    model's tile size; ``custom_downsample`` (read by TRIDENT's legacy reader)
+    is ``read_size / tile_size`` when that is a whole number.
+    """
+    d = float(attrs["read_downsample"])
+    dims = np.array([attrs["read_level_width"], attrs["read_level_height"]], np.int64)
+    out: dict[str, Any] = {
+        "patch_size": int(attrs["read_size"]),
+        "patch_level": int(attrs["read_level"]),
+        "downsample": np.array([d, d]),
+        "downsampled_level_dim": dims,
+        "level_dim": dims,
+        "name": slide_id,
+        "save_path": str(out_dir / "h5_files"),
+    }
+    ratio = int(attrs["read_size"]) / int(attrs["tile_size"])
+    if ratio.is_integer():
+        out["custom_downsample"] = int(ratio)
+    return out
+
+
+def _with_dim(result: output.SlideResult, dim: int) -> output.SlideResult:
+    """``(0, 0)`` features of an empty slide become ``(0, D)``."""
+    features = result.features
+    if features is None or len(features) or not dim or features.shape[1:] == (dim,):
+        return result
+    return output.SlideResult(
+        np.zeros((0, dim), np.float32),
+        result.predictions,
+        result.coords,
+        result.tissue_fraction,
+        result.attrs,
+    )
+
+
+def _datasets(result: output.SlideResult) -> dict[str, np.ndarray]:
+    out = {
+        "features": np.asarray(result.features, np.float32),
+        "coords": np.asarray(result.coords, np.int64).reshape(-1, 2),
+        "tissue_fraction": np.asarray(result.tissue_fraction, np.float32),
+    }
+    if result.predictions is not None:
+        out["predictions"] = np.asarray(result.predictions, np.float32)
+    n = len(out["coords"])
+    for name, array in out.items():
+        if array.shape[0] != n:
+            raise ValueError(f"{name} has {array.shape[0]} rows but coords has {n}")
+    return out
+
+
+def _file_attrs(result: output.SlideResult) -> dict[str, Any]:
+    """The run's facts as HDF5 attributes (dicts and lists as JSON text, as the flat file)."""
+    out = {}
+    for key, value in result.attrs.items():
+        if isinstance(value, Mapping | list | tuple):
+            value = json.dumps(value, sort_keys=True, default=str)
+        elif isinstance(value, Path):
+            value = str(value)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _h5_complete(path: Path, config_hash: str) -> bool:
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            if not bool(f.attrs.get(output.COMPLETE_ATTR, False)):
+                return False
+            if str(f.attrs.get("config_hash", "")) != config_hash:
+                return False
+            n = f["coords"].shape[0]
+            return all(f[k].shape[0] == n for k in ("features", "tissue_fraction") if k in f)
+    except (OSError, KeyError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def _atomic(final: Path) -> Iterator[Path]:
+    """Yields a hidden temp path beside ``final``; renamed onto it (fsynced) if no error."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        yield tmp
+        _fsync(tmp)
+        os.replace(tmp, final)
+        _fsync(final.parent)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_h5(
+    final: Path,
+    datasets: Mapping[str, np.ndarray],
+    dataset_attrs: Mapping[str, Mapping[str, Any]],
+    file_attrs: Mapping[str, Any],
+) -> Path:
+    import h5py
+
+    with _atomic(final) as tmp, h5py.File(tmp, "w") as f:
+        for name, array in datasets.items():
+            f.create_dataset(name, data=array)
+            for key, value in dataset_attrs.get(name, {}).items():
+                f[name].attrs[key] = value
+        for key, value in file_attrs.items():
+            f.attrs[key] = value
+        if file_attrs:
+            f.attrs[output.COMPLETE_ATTR] = True
+    return final
+
+
+def _write_pt(final: Path, features: np.ndarray) -> Path:
+    import torch  # only the clam layout needs it
+
+    with _atomic(final) as tmp:
+        torch.save(torch.from_numpy(np.ascontiguousarray(features)), tmp)
+    return final
