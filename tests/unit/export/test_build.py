@@ -24,7 +24,7 @@ from predictor.package.genes import demo_gene_ids, read_gene_ids, write_gene_ids
 from predictor.package.host import HostFacts
 from predictor.spec import BUILTIN_SPECS, METADATA_KEY, ModelSpec
 
-WRONG_DIM_TARGET = "tests.unit.test_export:wrong_dim_encoder"
+WRONG_DIM_TARGET = "tests.unit.export.test_build:wrong_dim_encoder"
 CPU = torch.device("cpu")
 AVX2_ONLY = frozenset(
     {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "sse4_1", "sse4_2", "ssse3"}
