@@ -1,4 +1,4 @@
-"""No import circle anywhere in the repository, none hidden inside a function.
+"""No import circle anywhere in the repository, none hidden inside a function; tests in their rooms.
 
 The graph covers every module of ``predictor/``, ``bench/``, ``harness/``,
 ``tests/`` and ``scripts/``, and every ``import`` statement in them: at the top,
@@ -6,7 +6,9 @@ inside functions and methods, under ``if TYPE_CHECKING`` and ``try``. A
 function-level import that closes a circle still couples two modules both
 ways; it only postpones the failure to the first call. (The layer rules of
 ``test_architecture.py`` read top-level imports only, on purpose: the CLI
-dispatches to ``embed`` lazily.)
+dispatches to ``embed`` lazily.) The same graph keeps the tests in their rooms:
+no module imports a test module, and nothing under ``tests/unit/`` starts a
+server.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("predictor", "bench", "harness", "tests", "scripts")
+# The live-server fixtures of tests/conftest.py and tests/reliability/conftest.py.
+SERVER_FIXTURES = {"embedding_server", "limited_server", "multimodal_server"}
 
 
 def _modules(root: Path = ROOT) -> dict[str, Path]:
@@ -96,6 +100,39 @@ def test_no_import_circle_anywhere():
     assert not found, "import circles (function-level imports count): " + "; ".join(
         " <-> ".join(group) for group in found
     )
+
+
+def test_no_module_imports_a_test_module():
+    """Shared test code lives in ``harness/`` or a helper module, never in a ``test_*``/conftest."""
+    graph = import_graph()
+    found = [
+        f"{name} -> {dep}"
+        for name, deps in graph.items()
+        for dep in deps
+        if dep.rpartition(".")[2].startswith("test_") or dep.endswith(".conftest")
+    ]
+    assert not found, found
+
+
+def test_unit_tests_start_no_server():
+    """A test that starts a server (``harness.server``) belongs in ``tests/integration/``."""
+    graph = import_graph()
+    found = [
+        name
+        for name, deps in graph.items()
+        if name.startswith("tests.unit.") and any(d.startswith("harness.server") for d in deps)
+    ]
+    uses_fixture = [
+        f"{path.relative_to(ROOT)}:{node.name}"
+        for path in sorted((ROOT / "tests" / "unit").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and any(a.arg in SERVER_FIXTURES for a in node.args.args)
+    ]
+    assert not found + uses_fixture, (
+        f"start servers from tests/integration/, not tests/unit/: {found + uses_fixture}"
+    )
+    assert any("harness.server" in deps for deps in graph.values())  # the check sees servers
 
 
 def test_a_circle_hidden_in_a_function_is_found(tmp_path):
