@@ -6,9 +6,10 @@
 # The base is pinned by version; pin it by digest for reproducible builds:
 #   docker build --build-arg BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime@sha256:<digest> .
 # Its torch is the version the test suite runs (Makefile TORCH_SPEC); the
-# package's other runtime dependencies come from pyproject.toml, plus the
-# `slides` extra so that the same image runs `histoserve embed` (the
-# charts/histoserve-embed Job). No test, bench or export extras.
+# package's runtime dependencies come from pyproject.toml: the base (client)
+# dependencies, the `server` extra, and the `slides` extra so that the same
+# image runs `histoserve embed` (the charts/histoserve-embed Job). No test,
+# bench or export extras.
 ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime
 
 # ---- builder: build the histoserve wheel (build tools never reach the runtime stage)
@@ -51,14 +52,14 @@ RUN groupadd --gid "${HISTOSERVE_GID}" histoserve \
  && mkdir -p /opt/ml/model /var/cache/histoserve \
  && chown "${HISTOSERVE_UID}:${HISTOSERVE_GID}" /home/histoserve /var/cache/histoserve
 
-# Install the wheel with its runtime dependencies and the `slides` extra only
+# Install the wheel with the `server` and `slides` extras only
 # (no test/bench/export extras). The base image's torch, triton and CUDA wheels are held as constraints
 # so pip never swaps them for other builds.
 COPY --from=builder /wheels /wheels
 RUN python -m pip list --format=freeze \
       | grep -iE '^(torch|triton|nvidia-[a-z0-9-]+)==' > /tmp/base-constraints.txt \
  && wheel=$(echo /wheels/histoserve-*.whl) \
- && python -m pip install --no-cache-dir --constraint /tmp/base-constraints.txt "${wheel}[slides]" \
+ && python -m pip install --no-cache-dir --constraint /tmp/base-constraints.txt "${wheel}[server,slides]" \
  && python -m pip check \
  && rm -rf /wheels /tmp/base-constraints.txt
 

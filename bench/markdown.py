@@ -1,4 +1,9 @@
-"""The one number format of ``results.md`` and the other benchmark tables."""
+"""The one number format of ``results.md`` and the other benchmark tables, and its cell rows.
+
+The row of one end-to-end cell is shared by the model sections
+(:mod:`bench.report_md`) and the Triton section (:mod:`bench.report_triton`);
+it lives here, below both, so neither imports the other.
+"""
 
 from __future__ import annotations
 
@@ -15,3 +20,28 @@ def number(value: Any, digits: int = 1) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
+
+
+def cell_row(c: dict[str, Any]) -> str:
+    """One end-to-end cell as a row under :data:`CELL_HEADER` (skipped and failed cells say why)."""
+    server = c["server"] + (" (target)" if c.get("target") else "")
+    head = f"| {server} | {c['protocol']} | {c['tiles']} | {c['concurrency']} |"
+    if "skipped" in c:
+        return head + f" skipped: {c['skipped']} |" + " |" * 9
+    if "failed" in c:
+        return head + f" failed: {c['failed']} |" + " |" * 9
+    errors = sum((c.get("errors") or {}).values())
+    n = number
+    return head + (
+        f" {n(c['throughput'])} | {n(c.get('efficiency'), 2)} | {n(c['p50_ms'])} "
+        f"| {n(c['p95_ms'])} | {n(c['p99_ms'])} | {n(c.get('mean_batch'))} | {c['requests']} "
+        f"| {errors} | {n(c.get('server_cores'), 2)} / {n(c.get('client_cores'), 2)} "
+        f"/ {n(c.get('other_cores'), 2)} |"
+    )
+
+
+CELL_HEADER = [
+    "| server | protocol | tiles/req | clients | tiles/s | of limit | p50 ms | p95 ms | p99 ms "
+    "| mean batch | requests | errors | cores: server / client / other |",
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+]

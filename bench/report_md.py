@@ -7,6 +7,7 @@ from typing import Any
 from bench.coldstart import section as coldstart_section
 from bench.gil import section as gil_section
 from bench.instances import section as instances_section
+from bench.markdown import CELL_HEADER, cell_row
 from bench.markdown import number as _f
 from bench.null_rate import section as null_section
 from bench.report_triton import triton_section
@@ -56,29 +57,6 @@ def targets_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _cell_row(c: dict[str, Any]) -> str:
-    server = c["server"] + (" (target)" if c.get("target") else "")
-    head = f"| {server} | {c['protocol']} | {c['tiles']} | {c['concurrency']} |"
-    if "skipped" in c:
-        return head + f" skipped: {c['skipped']} |" + " |" * 9
-    if "failed" in c:
-        return head + f" failed: {c['failed']} |" + " |" * 9
-    errors = sum((c.get("errors") or {}).values())
-    return (
-        head + f" {_f(c['throughput'])} | {_f(c.get('efficiency'), 2)} | {_f(c['p50_ms'])} "
-        f"| {_f(c['p95_ms'])} | {_f(c['p99_ms'])} | {_f(c.get('mean_batch'))} | {c['requests']} "
-        f"| {errors} | {_f(c.get('server_cores'), 2)} / {_f(c.get('client_cores'), 2)} "
-        f"/ {_f(c.get('other_cores'), 2)} |"
-    )
-
-
-CELL_HEADER = [
-    "| server | protocol | tiles/req | clients | tiles/s | of limit | p50 ms | p95 ms | p99 ms "
-    "| mean batch | requests | errors | cores: server / client / other |",
-    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-]
-
-
 def model_section(label: str, model: dict[str, Any], png: str | None) -> list[str]:
     """Limit, idle latency, matrix, baselines and the time split of one model."""
     case, hs = model["case"], model["server_settings"]["histoserve"]
@@ -115,7 +93,7 @@ def model_section(label: str, model: dict[str, Any], png: str | None) -> list[st
         model["targets"]["efficiency"]["cell"],
         *model["targets"]["many_clients"]["runs"]["histoserve"],
     ]
-    lines += [_cell_row(c) for c in model["cells"] + targets + model["baselines"]]
+    lines += [cell_row(c) for c in model["cells"] + targets + model["baselines"]]
     lines += ["", *time_split(model), ""]
     lines += triton_section(label, model)
     return lines

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.markdown import CELL_HEADER, cell_row
 from bench.markdown import number as _f
 
 # The goals against Triton (ratios of one run on one machine).
@@ -83,9 +84,7 @@ def triton_section(label: str, model: dict[str, Any]) -> list[str]:
             f"| {_f(pair.get('histoserve_p99_ms'))} / {_f(pair.get('triton_p99_ms'))} "
             f"| {_f(t.get('mean_batch'))} | {goal} | {verdict} |"
         )
-    from bench.report_md import CELL_HEADER, _cell_row
-
-    lines += ["", *CELL_HEADER, *(_cell_row(c) for c in part.get("cells", []))]
+    lines += ["", *CELL_HEADER, *(cell_row(c) for c in part.get("cells", []))]
     lines += ["", "What makes this comparison unfair:", ""]
     lines += [f"- {note}" for note in part.get("unfair", [])]
     return [*lines, ""]

@@ -7,6 +7,7 @@ never imports a test module. Modules, one job each:
   subprocess on free loopback ports: start, wait until ready, logs, stop;
 - :mod:`harness.packages`: real demo ``.pt2`` packages, compiled once and
   cached on disk across sessions and processes;
+- :mod:`harness.factories`: ``--module`` factories shared by several test modules;
 - :mod:`harness.tiles`: synthetic tiles and their encodings;
 - :mod:`harness.reference`: the vendor's preprocessing and the package run
   in-process, the numerical truth tests compare servers against;

@@ -1,8 +1,9 @@
 """``histoserve embed`` as tests and the benchmark run it: a real subprocess, real files.
 
-- :func:`embed_command` / :func:`run_embed`: the CLI in its own interpreter
-  (``python -m predictor.client.embed.cli``), so its ``tritonclient.grpc`` never meets
-  the test process's kserve;
+- :func:`embed_command` / :func:`run_embed`: ``histoserve embed`` in its own
+  interpreter, so its ``tritonclient.grpc`` never meets the test process's kserve,
+  and with ``torch`` and ``kserve`` unimportable there: every run proves the
+  client side works without the server's dependencies (``pip install histoserve``);
 - :func:`read_output`: one ``<slide_id>.h5`` as plain numpy arrays and attributes;
 - :func:`tiles_served`: a server's ``histoserve_tiles_total`` by outcome, from ``/metrics``;
 - :func:`independent_tiles`: tiles read straight from OpenSlide and resized with
@@ -26,9 +27,19 @@ EMBED_TIMEOUT_S = 300.0
 _TILES = re.compile(r"^histoserve_tiles_total\{([^}]*)\}\s+([0-9.e+]+)", re.MULTILINE)
 
 
+# The console script's own path (`histoserve embed` is `predictor.cli:main`), in an
+# interpreter where importing torch or kserve raises ImportError: they are
+# installed in this venv, and a `None` in sys.modules is how Python spells "not
+# installed" without uninstalling them.
+_WITHOUT_SERVER = (
+    "import sys; sys.modules.update(torch=None, kserve=None); "
+    "from predictor.cli import main; sys.exit(main(['embed', *sys.argv[1:]]))"
+)
+
+
 def embed_command(*args: str | Path) -> list[str]:
-    """``python -m predictor.client.embed.cli ARGS`` with this interpreter."""
-    return [sys.executable, "-m", "predictor.client.embed.cli", *map(str, args)]
+    """``histoserve embed ARGS`` with this interpreter, torch and kserve unimportable."""
+    return [sys.executable, "-c", _WITHOUT_SERVER, *map(str, args)]
 
 
 def run_embed(

@@ -10,6 +10,7 @@ one clear line before the server reports ready.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import math
 import os
@@ -24,6 +25,8 @@ from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 logger = logging.getLogger("histoserve")
 
 EXIT_STARTUP_ERROR = 2
+# What `histoserve serve` and `histoserve export` need beyond the client side.
+SERVER_MODULES = ("torch", "kserve", "yaml", "prometheus_client")
 
 
 def available_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
@@ -184,8 +187,27 @@ def configure_trace_logging(enabled: bool) -> None:
     logging.getLogger(KSERVE_TRACE_LOGGER_NAME).setLevel(level)
 
 
+def server_extra_missing(command: str) -> bool:
+    """Whether the ``server`` extra is missing; if so, says so on stderr in one line.
+
+    ``pip install histoserve`` is the client side only; ``serve`` and ``export``
+    need ``histoserve[server]`` (torch, kserve, ...). Looks the modules up
+    without importing them.
+    """
+    missing = [m for m in SERVER_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        print(
+            f"histoserve {command}: {', '.join(missing)} not installed:"
+            " install histoserve[server] (pip install 'histoserve[server]')",
+            file=sys.stderr,
+        )
+    return bool(missing)
+
+
 def serve(argv: Sequence[str] | None = None) -> int:
     """Parses flags, loads the model (fail-fast) and serves until drained."""
+    if server_extra_missing("serve"):
+        return EXIT_STARTUP_ERROR
     from predictor.errors import StartupError
     from predictor.server import gc_policy
     from predictor.startup import build_model
@@ -218,6 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``histoserve serve ...``, ``histoserve export ...`` or ``histoserve embed ...``; plain flags mean serve."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "export":
+        if server_extra_missing("export"):
+            return EXIT_STARTUP_ERROR
         from predictor.export.build import main as export_main
 
         return export_main(argv[1:])

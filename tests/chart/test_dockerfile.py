@@ -102,23 +102,24 @@ def test_base_torch_is_the_torch_the_tests_run():
     m = re.search(r"^TORCH_SPEC \?= torch==(\S+)", makefile, re.MULTILINE)
     assert m, "Makefile TORCH_SPEC not found"
     assert base_torch == m.group(1), f"image torch {base_torch} != tested torch {m.group(1)}"
-    (torch_req,) = [d for d in PYPROJECT["project"]["dependencies"] if re.match(r"torch\b", d)]
+    server = PYPROJECT["project"]["optional-dependencies"]["server"]
+    (torch_req,) = [d for d in server if re.match(r"torch\b", d)]
     low = re.search(r">=\s*([\d.]+)", torch_req).group(1)
     assert tuple(map(int, base_torch.split("."))) >= tuple(map(int, (low + ".0.0").split(".")[:3]))
 
 
 # The image serves and runs `histoserve embed` (the embed chart's Job uses the same image).
-IMAGE_EXTRAS = {"slides"}
+IMAGE_EXTRAS = {"server", "slides"}
 
 
-def test_runtime_installs_only_the_package_and_the_slides_extra():
+def test_runtime_installs_only_the_package_and_the_server_and_slides_extras():
     runs = " ".join(FINAL.all("RUN"))
     installs = re.findall(r"pip install ([^&|;]+)", runs)
     assert installs, "the runtime stage installs nothing"
     for cmd in installs:
         targets = [t for t in cmd.split() if not t.startswith("-") and "constraint" not in t]
         targets = [t for t in targets if not t.startswith("/tmp/base-constraints")]
-        assert targets == ['"${wheel}[slides]"'], f"runtime pip install of {targets}"
+        assert targets == ['"${wheel}[server,slides]"'], f"runtime pip install of {targets}"
     assert "wheel=$(echo /wheels/histoserve-*.whl)" in runs
     text = DOCKERFILE
     for extra in set(PYPROJECT["project"]["optional-dependencies"]) - IMAGE_EXTRAS:
@@ -138,7 +139,11 @@ def test_slides_extra_holds_no_dev_tools():
 
 
 def test_runtime_dependencies_are_runtime_only():
-    """The image resolves pyproject's dependencies: they must hold no test/dev/export tools."""
+    """The image resolves pyproject's dependencies: they must hold no test/dev/export tools.
+
+    The base dependencies are the client side's; torch and kserve come with the
+    `server` extra only, so installing the client pulls neither.
+    """
     deps = {
         re.split(r"[\s<>=!~\[;]", d, maxsplit=1)[0].lower()
         for d in PYPROJECT["project"]["dependencies"]
@@ -150,7 +155,13 @@ def test_runtime_dependencies_are_runtime_only():
     }
     assert not deps & dev, f"runtime dependencies shared with extras: {deps & dev}"
     assert not deps & {"pytest", "ruff", "hypothesis", "torchvision", "timm"}
-    assert {"torch", "kserve"} <= deps
+    assert not deps & {"torch", "kserve"}
+    server = {
+        re.split(r"[\s<>=!~\[;]", d, maxsplit=1)[0].lower()
+        for d in PYPROJECT["project"]["optional-dependencies"]["server"]
+    }
+    assert {"torch", "kserve"} <= server
+    assert not server & {"pytest", "ruff", "hypothesis", "torchvision", "timm"}
 
 
 def test_non_root_user_matches_the_chart():

@@ -8,18 +8,23 @@ shared with the server chart's tests).
 
 from __future__ import annotations
 
-import functools
 import subprocess
 from typing import Any
 
 import pytest
 
-from tests.chart.helpers import REPO, load_yaml, one, parse_docs
+from tests.chart.embed_helpers import (
+    CHART,
+    CI,
+    NAMESPACE,
+    ci_values,
+    container,
+    flags,
+    pod_spec,
+    render,
+)
+from tests.chart.helpers import one
 
-CHART = REPO / "charts" / "histoserve-embed"
-CI = CHART / "ci"
-NAMESPACE = "cohorts"
-RELEASE = "brca"
 MATRIX = sorted(p.name for p in CI.glob("*.yaml"))
 REQUIRED_CASES = {
     "configmap-manifest-values.yaml",
@@ -30,73 +35,6 @@ REQUIRED_CASES = {
     "knative-grpc-values.yaml",
     "full-values.yaml",
 }
-# The minimum a user must give: the server and the two volumes.
-REQUIRED_SETS = (
-    "inferenceService.name=h0-histoserve",
-    "slides.pvc.claimName=slides",
-    "output.pvc.claimName=embeddings",
-)
-
-
-class HelmRefused(Exception):
-    pass
-
-
-@functools.lru_cache(maxsize=128)
-def _template(helm: str, args: tuple[str, ...]) -> str:
-    cmd = [helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-    if proc.returncode != 0:
-        raise HelmRefused(proc.stderr)
-    return proc.stdout
-
-
-def render(helm: str, values: str | None = None, *sets: str, set_files: tuple = ()) -> list[dict]:
-    """Objects of ``helm template`` for a ci/ file (or the required minimum) plus --set's."""
-    args: list[str] = []
-    if values:
-        args += ["--values", str(CI / values)]
-    else:
-        for s in REQUIRED_SETS:
-            args += ["--set", s]
-    for s in sets:
-        args += ["--set-json", s]
-    for s in set_files:
-        args += ["--set-file", s]
-    return parse_docs(_template(helm, tuple(args)))
-
-
-def refused(helm: str, *args: str) -> str:
-    try:
-        _template(helm, tuple(args))
-    except HelmRefused as exc:
-        return str(exc)
-    raise AssertionError(f"helm template accepted values that must be refused: {args}")
-
-
-def ci_values(name: str) -> dict[str, Any]:
-    return load_yaml((CI / name).read_text())
-
-
-def pod_spec(objs: list[dict]) -> dict:
-    return one(objs, "Job")["spec"]["template"]["spec"]
-
-
-def container(objs: list[dict]) -> dict:
-    (c,) = pod_spec(objs)["containers"]
-    return c
-
-
-def flags(c: dict) -> dict[str, list[str]]:
-    """--flag=value arguments after ``embed``: every value per flag, in order."""
-    assert c["command"] == ["histoserve"], c["command"]
-    assert c["args"][0] == "embed", c["args"]
-    out: dict[str, list[str]] = {}
-    for arg in c["args"][1:]:
-        assert arg.startswith("--"), f"not a --flag: {arg!r}"
-        name, _, value = arg[2:].partition("=")
-        out.setdefault(name, []).append(value)
-    return out
 
 
 # ------------------------------------------------------------------ lint, validate

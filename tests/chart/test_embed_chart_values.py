@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import pytest
 
-from tests.chart.helpers import REPO, helm_notes, leaf_paths, load_yaml, one, parse_docs
-from tests.chart.test_embed_chart import (
+from tests.chart.embed_helpers import (
     CHART,
     CI,
     NAMESPACE,
     RELEASE,
     REQUIRED_SETS,
-    _template,
     container,
     flags,
     refused,
     render,
+    template,
 )
+from tests.chart.helpers import REPO, helm_notes, leaf_paths, load_yaml, one, parse_docs
 
 # ------------------------------------------------------------------ schema and checks
 
@@ -199,7 +199,7 @@ def test_readme_install_line_renders(helm_bin, tmp_path):
         if flag == "--set-file":
             value = f"{value.split('=', 1)[0]}={csv}"
         args += [flag, value]
-    objs = parse_docs(_template(helm_bin, tuple(args)))
+    objs = parse_docs(template(helm_bin, tuple(args)))
     assert one(objs, "ConfigMap")["data"]["slides.csv"] == csv.read_text()
     assert flags(container(objs))["url"] == [
         "http://h0-histoserve-predictor.cohorts.svc.cluster.local"

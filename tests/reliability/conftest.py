@@ -3,7 +3,7 @@
 Every load loop is bounded twice, in requests and in seconds, and talks to
 127.0.0.1 only. Figures (requests sent, lost, mixed up, RSS growth, drain
 time, latencies) go to ``.cache/reliability/<suite>.json`` (or
-``$HISTOSERVE_RELIABILITY_DIR``) for the README's table; a ``_long`` suffix
+``$HISTOSERVE_RELIABILITY_DIR``) for docs/reliability.md's table; a ``_long`` suffix
 marks the ``slow`` variants.
 """
 

@@ -3,7 +3,7 @@
 The reliability suites' plain helpers (their fixtures are in ``conftest.py``):
 the shared server's limits, servers and clients for a ``with`` block, closed-
 loop clients bounded in requests and seconds, the counting of outcomes, RSS
-sampling, Prometheus samples and the figures files for the README's table
+sampling, Prometheus samples and the figures files for docs/reliability.md's table
 (``.cache/reliability/<suite>.json``, or ``$HISTOSERVE_RELIABILITY_DIR``).
 """
 
@@ -106,7 +106,7 @@ def run_clients(
 
 @dataclass
 class Summary:
-    """What a load run produced, counted the way the README's table reports it."""
+    """What a load run produced, counted the way docs/reliability.md's table reports it."""
 
     sent: int = 0
     statuses: Counter = field(default_factory=Counter)
@@ -234,7 +234,7 @@ def access_log_statuses(server: Server) -> Counter:
 
 
 def record_figures(suite: str, figures: dict[str, Any]) -> Path:
-    """Writes a suite's measured figures as JSON for the README; returns the file."""
+    """Writes a suite's measured figures as JSON for docs/reliability.md; returns the file."""
     root = Path(os.environ.get(FIGURES_ENV, REPO / ".cache" / "reliability"))
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"{suite}.json"

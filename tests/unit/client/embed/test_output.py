@@ -25,7 +25,7 @@ from predictor.client.embed.output import (
 )
 from predictor.client.embed.slides import MppInfo, SlideReader
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 HASH = config_hash({"model": "h0-mini", "target_mpp": 0.5})
 
 

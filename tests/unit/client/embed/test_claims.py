@@ -15,7 +15,7 @@ import pytest
 from predictor.client.embed.claims import ClaimStore
 from predictor.client.embed.errors import UsageError
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 
 # Claims the ids in argv[2:] in folder argv[1], prints which it got as JSON, then
 # holds them until stdin closes (a "go" line first when argv has --wait-go).

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.factories import WRONG_DIM_TARGET
 from harness.packages import module_package
 from predictor import families
 from predictor.errors import CheckpointError, IncompatiblePackage, SpecMismatch, StartupError
@@ -26,7 +27,6 @@ from predictor.package import metadata as pkg_meta
 from predictor.package.genes import demo_gene_ids, parse_gene_ids, read_gene_ids, write_gene_ids
 from predictor.package.host import HostFacts, read_cpu_flags
 from predictor.spec import BUILTIN_SPECS, spec_from_dict
-from tests.unit.test_export import WRONG_DIM_TARGET
 
 CPU = torch.device("cpu")
 AVX2_FLAGS = frozenset(

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from harness.factories import WRONG_DIM_TARGET, wrong_dim_encoder
 from harness.packages import demo_package, module_package
 from predictor.errors import IncompatiblePackage, SpecError, SpecMismatch
 from predictor.export import build as export
@@ -22,18 +23,12 @@ from predictor.package import metadata as pkg_meta
 from predictor.package.demo_models import PRESETS, DemoSegmenter
 from predictor.package.genes import demo_gene_ids, read_gene_ids, write_gene_ids
 from predictor.package.host import HostFacts
-from predictor.spec import BUILTIN_SPECS, METADATA_KEY, ModelSpec
+from predictor.spec import BUILTIN_SPECS, METADATA_KEY
 
-WRONG_DIM_TARGET = "tests.unit.test_export:wrong_dim_encoder"
 CPU = torch.device("cpu")
 AVX2_ONLY = frozenset(
     {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "sse4_1", "sse4_2", "ssse3"}
 )
-
-
-def wrong_dim_encoder(spec: ModelSpec) -> nn.Module:
-    """``--module`` factory: an encoder that returns 768 floats whatever the spec says."""
-    return build_demo_model(spec, embedding_dim=768, seed=7)
 
 
 def only_pt2(directory: Path) -> Path:

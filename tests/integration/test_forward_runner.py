@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
+from harness.packages import demo_package
 from harness.reference import Reference, normalise_reference
 from predictor.cli import build_parser, configs_from_args
 from predictor.client.histoserve import HistoserveClient
 from predictor.config import ModelConfig
 from predictor.package.aoti_runner import GilFreeRunner
 from predictor.package.loader import load_package
-from tests.conftest import demo_package
 
 CPU = torch.device("cpu")
 

@@ -1,0 +1,151 @@
+"""No import circle anywhere in the repository, none hidden inside a function; tests in their rooms.
+
+The graph covers every module of ``predictor/``, ``bench/``, ``harness/``,
+``tests/`` and ``scripts/``, and every ``import`` statement in them: at the top,
+inside functions and methods, under ``if TYPE_CHECKING`` and ``try``. A
+function-level import that closes a circle still couples two modules both
+ways; it only postpones the failure to the first call. (The layer rules of
+``test_architecture.py`` read top-level imports only, on purpose: the CLI
+dispatches to ``embed`` lazily.) The same graph keeps the tests in their rooms:
+no module imports a test module, and nothing under ``tests/unit/`` starts a
+server.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("predictor", "bench", "harness", "tests", "scripts")
+# The live-server fixtures of tests/conftest.py and tests/reliability/conftest.py.
+SERVER_FIXTURES = {"embedding_server", "limited_server", "multimodal_server"}
+
+
+def _modules(root: Path = ROOT) -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            modules[name] = path
+    return modules
+
+
+def _imports(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
+    """Modules of ours that ``path`` imports anywhere in its body (functions included)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join([*parts[: len(parts) - node.level + 1], base]).strip(".")
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return {m for m in found if m in modules and m != name}
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module name -> the modules of ours it imports, anywhere in its code."""
+    modules = _modules(root)
+    return {name: _imports(path, name, modules) for name, path in modules.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of two or more modules (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while (top := stack.pop()) != node:
+                group.append(top)
+            group.append(node)
+            if len(group) > 1 or node in graph.get(node, ()):
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_the_graph_covers_the_repository_and_function_level_imports():
+    graph = import_graph()
+    assert {"predictor.cli", "bench.report_md", "harness.server", "scripts.install_helm"} <= set(
+        graph
+    )
+    # predictor.cli imports the embed CLI inside main() only: a function-level edge.
+    assert "predictor.client.embed.cli" in graph["predictor.cli"]
+    assert "bench.markdown" in graph["bench.report_triton"]
+
+
+def test_no_import_circle_anywhere():
+    found = circles(import_graph())
+    assert not found, "import circles (function-level imports count): " + "; ".join(
+        " <-> ".join(group) for group in found
+    )
+
+
+def test_no_module_imports_a_test_module():
+    """Shared test code lives in ``harness/`` or a helper module, never in a ``test_*``/conftest."""
+    graph = import_graph()
+    found = [
+        f"{name} -> {dep}"
+        for name, deps in graph.items()
+        for dep in deps
+        if dep.rpartition(".")[2].startswith("test_") or dep.endswith(".conftest")
+    ]
+    assert not found, found
+
+
+def test_unit_tests_start_no_server():
+    """A test that starts a server (``harness.server``) belongs in ``tests/integration/``."""
+    graph = import_graph()
+    found = [
+        name
+        for name, deps in graph.items()
+        if name.startswith("tests.unit.") and any(d.startswith("harness.server") for d in deps)
+    ]
+    uses_fixture = [
+        f"{path.relative_to(ROOT)}:{node.name}"
+        for path in sorted((ROOT / "tests" / "unit").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and any(a.arg in SERVER_FIXTURES for a in node.args.args)
+    ]
+    assert not found + uses_fixture, (
+        f"start servers from tests/integration/, not tests/unit/: {found + uses_fixture}"
+    )
+    assert any("harness.server" in deps for deps in graph.values())  # the check sees servers
+
+
+def test_a_circle_hidden_in_a_function_is_found(tmp_path):
+    """The check can fail: two modules whose circle is closed by a function-level import."""
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "__init__.py").write_text("")
+    (tmp_path / "bench" / "a.py").write_text("from bench.b import g\n\ndef f():\n    return g()\n")
+    (tmp_path / "bench" / "b.py").write_text("def g():\n    from bench import a\n    return a\n")
+    (tmp_path / "bench" / "c.py").write_text("from . import a\n")
+    assert circles(import_graph(tmp_path)) == [["bench.a", "bench.b"]]
+
+
+def test_the_circle_finder():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+    assert circles({"a": {"a"}}) == [["a"]]
