@@ -1,12 +1,25 @@
-"""What one device worker runs with (:class:`DeviceSlot`)."""
+"""What one device worker runs with (:class:`DeviceSlot`), and how one is built for a package."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
+
+import torch
 
 from predictor.device.normalizer import Normalizer
 from predictor.device.streams import StreamLike
+from predictor.spec import ModelSpec
+
+
+class DevicePackage(Protocol):
+    """What the device layer needs of a loaded package (:class:`predictor.package.loader.LoadedPackage`)."""
+
+    device: torch.device
+    input_dtype: torch.dtype
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Runs the package on one batch; a flat tuple of outputs, primary first."""
 
 
 @dataclass(frozen=True)
@@ -22,6 +35,15 @@ class DeviceSlot:
     runs on the default stream).
     """
 
-    package: Any  # a predictor.package.loader.LoadedPackage
+    package: DevicePackage
     normalizer: Normalizer
     stream: StreamLike | None = None
+
+
+def build_slot(package: DevicePackage, spec: ModelSpec) -> DeviceSlot:
+    """A device's slot: ``package`` and a new normaliser for its device and input dtype.
+
+    The normaliser applies ``spec``'s mean and std; the slot has no stream
+    (:class:`~predictor.device.workers.DeviceWorkers` gives each worker its own).
+    """
+    return DeviceSlot(package, Normalizer(spec, package.device, package.input_dtype))
