@@ -167,9 +167,11 @@ class BaseServerModel(TileHooks, Model):
                 self.warm_up(self._package)
             self._pool = Stage1Pool(self._options.preprocess_workers, self._spec.tile_size)
             logger.info(
-                "loaded %s (%s) on %s; start-up phases: %s",
+                "loaded %s (%s, served by %s.%s) on %s; start-up phases: %s",
                 self._checkpoint,
                 self._spec.name,
+                type(self).__module__,
+                type(self).__qualname__,
                 self._device,
                 self._phases.summary(),
             )
