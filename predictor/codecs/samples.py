@@ -24,11 +24,17 @@ instead (the seed's layout, a numpy array or a host tensor);
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
 from predictor.errors import InvalidInput
+
+if TYPE_CHECKING:
+    import torch
+
+Pixels = Union[np.ndarray, "torch.Tensor"]
+"""A tile's pixels or a further input: a numpy array, or a host tensor (never imported here)."""
 
 
 @dataclass
@@ -82,8 +88,8 @@ class PreparedSample:
             ``bulk_rna`` ``float32 [G]``); empty for embedding backbones.
     """
 
-    tile: Any
-    extra_tensors: dict[str, Any] = field(default_factory=dict)
+    tile: Pixels
+    extra_tensors: dict[str, Pixels] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,7 +104,7 @@ class ModelResponse:
     outputs: dict[str, np.ndarray]
 
 
-def tile_hwc(tile: Any, size: int) -> np.ndarray:
+def tile_hwc(tile: Pixels, size: int) -> np.ndarray:
     """``tile`` as ``uint8 [size, size, 3]``: itself when HWC, a transposed view when CHW.
 
     No copy either way: the batch is stacked into one host buffer

@@ -15,8 +15,13 @@ from predictor.spec import ModelSpec
 class DevicePackage(Protocol):
     """What the device layer needs of a loaded package (:class:`predictor.package.loader.LoadedPackage`)."""
 
-    device: torch.device
-    input_dtype: torch.dtype
+    @property
+    def device(self) -> torch.device:
+        """The device the package runs on."""
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """Dtype of its first (tile) input."""
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Runs the package on one batch; a flat tuple of outputs, primary first."""
