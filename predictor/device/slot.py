@@ -45,10 +45,15 @@ class DeviceSlot:
     stream: StreamLike | None = None
 
 
-def build_slot(package: DevicePackage, spec: ModelSpec) -> DeviceSlot:
-    """A device's slot: ``package`` and a new normaliser for its device and input dtype.
+def build_normalizer(package: DevicePackage, spec: ModelSpec) -> Normalizer:
+    """A new normaliser for ``package``'s device and input dtype, with ``spec``'s mean and std."""
+    return Normalizer(spec, package.device, package.input_dtype)
 
-    The normaliser applies ``spec``'s mean and std; the slot has no stream
-    (:class:`~predictor.device.workers.DeviceWorkers` gives each worker its own).
+
+def build_slot(package: DevicePackage, spec: ModelSpec) -> DeviceSlot:
+    """A device's slot: ``package`` and a new normaliser for it (:func:`build_normalizer`).
+
+    The slot has no stream: :class:`~predictor.device.workers.DeviceWorkers`
+    gives each worker its own.
     """
-    return DeviceSlot(package, Normalizer(spec, package.device, package.input_dtype))
+    return DeviceSlot(package, build_normalizer(package, spec))

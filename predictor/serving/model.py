@@ -42,7 +42,7 @@ from predictor.codecs.v1 import V1Codec
 from predictor.codecs.v2 import V2Codec
 from predictor.device.failures import classify_error
 from predictor.device.faults import FaultHook
-from predictor.device.slot import build_slot
+from predictor.device.slot import build_normalizer, build_slot
 from predictor.errors import InvalidInput, ModelNotReady
 from predictor.package.loader import LoadedPackage, StartupPhases, inspect_package, open_package
 from predictor.serving.admission import Admission
@@ -159,7 +159,7 @@ class BaseServerModel(TileHooks, Model):
                 self._package = open_package(self._checkpoint, self._device, facts, self._phases)
             with self._phases.time("probe"):
                 self.check_package(self._package)
-                self._normalizer = build_slot(self._package, self._spec).normalizer
+                self._normalizer = build_normalizer(self._package, self._spec)
                 for dev, package in self._more_packages.items():
                     self.bind_device(package)
                     self._devices.slots[dev] = build_slot(package, self._spec)
