@@ -65,13 +65,15 @@ def build(package: Path, device: str, batch: int, instances: int = 1) -> Any:
     return startup.build_model(config, batching, LimitsConfig())
 
 
-def _samples(batch: int, size: int) -> list[Any]:
-    from predictor.codecs.samples import PreparedSample
+def _items(batch: int, size: int) -> list[Any]:
+    """``batch`` random tiles as the batcher carries them: prepared sample and request."""
+    from predictor.codecs.samples import ModelRequest, PreparedSample
+    from predictor.serving.forward import BatchItem
 
     rng = np.random.default_rng(0)
+    tiles = [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(batch)]
     return [
-        PreparedSample(tile=rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
-        for _ in range(batch)
+        BatchItem(PreparedSample(tile=t), ModelRequest(i, pixels=t)) for i, t in enumerate(tiles)
     ]
 
 
@@ -79,7 +81,7 @@ async def throughput(model: Any, batch: int, clients: int, seconds: float) -> di
     """Tiles/s of ``clients`` closed-loop submitters of ``batch`` tiles, and batches per worker."""
     from predictor.serving.model import resolve_mode
 
-    samples = _samples(batch, model.model_spec.tile_size)
+    items = _items(batch, model.model_spec.tile_size)
     mode = resolve_mode(model.model_spec, None, model.name)
     await model.start_batching()
     batcher = model._batcher  # the model's own batcher: no HTTP in this measurement
@@ -89,7 +91,7 @@ async def throughput(model: Any, batch: int, clients: int, seconds: float) -> di
     async def client() -> None:
         nonlocal done
         while time.monotonic() < end:
-            await asyncio.gather(*batcher.submit(samples, key=mode))
+            await asyncio.gather(*batcher.submit(items, key=mode))
             done += batch
 
     start = time.monotonic()
@@ -106,7 +108,8 @@ def copy_vs_compute(model: Any, batch: int, reps: int = 20) -> dict[str, float]:
 
     from predictor.serving.model import resolve_mode
 
-    samples = _samples(batch, model.model_spec.tile_size)
+    items = _items(batch, model.model_spec.tile_size)
+    samples, requests = [i.sample for i in items], [i.request for i in items]
     mode = resolve_mode(model.model_spec, None, model.name)
     slot = model.active_slot()
     device = slot.package.device
@@ -127,7 +130,7 @@ def copy_vs_compute(model: Any, batch: int, reps: int = 20) -> dict[str, float]:
         staged = slot.normalizer(tiles)
         copy_ms = timed(lambda: slot.normalizer(tiles))
         forward_ms = timed(lambda: slot.package(staged))
-    total_ms = timed(lambda: model.forward_batch(samples, mode))
+    total_ms = timed(lambda: model.forward_batch(samples, requests, mode))
     hidden = max(0.0, copy_ms + forward_ms - total_ms)
     overlap = min(1.0, hidden / copy_ms) if copy_ms > 0 else 0.0
     return {"copy_ms": copy_ms, "forward_ms": forward_ms, "total_ms": total_ms, "overlap": overlap}

@@ -116,6 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="answer POST /v2/models/{name}/infer in front of FastAPI (same answers, less CPU)",
     )
+    add(
+        "--model_class",
+        default=None,
+        help="MODULE:CLASS of a predictor.BaseServerModel subclass to serve "
+        "(default: the spec family's class)",
+    )
     add("--fault_injection", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -139,6 +145,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ModelConfig, BatchingCo
         fault_injection=args.fault_injection,
         forward_runner=args.forward_runner,
         instances_per_device=args.instances_per_device,
+        model_class=args.model_class,
     )
     batching = BatchingConfig(
         max_batch_size=args.max_batch_size,

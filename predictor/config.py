@@ -91,6 +91,8 @@ class ModelConfig:
         instances_per_device: Device workers sharing the one queue (Triton's
             instance groups), per device: CPU or each GPU (own normaliser and
             CUDA stream per instance).
+        model_class: ``MODULE:CLASS`` of a ``BaseServerModel`` subclass to
+            serve; ``None`` serves the spec family's class.
     """
 
     model_dir: Path = Path("/opt/ml/model")
@@ -102,6 +104,7 @@ class ModelConfig:
     fault_injection: str | None = None
     forward_runner: str = "torch"
     instances_per_device: int = 1
+    model_class: str | None = None
 
     def __post_init__(self) -> None:
         if self.instances_per_device < 1:

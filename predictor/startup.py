@@ -4,7 +4,8 @@ Resolves the checkpoint, verifies it (the one SHA-256 of start-up) and reads
 its metadata, resolves the spec (embedded in the package, or overridden by
 ``--spec``), the devices (every visible GPU under ``--device auto``) and the
 family class, loads the package once per device and
-hands it to the model, whose ``load`` then probes it. Every problem raises a
+hands it to the model (the spec family's class, or the user's
+``--model_class``), whose ``load`` then probes it. Every problem raises a
 :class:`~predictor.errors.StartupError` with one clear line. The phases'
 durations are logged once and served by ``GET /v2/models/{name}/config``
 (``startup_seconds``).
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.device.faults import parse_fault_spec
 from predictor.errors import SpecError
-from predictor.families import model_class_for
+from predictor.families import load_model_class, model_class_for
 from predictor.package.host import resolve_devices
 from predictor.package.loader import StartupPhases, find_checkpoint, inspect_package, open_package
 from predictor.serving.metrics import create_metrics
@@ -56,7 +57,7 @@ def build_model(
     spec = resolve_model_spec(facts.metadata, config.spec)
     devices = resolve_devices(config.device)
     device = devices[0]
-    cls = model_class_for(spec)
+    cls = load_model_class(config.model_class) if config.model_class else model_class_for(spec)
     # Each device's package holds one model copy per instance; each worker
     # gets its own normaliser and, on CUDA, stream (predictor.device.workers).
     instances = config.instances_per_device

@@ -15,13 +15,26 @@ batch is stacked on the host as contiguous HWC (a plain memory copy, into
 pinned memory on CUDA) and crosses to the device as ``uint8``, a quarter of
 the float32 bytes; the one HWC -> CHW permute is fused into normalisation on
 the device (:class:`predictor.device.Normalizer`).
+
+A model written to the seed's API may hand over a tile as ``(C, H, W)``
+instead (the seed's layout, a numpy array or a host tensor);
+:func:`tile_hwc` is the one place that layout meets this one, as a view.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
+
+from predictor.errors import InvalidInput
+
+if TYPE_CHECKING:
+    import torch
+
+Pixels = Union[np.ndarray, "torch.Tensor"]
+"""A tile's pixels or a further input: a numpy array, or a host tensor (never imported here)."""
 
 
 @dataclass
@@ -64,15 +77,19 @@ class DecodedRequest:
 class PreparedSample:
     """A validated, preprocessed sample ready for batching: the batcher's item.
 
+    The seed's ``PreparedSample(tile, extra_tensors)``.
+
     Attributes:
-        tile: ``uint8 [H, W, 3]`` C-contiguous array (HWC, see the module
-            docstring); normalisation happens on the device, in the batch.
-        extra: Further model inputs keyed by input name (e.g. ``bulk_rna``
-            ``float32 [G]``); empty for embedding backbones.
+        tile: The tile's ``uint8`` pixels: ``[H, W, 3]`` (HWC, the fast
+            layout, see the module docstring) or ``[3, H, W]`` (the seed's
+            CHW); a numpy array or a host tensor. Normalisation happens on
+            the device, in the batch.
+        extra_tensors: Further model inputs keyed by input name (e.g.
+            ``bulk_rna`` ``float32 [G]``); empty for embedding backbones.
     """
 
-    tile: np.ndarray
-    extra: dict[str, np.ndarray] = field(default_factory=dict)
+    tile: Pixels
+    extra_tensors: dict[str, Pixels] = field(default_factory=dict)
 
 
 @dataclass
@@ -85,3 +102,25 @@ class ModelResponse:
     """
 
     outputs: dict[str, np.ndarray]
+
+
+def tile_hwc(tile: Pixels, size: int) -> np.ndarray:
+    """``tile`` as ``uint8 [size, size, 3]``: itself when HWC, a transposed view when CHW.
+
+    No copy either way: the batch is stacked into one host buffer
+    afterwards, which copies either layout once. Accepts numpy arrays and
+    host tensors (anything ``np.asarray`` reads).
+
+    Raises:
+        InvalidInput: Neither layout at ``size``, or not ``uint8``.
+    """
+    array = tile if isinstance(tile, np.ndarray) else np.asarray(tile)
+    if array.dtype == np.uint8:
+        if array.shape == (size, size, 3):
+            return array
+        if array.shape == (3, size, size):
+            return array.transpose(1, 2, 0)
+    raise InvalidInput(
+        f"expected a {size}x{size} RGB uint8 tile as (H, W, 3) or (3, H, W), "
+        f"got shape {tuple(array.shape)} {array.dtype}"
+    )

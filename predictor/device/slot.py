@@ -1,12 +1,30 @@
-"""What one device worker runs with (:class:`DeviceSlot`)."""
+"""What one device worker runs with (:class:`DeviceSlot`), and how one is built for a package."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
+
+import torch
 
 from predictor.device.normalizer import Normalizer
 from predictor.device.streams import StreamLike
+from predictor.spec import ModelSpec
+
+
+class DevicePackage(Protocol):
+    """What the device layer needs of a loaded package (:class:`predictor.package.loader.LoadedPackage`)."""
+
+    @property
+    def device(self) -> torch.device:
+        """The device the package runs on."""
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """Dtype of its first (tile) input."""
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Runs the package on one batch; a flat tuple of outputs, primary first."""
 
 
 @dataclass(frozen=True)
@@ -22,6 +40,20 @@ class DeviceSlot:
     runs on the default stream).
     """
 
-    package: Any  # a predictor.package.loader.LoadedPackage
+    package: DevicePackage
     normalizer: Normalizer
     stream: StreamLike | None = None
+
+
+def build_normalizer(package: DevicePackage, spec: ModelSpec) -> Normalizer:
+    """A new normaliser for ``package``'s device and input dtype, with ``spec``'s mean and std."""
+    return Normalizer(spec, package.device, package.input_dtype)
+
+
+def build_slot(package: DevicePackage, spec: ModelSpec) -> DeviceSlot:
+    """A device's slot: ``package`` and a new normaliser for it (:func:`build_normalizer`).
+
+    The slot has no stream: :class:`~predictor.device.workers.DeviceWorkers`
+    gives each worker its own.
+    """
+    return DeviceSlot(package, build_normalizer(package, spec))

@@ -1,16 +1,15 @@
-"""Model families: one module per ``ModelSpec.family``, owning all that differs.
+"""Model families: which :class:`~predictor.serving.model.BaseServerModel` serves a spec.
 
-* :mod:`~predictor.families.base`: :class:`TileServerModel`, what every
-  family shares (tile preparation, the batch forward, V2 metadata);
-* :mod:`~predictor.families.embedding`: ViT backbones (``h0-mini``, ``h0``, ``h1``);
+* ``embedding``: ViT backbones (``h0-mini``, ``h0``, ``h1``) are served by
+  ``BaseServerModel`` itself, no subclass (its defaults are theirs);
 * :mod:`~predictor.families.multimodal`: tile + bulk RNA (``m-optimus``);
 * :mod:`~predictor.families.segmentation`: tissue masks (``tissue-seg``).
 
 A registry keyed by family name maps a spec to its class; call sites (start-up,
 export, demo models, the package check) ask here and never branch on the
-family themselves. The built-in families are imported on first use, not at
-import of this package (registering is a side effect, and they import torch
-and KServe).
+family themselves. ``--model_class MODULE:CLASS`` names a user's subclass
+instead (:func:`load_model_class`). The built-in classes are imported on first
+use, not at import of this package (they import torch and KServe).
 """
 
 from __future__ import annotations
@@ -19,34 +18,34 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from predictor.errors import SpecError
+from predictor.errors import SpecError, StartupError
 from predictor.spec import ModelSpec
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from predictor.families.base import TileServerModel
+    from predictor.serving.model import BaseServerModel
 
 _BUILTIN: dict[str, str] = {
-    "embedding": "predictor.families.embedding:EmbeddingServerModel",
+    "embedding": "predictor.serving.model:BaseServerModel",
     "multimodal": "predictor.families.multimodal:MultimodalServerModel",
     "segmentation": "predictor.families.segmentation:SegmentationServerModel",
 }
-_REGISTRY: dict[str, type[TileServerModel]] = {}
+_REGISTRY: dict[str, type[BaseServerModel]] = {}
 
 
-def register_family(family: str) -> Callable[[type[TileServerModel]], type[TileServerModel]]:
+def register_family(family: str) -> Callable[[type[BaseServerModel]], type[BaseServerModel]]:
     """Class decorator: serve specs of ``family`` with the decorated class (overrides a built-in)."""
 
-    def decorate(cls: type[TileServerModel]) -> type[TileServerModel]:
+    def decorate(cls: type[BaseServerModel]) -> type[BaseServerModel]:
         _REGISTRY[family] = cls
         return cls
 
     return decorate
 
 
-def model_class_for(spec: ModelSpec) -> type[TileServerModel]:
+def model_class_for(spec: ModelSpec) -> type[BaseServerModel]:
     """The server model class (and family hooks) for ``spec``'s family.
 
     Raises:
@@ -57,6 +56,37 @@ def model_class_for(spec: ModelSpec) -> type[TileServerModel]:
         return _REGISTRY[spec.family]
     except KeyError as exc:
         raise SpecError(f"no server model registered for family {spec.family!r}") from exc
+
+
+def load_model_class(target: str) -> type[BaseServerModel]:
+    """The class ``target`` (``MODULE:CLASS``, the ``--model_class`` flag) names.
+
+    The module is imported as Python finds it (installed, or on ``PYTHONPATH``).
+
+    Raises:
+        StartupError: ``target`` is not ``MODULE:CLASS``, the module cannot be
+            imported (whatever it raised), it has no such attribute, or the
+            attribute is not a subclass of ``BaseServerModel``.
+    """
+    from predictor.serving.model import BaseServerModel
+
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise StartupError(f"--model_class {target!r}: expected MODULE:CLASS")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module may raise anything at import
+        raise StartupError(
+            f"--model_class {target!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise StartupError(f"--model_class {target!r}: module {module_name!r} has no {attr!r}")
+    if not (isinstance(cls, type) and issubclass(cls, BaseServerModel)):
+        raise StartupError(
+            f"--model_class {target!r} is not a subclass of predictor.BaseServerModel"
+        )
+    return cls
 
 
 def _load_builtin_families() -> None:
@@ -80,7 +110,7 @@ def check_consistency(
             value, e.g. ``spec 'h0-mini' says embedding_dim 1536 but the package
             returns 768``.
     """
-    from predictor.families.base import check_shapes
+    from predictor.serving.family import check_shapes
 
     check_shapes(model_class_for(spec), spec, shapes, prediction_dim)
 

@@ -26,12 +26,12 @@ from torch import nn
 from predictor.codecs.common import first_non_finite
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
 from predictor.errors import ForwardError, InvalidInput, SpecMismatch
-from predictor.families.base import TileServerModel
-from predictor.families.embedding import check_embedding_shape
 from predictor.package import genes
 from predictor.package.demo_models import DEMO_GENES_IN, DEMO_GENES_OUT, DemoMultimodal, vit_for
 from predictor.package.loader import LoadedPackage
 from predictor.package.probe import declared_input_dim
+from predictor.serving.family import check_embedding_shape
+from predictor.serving.model import BaseServerModel
 from predictor.spec import ModelSpec
 
 # expm1 overflows float32 just above 88.7; clip the log-space prediction below that.
@@ -44,7 +44,7 @@ _OUTPUTS_BY_MODE = {
 }
 
 
-class MultimodalServerModel(TileServerModel):
+class MultimodalServerModel(BaseServerModel):
     """Serves a tile + bulk RNA model: outputs ``prediction`` and/or ``embedding``."""
 
     PACKAGE_INPUTS: ClassVar[tuple[str, ...]] = ("tiles", "bulk_rna")
@@ -129,7 +129,7 @@ class MultimodalServerModel(TileServerModel):
                 rna = self.preprocess_bulk_rna(self._validated_counts(request.bulk_rna, n_genes))
             except InvalidInput as exc:
                 raise exc.at(input_name="bulk_rna") from exc
-        sample.extra["bulk_rna"] = rna
+        sample.extra_tensors["bulk_rna"] = rna
         return sample
 
     @staticmethod
@@ -151,7 +151,7 @@ class MultimodalServerModel(TileServerModel):
     # -- stage 2 ----------------------------------------------------------------------
     def batch_inputs(self, samples: Sequence[PreparedSample]) -> tuple[torch.Tensor, ...]:
         (tiles,) = super().batch_inputs(samples)
-        rna = torch.from_numpy(np.stack([s.extra["bulk_rna"] for s in samples]))
+        rna = torch.from_numpy(np.stack([s.extra_tensors["bulk_rna"] for s in samples]))
         return tiles, rna.to(tiles.device, dtype=tiles.dtype, non_blocking=True)
 
     def build_responses(self, outputs: Sequence[np.ndarray], mode: str) -> list[ModelResponse]:
@@ -187,18 +187,11 @@ class MultimodalServerModel(TileServerModel):
             "embedding": [-1, self.model_spec.embedding_dim],
         }
 
-    def input_descriptions(self) -> list[dict[str, Any]]:
+    def get_input_types(self) -> list[dict[str, Any]]:
         return [
-            *super().input_descriptions(),
+            *super().get_input_types(),
             {"name": "bulk_rna", "datatype": "FP32", "shape": [-1, len(self.genes_in)]},
         ]
 
     def get_metadata(self) -> dict[str, Any]:
         return super().get_metadata() | {"genes_in": self.genes_in, "genes_out": self.genes_out}
-
-    def preprocess_bulk_rna(self, raw: list[float] | np.ndarray) -> np.ndarray:
-        """Applies the spec's omics transform to raw counts (unchanged when none)."""
-        values = np.asarray(raw, dtype=np.float32)
-        if self.model_spec.bulk_rna_transform == "log1p":
-            return np.log1p(values)
-        return values

@@ -20,12 +20,12 @@ from torch import nn
 
 from predictor.codecs.samples import ModelResponse
 from predictor.errors import SpecError, SpecMismatch
-from predictor.families.base import TileServerModel
 from predictor.package.demo_models import SEGMENTER_CHANNELS, DemoSegmenter
+from predictor.serving.model import BaseServerModel
 from predictor.spec import ModelSpec
 
 
-class SegmentationServerModel(TileServerModel):
+class SegmentationServerModel(BaseServerModel):
     """Serves a tissue segmenter: V2 ``mask`` ``UINT8 [N, H, W]``, V1 flattened ``output``."""
 
     PACKAGE_OUTPUTS: ClassVar[tuple[str, ...]] = ("logits",)

@@ -1,1 +1,1 @@
-"""The model layer: the KServe model adapter and lifecycle, admission, the decode pool, stage calls, metrics."""
+"""The model layer: the seed's ``BaseServerModel`` (its hooks, KServe and the lifecycle), admission, the decode pool, stage calls, metrics."""

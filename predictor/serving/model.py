@@ -1,18 +1,24 @@
-"""``BaseServerModel``: the KServe adapter and the lifecycle, nothing per family.
+"""``BaseServerModel``: the seed's server model, served as is for embedding backbones.
+
+It is the tile model: every hook it calls is declared, with the embedding
+backbone's default, on its base :class:`~predictor.serving.hooks.TileHooks`
+(and the class-level ones on :class:`~predictor.serving.family.PackageFamily`);
+this module adds KServe and the lifecycle. A model author, or a family
+(:mod:`predictor.families`), subclasses it and overrides ``prepare_sample``
+and ``forward_batch`` (the seed's signatures), calling ``super()`` where the
+defaults serve; ``python -m predictor --model_class MODULE:CLASS`` serves
+such a subclass.
 
 KServe calls :meth:`~BaseServerModel.preprocess` (stage 1), :meth:`predict`
 (stage 2) and :meth:`postprocess` on one request. Stage 1 picks the request's
 codec once (V1 for a dict body, V2 for an ``InferRequest``), decodes it into
-per-tile :class:`~predictor.codecs.samples.ModelRequest` items and runs the family's
+per-tile :class:`~predictor.codecs.samples.ModelRequest` items and runs
 ``prepare_sample`` on each in a thread pool (an error there is a 400 for that
-request only). Stage 2 hands the prepared samples, and nothing else, to the
-:class:`~predictor.batching.batcher.DynamicBatcher`, which calls the family's
-``forward_batch`` on one device worker (an error there is a 503 for that batch
-only). The same codec encodes the responses.
-
-What a family does (inputs beyond the tile, how a batch is fed and read
-back, which outputs a mode returns, how its package is checked) is in
-:mod:`predictor.families`; see ``docs/architecture.md`` for the whole walk.
+request only). Stage 2 hands the prepared samples with their requests, and
+nothing else, to the :class:`~predictor.batching.batcher.DynamicBatcher`,
+which calls ``forward_batch`` on one device worker (an error there is a 503
+for that batch only). The same codec encodes the responses. See
+``docs/architecture.md`` for the whole walk.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,33 +40,23 @@ from predictor.codecs.base import Codec
 from predictor.codecs.samples import DecodedRequest, ModelResponse, PreparedSample
 from predictor.codecs.v1 import V1Codec
 from predictor.codecs.v2 import V2Codec
-from predictor.config import BatchingConfig, LimitsConfig
 from predictor.device.failures import classify_error
 from predictor.device.faults import FaultHook
-from predictor.device.slot import DeviceSlot
-from predictor.device.workers import DeviceWorkers
+from predictor.device.slot import build_normalizer, build_slot
 from predictor.errors import InvalidInput, ModelNotReady
 from predictor.package.loader import LoadedPackage, StartupPhases, inspect_package, open_package
 from predictor.serving.admission import Admission
+from predictor.serving.forward import BatchItem, batch_forward
+from predictor.serving.hooks import TileHooks
 from predictor.serving.kserve_call import StageCall
 from predictor.serving.metrics import Metrics
+from predictor.serving.options import ServingOptions
 from predictor.serving.stage1 import Stage1Pool
 from predictor.spec import ModelSpec
 
 logger = logging.getLogger("histoserve")
 
 MODEL_ROOT = Path("/opt/ml/model")
-
-
-@dataclass(frozen=True)
-class ServingOptions:
-    """Runtime options beside the spec; built by the CLI, defaults fit tests."""
-
-    batching: BatchingConfig = field(default_factory=BatchingConfig)
-    limits: LimitsConfig = field(default_factory=LimitsConfig)
-    preprocess_workers: int = 2
-    name: str | None = None
-    instances_per_device: int = 1
 
 
 @dataclass
@@ -73,15 +69,13 @@ class _Prepared:
     samples: list[PreparedSample]
 
 
-class BaseServerModel(Model):
-    """Serves one ``.pt2`` package over KServe with dynamic batching.
+class BaseServerModel(TileHooks, Model):
+    """Loads an exported ``.pt2`` package and serves it over KServe with dynamic batching.
 
-    Not served as is: a family (:class:`predictor.families.base.TileServerModel`
-    and its subclasses) provides the hooks this class calls:
-    ``prepare_sample`` (stage 1, one tile), ``forward_batch`` (stage 2, one
-    batch), ``check_package`` and ``warm_up`` (start-up), ``output_names`` and
-    ``output_datatypes`` (what a mode returns), and KServe's
-    ``get_input_types``/``get_output_types``.
+    Used directly for embedding backbones (h0-mini, h0, h1): no subclass
+    needed. Override ``prepare_sample`` and ``forward_batch`` (declared with
+    their defaults on :class:`~predictor.serving.hooks.TileHooks`, like every
+    other hook this class calls) for models that need custom input handling.
 
     Args:
         model_spec: The model specification (tile size, normalisation, ...).
@@ -99,8 +93,6 @@ class BaseServerModel(Model):
             gets its own worker(s), normaliser and probe.
     """
 
-    _normalizer: Any = None  # bound by the family's check_package
-
     def __init__(
         self,
         model_spec: ModelSpec,
@@ -114,16 +106,13 @@ class BaseServerModel(Model):
         package: LoadedPackage | None = None,
         more_packages: Mapping[str, LoadedPackage] | None = None,
     ):
-        self._options = options or ServingOptions()
-        super().__init__(self._options.name or model_spec.name)
-        self._spec = model_spec
+        options = options or ServingOptions()
+        TileHooks.__init__(self, model_spec, options, fault_hook, package)
+        Model.__init__(self, options.name or model_spec.name)
         self._checkpoint = Path(model_root) / checkpoint_name
         self._device = torch.device(device)
         self._metrics = metrics
-        self._fault_hook = fault_hook
-        self._package = package
         self._more_packages = dict(more_packages or {})
-        self._devices = DeviceWorkers()  # the further devices' slots
         self._phases = package.phases if package is not None else StartupPhases()
         self._pool: Stage1Pool | None = None
         self._batcher: DynamicBatcher | None = None
@@ -143,11 +132,6 @@ class BaseServerModel(Model):
         )
 
     # -- identity -------------------------------------------------------------------------
-    @property
-    def model_spec(self) -> ModelSpec:
-        """The model's specification (tile size, normalisation, etc.)."""
-        return self._spec
-
     @property
     def model_name(self) -> str:
         """Human-readable model identifier (the name in URLs)."""
@@ -175,15 +159,19 @@ class BaseServerModel(Model):
                 self._package = open_package(self._checkpoint, self._device, facts, self._phases)
             with self._phases.time("probe"):
                 self.check_package(self._package)
+                self._normalizer = build_normalizer(self._package, self._spec)
                 for dev, package in self._more_packages.items():
-                    self._devices.slots[dev] = DeviceSlot(package, self.bind_device(package)[1])
+                    self.bind_device(package)
+                    self._devices.slots[dev] = build_slot(package, self._spec)
             with self._phases.time("warmup"):
                 self.warm_up(self._package)
-            self._pool = Stage1Pool(self._options.preprocess_workers)
+            self._pool = Stage1Pool(self._options.preprocess_workers, self._spec.tile_size)
             logger.info(
-                "loaded %s (%s) on %s; start-up phases: %s",
+                "loaded %s (%s, served by %s.%s) on %s; start-up phases: %s",
                 self._checkpoint,
                 self._spec.name,
+                type(self).__module__,
+                type(self).__qualname__,
                 self._device,
                 self._phases.summary(),
             )
@@ -193,10 +181,11 @@ class BaseServerModel(Model):
     async def start_batching(self) -> None:
         """Starts the batcher inside the running event loop (called by the server)."""
         if self._batcher is None:
-            first = DeviceSlot(self._package, self._normalizer)
+            first = self.active_slot()
             instances = self._options.instances_per_device
+            forward = batch_forward(self.forward_batch)
             self._batcher = DynamicBatcher(
-                self._devices.runs(str(self._device), first, self.forward_batch, instances),
+                self._devices.runs(str(self._device), first, forward, instances),
                 self._options.batching,
                 classify_error=classify_error,
                 observer=self._metrics,
@@ -207,10 +196,6 @@ class BaseServerModel(Model):
         logger.info("%s: %d device worker(s): %s", self.name, len(workers), ", ".join(workers))
         if self._metrics is not None:
             self._metrics.workers_started(workers)
-
-    def active_slot(self) -> DeviceSlot:
-        """The calling worker's package, normaliser and stream (the model's own off a worker)."""
-        return self._devices.current() or DeviceSlot(self._package, self._normalizer)
 
     async def drain(self, timeout_s: float) -> bool:
         """Turns readiness false, refuses new work and waits for admitted work.
@@ -308,10 +293,11 @@ class BaseServerModel(Model):
     async def predict(
         self, payload: _Prepared, headers: dict[str, str] | None = None
     ) -> tuple[_Prepared, list[ModelResponse]]:
-        """Stage 2: enqueue the samples and await one response per tile, in order."""
+        """Stage 2: enqueue the samples (with their requests) and await one response per tile, in order."""
         if self._batcher is None:
             raise ModelNotReady(f"model {self.name!r} has no running batcher")
-        futures = self._batcher.submit(payload.samples, key=payload.mode)
+        items = map(BatchItem, payload.samples, payload.decoded.items)
+        futures = self._batcher.submit(list(items), key=payload.mode)
         try:
             results = await asyncio.gather(*futures)
         except Exception:
@@ -352,6 +338,13 @@ class BaseServerModel(Model):
             "preprocess_workers": self._options.preprocess_workers,
             "startup_seconds": self._phases.as_dict(),
         }
+
+    def get_output_types(self) -> list[dict[str, Any]]:
+        """V2 metadata of every output, from ``output_datatypes`` and ``output_shapes``."""
+        types = self.output_datatypes()
+        return [
+            {"name": n, "datatype": types[n], "shape": s} for n, s in self.output_shapes().items()
+        ]
 
     def _count(self, outcome: str, n: int) -> None:
         if self._metrics is not None:

@@ -3,7 +3,11 @@
 Decoding PNG/JPEG releases the GIL, so a request's tiles are split into one
 chunk per worker and prepared in parallel. Raw ``pixels`` need no decoding:
 they are prepared inline, where a thread hop would cost more than the work.
-The first invalid tile fails the whole request with its index named.
+The first invalid tile fails the whole request with its index named: a
+``ValueError`` from ``prepare_sample`` (the seed's contract for a bad
+request), and a prepared tile in neither layout
+(:func:`~predictor.codecs.samples.tile_hwc`), are a 400, never a batch's
+failure.
 """
 
 from __future__ import annotations
@@ -12,19 +16,25 @@ import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from predictor.codecs.samples import ModelRequest, PreparedSample
+from predictor.codecs.samples import ModelRequest, PreparedSample, tile_hwc
 from predictor.errors import InvalidInput
 
 PrepareFn = Callable[[ModelRequest], PreparedSample]
 
 
 class Stage1Pool:
-    """Runs ``prepare_sample`` over a request's tiles on ``workers`` threads."""
+    """Runs ``prepare_sample`` over a request's tiles on ``workers`` threads.
 
-    def __init__(self, workers: int):
+    Args:
+        workers: Threads.
+        tile_size: The spec's tile size, that every prepared tile must have.
+    """
+
+    def __init__(self, workers: int, tile_size: int):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self._workers = workers
+        self._tile_size = tile_size
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="histoserve-prep")
 
     async def prepare(
@@ -32,12 +42,14 @@ class Stage1Pool:
     ) -> list[PreparedSample]:
         """Prepared samples in item order; ``InvalidInput`` located at the first bad tile."""
         if not any(item.image_data is not None for item in items):
-            return prepare_chunk(items, tile_input, prepare)
+            return prepare_chunk(items, tile_input, prepare, self._tile_size)
         size = max(1, -(-len(items) // self._workers))
         chunks = [items[i : i + size] for i in range(0, len(items), size)]
         loop = asyncio.get_running_loop()
         jobs = [
-            loop.run_in_executor(self._pool, prepare_chunk, chunk, tile_input, prepare)
+            loop.run_in_executor(
+                self._pool, prepare_chunk, chunk, tile_input, prepare, self._tile_size
+            )
             for chunk in chunks
         ]
         results = await asyncio.gather(*jobs, return_exceptions=True)
@@ -52,13 +64,23 @@ class Stage1Pool:
 
 
 def prepare_chunk(
-    items: Sequence[ModelRequest], tile_input: str, prepare: PrepareFn
+    items: Sequence[ModelRequest], tile_input: str, prepare: PrepareFn, tile_size: int
 ) -> list[PreparedSample]:
-    """Prepares ``items`` one by one, naming the input and tile of a failure."""
+    """Prepares ``items`` one by one, naming the input and tile of a failure.
+
+    Raises:
+        InvalidInput: ``prepare`` raised a ``ValueError`` (``InvalidInput``
+            included), or returned a tile that is not ``tile_size`` square
+            RGB ``uint8`` in HWC or CHW.
+    """
     prepared = []
     for item in items:
         try:
-            prepared.append(prepare(item))
+            sample = prepare(item)
+            tile_hwc(sample.tile, tile_size)
         except InvalidInput as exc:
             raise exc.at(input_name=tile_input, tile=item.index) from exc
+        except ValueError as exc:
+            raise InvalidInput(str(exc), input_name=tile_input, tile=item.index) from exc
+        prepared.append(sample)
     return prepared

@@ -157,6 +157,10 @@ NEGATIVES = {
     "bad runtime kind": ({"servingRuntime": {"kind": "Runtime"}}, "/servingRuntime/kind"),
     "bad quantity": ({"shm": {"sizeLimit": "two gigs"}}, "/shm/sizeLimit"),
     "extra arg not a flag": ({"server": {"extraArgs": ["debug"]}}, "/server/extraArgs"),
+    "model class not MODULE:CLASS": (
+        {"model": {"modelClass": "my_models.Mine"}},
+        "/model/modelClass",
+    ),
 }
 
 

@@ -39,8 +39,21 @@ def test_model_values_reach_server_flags(render):
 def test_model_defaults_leave_checkpoint_and_spec_to_the_server(render):
     args = args_of(isvc_container(render()))
     assert args["model_name"] == "h0-mini"
-    assert "checkpoint" not in args and "spec" not in args
+    assert "checkpoint" not in args and "spec" not in args and "model_class" not in args
     assert args["device"] == "auto"
+
+
+def test_model_class_reaches_the_server_flag(render):
+    """A user's BaseServerModel subclass, importable via PYTHONPATH from server.extraEnv."""
+    objs = render(
+        set_json={
+            "model.modelClass": "my_models.tiles:UnitNormEmbedder",
+            "server.extraEnv": [{"name": "PYTHONPATH", "value": "/opt/ml/model/code"}],
+        }
+    )
+    c = isvc_container(objs)
+    assert args_of(c)["model_class"] == "my_models.tiles:UnitNormEmbedder"
+    assert {"name": "PYTHONPATH", "value": "/opt/ml/model/code"} in c["env"]
 
 
 def test_kserve_container_name_ports_and_image(render):

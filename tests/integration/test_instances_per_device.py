@@ -29,9 +29,10 @@ from harness.reference import Reference, normalise_reference
 from predictor import startup
 from predictor.cli import build_parser, configs_from_args
 from predictor.client.histoserve import HistoserveClient
-from predictor.codecs.samples import PreparedSample
+from predictor.codecs.samples import ModelRequest, PreparedSample
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.device import streams as device_mod
+from predictor.serving.forward import BatchItem
 from predictor.serving.metrics import create_metrics
 
 
@@ -91,14 +92,18 @@ def _tiles(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (n, 224, 224, 3), dtype=np.uint8)
 
 
+def _items(tiles: np.ndarray) -> list[BatchItem]:
+    """The batcher's items for raw tiles: each prepared sample with its request."""
+    return [
+        BatchItem(PreparedSample(tile=t), ModelRequest(i, pixels=t)) for i, t in enumerate(tiles)
+    ]
+
+
 async def _serve(model: Any, requests: list[np.ndarray]) -> list[Any]:
     """Every request submitted at once; each one's responses (or its exception)."""
     await model.start_batching()
     batcher = model._batcher
-    waits = [
-        asyncio.gather(*batcher.submit([PreparedSample(tile=t) for t in tiles], key="embedding"))
-        for tiles in requests
-    ]
+    waits = [asyncio.gather(*batcher.submit(_items(tiles), key="embedding")) for tiles in requests]
     results = await asyncio.gather(*waits, return_exceptions=True)
     await batcher.close()
     return results
@@ -159,15 +164,13 @@ def test_a_lost_instance_takes_only_its_worker_out(
         batcher = model._batcher
         # A sticky CUDA error surfaces at the sync of cpu#0 (idle first, takes the first batch).
         streams[0].sticky_error = "CUDA error: an illegal memory access was encountered (fake)"
-        tile = PreparedSample(tile=_tiles(1, 0)[0])
-        lost = await asyncio.gather(
-            *batcher.submit([tile], key="embedding"), return_exceptions=True
-        )
+        tile = _items(_tiles(1, 0))
+        lost = await asyncio.gather(*batcher.submit(tile, key="embedding"), return_exceptions=True)
         assert isinstance(lost[0], Exception)
         assert [(w.name, w.alive) for w in batcher.workers] == [("cpu#0", False), ("cpu#1", True)]
         assert model.live
         for _ in range(3):
-            await asyncio.gather(*batcher.submit([tile], key="embedding"))
+            await asyncio.gather(*batcher.submit(tile, key="embedding"))
         await batcher.close()
 
     asyncio.run(body())

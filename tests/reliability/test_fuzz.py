@@ -28,7 +28,7 @@ from predictor.codecs.v2 import decode_v2
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
 from predictor.families import model_class_for
-from predictor.serving.model import BaseServerModel
+from predictor.serving.model import BaseServerModel, ServingOptions
 from predictor.spec import BUILTIN_SPECS
 
 pytestmark = pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
@@ -46,8 +46,8 @@ LONG = settings(FAST, max_examples=LONG_EXAMPLES)
 def _model(spec_name: str) -> BaseServerModel:
     """A model of the spec's family, not loaded: ``prepare_sample`` needs no package."""
     spec = BUILTIN_SPECS[spec_name]
-    model = model_class_for(spec)(spec, "absent.pt2", device="cpu")
-    model._options = type(model._options)(limits=LIMITS)
+    options = ServingOptions(limits=LIMITS)
+    model = model_class_for(spec)(spec, "absent.pt2", device="cpu", options=options)
     if spec.takes_bulk_rna:
         model.genes_in = [f"ENSG{i:011d}" for i in range(GENES)]
     return model
@@ -308,7 +308,7 @@ def check_prepare(request: ModelRequest, spec_name: str) -> None:
     event("prepared")
     size = model.model_spec.tile_size
     assert sample.tile.dtype == np.uint8 and tuple(sample.tile.shape) == (size, size, 3)
-    rna = sample.extra.get("bulk_rna")
+    rna = sample.extra_tensors.get("bulk_rna")
     if rna is not None:
         assert tuple(rna.shape) == (GENES,)
         assert bool(np.isnan(rna).all()) or bool(np.isfinite(rna).all() and (rna >= 0).all())

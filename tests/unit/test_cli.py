@@ -85,3 +85,26 @@ def test_grpc_message_cap_follows_the_body_limit_unless_set():
     assert args.grpc_max_receive_message_length is None
     args = build_parser().parse_args(["--grpc_max_receive_message_length", "1234"])
     assert args.grpc_max_receive_message_length == 1234
+
+
+def test_model_class_flag_reaches_the_config():
+    assert configs_from_args(build_parser().parse_args([]))[0].model_class is None
+    args = build_parser().parse_args(["--model_class", "my_models:Mine"])
+    assert configs_from_args(args)[0].model_class == "my_models:Mine"
+
+
+@pytest.mark.parametrize(
+    ("target", "needle"),
+    [
+        ("no_such_module_xyz:Model", "cannot import 'no_such_module_xyz'"),
+        ("harness.seed_model:BLANK_BELOW", "is not a subclass of predictor.BaseServerModel"),
+    ],
+)
+def test_a_model_class_that_cannot_serve_exits_2_with_one_line(
+    embedding_package_dir, capsys, target, needle
+):
+    flags = ["--model_dir", str(embedding_package_dir), "--device", "cpu"]
+    assert main([*flags, "--model_class", target]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("histoserve: cannot start"), err
+    assert needle in err[0] and target in err[0]

@@ -15,10 +15,10 @@ from predictor import startup
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.errors import CheckpointError
 from predictor.families import model_class_for
-from predictor.families.embedding import EmbeddingServerModel
 from predictor.package import digest
 from predictor.package.loader import StartupPhases
 from predictor.serving.metrics import create_metrics
+from predictor.serving.model import BaseServerModel
 from predictor.spec import BUILTIN_SPECS
 
 PHASES = ["digest", "metadata", "load", "probe", "warmup"]
@@ -59,9 +59,7 @@ def metadata_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return reads
 
 
-def _build(
-    model_dir: Path, monkeypatch: pytest.MonkeyPatch, **options: Any
-) -> EmbeddingServerModel:
+def _build(model_dir: Path, monkeypatch: pytest.MonkeyPatch, **options: Any) -> BaseServerModel:
     # A private registry: the global one already holds this process's collectors.
     monkeypatch.setattr(
         startup, "create_metrics", lambda name: create_metrics(name, CollectorRegistry())

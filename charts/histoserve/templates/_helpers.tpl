@@ -258,6 +258,9 @@ the h2c one with appProtocol kubernetes.io/h2c).
 {{- with .Values.model.spec }}
 - --spec={{ . }}
 {{- end }}
+{{- with .Values.model.modelClass }}
+- --model_class={{ . }}
+{{- end }}
 - --device={{ .Values.model.device }}
 {{- $b := .Values.batching }}
 {{- if ne $b.maxBatchSize nil }}

@@ -25,7 +25,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from predictor import startup
-from predictor.codecs.samples import PreparedSample
+from predictor.codecs.samples import ModelRequest, PreparedSample
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.device import streams as device_mod
 from predictor.device.slot import DeviceSlot
@@ -33,6 +33,7 @@ from predictor.device.workers import DeviceWorkers
 from predictor.errors import DeviceLost, StartupError
 from predictor.package.host import HostFacts, resolve_devices
 from predictor.package.loader import open_package
+from predictor.serving.forward import BatchItem
 from predictor.serving.metrics import create_metrics
 
 FLAGS = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"})
@@ -111,10 +112,12 @@ def _build(
     return startup.build_model(config, batching, LimitsConfig()), runners, ran
 
 
-def _tiles(n: int) -> list[PreparedSample]:
+def _tiles(n: int) -> list[BatchItem]:
+    """``n`` random tiles as the batcher carries them: prepared sample and request."""
     rng = np.random.default_rng(3)
+    tiles = [rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in range(n)]
     return [
-        PreparedSample(tile=rng.integers(0, 256, (224, 224, 3), dtype=np.uint8)) for _ in range(n)
+        BatchItem(PreparedSample(tile=t), ModelRequest(i, pixels=t)) for i, t in enumerate(tiles)
     ]
 
 

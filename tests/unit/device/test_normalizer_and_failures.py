@@ -82,3 +82,21 @@ def test_dtype_from_name():
     assert dtype_from_name("float32") is torch.float32
     with pytest.raises(ValueError, match="fp64"):
         dtype_from_name("fp64")
+
+
+def test_the_device_layer_builds_a_packages_slot_and_normaliser(embedding_package_dir):
+    """A real package loaded on the CPU: its slot's normaliser follows its device and dtype."""
+    from harness.packages import package_in
+    from predictor.device.slot import build_slot
+    from predictor.package.loader import StartupPhases, inspect_package, open_package
+
+    path, phases = package_in(embedding_package_dir), StartupPhases()
+    package = open_package(path, torch.device("cpu"), inspect_package(path, phases), phases)
+    spec = BUILTIN_SPECS["h0-mini"]
+    slot = build_slot(package, spec)
+    assert slot.package is package and slot.stream is None
+    assert (slot.normalizer.device, slot.normalizer.dtype) == (package.device, package.input_dtype)
+    tiles = list(_tiles(2, spec.tile_size))
+    want = Normalizer(spec, torch.device("cpu"), package.input_dtype)(tiles)
+    torch.testing.assert_close(slot.normalizer(tiles), want, rtol=0, atol=0)
+    assert build_slot(package, spec).normalizer is not slot.normalizer  # one per slot

@@ -1,4 +1,8 @@
-"""Family registry: every built-in spec maps to a server model class, no if-chains."""
+"""Family registry: every built-in spec maps to a server model class, no if-chains.
+
+Embedding backbones are served by ``BaseServerModel`` itself (the seed's
+shape); the other families are its subclasses.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +12,18 @@ import pytest
 
 from predictor.errors import SpecError
 from predictor.families import model_class_for, register_family
-from predictor.families.base import TileServerModel
-from predictor.families.embedding import EmbeddingServerModel
 from predictor.families.multimodal import MultimodalServerModel
 from predictor.families.segmentation import SegmentationServerModel
+from predictor.serving.model import BaseServerModel
 from predictor.spec import BUILTIN_SPECS
 
 
 @pytest.mark.parametrize(
     ("name", "cls"),
     [
-        ("h0-mini", EmbeddingServerModel),
-        ("h0", EmbeddingServerModel),
-        ("h1", EmbeddingServerModel),
+        ("h0-mini", BaseServerModel),
+        ("h0", BaseServerModel),
+        ("h1", BaseServerModel),
         ("m-optimus", MultimodalServerModel),
         ("tissue-seg", SegmentationServerModel),
     ],
@@ -35,7 +38,7 @@ def test_registering_a_family_routes_specs_to_it(monkeypatch):
     monkeypatch.setattr(families, "_REGISTRY", dict(families._REGISTRY))
 
     @register_family("embedding")
-    class Custom(TileServerModel):
+    class Custom(BaseServerModel):
         pass
 
     assert model_class_for(BUILTIN_SPECS["h0"]) is Custom

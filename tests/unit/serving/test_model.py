@@ -62,7 +62,8 @@ def test_prepare_sample_rejects_bad_tiles(model, request_, needle):
 def test_forward_batch_matches_the_package(model, reference):
     tiles = random_tiles(5, seed=2)
     samples = [model.prepare_sample(ModelRequest(i, pixels=t)) for i, t in enumerate(tiles)]
-    responses = model.forward_batch(samples, mode="embedding")
+    requests = [ModelRequest(i, pixels=t) for i, t in enumerate(tiles)]
+    responses = model.forward_batch(samples, requests, mode="embedding")
     want = reference(normalise_reference(tiles))[0]
     assert len(responses) == 5
     for i, response in enumerate(responses):
@@ -74,8 +75,8 @@ def test_forward_batch_failure_is_a_forward_error(embedding_package_dir):
     tile = random_tiles(1, seed=4)[0]
     request = ModelRequest(0, pixels=tile)
     with pytest.raises(ForwardError, match="injected"):
-        model.forward_batch([model.prepare_sample(request)], "embedding")
-    second = model.forward_batch([model.prepare_sample(request)], "embedding")
+        model.forward_batch([model.prepare_sample(request)], [request], "embedding")
+    second = model.forward_batch([model.prepare_sample(request)], [request], "embedding")
     assert second[0].outputs["embedding"].shape == (1536,)
 
 
@@ -94,14 +95,16 @@ def test_metadata_describes_model_and_config(embedding_package_dir):
     assert list(meta["startup_seconds"]) == ["digest", "metadata", "load", "probe", "warmup"]
 
 
-def test_preprocess_bulk_rna_applies_log1p():
-    from predictor.families.multimodal import MultimodalServerModel
-
-    model = MultimodalServerModel.__new__(MultimodalServerModel)
-    model._spec = BUILTIN_SPECS["m-optimus"]
-    np.testing.assert_allclose(
-        model.preprocess_bulk_rna([0.0, 1.0, 9.0]), np.log1p([0.0, 1.0, 9.0]), rtol=1e-6
-    )
+@pytest.mark.parametrize(("spec_name", "log1p"), [("m-optimus", True), ("h0-mini", False)])
+def test_preprocess_bulk_rna_is_the_specs_transform_on_the_base(spec_name, log1p):
+    """The seed's ``preprocess_bulk_rna`` is on every model; no package needed to call it."""
+    spec = BUILTIN_SPECS[spec_name]
+    model = model_class_for(spec)(spec, "absent.pt2", device="cpu")
+    raw = [0.0, 1.0, 9.0]
+    want = np.log1p(raw) if log1p else np.asarray(raw)
+    got = model.preprocess_bulk_rna(raw)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 def test_end_to_end_through_the_batcher_and_drain(embedding_package_dir, reference):

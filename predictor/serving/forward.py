@@ -1,0 +1,36 @@
+"""What the batcher carries per tile (:class:`BatchItem`) and how a worker calls ``forward_batch``.
+
+The seed's ``forward_batch(samples, requests, mode)`` takes each sample's
+request beside it, so a tile's request travels with its prepared sample
+through the queue; the batcher itself never looks inside (it only batches
+opaque items by mode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
+
+ForwardBatch = Callable[[list[PreparedSample], list[ModelRequest], str], list[ModelResponse]]
+"""The model's ``forward_batch(samples, requests, mode)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchItem:
+    """One tile in the queue: its prepared sample and the request it came from."""
+
+    sample: PreparedSample
+    request: ModelRequest
+
+
+def batch_forward(
+    forward_batch: ForwardBatch,
+) -> Callable[[list[BatchItem], str], list[ModelResponse]]:
+    """A worker's forward: splits a batch of items into samples and requests for ``forward_batch``."""
+
+    def run(items: list[BatchItem], mode: str) -> list[ModelResponse]:
+        return forward_batch([i.sample for i in items], [i.request for i in items], mode)
+
+    return run

@@ -1,0 +1,232 @@
+""":class:`TileHooks`: every hook :class:`~predictor.serving.model.BaseServerModel` calls, with defaults.
+
+The defaults are an embedding backbone's, so ``BaseServerModel`` serves
+one as is: a square RGB tile in, normalised on the device, one package
+forward per batch, one ``embedding [D]`` row per tile out. A model author
+(or a family in :mod:`predictor.families`) subclasses ``BaseServerModel``
+and overrides the seed's hooks, calling ``super()`` where the defaults serve:
+
+* stage 1, per tile in a thread pool: :meth:`~TileHooks.prepare_sample`
+  (and :meth:`~TileHooks.preprocess_bulk_rna`); a ``ValueError`` there is a
+  400 for that request only;
+* stage 2, per batch on one device worker: :meth:`~TileHooks.forward_batch`,
+  built from :meth:`~TileHooks.batch_inputs`,
+  :meth:`~TileHooks.output_to_host` and :meth:`~TileHooks.build_responses`;
+  any failure there is a 503 for that batch only;
+* start-up: :meth:`~TileHooks.check_package` (the first device's package),
+  :meth:`~TileHooks.bind_device` (every device's), :meth:`~TileHooks.warm_up`;
+* description: :meth:`~TileHooks.output_names` (what a mode returns),
+  :meth:`~TileHooks.output_datatypes`, :meth:`~TileHooks.output_shapes`,
+  :meth:`~TileHooks.get_input_types`.
+
+Nothing here knows KServe; ``BaseServerModel`` adds it and the lifecycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from predictor.codecs.images import decode_tile
+from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample, tile_hwc
+from predictor.device.faults import FaultHook
+from predictor.device.normalizer import Normalizer, synchronize
+from predictor.device.slot import DeviceSlot
+from predictor.device.workers import DeviceWorkers
+from predictor.errors import InvalidInput, ModelNotReady
+from predictor.package.loader import LoadedPackage
+from predictor.package.probe import probe_outputs
+from predictor.serving.family import PackageFamily, check_shapes
+from predictor.serving.options import ServingOptions
+from predictor.spec import ModelSpec
+
+
+class TileHooks(PackageFamily):
+    """The seed's tile model without KServe: its hooks, state and defaults.
+
+    Args:
+        model_spec: The model specification (tile size, normalisation, ...).
+        options: Batching, limits and naming; see :class:`ServingOptions`.
+        fault_hook: Test-only forward fault injection; ``None`` in production.
+        package: The first device's package, already loaded, or ``None``
+            until :meth:`BaseServerModel.load` loads it.
+    """
+
+    def __init__(
+        self,
+        model_spec: ModelSpec,
+        options: ServingOptions,
+        fault_hook: FaultHook | None,
+        package: LoadedPackage | None,
+    ) -> None:
+        self._spec = model_spec
+        self._options = options
+        self._fault_hook = fault_hook
+        self._package = package
+        self._normalizer: Normalizer | None = None  # the first device's, built by load
+        self._devices = DeviceWorkers()  # the further devices' slots, and each worker's
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        """The model's specification (tile size, normalisation, etc.)."""
+        return self._spec
+
+    def active_slot(self) -> DeviceSlot:
+        """The calling worker's package, normaliser and stream (the model's own off a worker).
+
+        Raises:
+            ModelNotReady: Not loaded yet, or stopped.
+        """
+        slot = self._devices.current()
+        if slot is not None:
+            return slot
+        if self._package is None or self._normalizer is None:
+            raise ModelNotReady(f"model {self._spec.name!r} is not loaded")
+        return DeviceSlot(self._package, self._normalizer)
+
+    # -- start-up ---------------------------------------------------------------------------
+    def check_package(self, package: LoadedPackage) -> list[tuple[int, ...]]:
+        """Checks the first device's package against the spec (default: :meth:`bind_device`).
+
+        A family reads its assets here (e.g. gene lists beside the package).
+
+        Returns:
+            The probed per-tile output shapes, primary first.
+
+        Raises:
+            SpecMismatch: The package disagrees with the spec.
+        """
+        return self.bind_device(package)
+
+    def bind_device(self, package: LoadedPackage) -> list[tuple[int, ...]]:
+        """Probes one device's package and checks its outputs against the spec.
+
+        Called once per loaded package (one per GPU under ``--device auto``),
+        so every device is probed before the pod turns ready; the device
+        layer builds each device's slot (:func:`predictor.device.slot.build_slot`).
+
+        Raises:
+            SpecMismatch: The package disagrees with the spec.
+        """
+        probed = probe_outputs(package, self._spec, self.extra_input_shapes(package))
+        shapes = [tuple(s) for s in probed]
+        check_shapes(type(self), self._spec, shapes)
+        return shapes
+
+    def extra_input_shapes(self, package: LoadedPackage) -> Mapping[str, int]:
+        """Per-tile sizes of the package's inputs after the tiles (none by default)."""
+        return {}
+
+    def warm_up(self, package: LoadedPackage) -> None:
+        """Runs before the first request; nothing by default beyond the probe's two forwards."""
+
+    # -- stage 1 ----------------------------------------------------------------------------
+    def prepare_sample(self, request: ModelRequest) -> PreparedSample:
+        """Deserialises, transforms and validates one tile; a ``ValueError`` is a 400.
+
+        Called in the stage-1 thread pool. The tile stays ``uint8 [H, W, 3]``
+        (see :mod:`predictor.codecs.samples` for why HWC); a subclass may
+        return the seed's ``(3, H, W)`` instead. Normalisation happens on the
+        device, in the batch.
+
+        Raises:
+            InvalidInput: No image, an undecodable one, or the wrong shape.
+        """
+        pixels = request.pixels
+        if pixels is None:
+            if request.image_data is None:
+                raise InvalidInput("no image data")
+            pixels = decode_tile(request.image_data, limits=self._options.limits)
+        size = self._spec.tile_size
+        if pixels.dtype != np.uint8 or pixels.shape != (size, size, 3):
+            raise InvalidInput(
+                f"expected a {size}x{size} RGB uint8 tile, got shape {tuple(pixels.shape)} {pixels.dtype}"
+            )
+        return PreparedSample(tile=pixels)
+
+    def preprocess_bulk_rna(self, raw: Sequence[float] | np.ndarray) -> np.ndarray:
+        """Applies the spec's omics transform to raw counts (``float32``; unchanged when none)."""
+        values = np.asarray(raw, dtype=np.float32)
+        if self._spec.bulk_rna_transform == "log1p":
+            return np.log1p(values)
+        return values
+
+    # -- stage 2 ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward_batch(
+        self,
+        samples: list[PreparedSample],
+        requests: list[ModelRequest],
+        mode: str = "prediction",
+    ) -> list[ModelResponse]:
+        """Runs one batch on the device: one response per sample, positionally aligned.
+
+        Stacks, moves to the device, normalises there, runs the package,
+        synchronises, copies back. Any failure propagates as raised: the
+        batcher classifies it and wraps it once
+        (:func:`predictor.errors.forward_failure`) for the whole batch.
+
+        Args:
+            samples: Samples that passed :meth:`prepare_sample`.
+            requests: Each sample's request (for response metadata), aligned.
+            mode: ``prediction``, ``embedding`` or ``prediction_with_embedding``.
+        """
+        if self._fault_hook is not None:
+            self._fault_hook.check([s.tile for s in samples])
+        package = self.active_slot().package
+        outputs = package(*self.batch_inputs(samples))
+        host = [self.output_to_host(out[: len(samples)]) for out in outputs]
+        synchronize(package.device)
+        return self.build_responses([t.numpy() for t in host], mode)
+
+    @torch.inference_mode()
+    def forward(self, requests: list[ModelRequest]) -> torch.Tensor:
+        """Runs the model on a batch of tile requests (the seed's legacy path).
+
+        Prepares each request, runs one forward and returns the primary
+        output on the host, ``[N, ...]`` (``[N, D]`` for an embedding).
+
+        Raises:
+            InvalidInput: A request :meth:`prepare_sample` refuses.
+        """
+        samples = [self.prepare_sample(r) for r in requests]
+        package = self.active_slot().package
+        primary = package(*self.batch_inputs(samples))[0]
+        return self.output_to_host(primary[: len(samples)])
+
+    def batch_inputs(self, samples: Sequence[PreparedSample]) -> tuple[torch.Tensor, ...]:
+        """The package's inputs for a batch, on the device (tiles first, either layout)."""
+        size = self._spec.tile_size
+        return (self.active_slot().normalizer([tile_hwc(s.tile, size) for s in samples]),)
+
+    def output_to_host(self, output: torch.Tensor) -> torch.Tensor:
+        """Device output (trimmed to the real batch) to a host tensor; fp32 by default."""
+        return output.float().cpu() if output.is_floating_point() else output.cpu()
+
+    def build_responses(self, outputs: Sequence[np.ndarray], mode: str) -> list[ModelResponse]:
+        """One response per sample from the host outputs (views, no copies): its embedding row."""
+        return [ModelResponse({"embedding": row}) for row in outputs[0]]
+
+    # -- description ------------------------------------------------------------------------
+    def output_names(self, mode: str) -> tuple[str, ...]:
+        """Output tensor names a mode returns, primary first."""
+        return ("embedding",)
+
+    def output_datatypes(self) -> Mapping[str, str]:
+        """V2 datatype of every output the model can return."""
+        return {"embedding": "FP32"}
+
+    def output_shapes(self) -> Mapping[str, list[int]]:
+        """V2 shape of every output (``-1`` for the batch axis)."""
+        return {"embedding": [-1, self._spec.embedding_dim]}
+
+    def get_input_types(self) -> list[dict[str, Any]]:
+        """V2 metadata of the inputs a request may carry."""
+        size = self._spec.tile_size
+        return [
+            {"name": "tiles", "datatype": "BYTES", "shape": [-1]},
+            {"name": "pixels", "datatype": "UINT8", "shape": [-1, size, size, 3]},
+        ]

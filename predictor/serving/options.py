@@ -1,0 +1,18 @@
+"""Runtime options of a served model beside its spec (:class:`ServingOptions`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from predictor.config import BatchingConfig, LimitsConfig
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    """Runtime options beside the spec; built by the CLI, defaults fit tests."""
+
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    preprocess_workers: int = 2
+    name: str | None = None
+    instances_per_device: int = 1
