@@ -245,14 +245,19 @@ class BaseServerModel(Model):
         return self._batcher is None or self._batcher.healthy
 
     def stop(self) -> None:
-        """Releases the stage-1 pool and the package for good (no reload after this).
+        """Closes the batcher and releases the stage-1 pool and the package for good.
 
+        Call on the serving loop's thread (the server's shutdown does), or
+        after it ended. Whatever is still queued fails with ``ModelNotReady``
+        and the device worker threads end (drain first for a graceful stop).
         Dropping the package runs its loader's destructor now, which deletes the
         files it extracted, so the process can exit without a full garbage
         collection (see ``predictor.__main__``).
         """
         self.ready = False
         self._stopped = True
+        if self._batcher is not None:
+            self._batcher.close_nowait()
         if self._pool is not None:
             self._pool.shutdown()
         self._package = None
