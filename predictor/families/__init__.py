@@ -6,17 +6,16 @@
 * :mod:`~predictor.families.multimodal`: tile + bulk RNA (``m-optimus``);
 * :mod:`~predictor.families.segmentation`: tissue masks (``tissue-seg``).
 
-A registry keyed by family name maps a spec to its class; call sites (start-up,
+A table keyed by family name maps a spec to its class; call sites (start-up,
 export, demo models, the package check) ask here and never branch on the
-family themselves. The built-in families are imported on first use, not at
-import of this package (registering is a side effect, and they import torch
-and KServe).
+family themselves. The family modules are imported on first use, not at
+import of this package (they import torch and KServe).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from predictor.errors import SpecError
@@ -33,37 +32,23 @@ _BUILTIN: dict[str, str] = {
     "multimodal": "predictor.families.multimodal:MultimodalServerModel",
     "segmentation": "predictor.families.segmentation:SegmentationServerModel",
 }
-_REGISTRY: dict[str, type[TileServerModel]] = {}
-
-
-def register_family(family: str) -> Callable[[type[TileServerModel]], type[TileServerModel]]:
-    """Class decorator: serve specs of ``family`` with the decorated class (overrides a built-in)."""
-
-    def decorate(cls: type[TileServerModel]) -> type[TileServerModel]:
-        _REGISTRY[family] = cls
-        return cls
-
-    return decorate
 
 
 def model_class_for(spec: ModelSpec) -> type[TileServerModel]:
     """The server model class (and family hooks) for ``spec``'s family.
 
+    A new family is a module here and a row of ``_BUILTIN`` beside its name in
+    :data:`predictor.spec.FAMILIES` (``docs/architecture.md``, "Adding a
+    family"); a spec cannot name any other family.
+
     Raises:
-        SpecError: No class is registered for the family.
+        SpecError: No class for the family.
     """
-    _load_builtin_families()
-    try:
-        return _REGISTRY[spec.family]
-    except KeyError as exc:
-        raise SpecError(f"no server model registered for family {spec.family!r}") from exc
-
-
-def _load_builtin_families() -> None:
-    for family, target in _BUILTIN.items():
-        if family not in _REGISTRY:
-            module, _, attr = target.partition(":")
-            _REGISTRY[family] = getattr(importlib.import_module(module), attr)
+    target = _BUILTIN.get(spec.family)
+    if target is None:
+        raise SpecError(f"no server model for family {spec.family!r}; known: {sorted(_BUILTIN)}")
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def check_consistency(
