@@ -5,6 +5,7 @@ real server (the ``embedding_server`` fixture) answers.
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -303,3 +304,20 @@ def test_a_real_response_cut_short_is_refused(embedding_server: Server) -> None:
     length = response.headers[wire.HEADER]
     with pytest.raises(ValueError, match="overruns the body"):
         wire.decode_response(response.content[:-4], length)
+
+
+def test_modes_have_one_definition_that_server_and_client_share() -> None:
+    """``MODES`` is assigned once, in predictor.wire (the client may import it, the spec too)."""
+    from predictor import spec
+    from predictor.client.embed import config
+
+    package = Path(wire.__file__).parents[1]
+    assigned = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        for node in ast.parse(path.read_text(encoding="utf-8")).body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "MODES" for t in node.targets)
+    ]
+    assert assigned == ["wire/format.py"]
+    assert spec.MODES is config.MODES is wire.MODES

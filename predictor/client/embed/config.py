@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from predictor.client.embed.errors import UsageError
+from predictor.wire import MODES
 
-MODES = ("embedding", "prediction", "prediction_with_embedding")
 PROGRESS = ("auto", "bar", "plain", "none")
 URL_SCHEMES = ("http://", "https://", "grpc://")
 # Requests in flight per URL by default: one being computed, one queued behind
