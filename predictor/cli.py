@@ -125,7 +125,7 @@ def _strtobool(value: str) -> bool:
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[ModelConfig, BatchingConfig, LimitsConfig]:
-    """Frozen configs from parsed flags; a bad value raises ValueError naming it."""
+    """Frozen configs from parsed flags; a bad value raises ConfigError naming it."""
     model = ModelConfig(
         model_dir=args.model_dir,
         checkpoint=args.checkpoint,
@@ -199,7 +199,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
         server = build_server(args, limits)
         configure_trace_logging(args.enable_latency_logging)
         model = build_model(model_config, batching, limits)
-    except (StartupError, ValueError) as exc:
+    except StartupError as exc:  # usage, spec and package errors; a bug is a traceback (exit 1)
         print(f"histoserve: cannot start: {exc}", file=sys.stderr)
         return EXIT_STARTUP_ERROR
     logger.info(

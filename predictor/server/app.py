@@ -35,7 +35,7 @@ from kserve.protocol.rest.server import RESTServer
 from starlette.middleware import Middleware
 from timing_asgi import TimingMiddleware
 
-from predictor.errors import PayloadTooLarge
+from predictor.errors import ConfigError, PayloadTooLarge
 from predictor.server.dataplane import HistoDataPlane
 from predictor.server.edge import error_response, install_http_handlers
 from predictor.server.fast_infer import FastInferMiddleware
@@ -170,11 +170,11 @@ class HistoModelServer(ModelServer):
     ):
         super().__init__(**kwargs)
         if self.workers != 1:
-            raise ValueError(
+            raise ConfigError(
                 f"--workers must be 1 (one batcher owns the device), got {self.workers}"
             )
         if drain_timeout_s < 0:
-            raise ValueError(f"drain_timeout_s must be >= 0, got {drain_timeout_s}")
+            raise ConfigError(f"drain_timeout_s must be >= 0, got {drain_timeout_s}")
         self.dataplane = HistoDataPlane(model_registry=self.registered_models)
         self._drain_timeout_s = drain_timeout_s
         self._max_body_bytes = max_body_bytes
