@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a histopathology .pt2 tile model over KServe V1/V2 REST and V2 gRPC.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    # None means "follow --max_body_bytes", not gRPC's 4 MiB (32 raw tiles are ~4.8 MB).
+    # None means "follow --max_body_bytes", not gRPC's 4 MiB (32 raw tiles are ~4.8 MB);
+    # both gRPC limits are honoured (the send one bounds answers).
     # KServe's per-request trace lines (its latency line, and the wall and CPU
     # timing lines of its REST middleware: three lines per request) are off
     # unless asked for: they were ~7% of the event loop's CPU (docs/performance.md).
@@ -157,7 +158,8 @@ def build_server(args: argparse.Namespace, limits: LimitsConfig) -> Any:
     return HistoModelServer(
         drain_timeout_s=args.drain_timeout_s,
         max_body_bytes=limits.max_body_bytes,
-        grpc_max_message_bytes=args.grpc_max_receive_message_length,
+        grpc_max_receive_bytes=args.grpc_max_receive_message_length,
+        grpc_max_send_bytes=args.grpc_max_send_message_length,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         workers=args.workers,

@@ -151,8 +151,10 @@ class HistoModelServer(ModelServer):
     Args:
         drain_timeout_s: Longest wait for admitted requests after SIGTERM.
         max_body_bytes: Largest HTTP body accepted.
-        grpc_max_message_bytes: Largest gRPC message sent or received;
+        grpc_max_receive_bytes: Largest gRPC message received;
             ``max_body_bytes`` when ``None`` (not gRPC's 4 MiB default).
+        grpc_max_send_bytes: Largest gRPC message sent (an answer over it
+            fails ``RESOURCE_EXHAUSTED``); ``max_body_bytes`` when ``None``.
         rest_fast_path: Answer ``POST /v2/models/{name}/infer`` in
             :class:`~predictor.server.fast_infer.FastInferMiddleware` instead
             of FastAPI's route (same answers, less CPU per request).
@@ -164,7 +166,8 @@ class HistoModelServer(ModelServer):
         *,
         drain_timeout_s: float = 30.0,
         max_body_bytes: int = 256 << 20,
-        grpc_max_message_bytes: int | None = None,
+        grpc_max_receive_bytes: int | None = None,
+        grpc_max_send_bytes: int | None = None,
         rest_fast_path: bool = True,
         **kwargs: Any,
     ):
@@ -178,7 +181,8 @@ class HistoModelServer(ModelServer):
         self.dataplane = HistoDataPlane(model_registry=self.registered_models)
         self._drain_timeout_s = drain_timeout_s
         self._max_body_bytes = max_body_bytes
-        self._grpc_max_message_bytes = grpc_max_message_bytes or max_body_bytes
+        self._grpc_max_receive_bytes = grpc_max_receive_bytes or max_body_bytes
+        self._grpc_max_send_bytes = grpc_max_send_bytes or max_body_bytes
         self._rest_fast_path = bool(rest_fast_path)
         self._stopping = False
 
@@ -206,8 +210,9 @@ class HistoModelServer(ModelServer):
                 self.grpc_port,
                 self.dataplane,
                 self.model_repository_extension,
-                self._grpc_max_message_bytes,
                 float(self.grace_period),
+                max_receive_bytes=self._grpc_max_receive_bytes,
+                max_send_bytes=self._grpc_max_send_bytes,
             )
             if self.enable_grpc
             else None

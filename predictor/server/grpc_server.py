@@ -16,23 +16,31 @@ class GrpcServer:
     """KServe's V2 gRPC service with our interceptor and message-size limits."""
 
     def __init__(
-        self, port: int, dataplane: Any, repository: Any, max_message_bytes: int, grace_s: float
+        self,
+        port: int,
+        dataplane: Any,
+        repository: Any,
+        grace_s: float,
+        *,
+        max_receive_bytes: int,
+        max_send_bytes: int,
     ):
         self._port = port
         self._dataplane = dataplane
         self._repository = repository
-        self._max_message_bytes = max_message_bytes
         self._grace_s = grace_s
+        self.options = [
+            ("grpc.max_send_message_length", max_send_bytes),
+            ("grpc.max_receive_message_length", max_receive_bytes),
+        ]
+        """The channel options the server is created with (message-size limits)."""
         self._server: aio.Server | None = None
 
     async def start(self, max_workers: int) -> None:
         self._server = aio.server(
             futures.ThreadPoolExecutor(max_workers=max_workers),
             interceptors=(GrpcErrorInterceptor(),),
-            options=[
-                ("grpc.max_send_message_length", self._max_message_bytes),
-                ("grpc.max_receive_message_length", self._max_message_bytes),
-            ],
+            options=self.options,
         )
         servicer = InferenceServicer(self._dataplane, self._repository)
         grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
