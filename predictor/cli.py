@@ -43,11 +43,11 @@ def available_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int
 
 def build_parser() -> argparse.ArgumentParser:
     """The serve parser: KServe's flags plus histoserve's."""
-    from kserve.model_server import parser as kserve_parser
+    from predictor.kserve_compat import model_server_parser
 
     parser = argparse.ArgumentParser(
         prog="histoserve serve",
-        parents=[kserve_parser],
+        parents=[model_server_parser()],
         description="Serve a histopathology .pt2 tile model over KServe V1/V2 REST and V2 gRPC.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _strtobool(value: str) -> bool:
     """``true``/``false`` (and KServe's other spellings) for boolean flags."""
-    from kserve.utils.utils import strtobool
+    from predictor.kserve_compat import strtobool
 
     return strtobool(value)
 
@@ -180,7 +180,7 @@ def configure_trace_logging(enabled: bool) -> None:
     go elsewhere and are untouched. Call after the server is built: KServe
     configures logging in its constructor.
     """
-    from kserve.logging import KSERVE_TRACE_LOGGER_NAME
+    from predictor.kserve_compat import KSERVE_TRACE_LOGGER_NAME
 
     level = logging.INFO if enabled else logging.WARNING
     logging.getLogger(KSERVE_TRACE_LOGGER_NAME).setLevel(level)

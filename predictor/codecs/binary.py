@@ -16,11 +16,12 @@ import math
 from typing import Any
 
 import orjson
-from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput
+from kserve import InferInput, InferRequest
 
 from predictor import wire
 from predictor.codecs.tensors import DATATYPES, parse_shape, reading_wire
 from predictor.errors import InvalidInput
+from predictor.kserve_compat import RequestedOutput, set_raw_data
 
 
 def parse_binary_body(
@@ -106,7 +107,7 @@ def _input(
             if infer_input.datatype == "BYTES":
                 infer_input.data = wire.split_length_prefixed(data, math.prod(infer_input.shape))
             else:
-                infer_input._raw_data = data
+                set_raw_data(infer_input, data)
         return infer_input, offset + size
     except InvalidInput as exc:
         raise exc.at(input_name=name) from None

@@ -20,7 +20,6 @@ What it changes, and why (``docs/architecture.md``, "The server edge"):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 from collections.abc import Callable
@@ -29,13 +28,19 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from kserve import ModelServer
-from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
-from kserve.errors import ModelNotFound
-from kserve.protocol.rest.server import RESTServer
 from starlette.middleware import Middleware
 from timing_asgi import TimingMiddleware
 
 from predictor.errors import ConfigError, PayloadTooLarge
+from predictor.kserve_compat import (
+    FASTAPI_APP_IMPORT_STRING,
+    ModelNotFound,
+    RESTServer,
+    fastapi_app,
+    register_models,
+    request_exit,
+    serve_without_signal_capture,
+)
 from predictor.server.dataplane import HistoDataPlane
 from predictor.server.edge import error_response, install_http_handlers
 from predictor.server.fast_infer import FastInferMiddleware
@@ -142,7 +147,7 @@ class _RESTServer(RESTServer):
 
     def create_application(self) -> None:
         super().create_application()
-        self._finish_app(_kserve_app())
+        self._finish_app(fastapi_app())
 
 
 class HistoModelServer(ModelServer):
@@ -188,8 +193,8 @@ class HistoModelServer(ModelServer):
 
     def start(self, models: list[Any]) -> None:
         """Registers ``models`` and serves until SIGTERM/SIGINT and the drain complete."""
-        self._register_and_check_atleast_one_model_is_ready(models)
-        self._rest_server = _RESTServer(
+        register_models(self, models)
+        self._http = _RESTServer(
             FASTAPI_APP_IMPORT_STRING,
             self.dataplane,
             self.model_repository_extension,
@@ -204,8 +209,8 @@ class HistoModelServer(ModelServer):
             finish_app=self._configure_app,
         )
         # We own SIGTERM (drain first); uvicorn must not exit on it by itself.
-        self._rest_server._server.capture_signals = contextlib.nullcontext
-        self._grpc_server = (
+        serve_without_signal_capture(self._http)
+        self._grpc = (
             GrpcServer(
                 self.grpc_port,
                 self.dataplane,
@@ -218,7 +223,7 @@ class HistoModelServer(ModelServer):
             else None
         )
         self.setup_event_loop()
-        asyncio.run(self._serve())
+        asyncio.run(self._serve_until_stopped())
 
     def _configure_app(self, app: FastAPI) -> None:
         """Histoserve's handlers, middlewares and config route on KServe's built app."""
@@ -257,16 +262,16 @@ class HistoModelServer(ModelServer):
             raise ModelNotFound(model_name)
         return model.get_metadata()
 
-    async def _serve(self) -> None:
+    async def _serve_until_stopped(self) -> None:
         for model in self.registered_models.get_models().values():
             if hasattr(model, "start_batching"):
                 await model.start_batching()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda s=sig: asyncio.ensure_future(self.shutdown(s)))
-        servers = [self._rest_server.start()]
-        if self._grpc_server is not None:
-            servers.append(self._grpc_server.start(self.max_threads))
+        servers = [self._http.start()]
+        if self._grpc is not None:
+            servers.append(self._grpc.start(self.max_threads))
         await asyncio.gather(*servers)
 
     async def shutdown(self, sig: int | None = None) -> None:
@@ -280,13 +285,13 @@ class HistoModelServer(ModelServer):
             *(m.drain(self._drain_timeout_s) for m in models if hasattr(m, "drain"))
         )
         logger.info("drain %s; stopping servers", "complete" if all(drained) else "deadline passed")
-        self._rest_server._server.should_exit = True
-        if self._grpc_server is not None:
+        request_exit(self._http)
+        if self._grpc is not None:
             # After a complete drain every admitted call has its answer: calls still
             # open were never dispatched (seen: one still uploading), and waiting the
             # full grace for them only delayed the exit. Past the drain deadline, a
             # call of the batch still running gets UNAVAILABLE, as the contract says.
-            await self._grpc_server.stop(GRPC_STOP_GRACE_S)
+            await self._grpc.stop(GRPC_STOP_GRACE_S)
         for model in models:
             model.stop()
 
@@ -300,9 +305,3 @@ def insert_beside_timing(stack: list[Middleware], ours: list[Middleware], *, out
     timing = next((i for i, m in enumerate(stack) if m.cls is TimingMiddleware), len(stack))
     at = timing if outside or timing == len(stack) else timing + 1
     stack[at:at] = ours
-
-
-def _kserve_app() -> FastAPI:
-    from kserve import model_server
-
-    return model_server.app

@@ -6,9 +6,8 @@ from concurrent import futures
 from typing import Any
 
 from grpc import aio
-from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
-from kserve.protocol.grpc.servicer import InferenceServicer
 
+from predictor.kserve_compat import add_inference_service
 from predictor.server.edge import GrpcErrorInterceptor
 
 
@@ -42,8 +41,7 @@ class GrpcServer:
             interceptors=(GrpcErrorInterceptor(),),
             options=self.options,
         )
-        servicer = InferenceServicer(self._dataplane, self._repository)
-        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
+        add_inference_service(self._server, self._dataplane, self._repository)
         self._server.add_insecure_port(f"[::]:{self._port}")
         await self._server.start()
         await self._server.wait_for_termination()

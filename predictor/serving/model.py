@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 from kserve import InferRequest, InferResponse, Model
-from kserve.model import InferenceVerb
 
 from predictor.batching.batcher import DynamicBatcher
 from predictor.codecs.base import Codec
@@ -40,6 +39,7 @@ from predictor.device.faults import FaultHook
 from predictor.device.slot import DeviceSlot
 from predictor.device.workers import DeviceWorkers
 from predictor.errors import InvalidInput, ModelNotReady
+from predictor.kserve_compat import InferenceVerb
 from predictor.package.loader import LoadedPackage, StartupPhases, inspect_package, open_package
 from predictor.serving.admission import Admission
 from predictor.serving.kserve_call import StageCall
