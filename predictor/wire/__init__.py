@@ -1,4 +1,4 @@
-"""The client side of the V2 REST binary tensor extension: one writer, one reader.
+"""The V2 REST binary tensor extension: one writer and one reader, for clients and server.
 
 A binary V2 body is a JSON header of ``Inference-Header-Content-Length`` bytes
 followed by the raw data of every tensor whose parameters carry

@@ -60,7 +60,7 @@ def split_length_prefixed(data: bytes | memoryview, count: int) -> list[bytes]:
         if len(items) >= count:
             raise WireError(
                 f"BYTES data holds more than the {count} elements of its shape "
-                f"({total - offset} bytes after element {count - 1})"
+                f"({total - offset} bytes left after them)"
             )
         if offset + 4 > total:
             raise WireError(

@@ -205,7 +205,7 @@ def test_reader_refuses_inconsistent_outputs(entry: dict, blob: bytes, needle: s
 
 
 def test_split_length_prefixed_refuses_leftovers() -> None:
-    with pytest.raises(ValueError, match="2 bytes after element 0"):
+    with pytest.raises(ValueError, match="2 bytes left after them"):
         wire.split_length_prefixed(wire.length_prefixed([b"a"]) + b"zz", 1)
 
 
