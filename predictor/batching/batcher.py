@@ -100,7 +100,8 @@ class DynamicBatcher(Generic[T, R]):
         self._workers = [Worker(str(w), fn) for w, fn in runs.items()]
         self._config = config
         self._classify_error = classify_error
-        self._observer: BatchObserver = GuardedObserver(observer or NullObserver(), name)
+        inner = observer if observer is not None else NullObserver()
+        self._observer: BatchObserver = GuardedObserver(inner, name)
         self._name = name
         self._queue: BatchQueue[T, R] = BatchQueue(config.max_queue_size, config.max_batch_size)
         self._started = False
