@@ -112,8 +112,7 @@ def grpc_request(model: str, tiles: np.ndarray) -> bytes:
 
 def rest_output_rows(body: bytes, headers: dict[str, str]) -> tuple[int, int]:
     """``(rows, width)`` of the first output of a REST response (for validation)."""
-    length = int(headers.get(wire.HEADER.lower(), headers.get(wire.HEADER, len(body))))
-    doc = json.loads(body[:length])
+    doc, _, _ = wire.read_header(body, headers.get(wire.HEADER.lower(), headers.get(wire.HEADER)))
     if "predictions" in doc:  # V1
         preds = doc["predictions"]
         return len(preds), len(preds[0]["output"])

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
@@ -32,14 +33,21 @@ _TILES = re.compile(r"^histoserve_tiles_total\{([^}]*)\}\s+([0-9.e+]+)", re.MULT
 # installed in this venv, and a `None` in sys.modules is how Python spells "not
 # installed" without uninstalling them.
 _WITHOUT_SERVER = (
-    "import sys; sys.modules.update(torch=None, kserve=None); "
+    "import sys; sys.modules.update({blocked}); "
     "from predictor.cli import main; sys.exit(main(['embed', *sys.argv[1:]]))"
 )
 
 
 def embed_command(*args: str | Path) -> list[str]:
-    """``histoserve embed ARGS`` with this interpreter, torch and kserve unimportable."""
-    return [sys.executable, "-c", _WITHOUT_SERVER, *map(str, args)]
+    """``histoserve embed ARGS`` with this interpreter, torch and kserve unimportable.
+
+    ``--layout clam`` writes CLAM's ``pt_files/<id>.pt`` with torch, the one
+    case the client imports it: there only kserve is made unimportable.
+    """
+    words = list(map(str, args))
+    clam = any(pair == ("--layout", "clam") for pair in itertools.pairwise(words))
+    blocked = "kserve=None" if clam else "torch=None, kserve=None"
+    return [sys.executable, "-c", _WITHOUT_SERVER.format(blocked=blocked), *words]
 
 
 def run_embed(

@@ -46,15 +46,16 @@ def available_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int
 
 def build_parser() -> argparse.ArgumentParser:
     """The serve parser: KServe's flags plus histoserve's."""
-    from kserve.model_server import parser as kserve_parser
+    from predictor.kserve_compat import model_server_parser
 
     parser = argparse.ArgumentParser(
         prog="histoserve serve",
-        parents=[kserve_parser],
+        parents=[model_server_parser()],
         description="Serve a histopathology .pt2 tile model over KServe V1/V2 REST and V2 gRPC.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    # None means "follow --max_body_bytes", not gRPC's 4 MiB (32 raw tiles are ~4.8 MB).
+    # None means "follow --max_body_bytes", not gRPC's 4 MiB (32 raw tiles are ~4.8 MB);
+    # both gRPC limits are honoured (the send one bounds answers).
     # KServe's per-request trace lines (its latency line, and the wall and CPU
     # timing lines of its REST middleware: three lines per request) are off
     # unless asked for: they were ~7% of the event loop's CPU (docs/performance.md).
@@ -128,13 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _strtobool(value: str) -> bool:
     """``true``/``false`` (and KServe's other spellings) for boolean flags."""
-    from kserve.utils.utils import strtobool
+    from predictor.kserve_compat import strtobool
 
     return strtobool(value)
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[ModelConfig, BatchingConfig, LimitsConfig]:
-    """Frozen configs from parsed flags; a bad value raises ValueError naming it."""
+    """Frozen configs from parsed flags; a bad value raises ConfigError naming it."""
     model = ModelConfig(
         model_dir=args.model_dir,
         checkpoint=args.checkpoint,
@@ -167,7 +168,8 @@ def build_server(args: argparse.Namespace, limits: LimitsConfig) -> Any:
     return HistoModelServer(
         drain_timeout_s=args.drain_timeout_s,
         max_body_bytes=limits.max_body_bytes,
-        grpc_max_message_bytes=args.grpc_max_receive_message_length,
+        grpc_max_receive_bytes=args.grpc_max_receive_message_length,
+        grpc_max_send_bytes=args.grpc_max_send_message_length,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         workers=args.workers,
@@ -188,7 +190,7 @@ def configure_trace_logging(enabled: bool) -> None:
     go elsewhere and are untouched. Call after the server is built: KServe
     configures logging in its constructor.
     """
-    from kserve.logging import KSERVE_TRACE_LOGGER_NAME
+    from predictor.kserve_compat import KSERVE_TRACE_LOGGER_NAME
 
     level = logging.INFO if enabled else logging.WARNING
     logging.getLogger(KSERVE_TRACE_LOGGER_NAME).setLevel(level)
@@ -228,7 +230,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
         server = build_server(args, limits)
         configure_trace_logging(args.enable_latency_logging)
         model = build_model(model_config, batching, limits)
-    except (StartupError, ValueError) as exc:
+    except StartupError as exc:  # usage, spec and package errors; a bug is a traceback (exit 1)
         print(f"histoserve: cannot start: {exc}", file=sys.stderr)
         return EXIT_STARTUP_ERROR
     logger.info(

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from predictor.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class BatchingConfig:
@@ -29,16 +31,16 @@ class BatchingConfig:
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+            raise ConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.max_latency_ms < 0:
-            raise ValueError(f"max_latency_ms must be >= 0, got {self.max_latency_ms}")
+            raise ConfigError(f"max_latency_ms must be >= 0, got {self.max_latency_ms}")
         if self.max_queue_size < self.max_batch_size:
-            raise ValueError(
+            raise ConfigError(
                 f"max_queue_size ({self.max_queue_size}) must be >= max_batch_size "
                 f"({self.max_batch_size})"
             )
         if self.retry_after_s <= 0:
-            raise ValueError(f"retry_after_s must be > 0, got {self.retry_after_s}")
+            raise ConfigError(f"retry_after_s must be > 0, got {self.retry_after_s}")
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class LimitsConfig:
             "max_body_bytes",
         ):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -108,12 +110,12 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.instances_per_device < 1:
-            raise ValueError(f"instances_per_device must be >= 1, got {self.instances_per_device}")
+            raise ConfigError(f"instances_per_device must be >= 1, got {self.instances_per_device}")
         if self.forward_runner not in ("torch", "gil_free"):
-            raise ValueError(
+            raise ConfigError(
                 f"forward_runner must be torch or gil_free, got {self.forward_runner!r}"
             )
         if self.preprocess_workers < 1:
-            raise ValueError(f"preprocess_workers must be >= 1, got {self.preprocess_workers}")
+            raise ConfigError(f"preprocess_workers must be >= 1, got {self.preprocess_workers}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")

@@ -11,10 +11,14 @@
     │   ├── Overloaded                    queue full (carries retry_after_s)
     │   └── ModelNotReady                 not loaded, unhealthy or draining
     └── StartupError                      fail-fast at start-up: exit 2, one line (503 if served)
+        ├── ConfigError (ValueError)      a flag or config value is out of range (usage)
         ├── SpecError                     a spec is malformed or unknown
         ├── CheckpointError               missing, ambiguous, corrupt or tampered package
         ├── IncompatiblePackage           built for another device, ISA or GPU
         └── SpecMismatch                  spec and package disagree (dims, inputs)
+
+Only a :class:`StartupError` is "cannot start" (exit 2): any other exception
+during start-up is a bug and surfaces as a traceback (exit 1).
 
 Errors carry no HTTP status: :mod:`predictor.server.edge` maps them to HTTP
 and gRPC in one table matched by type (the most specific class of an error's
@@ -109,6 +113,10 @@ class ModelNotReady(Unavailable):
 
 class StartupError(HistoserveError):
     """Start-up cannot go on; the CLI prints the message and exits non-zero."""
+
+
+class ConfigError(StartupError, ValueError):
+    """A flag or configuration value the server cannot run with (a usage error)."""
 
 
 class SpecError(StartupError, ValueError):

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from predictor.errors import SpecError
+from predictor.wire import MODES
 
 METADATA_KEY = "histoserve.spec"
 
 FAMILIES = ("embedding", "multimodal", "segmentation")
-MODES = ("embedding", "prediction", "prediction_with_embedding")
 
 _ENCODER_MEAN = (0.707223, 0.578729, 0.703617)
 _ENCODER_STD = (0.211883, 0.230117, 0.177517)

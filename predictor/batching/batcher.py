@@ -39,34 +39,22 @@ import logging
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from predictor.batching.queue import BatchQueue, Entry, fail
 from predictor.batching.worker import (
     BatchObserver,
+    GuardedObserver,
     NullObserver,
     Outcome,
     Worker,
     WorkerState,
     classify,
-    notify,
 )
 from predictor.config import BatchingConfig
-from predictor.errors import (
-    DeviceLost,
-    ErrorKind,
-    ModelNotReady,
-    Overloaded,
-    forward_failure,
-)
+from predictor.errors import DeviceLost, ErrorKind, ModelNotReady, Overloaded, forward_failure
 
-__all__ = [
-    "BatchObserver",
-    "DynamicBatcher",
-    "ErrorKind",
-    "NullObserver",
-    "WorkerState",
-]
+__all__ = ["BatchObserver", "DynamicBatcher", "ErrorKind", "NullObserver", "WorkerState"]
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +72,13 @@ class DynamicBatcher(Generic[T, R]):
         config: Batch size, latency, queue bound and ``Retry-After`` hint.
         classify_error: Maps an exception from ``run_batch`` to an
             :class:`ErrorKind`. ``DeviceLost`` is always ``FATAL``.
-        observer: Metrics hook; :class:`NullObserver` when ``None``.
+        observer: Metrics hook with every :class:`BatchObserver` hook;
+            :class:`NullObserver` when ``None``.
         name: Used in messages, logs and the worker threads' names.
 
     Raises:
         ValueError: An empty mapping of workers, or a worker that is not callable.
+        TypeError: An observer without every hook of :class:`BatchObserver`.
     """
 
     def __init__(
@@ -110,7 +100,8 @@ class DynamicBatcher(Generic[T, R]):
         self._workers = [Worker(str(w), fn) for w, fn in runs.items()]
         self._config = config
         self._classify_error = classify_error
-        self._observer: Any = observer if observer is not None else NullObserver()
+        inner = observer if observer is not None else NullObserver()
+        self._observer: BatchObserver = GuardedObserver(inner, name)
         self._name = name
         self._queue: BatchQueue[T, R] = BatchQueue(config.max_queue_size, config.max_batch_size)
         self._started = False
@@ -181,7 +172,7 @@ class DynamicBatcher(Generic[T, R]):
         assert self._loop is not None
         entries = self._queue.admit(items, key, self._loop, time.monotonic())
         if entries is None:
-            self._notify("on_reject", n)
+            self._observer.on_reject(n)
             limit = self._config.max_queue_size
             raise Overloaded(
                 f"{self._name}: queue full ({len(self._queue)} queued + {n} new > {limit})",
@@ -189,7 +180,7 @@ class DynamicBatcher(Generic[T, R]):
             )
         self._quiescent.clear()
         self._wakeup.set()
-        self._notify("on_enqueue", n, len(self._queue))
+        self._observer.on_enqueue(n, len(self._queue))
         return [e.future for e in entries]
 
     async def drain(self, timeout_s: float) -> bool:
@@ -221,17 +212,30 @@ class DynamicBatcher(Generic[T, R]):
         Does not wait for a ``run_batch`` call already in a worker thread;
         :meth:`drain` first for a graceful stop.
         """
-        self._closed = True
-        tasks = [t for t in (self._dispatcher, *self._running) if t is not None and not t.done()]
-        for task in tasks:
-            task.cancel()
+        tasks = self.close_nowait()
         if tasks:
             await asyncio.wait(tasks)
-        self._queue.fail_all(ModelNotReady(f"{self._name}: batcher closed"))
+
+    def close_nowait(self) -> list[asyncio.Task[None]]:
+        """:meth:`close` for synchronous callers (a model's ``stop``), on the loop's thread.
+
+        Returns:
+            The cancelled tasks, which end at the loop's next turn. After the
+            loop has closed, only the worker threads are stopped.
+        """
+        self._closed = True
+        if self._loop is not None and self._loop.is_closed():
+            tasks: list[asyncio.Task[None]] = []
+        else:
+            tasks = [t for t in (self._dispatcher, *self._running) if t and not t.done()]
+            for task in tasks:
+                task.cancel()
+            self._queue.fail_all(ModelNotReady(f"{self._name}: batcher closed"))
+            self._quiescent.set()
         for worker in self._workers:
             if worker.executor is not None:
                 worker.executor.shutdown(wait=False, cancel_futures=True)
-        self._quiescent.set()
+        return tasks
 
     # -- worker ---------------------------------------------------------------
 
@@ -316,7 +320,7 @@ class DynamicBatcher(Generic[T, R]):
         """Run one batch; if stopped or broken, settle its unsettled items with ModelNotReady."""
         now = time.monotonic()
         waits = [now - e.enqueued_at for e in batch]
-        self._notify("on_dispatch", len(batch), waits, len(self._queue))
+        self._observer.on_dispatch(len(batch), waits, len(self._queue))
         try:
             await self._forward(worker, batch, batch[0].key)
         except asyncio.CancelledError:  # close(): settle, then let the task end cancelled
@@ -335,8 +339,8 @@ class DynamicBatcher(Generic[T, R]):
             worker.executor, worker.call, items, key, self._name
         )
         ok = outcome.error is None
-        self._notify("on_forward", len(entries), outcome.seconds, ok)
-        self._notify("on_worker_forward", worker.name, len(entries), outcome.seconds, ok)
+        self._observer.on_forward(len(entries), outcome.seconds, ok)
+        self._observer.on_worker_forward(worker.name, len(entries), outcome.seconds, ok)
         if outcome.error is None:
             assert outcome.results is not None
             for entry, result in zip(entries, outcome.results, strict=True):
@@ -370,7 +374,7 @@ class DynamicBatcher(Generic[T, R]):
         if worker.executor is not None:
             worker.executor.shutdown(wait=False)
         left = sum(w.alive for w in self._workers)
-        self._notify("on_worker_lost", worker.name, left)
+        self._observer.on_worker_lost(worker.name, left)
         if left:
             log.error("%s; worker %s taken out, %d left", error, worker.name, left)
             return
@@ -385,16 +389,10 @@ class DynamicBatcher(Generic[T, R]):
     def _not_accepting_reason(self) -> str:
         """Why :meth:`submit` refuses, for the error message."""
         if not self._healthy:
-            return (
-                "unhealthy (device lost)"
-                if not any(w.alive for w in self._workers)
-                else ("unhealthy (batcher crashed)")
-            )
+            lost = not any(w.alive for w in self._workers)
+            return "unhealthy (device lost)" if lost else "unhealthy (batcher crashed)"
         if self._closed:
             return "closed"
         if self._draining:
             return "draining"
         return "not started"
-
-    def _notify(self, hook: str, *args: Any) -> None:
-        notify(self._observer, hook, *args, name=self._name)

@@ -8,8 +8,9 @@ Contract:
       time it took, so a failing forward never kills the thread.
     * :func:`classify` decides how a failure is handled (:class:`ErrorKind`):
       ``DeviceLost`` is always fatal; a buggy classifier counts as a batch error.
-    * :class:`BatchObserver` is the metrics hook; :func:`notify` calls a hook
-      only if the observer has it and contains the observer's own bugs.
+    * :class:`BatchObserver` is the metrics hook, a Protocol declaring every
+      hook the batcher calls; :class:`GuardedObserver` calls them (typed, never
+      by name) and contains the observer's own bugs.
 
 Kept apart from the queue and the dispatch policy so each stays small.
 """
@@ -52,19 +53,61 @@ class BatchObserver(Protocol):
         """A fatal error took ``worker`` out; ``workers_left`` still serve."""
 
 
+HOOKS = tuple(
+    name
+    for name in vars(BatchObserver)
+    if name.startswith("on_") and callable(vars(BatchObserver)[name])
+)
+"""The hooks :class:`BatchObserver` declares, in declaration order."""
+
+
 class NullObserver(BatchObserver):
     """An observer that records nothing; subclass it to override some hooks."""
 
 
-def notify(observer: Any, hook: str, *args: Any, name: str = "model") -> None:
-    """Call ``observer.hook(*args)`` if it has it; an observer's bug never breaks serving."""
-    method = getattr(observer, hook, None)
-    if method is None:
-        return
-    try:
-        method(*args)
-    except Exception:
-        log.exception("%s: observer %s failed", name, hook)
+class GuardedObserver(NullObserver):
+    """Hands every hook to ``inner``; an observer's bug is logged, never raised into serving.
+
+    Args:
+        inner: The observer; it must have every hook :class:`BatchObserver`
+            declares (subclass :class:`NullObserver` to implement only some).
+        name: The model's name, for the log line.
+
+    Raises:
+        TypeError: ``inner`` lacks a declared hook (a misspelt hook would
+            otherwise record nothing, silently).
+    """
+
+    def __init__(self, inner: BatchObserver, name: str = "model") -> None:
+        missing = [h for h in HOOKS if not callable(getattr(inner, h, None))]
+        if missing:
+            raise TypeError(f"{name}: observer {inner!r} lacks the hooks {missing}")
+        self._inner = inner
+        self._name = name
+
+    def on_enqueue(self, n_items: int, queue_depth: int) -> None:
+        self._guard(self._inner.on_enqueue, n_items, queue_depth)
+
+    def on_reject(self, n_items: int) -> None:
+        self._guard(self._inner.on_reject, n_items)
+
+    def on_dispatch(self, batch_size: int, queue_wait_s: Sequence[float], queue_depth: int) -> None:
+        self._guard(self._inner.on_dispatch, batch_size, queue_wait_s, queue_depth)
+
+    def on_forward(self, batch_size: int, seconds: float, ok: bool) -> None:
+        self._guard(self._inner.on_forward, batch_size, seconds, ok)
+
+    def on_worker_forward(self, worker: str, batch_size: int, seconds: float, ok: bool) -> None:
+        self._guard(self._inner.on_worker_forward, worker, batch_size, seconds, ok)
+
+    def on_worker_lost(self, worker: str, workers_left: int) -> None:
+        self._guard(self._inner.on_worker_lost, worker, workers_left)
+
+    def _guard(self, hook: Callable[..., None], *args: Any) -> None:
+        try:
+            hook(*args)
+        except Exception:
+            log.exception("%s: observer %s failed", self._name, hook.__name__)
 
 
 @dataclass(frozen=True)

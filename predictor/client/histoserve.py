@@ -25,6 +25,7 @@ import httpx
 import numpy as np
 
 from predictor import wire
+from predictor.client.retry_after import parse_retry_after
 
 
 class InferenceError(RuntimeError):
@@ -116,5 +117,5 @@ def _raise_for_status(response: httpx.Response) -> None:
         message = response.json().get("error", response.text)
     except ValueError:
         message = response.text
-    retry = response.headers.get("retry-after")
-    raise InferenceError(response.status_code, message, float(retry) if retry else None)
+    retry_after_s = parse_retry_after(response.headers.get("retry-after"))
+    raise InferenceError(response.status_code, message, retry_after_s)

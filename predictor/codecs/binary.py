@@ -6,6 +6,8 @@ followed by the raw data of every input whose parameters carry
 elements as UTF-8 text (raw PNG/JPEG tiles fail) and trusts every size; this
 one keeps ``BYTES`` elements as ``bytes``, wraps numeric data without copying,
 and refuses every inconsistency with :class:`~predictor.errors.InvalidInput`.
+The layout itself (header length, JSON header, sizes, ``BYTES`` prefixes) is
+read by :mod:`predictor.wire`, the same reader the clients use.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import math
 from typing import Any
 
 import orjson
-from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput
+from kserve import InferInput, InferRequest
 
-from predictor.codecs.tensors import DATATYPES, parse_shape, split_length_prefixed
+from predictor import wire
+from predictor.codecs.tensors import DATATYPES, parse_shape, reading_wire
 from predictor.errors import InvalidInput
+from predictor.kserve_compat import RequestedOutput, set_raw_data
 
 
 def parse_binary_body(
@@ -46,21 +50,18 @@ def parse_binary_body(
             summing to the body, or ``BYTES`` length prefixes that overrun.
     """
     try:
-        view = memoryview(body).cast("B")
+        memoryview(body)
     except TypeError as exc:
         raise InvalidInput(f"request body must be bytes, got {type(body).__name__}") from exc
-    length = _header_length(header_length, view.nbytes)
-    header = _load_header(view[:length])
-    offset = length
+    with reading_wire():
+        header, view, start = wire.read_header(body, header_length, orjson.loads)
+    offset = start
     inputs = []
     for position, spec in enumerate(_list_field(header, "inputs", required=True)):
         infer_input, offset = _input(spec, position, view, offset)
         inputs.append(infer_input)
-    if offset != view.nbytes:
-        raise InvalidInput(
-            f"binary_data_size values sum to {offset - length} bytes but "
-            f"{view.nbytes - length} follow the JSON header"
-        )
+    with reading_wire():
+        wire.check_consumed(view, offset, start)
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput(f"request 'id' must be a string, got {type(request_id).__name__}")
@@ -71,34 +72,6 @@ def parse_binary_body(
         parameters=_parameters(header.get("parameters"), "request"),
         request_outputs=_outputs(header) or None,
     )
-
-
-def _header_length(value: int | str | None, total: int) -> int:
-    if total == 0:
-        raise InvalidInput("request body is empty")
-    if value is None:
-        return total
-    if isinstance(value, str):
-        if not value.strip().isdigit():
-            raise InvalidInput(f"Inference-Header-Content-Length is not an integer: {value!r:.40}")
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidInput(f"Inference-Header-Content-Length must be an integer, got {value!r:.40}")
-    if not 0 < value <= total:
-        raise InvalidInput(
-            f"Inference-Header-Content-Length {value} is outside the body of {total} bytes"
-        )
-    return value
-
-
-def _load_header(data: memoryview) -> dict[str, Any]:
-    try:
-        header = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"JSON header is not valid JSON: {exc}") from exc
-    if not isinstance(header, dict):
-        raise InvalidInput(f"JSON header must be an object, got {type(header).__name__}")
-    return header
 
 
 def _list_field(obj: dict[str, Any], key: str, *, required: bool = False) -> list[dict[str, Any]]:
@@ -129,15 +102,12 @@ def _input(
         size = _binary_size(infer_input, spec)
         if size is None:
             return infer_input, offset
-        if offset + size > view.nbytes:
-            raise InvalidInput(
-                f"binary_data_size {size} at byte {offset} overruns the body of {view.nbytes} bytes"
-            )
-        data = view[offset : offset + size]
-        if infer_input.datatype == "BYTES":
-            infer_input.data = split_length_prefixed(data, max_count=math.prod(infer_input.shape))
-        else:
-            infer_input._raw_data = data
+        with reading_wire():
+            data = wire.binary_slice(view, offset, size)
+            if infer_input.datatype == "BYTES":
+                infer_input.data = wire.split_length_prefixed(data, math.prod(infer_input.shape))
+            else:
+                set_raw_data(infer_input, data)
         return infer_input, offset + size
     except InvalidInput as exc:
         raise exc.at(input_name=name) from None
@@ -169,8 +139,6 @@ def _binary_size(infer_input: InferInput, spec: dict[str, Any]) -> int | None:
         return None
     if size is None:
         raise InvalidInput("has neither 'data' nor a 'binary_data_size' parameter")
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise InvalidInput(f"binary_data_size must be a non-negative integer, got {size!r:.40}")
     return size
 
 

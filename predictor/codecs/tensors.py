@@ -15,8 +15,8 @@ range, and raise :class:`~predictor.errors.InvalidInput` without an input name
 from __future__ import annotations
 
 import math
-import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -142,11 +142,12 @@ def bytes_elements(values: Any, raw: Any, count: int) -> list[Any]:
 
     Raises:
         InvalidInput: The element count differs from ``count`` or the raw
-            length prefixes are inconsistent.
+            length prefixes are inconsistent (read by :mod:`predictor.wire`).
     """
     if raw is not None:
-        elements = split_length_prefixed(raw, max_count=count)
-    elif isinstance(values, np.ndarray):
+        with reading_wire():
+            return wire.split_length_prefixed(raw, count)
+    if isinstance(values, np.ndarray):
         elements = values.reshape(-1).tolist()
     elif isinstance(values, (list, tuple)):
         elements = list(values)
@@ -157,31 +158,14 @@ def bytes_elements(values: Any, raw: Any, count: int) -> list[Any]:
     return elements
 
 
-def split_length_prefixed(raw: Any, *, max_count: int | None = None) -> list[bytes]:
-    """Splits V2 ``BYTES`` raw data: each element a 4-byte LE length, then bytes.
+@contextmanager
+def reading_wire() -> Iterator[None]:
+    """Where the server reads the V2 binary layout: :class:`~predictor.wire.WireError` to 400.
 
-    Elements stay ``bytes`` (never decoded as text: they are images).
-
-    Raises:
-        InvalidInput: A prefix is cut short, a length overruns the data, or
-            there are more than ``max_count`` elements.
+    The one place the reader's refusals (:mod:`predictor.wire`) become
+    :class:`~predictor.errors.InvalidInput`, message unchanged.
     """
-    view = memoryview(raw).cast("B")
-    total, offset, out = view.nbytes, 0, []
-    while offset < total:
-        if max_count is not None and len(out) >= max_count:
-            raise InvalidInput(f"BYTES data holds more than the {max_count} elements of its shape")
-        if offset + 4 > total:
-            raise InvalidInput(
-                f"BYTES element {len(out)}: length prefix cut short at byte {offset} of {total}"
-            )
-        (length,) = struct.unpack_from("<I", view, offset)
-        offset += 4
-        if offset + length > total:
-            raise InvalidInput(
-                f"BYTES element {len(out)}: length {length} overruns the "
-                f"{total - offset} bytes left"
-            )
-        out.append(bytes(view[offset : offset + length]))
-        offset += length
-    return out
+    try:
+        yield
+    except wire.WireError as exc:
+        raise InvalidInput(str(exc)) from exc

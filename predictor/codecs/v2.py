@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 from kserve import InferRequest, InferResponse
-from kserve.protocol.infer_type import to_http_parameters
 
 from predictor.codecs.binary import parse_binary_body
 from predictor.codecs.common import (
@@ -49,6 +48,7 @@ from predictor.codecs.v2_response import (
 )
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
+from predictor.kserve_compat import raw_data, to_http_parameters
 from predictor.spec import ModelSpec
 
 __all__ = [
@@ -221,7 +221,7 @@ def _shape(inp: Any, rank: int, limits: LimitsConfig) -> tuple[int, ...]:
 def _decode_tiles(inp: Any, limits: LimitsConfig) -> list[ModelRequest]:
     (count,) = _shape(inp, 1, limits)
     try:
-        elements = bytes_elements(inp.data, inp._raw_data, count)
+        elements = bytes_elements(inp.data, raw_data(inp), count)
     except InvalidInput as exc:
         raise exc.at(input_name=TILES) from None
     return [
@@ -279,7 +279,7 @@ def _attach_bulk_rna(items: list[ModelRequest], inp: Any, limits: LimitsConfig) 
 
 def _numeric(inp: Any, shape: tuple[int, ...]) -> np.ndarray:
     try:
-        return numeric_tensor(inp.data, inp._raw_data, inp.datatype, shape)
+        return numeric_tensor(inp.data, raw_data(inp), inp.datatype, shape)
     except InvalidInput as exc:
         raise exc.at(input_name=inp.name) from None
 

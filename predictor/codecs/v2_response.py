@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 import orjson
 from kserve import InferOutput, InferResponse
-from kserve.protocol.grpc.grpc_predict_v2_pb2 import ModelInferResponse
 
 from predictor.codecs.samples import DecodedRequest, ModelResponse
 from predictor.codecs.tensors import NUMERIC_DTYPES
 from predictor.errors import InvalidInput
+from predictor.kserve_compat import ModelInferResponse
 
 
 @dataclass

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from predictor.errors import ForwardError
+from predictor.errors import ConfigError, ForwardError
 
 FATAL_MESSAGE = "CUDA error: an illegal memory access was encountered (injected)"
 
@@ -69,7 +69,7 @@ def _all_equal(tile: np.ndarray, value: int) -> bool:
 
 
 def parse_fault_spec(spec: str) -> FaultHook:
-    """Builds a :class:`FaultHook` from its flag value; ValueError names the bad spec."""
+    """Builds a :class:`FaultHook` from its flag value; ConfigError names the bad spec."""
     kind, _, rest = spec.partition(":")
     try:
         if kind in ("nth", "fatal"):
@@ -85,5 +85,5 @@ def parse_fault_spec(spec: str) -> FaultHook:
         if kind == "marker":
             return FaultHook(kind, marker=int(rest))
     except ValueError as exc:
-        raise ValueError(f"bad --fault_injection value {spec!r}: {exc}") from exc
-    raise ValueError(f"bad --fault_injection value {spec!r}: unknown kind {kind!r}")
+        raise ConfigError(f"bad --fault_injection value {spec!r}: {exc}") from exc
+    raise ConfigError(f"bad --fault_injection value {spec!r}: unknown kind {kind!r}")

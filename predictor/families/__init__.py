@@ -5,7 +5,7 @@
 * :mod:`~predictor.families.multimodal`: tile + bulk RNA (``m-optimus``);
 * :mod:`~predictor.families.segmentation`: tissue masks (``tissue-seg``).
 
-A registry keyed by family name maps a spec to its class; call sites (start-up,
+A table keyed by family name maps a spec to its class; call sites (start-up,
 export, demo models, the package check) ask here and never branch on the
 family themselves. ``--model_class MODULE:CLASS`` names a user's subclass
 instead (:func:`load_model_class`). The built-in classes are imported on first
@@ -15,7 +15,7 @@ use, not at import of this package (they import torch and KServe).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from predictor.errors import SpecError, StartupError
@@ -32,30 +32,23 @@ _BUILTIN: dict[str, str] = {
     "multimodal": "predictor.families.multimodal:MultimodalServerModel",
     "segmentation": "predictor.families.segmentation:SegmentationServerModel",
 }
-_REGISTRY: dict[str, type[BaseServerModel]] = {}
-
-
-def register_family(family: str) -> Callable[[type[BaseServerModel]], type[BaseServerModel]]:
-    """Class decorator: serve specs of ``family`` with the decorated class (overrides a built-in)."""
-
-    def decorate(cls: type[BaseServerModel]) -> type[BaseServerModel]:
-        _REGISTRY[family] = cls
-        return cls
-
-    return decorate
 
 
 def model_class_for(spec: ModelSpec) -> type[BaseServerModel]:
     """The server model class (and family hooks) for ``spec``'s family.
 
+    A new family is a module here and a row of ``_BUILTIN`` beside its name in
+    :data:`predictor.spec.FAMILIES` (``docs/architecture.md``, "Adding a
+    family"); a spec cannot name any other family.
+
     Raises:
-        SpecError: No class is registered for the family.
+        SpecError: No class for the family.
     """
-    _load_builtin_families()
-    try:
-        return _REGISTRY[spec.family]
-    except KeyError as exc:
-        raise SpecError(f"no server model registered for family {spec.family!r}") from exc
+    target = _BUILTIN.get(spec.family)
+    if target is None:
+        raise SpecError(f"no server model for family {spec.family!r}; known: {sorted(_BUILTIN)}")
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def load_model_class(target: str) -> type[BaseServerModel]:
@@ -87,13 +80,6 @@ def load_model_class(target: str) -> type[BaseServerModel]:
             f"--model_class {target!r} is not a subclass of predictor.BaseServerModel"
         )
     return cls
-
-
-def _load_builtin_families() -> None:
-    for family, target in _BUILTIN.items():
-        if family not in _REGISTRY:
-            module, _, attr = target.partition(":")
-            _REGISTRY[family] = getattr(importlib.import_module(module), attr)
 
 
 def check_consistency(

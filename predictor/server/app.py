@@ -20,7 +20,6 @@ What it changes, and why (``docs/architecture.md``, "The server edge"):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 from collections.abc import Callable
@@ -29,13 +28,19 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from kserve import ModelServer
-from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
-from kserve.errors import ModelNotFound
-from kserve.protocol.rest.server import RESTServer
 from starlette.middleware import Middleware
 from timing_asgi import TimingMiddleware
 
-from predictor.errors import PayloadTooLarge
+from predictor.errors import ConfigError, PayloadTooLarge
+from predictor.kserve_compat import (
+    FASTAPI_APP_IMPORT_STRING,
+    ModelNotFound,
+    RESTServer,
+    fastapi_app,
+    register_models,
+    request_exit,
+    serve_without_signal_capture,
+)
 from predictor.server.dataplane import HistoDataPlane
 from predictor.server.edge import error_response, install_http_handlers
 from predictor.server.fast_infer import FastInferMiddleware
@@ -142,7 +147,7 @@ class _RESTServer(RESTServer):
 
     def create_application(self) -> None:
         super().create_application()
-        self._finish_app(_kserve_app())
+        self._finish_app(fastapi_app())
 
 
 class HistoModelServer(ModelServer):
@@ -151,8 +156,10 @@ class HistoModelServer(ModelServer):
     Args:
         drain_timeout_s: Longest wait for admitted requests after SIGTERM.
         max_body_bytes: Largest HTTP body accepted.
-        grpc_max_message_bytes: Largest gRPC message sent or received;
+        grpc_max_receive_bytes: Largest gRPC message received;
             ``max_body_bytes`` when ``None`` (not gRPC's 4 MiB default).
+        grpc_max_send_bytes: Largest gRPC message sent (an answer over it
+            fails ``RESOURCE_EXHAUSTED``); ``max_body_bytes`` when ``None``.
         rest_fast_path: Answer ``POST /v2/models/{name}/infer`` in
             :class:`~predictor.server.fast_infer.FastInferMiddleware` instead
             of FastAPI's route (same answers, less CPU per request).
@@ -164,28 +171,30 @@ class HistoModelServer(ModelServer):
         *,
         drain_timeout_s: float = 30.0,
         max_body_bytes: int = 256 << 20,
-        grpc_max_message_bytes: int | None = None,
+        grpc_max_receive_bytes: int | None = None,
+        grpc_max_send_bytes: int | None = None,
         rest_fast_path: bool = True,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
         if self.workers != 1:
-            raise ValueError(
+            raise ConfigError(
                 f"--workers must be 1 (one batcher owns the device), got {self.workers}"
             )
         if drain_timeout_s < 0:
-            raise ValueError(f"drain_timeout_s must be >= 0, got {drain_timeout_s}")
+            raise ConfigError(f"drain_timeout_s must be >= 0, got {drain_timeout_s}")
         self.dataplane = HistoDataPlane(model_registry=self.registered_models)
         self._drain_timeout_s = drain_timeout_s
         self._max_body_bytes = max_body_bytes
-        self._grpc_max_message_bytes = grpc_max_message_bytes or max_body_bytes
+        self._grpc_max_receive_bytes = grpc_max_receive_bytes or max_body_bytes
+        self._grpc_max_send_bytes = grpc_max_send_bytes or max_body_bytes
         self._rest_fast_path = bool(rest_fast_path)
         self._stopping = False
 
     def start(self, models: list[Any]) -> None:
         """Registers ``models`` and serves until SIGTERM/SIGINT and the drain complete."""
-        self._register_and_check_atleast_one_model_is_ready(models)
-        self._rest_server = _RESTServer(
+        register_models(self, models)
+        self._http = _RESTServer(
             FASTAPI_APP_IMPORT_STRING,
             self.dataplane,
             self.model_repository_extension,
@@ -200,20 +209,21 @@ class HistoModelServer(ModelServer):
             finish_app=self._configure_app,
         )
         # We own SIGTERM (drain first); uvicorn must not exit on it by itself.
-        self._rest_server._server.capture_signals = contextlib.nullcontext
-        self._grpc_server = (
+        serve_without_signal_capture(self._http)
+        self._grpc = (
             GrpcServer(
                 self.grpc_port,
                 self.dataplane,
                 self.model_repository_extension,
-                self._grpc_max_message_bytes,
                 float(self.grace_period),
+                max_receive_bytes=self._grpc_max_receive_bytes,
+                max_send_bytes=self._grpc_max_send_bytes,
             )
             if self.enable_grpc
             else None
         )
         self.setup_event_loop()
-        asyncio.run(self._serve())
+        asyncio.run(self._serve_until_stopped())
 
     def _configure_app(self, app: FastAPI) -> None:
         """Histoserve's handlers, middlewares and config route on KServe's built app."""
@@ -252,16 +262,16 @@ class HistoModelServer(ModelServer):
             raise ModelNotFound(model_name)
         return model.get_metadata()
 
-    async def _serve(self) -> None:
+    async def _serve_until_stopped(self) -> None:
         for model in self.registered_models.get_models().values():
             if hasattr(model, "start_batching"):
                 await model.start_batching()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda s=sig: asyncio.ensure_future(self.shutdown(s)))
-        servers = [self._rest_server.start()]
-        if self._grpc_server is not None:
-            servers.append(self._grpc_server.start(self.max_threads))
+        servers = [self._http.start()]
+        if self._grpc is not None:
+            servers.append(self._grpc.start(self.max_threads))
         await asyncio.gather(*servers)
 
     async def shutdown(self, sig: int | None = None) -> None:
@@ -275,13 +285,13 @@ class HistoModelServer(ModelServer):
             *(m.drain(self._drain_timeout_s) for m in models if hasattr(m, "drain"))
         )
         logger.info("drain %s; stopping servers", "complete" if all(drained) else "deadline passed")
-        self._rest_server._server.should_exit = True
-        if self._grpc_server is not None:
+        request_exit(self._http)
+        if self._grpc is not None:
             # After a complete drain every admitted call has its answer: calls still
             # open were never dispatched (seen: one still uploading), and waiting the
             # full grace for them only delayed the exit. Past the drain deadline, a
             # call of the batch still running gets UNAVAILABLE, as the contract says.
-            await self._grpc_server.stop(GRPC_STOP_GRACE_S)
+            await self._grpc.stop(GRPC_STOP_GRACE_S)
         for model in models:
             model.stop()
 
@@ -295,9 +305,3 @@ def insert_beside_timing(stack: list[Middleware], ours: list[Middleware], *, out
     timing = next((i for i, m in enumerate(stack) if m.cls is TimingMiddleware), len(stack))
     at = timing if outside or timing == len(stack) else timing + 1
     stack[at:at] = ours
-
-
-def _kserve_app() -> FastAPI:
-    from kserve import model_server
-
-    return model_server.app

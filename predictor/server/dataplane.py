@@ -13,10 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from kserve import InferRequest
-from kserve.constants.constants import INFERENCE_CONTENT_LENGTH_HEADER
-from kserve.protocol.dataplane import DataPlane
 
 from predictor.codecs.v2 import parse_binary_body
+from predictor.kserve_compat import INFERENCE_CONTENT_LENGTH_HEADER, DataPlane
 
 
 class HistoDataPlane(DataPlane):
@@ -30,7 +29,7 @@ class HistoDataPlane(DataPlane):
         return parse_binary_body(body, headers.get(INFERENCE_CONTENT_LENGTH_HEADER), model_name)
 
     async def live(self) -> dict[str, str]:  # type: ignore[override]
-        for model in self._model_registry.get_models().values():
+        for model in self.model_registry.get_models().values():
             if getattr(model, "live", True) is False:
                 return {"status": f"device unusable for model {model.name}"}
         return {"status": "alive"}
@@ -42,7 +41,7 @@ class HistoDataPlane(DataPlane):
         (the ServingRuntime's) stayed ready through a drain and after the device
         was lost.
         """
-        for model in self._model_registry.get_models().values():
+        for model in self.model_registry.get_models().values():
             if not await model.healthy():
                 return False
         return True

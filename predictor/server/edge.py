@@ -24,7 +24,6 @@ import grpc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 
 from predictor.errors import (
     HistoserveError,
@@ -34,6 +33,7 @@ from predictor.errors import (
     StartupError,
     Unavailable,
 )
+from predictor.kserve_compat import ExceptionToStatusInterceptor
 
 logger = logging.getLogger("histoserve")
 

@@ -32,21 +32,24 @@ from typing import Any
 
 import orjson
 from fastapi.encoders import jsonable_encoder
-from kserve.constants.constants import PredictorProtocol
-from kserve.errors import ModelNotReady
-from kserve.protocol.dataplane import DataPlane
-from kserve.protocol.rest.v2_datamodels import InferenceRequest, InferenceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
+
+from predictor.kserve_compat import (
+    REST_V2,
+    V2_INFER_ROUTE,
+    DataPlane,
+    InferenceRequest,
+    InferenceResponse,
+    ModelNotReady,
+)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-_PREFIX = "/v2/models/"
-_SUFFIX = "/infer"
-_REST_V2 = PredictorProtocol.REST_V2.value
+_PREFIX, _SUFFIX = V2_INFER_ROUTE.split("{model_name}")  # "/v2/models/", "/infer"
 _CONTENT_TYPE_CACHE_SIZE = 64
 
 
@@ -118,7 +121,7 @@ class FastInferMiddleware:
             raise ModelNotReady(model_name)
         headers = request_headers(scope)
         infer_request, _ = dataplane.decode(
-            body, headers, protocol_version=_REST_V2, model_name=model_name
+            body, headers, protocol_version=REST_V2, model_name=model_name
         )
         response, response_headers = await dataplane.infer(
             model_name=model_name, request=infer_request, headers=headers

@@ -11,7 +11,7 @@ and lives until the process exits.
 
 :func:`apply` moves everything alive after start-up into the permanent
 generation (:func:`gc.freeze`), so later collections walk only what serving
-allocated since. The generation-0 threshold stays at CPython's 700: a
+allocated since. It has no knobs. The generation-0 threshold stays at CPython's 700: a
 larger one (20,000) cut the collector's runs 150-fold but let reference
 cycles that hold request buffers (an exception and its traceback, on every
 503 under overload) pile up between collections, and the server's RSS grew
@@ -24,47 +24,18 @@ from __future__ import annotations
 
 import gc
 import logging
-from dataclasses import dataclass
 
 logger = logging.getLogger("histoserve")
 
 
-@dataclass(frozen=True)
-class GcPolicy:
-    """How the collector runs while serving.
-
-    Args:
-        gen0_threshold: Allocations (net of frees) of tracked objects between
-            two generation-0 collections; CPython's default is 700.
-        gen1_threshold: Generation-0 collections per generation-1 collection.
-        gen2_threshold: Generation-1 collections per full collection.
-        freeze: Move the start-up heap into the permanent generation.
-    """
-
-    gen0_threshold: int = 700
-    gen1_threshold: int = 10
-    gen2_threshold: int = 10
-    freeze: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("gen0_threshold", "gen1_threshold", "gen2_threshold"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"GcPolicy.{name} must be a positive int, got {value!r}")
-
-
-def apply(policy: GcPolicy | None = None) -> GcPolicy:
-    """Applies ``policy`` (default: :class:`GcPolicy`'s defaults) to this process.
+def apply() -> int:
+    """Freezes the start-up heap out of every later collection; returns the objects frozen.
 
     Collects once first, so the cyclic garbage start-up left behind is freed
-    rather than frozen forever. Returns the policy applied.
+    rather than frozen forever. The thresholds stay CPython's (see above).
     """
-    policy = policy or GcPolicy()
-    if policy.freeze:
-        gc.collect()
-        gc.freeze()
-    gc.set_threshold(policy.gen0_threshold, policy.gen1_threshold, policy.gen2_threshold)
-    logger.info(
-        "gc: %d start-up objects frozen, thresholds %s", gc.get_freeze_count(), gc.get_threshold()
-    )
-    return policy
+    gc.collect()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    logger.info("gc: %d start-up objects frozen, thresholds %s", frozen, gc.get_threshold())
+    return frozen

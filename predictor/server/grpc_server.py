@@ -6,9 +6,8 @@ from concurrent import futures
 from typing import Any
 
 from grpc import aio
-from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
-from kserve.protocol.grpc.servicer import InferenceServicer
 
+from predictor.kserve_compat import add_inference_service
 from predictor.server.edge import GrpcErrorInterceptor
 
 
@@ -16,26 +15,33 @@ class GrpcServer:
     """KServe's V2 gRPC service with our interceptor and message-size limits."""
 
     def __init__(
-        self, port: int, dataplane: Any, repository: Any, max_message_bytes: int, grace_s: float
+        self,
+        port: int,
+        dataplane: Any,
+        repository: Any,
+        grace_s: float,
+        *,
+        max_receive_bytes: int,
+        max_send_bytes: int,
     ):
         self._port = port
         self._dataplane = dataplane
         self._repository = repository
-        self._max_message_bytes = max_message_bytes
         self._grace_s = grace_s
+        self.options = [
+            ("grpc.max_send_message_length", max_send_bytes),
+            ("grpc.max_receive_message_length", max_receive_bytes),
+        ]
+        """The channel options the server is created with (message-size limits)."""
         self._server: aio.Server | None = None
 
     async def start(self, max_workers: int) -> None:
         self._server = aio.server(
             futures.ThreadPoolExecutor(max_workers=max_workers),
             interceptors=(GrpcErrorInterceptor(),),
-            options=[
-                ("grpc.max_send_message_length", self._max_message_bytes),
-                ("grpc.max_receive_message_length", self._max_message_bytes),
-            ],
+            options=self.options,
         )
-        servicer = InferenceServicer(self._dataplane, self._repository)
-        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
+        add_inference_service(self._server, self._dataplane, self._repository)
         self._server.add_insecure_port(f"[::]:{self._port}")
         await self._server.start()
         await self._server.wait_for_termination()

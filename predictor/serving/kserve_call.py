@@ -17,8 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kserve import metrics as kserve_metrics
-from kserve.logging import trace_logger
+from predictor.kserve_compat import stage_histograms, trace_logger
 
 
 class StageCall:
@@ -38,12 +37,7 @@ class StageCall:
         # Bound on the first request, as KServe's .labels() would, so /metrics
         # shows the series from the same moment it always did.
         if self._timers is None:
-            labels = kserve_metrics.get_labels(self._model_name)
-            self._timers = (
-                kserve_metrics.PRE_HIST_TIME.labels(**labels),
-                kserve_metrics.PREDICT_HIST_TIME.labels(**labels),
-                kserve_metrics.POST_HIST_TIME.labels(**labels),
-            )
+            self._timers = stage_histograms(self._model_name)
         return self._timers
 
     async def __call__(

@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 from kserve import InferRequest, InferResponse, Model
-from kserve.model import InferenceVerb
 
 from predictor.batching.batcher import DynamicBatcher
 from predictor.codecs.base import Codec
@@ -44,6 +43,7 @@ from predictor.device.failures import classify_error
 from predictor.device.faults import FaultHook
 from predictor.device.slot import build_normalizer, build_slot
 from predictor.errors import InvalidInput, ModelNotReady
+from predictor.kserve_compat import InferenceVerb
 from predictor.package.loader import LoadedPackage, StartupPhases, inspect_package, open_package
 from predictor.serving.admission import Admission
 from predictor.serving.forward import BatchItem, batch_forward
@@ -230,14 +230,19 @@ class BaseServerModel(TileHooks, Model):
         return self._batcher is None or self._batcher.healthy
 
     def stop(self) -> None:
-        """Releases the stage-1 pool and the package for good (no reload after this).
+        """Closes the batcher and releases the stage-1 pool and the package for good.
 
+        Call on the serving loop's thread (the server's shutdown does), or
+        after it ended. Whatever is still queued fails with ``ModelNotReady``
+        and the device worker threads end (drain first for a graceful stop).
         Dropping the package runs its loader's destructor now, which deletes the
         files it extracted, so the process can exit without a full garbage
         collection (see ``predictor.__main__``).
         """
         self.ready = False
         self._stopped = True
+        if self._batcher is not None:
+            self._batcher.close_nowait()
         if self._pool is not None:
             self._pool.shutdown()
         self._package = None

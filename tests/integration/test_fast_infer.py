@@ -236,6 +236,27 @@ def test_bad_input_answers_match(pair: dict, case: tuple) -> None:
     assert wording is None or message.startswith(wording), message
 
 
+HOSTILE_HEADER_LENGTHS = {
+    "superscript two": "\u00b2".encode("latin-1"),
+    "one cubed": "1\u00b3".encode("latin-1"),
+    "negative": b"-5",
+    "ten thousand digits": b"9" * 10_000,
+    "empty": b"",
+    "utf-8, not latin-1": "\u2081\u0661".encode(),  # subscript one, Arabic-Indic one
+    "lone high bytes": b"\xff\xfe",
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("value", HOSTILE_HEADER_LENGTHS.values(), ids=HOSTILE_HEADER_LENGTHS)
+def test_any_header_length_value_is_a_400_naming_the_header(pair: dict, value: bytes) -> None:
+    """Fast path on and off, the same 400 (never a 500): the value is read by predictor.wire."""
+    body, _ = pixels_body(random_tiles(1, seed=3))
+    answer = both(pair, body, {"Inference-Header-Content-Length": value})  # type: ignore[dict-item]
+    assert answer.status == 400, answer
+    assert "Inference-Header-Content-Length" in json.loads(answer.body)["error"]
+
+
 @pytest.mark.integration
 def test_unknown_model_other_methods_and_paths_match(pair: dict) -> None:
     body, headers = pixels_body(random_tiles(1, seed=2))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -17,7 +18,8 @@ from harness.packages import package_in
 from harness.reference import Reference, normalise_reference
 from harness.server import Server, start_server
 from harness.tiles import encode_png, random_tiles
-from predictor.client.histoserve import HistoserveClient, InferenceError
+from predictor.client import histoserve as histoserve_client
+from predictor.client.histoserve import HistoserveClient, InferenceError, _raise_for_status
 
 pytestmark = pytest.mark.integration
 ATOL = 1e-4
@@ -112,3 +114,26 @@ def test_unknown_model_is_a_404(server: Server) -> None:
 def test_constructor_refuses_bad_arguments(url: str, timeout_s: float, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         HistoserveClient(url, "m", timeout_s=timeout_s)
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "expected"),
+    [("Wed, 21 Oct 2015 07:28:00 GMT", 0.0), ("2", 2.0), ("soon", None)],
+    ids=["http-date", "seconds", "malformed"],
+)
+def test_retry_after_in_either_form_keeps_the_servers_error(
+    retry_after: str, expected: float | None
+) -> None:
+    """A real httpx response (our server sends seconds only; a proxy may send a date)."""
+    response = httpx.Response(503, headers={"retry-after": retry_after}, json={"error": "busy"})
+    with pytest.raises(InferenceError, match="HTTP 503: busy") as err:
+        _raise_for_status(response)
+    assert err.value.retry_after_s == expected
+
+
+def test_both_clients_read_retry_after_with_one_parser() -> None:
+    from predictor.client.embed import remote, transport
+    from predictor.client.retry_after import parse_retry_after
+
+    assert histoserve_client.parse_retry_after is parse_retry_after
+    assert transport.parse_retry_after is remote.parse_retry_after is parse_retry_after

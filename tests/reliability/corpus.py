@@ -114,9 +114,12 @@ def binary(inputs: list[tuple[str, str, list[int], bytes]], **extra: Any) -> tup
     return binary_body(header, [b for *_, b in inputs])
 
 
-def raw_header(header: Any, tail: bytes = b"", length: str | None = None) -> tuple[bytes, dict]:
+def raw_header(
+    header: Any, tail: bytes = b"", length: str | bytes | None = None
+) -> tuple[bytes, dict]:
+    """A body with ``header`` as its JSON header; ``length`` the header value sent as is."""
     head = json.dumps(header).encode()
-    headers = {"Inference-Header-Content-Length": length or str(len(head))}
+    headers = {"Inference-Header-Content-Length": str(len(head)) if length is None else length}
     return head + tail, headers | {"content-type": "application/octet-stream"}
 
 

@@ -34,6 +34,22 @@ BINARY_CASES = [
         lambda: raw_header({"inputs": []}, length="12abc"),
         ("Inference-Header-Content-Length", "not an integer"),
     ),
+    *(
+        HttpCase(
+            f"bin-header-length-{name}",
+            "v2",
+            lambda value=value: raw_header({"inputs": []}, length=value),
+            ("Inference-Header-Content-Length",),
+        )
+        for name, value in (
+            ("superscript-two", "\u00b2".encode("latin-1")),  # isdigit() true, int() raises
+            ("one-cubed", "1\u00b3".encode("latin-1")),
+            ("negative", b"-5"),
+            ("ten-thousand-digits", b"9" * 10_000),
+            ("empty", b""),
+            ("utf-8-bytes", "\u2081".encode()),
+        )
+    ),
     HttpCase(
         "bin-header-length-past-the-body",
         "v2",

@@ -6,6 +6,8 @@ bodies, V1 bodies). These go one level up, where the server really calls them: V
 through kserve's ``from_grpc``, and every family's ``prepare_sample`` on the items.
 Only :class:`~predictor.errors.InvalidInput` may escape (and kserve's own
 ``InvalidInput`` from its gRPC conversion, which it maps to ``INVALID_ARGUMENT``).
+The ``Inference-Header-Content-Length`` header is fuzzed as the string it arrives
+as, through the server's data plane.
 """
 
 from __future__ import annotations
@@ -19,15 +21,18 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from kserve import InferInput, InferRequest
 from kserve.errors import InvalidInput as KserveInvalidInput
+from kserve.model_repository import ModelRepository
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc.servicer import InferenceServicer
 from PIL import Image
 
+from predictor import wire
 from predictor.codecs.samples import ModelRequest
 from predictor.codecs.v2 import decode_v2
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
 from predictor.families import model_class_for
+from predictor.server.dataplane import HistoDataPlane
 from predictor.serving.model import BaseServerModel, ServingOptions
 from predictor.spec import BUILTIN_SPECS
 
@@ -257,6 +262,48 @@ def test_grpc_messages_raise_only_invalid_input(message, spec_name):
 @pytest.mark.slow
 def test_grpc_messages_raise_only_invalid_input_long(message, spec_name):
     check_grpc(message, spec_name)
+
+
+# -- the Inference-Header-Content-Length header, as the string it always arrives as --------
+HEADER_BODY = wire.encode_request({"pixels": np.zeros((1, 2, 2, 3), np.uint8)})[0]
+HEADER_LENGTH = len(HEADER_BODY) - 12
+header_values = st.one_of(
+    st.text(max_size=24),
+    st.binary(max_size=24).map(lambda b: b.decode("latin-1")),  # what Starlette makes of bytes
+    st.text().map(lambda t: t.encode().decode("latin-1")),  # UTF-8 read as latin-1
+    st.integers(-(2**70), 2**70).map(str),
+    st.integers(0, 10_000).map(lambda n: "9" * n),
+    st.sampled_from(["\u00b2", "1\u00b3", "-5", "", " 12 ", "0", "1_0", "+5", str(HEADER_LENGTH)]),
+)
+DATAPLANE = HistoDataPlane(model_registry=ModelRepository())
+
+
+def check_header_value(value: str) -> None:
+    """What the server does with the header: a request, or a 400 that names the header."""
+    headers = {wire.HEADER.lower(): value}  # as Starlette hands it over
+    try:
+        request = DATAPLANE.decode_inference_request(HEADER_BODY, headers, "m")
+    except InvalidInput as exc:
+        plain = value.strip(" \t")
+        if not (plain.isascii() and plain.isdigit()) or len(plain.lstrip("0")) > 19:
+            assert wire.HEADER in str(exc), exc  # the value itself is refused
+        event("refused")
+        return
+    assert int(value) == HEADER_LENGTH and [i.name for i in request.inputs] == ["pixels"]
+    event("parsed")
+
+
+@given(value=header_values)
+@FAST
+def test_any_header_length_string_parses_or_is_invalid_input(value: str) -> None:
+    check_header_value(value)
+
+
+@given(value=header_values)
+@LONG
+@pytest.mark.slow
+def test_any_header_length_string_parses_or_is_invalid_input_long(value: str) -> None:
+    check_header_value(value)
 
 
 # -- prepare_sample of each family ------------------------------------------------------------

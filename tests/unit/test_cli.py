@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from predictor.cli import available_cpus, build_parser, configs_from_args, main
+from predictor.errors import ConfigError
 
 
 def test_contract_flags_and_defaults():
@@ -70,6 +71,40 @@ def test_startup_error_exits_2_with_one_line(tmp_path, capsys):
 def test_more_than_one_worker_is_refused_at_start(tmp_path, capsys):
     assert main(["--model_dir", str(tmp_path), "--workers", "2"]) == 2
     assert "--workers must be 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--max_batch_size", "0"], ["--drain_timeout_s", "-1"]],
+    ids=["batching", "server"],
+)
+def test_bad_flag_values_are_usage_errors_exit_2(tmp_path, capsys, flags):
+    assert main(["serve", "--model_dir", str(tmp_path), *flags]) == 2
+    assert capsys.readouterr().err.startswith("histoserve: cannot start")
+
+
+def test_flag_checks_raise_the_usage_error_of_the_error_tree():
+    from predictor.device.faults import parse_fault_spec
+
+    with pytest.raises(ConfigError, match="max_batch_size"):
+        configs_from_args(build_parser().parse_args(["--max_batch_size", "0"]))
+    with pytest.raises(ConfigError, match="--fault_injection"):
+        parse_fault_spec("nth:x")
+
+
+def test_a_bug_during_start_up_is_a_traceback_not_a_usage_error(tmp_path, monkeypatch, capsys):
+    """A ValueError no check of ours raised is a bug: it must escape (exit 1 with its
+    traceback), not read as "cannot start" exit 2. The bug is planted with monkeypatch:
+    a real one cannot be written on purpose."""
+    from predictor import startup
+
+    def buggy_build_model(*args, **kwargs):
+        return int("not a number")  # the kind of ValueError a bug raises
+
+    monkeypatch.setattr(startup, "build_model", buggy_build_model)
+    with pytest.raises(ValueError, match="invalid literal for int"):
+        main(["serve", "--model_dir", str(tmp_path)])
+    assert "cannot start" not in capsys.readouterr().err
 
 
 def test_available_cpus_follows_the_cgroup_quota(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 
 from predictor import wire
 from predictor.codecs.binary import parse_binary_body
+from predictor.errors import InvalidInput
 
 NUMERIC = sorted(wire.DATATYPES)
 
@@ -151,7 +152,7 @@ def _good() -> tuple[bytes, str]:
     ("mutate", "needle"),
     [
         (lambda b, n: (b[:-1], n), "overruns the body"),
-        (lambda b, n: (b + b"\x00", n), "1 bytes after its outputs"),
+        (lambda b, n: (b + b"\x00", n), "sum to 16 bytes but 17 follow"),
         (lambda b, n: (b, str(len(b) + 1)), "outside the body"),
         (lambda b, n: (b, "0"), "outside the body"),
         (lambda b, n: (b, "12abc"), "not an integer"),
@@ -182,7 +183,7 @@ def test_reader_refuses_malformed_bodies(mutate, needle: str) -> None:
         (_entry("e", "FP32", [2, 2], 12), b"\x00" * 12, "12 bytes for FP32 shape"),
         (_entry("e", "BF16", [2], 4), b"\x00" * 4, "unknown datatype 'BF16'"),
         (_entry("e", "FP32", [-1], 4), b"\x00" * 4, "shape must be a list of sizes"),
-        (_entry("e", "BYTES", [2], 6), wire.length_prefixed([b"ab"]), "cut off"),
+        (_entry("e", "BYTES", [2], 6), wire.length_prefixed([b"ab"]), "holds 1 elements"),
         (_entry("e", "BYTES", [1], 5), b"\x09\x00\x00\x00x", "overrun"),
         ({**_entry("e", "FP32", [3]), "data": [1, 2]}, b"", "2 values for shape"),
         (_entry("e", "FP32", [1]), b"", "neither 'data' nor"),
@@ -196,5 +197,57 @@ def test_reader_refuses_inconsistent_outputs(entry: dict, blob: bytes, needle: s
 
 
 def test_split_length_prefixed_refuses_leftovers() -> None:
-    with pytest.raises(ValueError, match="2 bytes after 1 elements"):
+    with pytest.raises(ValueError, match="2 bytes left after them"):
         wire.split_length_prefixed(wire.length_prefixed([b"a"]) + b"zz", 1)
+
+
+def test_split_length_prefixed_is_exact_in_both_directions() -> None:
+    data = wire.length_prefixed([b"a", b"", b"bc"])
+    assert wire.split_length_prefixed(data, 3) == [b"a", b"", b"bc"]
+    with pytest.raises(wire.WireError, match="more than the 2 elements"):
+        wire.split_length_prefixed(data, 2)
+    with pytest.raises(wire.WireError, match=r"shape \[4\] but BYTES data holds 3 elements"):
+        wire.split_length_prefixed(data, 4)
+    assert wire.split_length_prefixed(b"", 0) == []
+
+
+# -- the header length: every value a client can send ---------------------------------------
+HOSTILE_LENGTHS = {
+    "superscript-two": "\u00b2",  # isdigit() is true, int() raises
+    "one-cubed": "1\u00b3",
+    "negative": "-5",
+    "plus-sign": "+5",
+    "underscore": "1_0",  # int() takes it
+    "exponent": "1e1",
+    "ten-thousand-digits": "9" * 10_000,  # int() refuses past 4300 digits
+    "empty": "",
+    "blank": "  ",
+    "arabic-indic-digits": "\u0661\u0662",  # int() takes them
+    "latin-1-bytes": b"\xff\xfe".decode("latin-1"),
+    "utf-8-bytes-read-as-latin-1": "\u00e9".encode().decode("latin-1"),
+    "nul": "1\x00",
+    "float": "10.0",
+    "past-the-body": "99999",
+    "zero": "0",
+}
+
+
+@pytest.mark.parametrize("value", list(HOSTILE_LENGTHS.values()), ids=list(HOSTILE_LENGTHS))
+def test_every_hostile_header_length_is_a_wire_error_naming_the_header(value: str) -> None:
+    body = b'{"inputs": []}'
+    with pytest.raises(wire.WireError, match=wire.HEADER):
+        wire.header_length(value, len(body))
+    with pytest.raises(InvalidInput, match=wire.HEADER):  # and the server's 400
+        parse_binary_body(body, value, "m")
+
+
+def test_header_length_takes_decimal_text_bytes_ints_and_absence() -> None:
+    assert wire.header_length("12", 20) == wire.header_length(b"12", 20) == 12
+    assert wire.header_length(" 0012\t", 20) == 12  # optional whitespace, leading zeros
+    assert wire.header_length(None, 20) == 20
+    assert wire.header_length(20, 20) == 20
+    for bad in (True, 2.5, [12]):
+        with pytest.raises(wire.WireError, match="must be an integer"):
+            wire.header_length(bad, 20)
+    with pytest.raises(wire.WireError, match="body is empty"):
+        wire.header_length("1", 0)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from predictor.client.embed.auth import Credentials
 from predictor.client.embed.errors import UsageError
+from predictor.wire import MODES
 
-MODES = ("embedding", "prediction", "prediction_with_embedding")
 LAYOUTS = ("flat", "trident", "clam")
 PROGRESS = ("auto", "bar", "plain", "none")
 URL_SCHEMES = ("http://", "https://", "grpc://", "grpcs://")

@@ -28,7 +28,8 @@ import httpx
 from predictor.client.embed.auth import Credentials
 from predictor.client.embed.dispatch import RetryPolicy
 from predictor.client.embed.errors import EmbedError, UsageError
-from predictor.client.embed.transport import RETRY_STATUS, http_client, parse_retry_after
+from predictor.client.embed.transport import RETRY_STATUS, http_client
+from predictor.client.retry_after import parse_retry_after
 
 INFO_TIMEOUT_S = 30.0
 

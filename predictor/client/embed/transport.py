@@ -32,6 +32,7 @@ import numpy as np
 from predictor import wire
 from predictor.client.embed.auth import Credentials
 from predictor.client.embed.errors import EmbedError
+from predictor.client.retry_after import parse_retry_after
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -231,14 +232,3 @@ def _status_error(url: str, response: httpx.Response) -> EmbedError:
             f"{url}: {status}: {message}", parse_retry_after(response.headers.get("retry-after"))
         )
     return ServerRefused(status, message)
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta-seconds form); None when absent or a date."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if seconds >= 0 else None

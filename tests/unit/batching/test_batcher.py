@@ -24,6 +24,7 @@ from predictor.batching.batcher import (
     NullObserver,
     WorkerState,
 )
+from predictor.batching.worker import HOOKS
 from predictor.config import BatchingConfig
 from predictor.errors import (
     DeviceLost,
@@ -544,6 +545,44 @@ def test_observer_sees_depth_waits_and_forward_and_its_bugs_are_contained() -> N
         await b2.close()
 
     run(body)
+
+
+def test_an_observer_missing_a_declared_hook_is_refused_by_name() -> None:
+    """The batcher calls BatchObserver's declared hooks, typed: a misspelt hook is a
+    TypeError at construction, not a metric that silently never moves."""
+
+    class Misspelt:
+        def on_enqueue(self, n_items: int, queue_depth: int) -> None: ...
+
+        def on_rejected(self, n_items: int) -> None: ...  # not a hook
+
+    with pytest.raises(TypeError, match="on_reject"):
+        DynamicBatcher(Fake(), cfg(), observer=Misspelt())  # type: ignore[arg-type]
+    assert set(HOOKS) == {
+        "on_enqueue", "on_reject", "on_dispatch", "on_forward", "on_worker_forward",
+        "on_worker_lost",
+    }  # fmt: skip
+
+
+def test_close_nowait_stops_workers_and_fails_the_queue_from_sync_code() -> None:
+    fake = Fake()
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=1), name="sync-close")
+        running = await busy(fake, b)
+        queued = b.submit([2, 3])
+        tasks = b.close_nowait()  # no await: what a synchronous stop() can do
+        assert tasks and all(t.cancelled() or t.cancelling() for t in tasks)
+        assert not b.accepting
+        fake.release()
+        results = await outcomes([running, *queued])
+        assert all(isinstance(r, ModelNotReady) for r in results), results
+
+    run(body)
+    deadline = time.monotonic() + WAIT_S
+    while any(t.name.startswith("batcher-sync-close") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "worker threads outlived close_nowait"
+        time.sleep(0.01)
 
 
 @pytest.mark.parametrize(("seed", "workers"), [(1, 1), (2, 1), (3, 1), (4, 3), (5, 3)])

@@ -149,7 +149,7 @@ def test_header_length_must_lie_inside_the_body():
     refused(body, -3, "outside the body")
     refused(body, "twelve", "not an integer")
     refused(body, 2.5, "must be an integer")
-    refused(b"", None, "request body is empty")
+    refused(b"", None, "body is empty")
 
 
 def test_bad_json_header():

@@ -6,16 +6,14 @@ shape); the other families are its subclasses.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from predictor.errors import SpecError
-from predictor.families import model_class_for, register_family
+from predictor.families import model_class_for
 from predictor.families.multimodal import MultimodalServerModel
 from predictor.families.segmentation import SegmentationServerModel
 from predictor.serving.model import BaseServerModel
-from predictor.spec import BUILTIN_SPECS
+from predictor.spec import BUILTIN_SPECS, FAMILIES
 
 
 @pytest.mark.parametrize(
@@ -32,26 +30,23 @@ def test_builtin_specs_map_to_their_class(name, cls):
     assert model_class_for(BUILTIN_SPECS[name]) is cls
 
 
-def test_registering_a_family_routes_specs_to_it(monkeypatch):
+def test_every_family_a_spec_can_name_has_a_class_and_no_other():
+    """``register_family`` is gone: it registered classes for families no spec can name."""
     from predictor import families
 
-    monkeypatch.setattr(families, "_REGISTRY", dict(families._REGISTRY))
-
-    @register_family("embedding")
-    class Custom(BaseServerModel):
-        pass
-
-    assert model_class_for(BUILTIN_SPECS["h0"]) is Custom
+    assert not hasattr(families, "register_family")
+    assert set(families._BUILTIN) == set(FAMILIES)
+    for family in FAMILIES:
+        spec = next(s for s in BUILTIN_SPECS.values() if s.family == family)
+        assert issubclass(model_class_for(spec), BaseServerModel)
 
 
 def test_unknown_family_is_a_spec_error(monkeypatch):
     from predictor import families
 
-    monkeypatch.setattr(families, "_REGISTRY", {})
-    monkeypatch.setattr(families, "_load_builtin_families", lambda: None)
-    spec = dataclasses.replace(BUILTIN_SPECS["h0"])
+    monkeypatch.setattr(families, "_BUILTIN", {})
     with pytest.raises(SpecError, match="embedding"):
-        model_class_for(spec)
+        model_class_for(BUILTIN_SPECS["h0"])
 
 
 @pytest.mark.parametrize("name", ["h0-mini", "m-optimus", "tissue-seg"])

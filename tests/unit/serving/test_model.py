@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -131,3 +134,24 @@ def test_end_to_end_through_the_batcher_and_drain(embedding_package_dir, referen
     want = reference(normalise_reference(tiles))[0]
     got = np.stack([np.asarray(p["output"]) for p in result["predictions"]])
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_stop_closes_the_batcher_and_its_worker_threads(embedding_package_dir):
+    model = _model(embedding_package_dir, options=ServingOptions(name="stop-closes"))
+    sample = model.prepare_sample(ModelRequest(0, pixels=random_tiles(1, seed=6)[0]))
+
+    async def scenario():
+        await model.start_batching()
+        payload = SimpleNamespace(samples=[sample], mode="embedding")
+        _, (response,) = await model.predict(payload)  # the worker thread exists now
+        assert response.outputs["embedding"].shape == (1536,)
+        assert any(t.name.startswith("batcher-stop-closes") for t in threading.enumerate())
+        model.stop()  # synchronous, on the loop's thread, as the server's shutdown calls it
+        with pytest.raises(ModelNotReady, match="closed"):
+            await model.predict(payload)
+
+    asyncio.run(scenario())
+    deadline = time.monotonic() + 5.0
+    while any(t.name.startswith("batcher-stop-closes") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "device worker threads outlived stop()"
+        time.sleep(0.01)

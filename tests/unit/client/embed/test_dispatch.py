@@ -23,7 +23,8 @@ import pytest
 
 from predictor import wire
 from predictor.client.embed.dispatch import Dispatcher, RequestFailed, RetryPolicy
-from predictor.client.embed.transport import HttpTransport, RecyclePolicy, parse_retry_after
+from predictor.client.embed.transport import HttpTransport, RecyclePolicy
+from predictor.client.retry_after import parse_retry_after
 
 Action = Callable[["_Handler"], None]
 
@@ -238,12 +239,21 @@ def test_connections_are_recycled_by_age(servers: list[Scripted]) -> None:
         ("0.5", 0.5),
         (None, None),
         ("", None),
-        ("Wed, 21 Oct 2015 07:28:00 GMT", None),
+        (" 2 ", 2.0),
+        ("Wed, 21 Oct 2015 07:28:00 GMT", 30.0),  # an HTTP-date, 30 s after NOW_S
+        ("Wed, 21 Oct 2015 07:27:00 GMT", 0.0),  # already past
+        ("Wed, 21 Oct 2015 07:28:00", None),  # no zone: not an HTTP-date
+        ("soon", None),
         ("-1", None),
+        ("nan", None),
+        ("inf", None),
     ],
 )
 def test_parse_retry_after(value: str | None, expected: float | None) -> None:
-    assert parse_retry_after(value) == expected
+    assert parse_retry_after(value, now_s=NOW_S) == expected
+
+
+NOW_S = 1445412450.0  # Wed, 21 Oct 2015 07:27:30 GMT
 
 
 def test_policies_validate() -> None:

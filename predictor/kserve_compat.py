@@ -1,0 +1,136 @@
+"""KServe behind one module: every KServe name histoserve uses beyond ``from kserve import X``.
+
+histoserve extends KServe's ModelServer, REST server, data plane and gRPC
+service, mirrors its V2 REST infer endpoint (:mod:`predictor.server.fast_infer`)
+and its ``Model.__call__`` (:mod:`predictor.serving.kserve_call`). That reaches
+KServe's internal modules and a few private attributes; all of it is here, so
+an upgrade of KServe is reviewed in this one file. Elsewhere, code imports only
+KServe's top-level public names (``from kserve import Model, InferRequest,
+...``); ``tests/unit/test_kserve_compat.py`` checks that with an AST scan, and
+fails when a signature, attribute, route or mirrored function this module
+relies on changes shape. ``pyproject.toml`` pins kserve to the version tested.
+
+A foundation module (imports nothing of histoserve), so every layer that
+touches KServe (the server edge, the model, the codecs, the CLI) may use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI
+from kserve import metrics as _metrics
+from kserve import model_server as _model_server
+from kserve.constants.constants import (
+    FASTAPI_APP_IMPORT_STRING,
+    INFERENCE_CONTENT_LENGTH_HEADER,
+    PredictorProtocol,
+)
+from kserve.errors import ModelNotFound, ModelNotReady
+from kserve.logging import KSERVE_TRACE_LOGGER_NAME, trace_logger
+from kserve.model import InferenceVerb
+from kserve.protocol.dataplane import DataPlane
+from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
+from kserve.protocol.grpc.grpc_predict_v2_pb2 import ModelInferResponse
+from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
+from kserve.protocol.grpc.servicer import InferenceServicer
+from kserve.protocol.infer_type import InferInput, RequestedOutput, to_http_parameters
+from kserve.protocol.rest.server import RESTServer
+from kserve.protocol.rest.v2_datamodels import InferenceRequest, InferenceResponse
+from kserve.utils.utils import strtobool
+
+__all__ = [
+    "FASTAPI_APP_IMPORT_STRING",
+    "INFERENCE_CONTENT_LENGTH_HEADER",
+    "KSERVE_TRACE_LOGGER_NAME",
+    "REST_V2",
+    "V2_INFER_ROUTE",
+    "DataPlane",
+    "ExceptionToStatusInterceptor",
+    "InferenceRequest",
+    "InferenceResponse",
+    "InferenceVerb",
+    "ModelInferResponse",
+    "ModelNotFound",
+    "ModelNotReady",
+    "RESTServer",
+    "RequestedOutput",
+    "add_inference_service",
+    "fastapi_app",
+    "model_server_parser",
+    "raw_data",
+    "register_models",
+    "request_exit",
+    "serve_without_signal_capture",
+    "set_raw_data",
+    "stage_histograms",
+    "strtobool",
+    "to_http_parameters",
+    "trace_logger",
+]
+
+REST_V2 = PredictorProtocol.REST_V2.value
+"""The protocol name KServe's V2 REST endpoints pass to ``DataPlane.decode``."""
+
+V2_INFER_ROUTE = "/v2/models/{model_name}/infer"
+"""The unversioned V2 REST infer route (KServe's ``V2Endpoints.infer``)."""
+
+
+# -- tensors ---------------------------------------------------------------------------------
+def raw_data(infer_input: InferInput) -> Any:
+    """An input's raw little-endian bytes (gRPC ``raw_input_contents``, our binary parser), or None."""
+    return infer_input._raw_data
+
+
+def set_raw_data(infer_input: InferInput, data: Any) -> None:
+    """Hands an input its raw bytes (a view into the body) as KServe's own parsers do."""
+    infer_input._raw_data = data
+
+
+# -- the model server ------------------------------------------------------------------------
+def model_server_parser() -> Any:
+    """KServe's ``ModelServer`` argument parser (the parent of ``histoserve serve``'s)."""
+    return _model_server.parser
+
+
+def fastapi_app() -> FastAPI:
+    """The FastAPI app KServe's REST server serves (``FASTAPI_APP_IMPORT_STRING``)."""
+    return _model_server.app
+
+
+def register_models(server: Any, models: Sequence[Any]) -> None:
+    """What KServe's ``ModelServer.start`` does first: register the models, check one is ready.
+
+    Raises:
+        kserve.errors.NoModelReady: No model is ready.
+    """
+    server._register_and_check_atleast_one_model_is_ready(list(models))
+
+
+def serve_without_signal_capture(rest_server: RESTServer) -> None:
+    """Uvicorn must not take SIGTERM/SIGINT itself: histoserve drains first, then stops it."""
+    rest_server._server.capture_signals = contextlib.nullcontext
+
+
+def request_exit(rest_server: RESTServer) -> None:
+    """Asks uvicorn to stop serving (its graceful exit)."""
+    rest_server._server.should_exit = True
+
+
+def add_inference_service(server: Any, dataplane: DataPlane, repository: Any) -> None:
+    """KServe's V2 gRPC inference service on the ``grpc.aio`` ``server``."""
+    servicer = InferenceServicer(dataplane, repository)
+    grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+
+
+# -- the model's stage metrics -----------------------------------------------------------------
+def stage_histograms(model_name: str) -> tuple[Any, Any, Any]:
+    """KServe's ``request_{preprocess,predict,postprocess}_seconds`` children for one model."""
+    labels = _metrics.get_labels(model_name)
+    return (
+        _metrics.PRE_HIST_TIME.labels(**labels),
+        _metrics.PREDICT_HIST_TIME.labels(**labels),
+        _metrics.POST_HIST_TIME.labels(**labels),
+    )
