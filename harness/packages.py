@@ -199,7 +199,8 @@ def register_custom_op() -> None:
     if hasattr(getattr(torch.ops, namespace), name):
         return
 
-    @torch.library.custom_op(CUSTOM_OP, mutates_args=())
+    # The schema is spelt out: this module's annotations are strings (no torch at its top).
+    @torch.library.custom_op(CUSTOM_OP, mutates_args=(), schema="(Tensor x) -> Tensor")
     def scale_add(x: torch.Tensor) -> torch.Tensor:
         return x * 2 + 1
 

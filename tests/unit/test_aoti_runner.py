@@ -270,7 +270,7 @@ def test_a_library_corrupted_while_extracted_is_refused_by_its_crc(
 
     def faulty(src: int, dst: int, offset: int, size: int) -> None:
         copy_range(src, dst, offset, size)
-        byte = os.pread(dst, 1, size // 2)
+        byte = os.pread(src, 1, offset + size // 2)  # dst is write-only
         os.pwrite(dst, bytes([byte[0] ^ 1]), size // 2)
 
     monkeypatch.setattr(extract, "_copy_range", faulty)
