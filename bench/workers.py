@@ -80,7 +80,7 @@ def measure(seconds: float = 6.0, batch: int = 8, clients: int = 8) -> dict[str,
     x = torch.randn(batch, 3, 224, 224)
     paths = {
         "torch_loader": torch._inductor.aoti_load_package(str(path)),
-        "gil_free_runner": GilFreeRunner(path, num_models=2),
+        "gil_free_runner": GilFreeRunner(path, num_models=2, private_inputs=True),  # as served
     }
     out: dict[str, Any] = {"batch": batch, "clients": clients, "torch_threads": 1}
     for name, forward in paths.items():

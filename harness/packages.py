@@ -36,6 +36,14 @@ KEY_SOURCES = (
     "predictor/families/*.py",
 )
 """Globs of the exporter's sources: their text is part of every package's key."""
+KEY_EXCLUDES = (
+    "predictor/package/aoti_runner.py",
+    "predictor/package/extract.py",
+    "predictor/package/input_checks.py",
+    "predictor/package/loader.py",
+)
+"""Serving-side modules in those folders: they run packages, they never shape one
+(the exporter imports none of them), so editing them rebuilds nothing."""
 
 _CLI_OPTS = ("device", "dtype", "min_batch", "max_batch", "cpu_target")
 
@@ -46,7 +54,8 @@ def cache_root() -> Path:
 
 
 def _code_texts() -> dict[str, str]:
-    paths = sorted({p for pattern in KEY_SOURCES for p in REPO.glob(pattern)})
+    excluded = {REPO / name for name in KEY_EXCLUDES}
+    paths = sorted({p for pattern in KEY_SOURCES for p in REPO.glob(pattern)} - excluded)
     return {str(p.relative_to(REPO)): p.read_text(encoding="utf-8") for p in paths}
 
 
@@ -175,3 +184,57 @@ def package_in(model_dir: Path) -> Path:
     """The one ``*.pt2`` in ``model_dir``."""
     (path,) = sorted(model_dir.glob("*.pt2"))
     return path
+
+
+CUSTOM_OP = "histoserve_test::scale_add"
+"""The custom op of :func:`proxy_executor_package` (``x * 2 + 1``, a Python kernel)."""
+
+
+def register_custom_op() -> None:
+    """Registers :data:`CUSTOM_OP` in this process (once): exporting the package and
+    running it through torch's loader both need it."""
+    import torch
+
+    namespace, name = CUSTOM_OP.split("::")
+    if hasattr(getattr(torch.ops, namespace), name):
+        return
+
+    # The schema is spelt out: this module's annotations are strings (no torch at its top).
+    @torch.library.custom_op(CUSTOM_OP, mutates_args=(), schema="(Tensor x) -> Tensor")
+    def scale_add(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+    @scale_add.register_fake
+    def _(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
+
+def proxy_executor_package() -> Path:
+    """A real package that needs AOTInductor's proxy executor: a linear layer followed
+    by :data:`CUSTOM_OP`, which AOTInductor cannot compile, so the library calls back
+    into torch for it and the package carries ``<stem>.json`` beside its ``.so``.
+
+    Inputs ``float32 [2, 16]`` (static), output ``[2, 8]``.
+    """
+    register_custom_op()
+
+    def build(output: Path) -> None:
+        import torch
+
+        torch.manual_seed(0)
+        linear = torch.nn.Linear(16, 8).eval()
+        op = getattr(getattr(torch.ops, CUSTOM_OP.split("::")[0]), CUSTOM_OP.split("::")[1])
+
+        class WithCustomOp(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.linear = linear
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return op(self.linear(x))
+
+        program = torch.export.export(WithCustomOp(), (torch.randn(2, 16),), strict=False)
+        torch._inductor.aoti_compile_and_package(program, package_path=str(output))
+
+    # The cache keys by spec name; the source dict tells this package apart.
+    return cached("h0-mini", {"module": "linear16x8+" + CUSTOM_OP}, build)

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
+from predictor.config import FORWARD_RUNNERS, BatchingConfig, LimitsConfig, ModelConfig
 
 logger = logging.getLogger("histoserve")
 
@@ -101,9 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--forward_runner",
-        choices=("torch", "gil_free"),
-        default="torch",
-        help="torch's AOTI loader, or the package's C ABI with the GIL released (CPU only)",
+        choices=FORWARD_RUNNERS,
+        default="auto",
+        help="torch's AOTI loader, or gil_free: the package's C ABI with the GIL released "
+        "(CPU only); auto: gil_free on the CPU (torch's loader where it cannot serve the "
+        "package, one log line), torch on a GPU",
     )
     add(
         "--instances_per_device",

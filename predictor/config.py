@@ -74,6 +74,10 @@ class LimitsConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
+FORWARD_RUNNERS = ("auto", "torch", "gil_free")
+"""``--forward_runner`` choices (see :class:`ModelConfig`)."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Which package to serve, where, and how.
@@ -87,9 +91,11 @@ class ModelConfig:
         preprocess_workers: Stage-1 decode threads.
         fault_injection: Test-only forward fault hook (see :mod:`predictor.device.faults`);
             ``None`` (the default) disables it.
-        forward_runner: ``torch`` (torch's AOTInductor loader) or ``gil_free``
-            (:mod:`predictor.package.aoti_runner`: the package's C ABI called with the
-            GIL released, CPU only).
+        forward_runner: ``auto`` (the default: ``gil_free`` on the CPU, falling
+            back to ``torch`` with one log line for a package it cannot serve;
+            ``torch`` on a GPU), ``torch`` (torch's AOTInductor loader) or
+            ``gil_free`` (:mod:`predictor.package.aoti_runner`: the package's C
+            ABI called with the GIL released, CPU only).
         instances_per_device: Device workers sharing the one queue (Triton's
             instance groups), per device: CPU or each GPU (own normaliser and
             CUDA stream per instance).
@@ -104,16 +110,16 @@ class ModelConfig:
     device: str = "auto"
     preprocess_workers: int = 2
     fault_injection: str | None = None
-    forward_runner: str = "torch"
+    forward_runner: str = "auto"
     instances_per_device: int = 1
     model_class: str | None = None
 
     def __post_init__(self) -> None:
         if self.instances_per_device < 1:
             raise ConfigError(f"instances_per_device must be >= 1, got {self.instances_per_device}")
-        if self.forward_runner not in ("torch", "gil_free"):
+        if self.forward_runner not in FORWARD_RUNNERS:
             raise ConfigError(
-                f"forward_runner must be torch or gil_free, got {self.forward_runner!r}"
+                f"forward_runner must be auto, torch or gil_free, got {self.forward_runner!r}"
             )
         if self.preprocess_workers < 1:
             raise ConfigError(f"preprocess_workers must be >= 1, got {self.preprocess_workers}")

@@ -13,14 +13,43 @@ Contract:
       ``histoserve export`` writes them) and is callable on the package's
       flat tensor inputs; it returns the flat tuple of outputs, the same
       tensors (bit for bit) as ``torch._inductor.aoti_load_package``'s model.
-    * Inputs must be contiguous (the package reads raw NCHW memory and checks
-      nothing): a non-contiguous input is a ``ValueError``, never a silent
-      wrong answer. A failed forward raises :class:`AotiRunError` with the
-      library's own message (``AOTInductorGetLastError``).
+    * Every input is checked in Python before the call
+      (:mod:`predictor.package.input_checks`: plain CPU tensor, dtype, rank,
+      each axis and the batch range, contiguity, storage size): the library
+      reads raw memory and, with the package's own checks off, checks
+      nothing. A refused input is a ``ValueError`` naming the input and the
+      reason, never a silent wrong answer or a crash. A failed forward raises
+      :class:`AotiRunError` with the library's own message
+      (``AOTInductorGetLastError``).
+    * Refused at load (``ValueError``): a package whose inputs cannot be
+      checked (no recorded specs), and a package that needs a proxy executor
+      (custom ops: a ``<stem>.json`` beside its library), which this runner
+      does not provide; torch's loader serves both.
+    * The extracted library's bytes are checked against the archive's
+      CRC-32 before ``dlopen`` (:mod:`predictor.package.extract`).
     * ``num_models`` copies of the model share one container: up to that many
       threads run forwards at once (Triton's instance groups); more wait.
     * CPU only: on CUDA the forward only launches kernels, so the GIL is held
       for microseconds anyway; use torch's loader there.
+
+Inputs and other threads. The forward runs with the GIL released, so other
+Python threads run meanwhile and may touch the inputs. Reading them is safe;
+writing them in place is a data race (garbage out, no crash). The library is
+handed its own alias of each input (own sizes and strides, own reference to
+the storage), so re-pointing or reshaping the caller's tensor (``set_``,
+``.data = ...``, ``transpose_``, a ``resize_`` that does not grow it) does not
+reach the forward. Reallocating the memory does: a growing ``resize_`` of the
+tensor or of any view of its storage, or ``untyped_storage().resize_()``,
+frees the bytes the forward is reading and can crash the process. So by
+default an input whose storage torch could reallocate (a resizable storage)
+is copied on entry; one that cannot (``torch.from_numpy``, ``frombuffer``)
+is not. A caller that owns its inputs outright passes
+``private_inputs=True`` and skips the copy: the server does (its device
+worker builds each batch tensor itself and no other thread ever sees it, so
+nothing resizes an input during a forward today). With ``private_inputs``
+an input whose storage moved during the forward is still detected after it
+(:class:`AotiRunError`, outputs discarded), but the process may not live to
+see it.
 
 The handles passing tensors across the ABI come from torch's own helpers
 (``torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors`` and
@@ -33,19 +62,26 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
-import mmap
 import os
 import shutil
 import tempfile
 import threading
 import zipfile
-import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from predictor.package.extract import extract_member
+from predictor.package.input_checks import (
+    InputSpec,
+    NoInputSpecs,
+    check_inputs,
+    specs_from_cpp,
+    specs_from_metadata,
+)
 
 __all__ = ["AotiRunError", "GilFreeRunner", "extract_member"]
 
@@ -83,66 +119,36 @@ def _member(names: list[str], model_name: str, suffix: str, path: Path) -> str:
     return found[0]
 
 
-def extract_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path) -> None:
-    """Writes one member of ``archive`` (opened from a file) to ``target``, checking its CRC-32.
-
-    torch stores a package's library uncompressed; such a member is copied by
-    the kernel (``os.copy_file_range``: no Python buffers; a 2.2 GB ViT-g
-    ``.so`` took 1.3-2.4 s here against 7-9 s through :mod:`zipfile`) and its
-    CRC-32 is then checked over the archive's bytes (from the page cache).
-    A compressed member, or a kernel without the call, goes through
-    :mod:`zipfile` (which checks the CRC as it reads).
+def _input_specs(
+    archive: zipfile.ZipFile, names: list[str], stem: str, metadata: Mapping[str, str], path: Path
+) -> tuple[InputSpec, ...]:
+    """The package's input specs: its generated checks, else its ``histoserve.inputs``.
 
     Raises:
-        zipfile.BadZipFile: The member's bytes do not match its CRC-32.
+        NoInputSpecs: The package records neither (the runner cannot check inputs).
     """
-    if info.compress_type == zipfile.ZIP_STORED and hasattr(os, "copy_file_range"):
-        with open(str(archive.filename), "rb") as src, target.open("wb") as dst:
-            offset = _data_offset(src, info)
-            try:
-                _copy_range(src.fileno(), dst.fileno(), offset, info.file_size)
-            except OSError:
-                dst.truncate(0)  # e.g. a filesystem without the call: copy below
-            else:
-                if _crc32(src.fileno(), offset, info.file_size) != info.CRC:
-                    raise zipfile.BadZipFile(f"Bad CRC-32 for file {info.filename!r}")
-                return
-    with archive.open(info) as member, target.open("wb") as dst:
-        shutil.copyfileobj(member, dst, 1 << 22)
+    specs = None
+    if f"{stem}.cpp" in names:
+        specs = specs_from_cpp(archive.read(f"{stem}.cpp").decode("utf-8", "replace"))
+    if specs is None:
+        specs = specs_from_metadata(metadata)
+    if specs is None:
+        raise NoInputSpecs(
+            f"{path.name}: records no input specs (no histoserve.inputs metadata, no "
+            "generated input checks), so the GIL-free runner cannot check its inputs; "
+            "serve it with --forward_runner torch"
+        )
+    return specs
 
 
-def _data_offset(fh: Any, info: zipfile.ZipInfo) -> int:
-    """Where a member's bytes start: after its local header, name and extra field."""
-    fh.seek(info.header_offset)
-    header = fh.read(30)
-    if len(header) != 30 or header[:4] != b"PK\x03\x04":
-        raise zipfile.BadZipFile(f"bad local header for {info.filename!r}")
-    name_len, extra_len = (
-        int.from_bytes(header[26:28], "little"),
-        int.from_bytes(header[28:30], "little"),
-    )
-    return info.header_offset + 30 + name_len + extra_len
-
-
-def _copy_range(src: int, dst: int, offset: int, size: int) -> None:
-    done = 0
-    while done < size:
-        copied = os.copy_file_range(src, dst, size - done, offset + done, done)
-        if copied == 0:
-            raise zipfile.BadZipFile("the archive ends inside a member (truncated)")
-        done += copied
-
-
-def _crc32(fd: int, offset: int, size: int) -> int:
-    crc = 0
-    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
-        view = memoryview(mapped)
-        try:
-            for start in range(offset, offset + size, 1 << 26):
-                crc = zlib.crc32(view[start : min(start + (1 << 26), offset + size)], crc)
-        finally:
-            view.release()
-    return crc
+def _check_unmoved(path: Path, args: Sequence[torch.Tensor], pointers: Sequence[int]) -> None:
+    """Raises :class:`AotiRunError` when an input's memory moved during the forward."""
+    for i, (tensor, pointer) in enumerate(zip(args, pointers, strict=True)):
+        if tensor.untyped_storage().data_ptr() != pointer:
+            raise AotiRunError(
+                f"{path.name}: input {i}'s memory was reallocated during the forward "
+                "(another thread resized it); outputs discarded"
+            )
 
 
 def _bind(lib: ctypes.CDLL) -> None:
@@ -188,12 +194,20 @@ class GilFreeRunner:
             copying the model library out of the zip (start-up passes
             :meth:`~predictor.package.loader.StartupPhases.time`, so a cold
             start reports extraction apart from ``dlopen``).
+        private_inputs: The caller guarantees no other thread touches an
+            input during its forward: inputs are never copied (see the
+            module docstring).
 
     Raises:
-        ValueError: A CUDA device, ``num_models`` < 1, or a package without
-            exactly one model library.
+        ValueError: A CUDA device, ``num_models`` < 1, a package without
+            exactly one model library, one that needs a proxy executor, or
+            one whose inputs cannot be checked.
+        zipfile.BadZipFile: The extracted library fails its CRC-32.
         AotiRunError: The library refused to create the model.
     """
+
+    forward_runner = "gil_free"
+    """The ``--forward_runner`` name (:attr:`LoadedPackage.forward_runner` reads it)."""
 
     def __init__(
         self,
@@ -204,6 +218,7 @@ class GilFreeRunner:
         num_models: int = 1,
         metadata: Mapping[str, str] | None = None,
         extraction_timer: Callable[[str], AbstractContextManager[None]] | None = None,
+        private_inputs: bool = False,
     ) -> None:
         device = torch.device(device)
         if device.type != "cpu":
@@ -212,13 +227,16 @@ class GilFreeRunner:
             raise ValueError(f"num_models must be >= 1, got {num_models}")
         self.path = Path(path)
         self.num_models = num_models
+        self.private_inputs = private_inputs
         self._idle = threading.Condition()  # close() waits until no forward is running
         self._running = 0
         self._handle: ctypes.c_void_p | None = None
         timer = extraction_timer or (lambda _phase: contextlib.nullcontext())
         tmp = Path(tempfile.mkdtemp(prefix="histoserve_aoti_"))
         try:
-            self._metadata, self._lib = self._extract_and_open(model_name, metadata, timer, tmp)
+            self._metadata, self._specs, self._lib = self._extract_and_open(
+                model_name, metadata, timer, tmp
+            )
             self._capsule_get, self._capsule_new = _capsule_api()
             handle = _HANDLE()
             self._check(
@@ -235,6 +253,12 @@ class GilFreeRunner:
         self._handle = handle
         self.num_inputs = self._count("AOTInductorModelContainerGetNumInputs")
         self.num_outputs = self._count("AOTInductorModelContainerGetNumOutputs")
+        if len(self._specs) != self.num_inputs:
+            self.close()
+            raise ValueError(
+                f"{self.path.name}: the package records {len(self._specs)} input specs "
+                f"but its model takes {self.num_inputs} inputs"
+            )
 
     def _extract_and_open(
         self,
@@ -242,8 +266,9 @@ class GilFreeRunner:
         metadata: Mapping[str, str] | None,
         timer: Callable[[str], AbstractContextManager[None]],
         tmp: Path,
-    ) -> tuple[dict[str, str], ctypes.CDLL]:
-        """Reads the metadata (unless given) and dlopens the model library (extracted into ``tmp``).
+    ) -> tuple[dict[str, str], tuple[InputSpec, ...], ctypes.CDLL]:
+        """Reads the metadata (unless given) and the input specs, refuses what this
+        runner cannot serve, and dlopens the model library (extracted into ``tmp``).
 
         The caller removes ``tmp`` once the model container exists: the
         library's mapping stays valid, and nothing is left behind in ``$TMPDIR``.
@@ -251,18 +276,27 @@ class GilFreeRunner:
         with zipfile.ZipFile(self.path) as archive:
             names = archive.namelist()
             so_name = _member(names, model_name, _SO_SUFFIX, self.path)
+            stem = so_name[: -len(_SO_SUFFIX)]
+            if f"{stem}.json" in names:
+                raise ValueError(
+                    f"{self.path.name}: the model needs a proxy executor (custom ops: "
+                    f"{Path(stem).name}.json beside its library), which the GIL-free runner "
+                    "does not provide; serve it with --forward_runner torch"
+                )
             if metadata is None:
                 try:
                     meta_name = _member(names, model_name, _METADATA_SUFFIX, self.path)
                     metadata = json.loads(archive.read(meta_name))
                 except ValueError:
                     metadata = {}
+            metadata = {str(k): str(v) for k, v in metadata.items()}
+            specs = _input_specs(archive, names, stem, metadata, self.path)
             target = tmp / Path(so_name).name
             with timer("extraction"):
                 extract_member(archive, archive.getinfo(so_name), target)
             lib = ctypes.CDLL(str(target), mode=os.RTLD_NOW | os.RTLD_LOCAL)
         _bind(lib)
-        return {str(k): str(v) for k, v in metadata.items()}, lib
+        return metadata, specs, lib
 
     def _count(self, function: str) -> int:
         value = ctypes.c_size_t()
@@ -286,17 +320,22 @@ class GilFreeRunner:
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """One forward, GIL released for its whole length; flat outputs in order.
 
+        Inputs are checked first (nothing is allocated for a refused one), then
+        aliased, or copied where another thread could reallocate them (see the
+        module docstring).
+
         Raises:
-            ValueError: Wrong number of inputs, or a non-contiguous input.
+            ValueError: Wrong number of inputs, or an input that does not fit
+                the package (the message names the input, its expected shape
+                and dtype, and the reason).
             AotiRunError: The forward failed inside the library (e.g. the
-                package's own input checks).
+                package's own input checks; its input handles may then leak),
+                or an input's memory was reallocated during it.
             RuntimeError: The runner was closed.
         """
-        if len(inputs) != self.num_inputs:
-            raise ValueError(f"expected {self.num_inputs} input tensors, got {len(inputs)}")
-        for i, tensor in enumerate(inputs):
-            if not tensor.is_contiguous():
-                raise ValueError(f"input {i} must be contiguous (stride {tensor.stride()})")
+        check_inputs(self._specs, inputs)
+        args = [self._own(t) for t in inputs]
+        pointers = [t.untyped_storage().data_ptr() for t in args]
         with self._idle:
             if self._handle is None:
                 raise RuntimeError(f"{self.path.name}: runner closed")
@@ -304,8 +343,8 @@ class GilFreeRunner:
             self._running += 1
         try:
             # The container steals (frees) the input handles; each holds its own
-            # reference to the tensor's storage, so the caller's tensors are untouched.
-            capsules = torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors(list(inputs))
+            # reference to its alias's storage, so the caller's tensors are untouched.
+            capsules = torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors(args)
             in_array = (_HANDLE * len(capsules))(*(self._capsule_get(c, None) for c in capsules))
             out_array = (_HANDLE * self.num_outputs)()
             code = self._lib.AOTInductorModelContainerRun(
@@ -319,7 +358,14 @@ class GilFreeRunner:
         outputs = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs(
             [self._capsule_new(p, None, None) for p in out_array]
         )
+        _check_unmoved(self.path, args, pointers)
         return tuple(outputs)
+
+    def _own(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The tensor the library gets: an alias, or a copy where torch could reallocate it."""
+        if self.private_inputs or not tensor.untyped_storage().resizable():
+            return tensor.detach()
+        return tensor.detach().clone()
 
     def close(self) -> None:
         """Frees the model container (weights included) once no forward runs; later calls raise."""

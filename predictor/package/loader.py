@@ -23,7 +23,7 @@ Under a read-only root filesystem both must point at writable volumes.
 With torch's loader (``--forward_runner torch``) extraction and loading are
 one C++ call, so they are one phase, ``load`` (= extraction + load; splitting
 them would mean reimplementing torch's loader). The GIL-free runner
-(``--forward_runner gil_free``) extracts the model library itself, so there
+(``--forward_runner gil_free``, and the default ``auto`` on the CPU) extracts the model library itself, so there
 its own ``extraction`` phase is recorded and ``load`` is the rest (host
 checks, ``dlopen``, creating the model container). Phases are exclusive: a
 phase timed inside another is not counted in the outer one.
@@ -154,7 +154,8 @@ class LoadedPackage:
         embedded_spec: The spec the package carries, or ``None``.
         device: The device it runs on.
         input_dtype: Dtype of its first (tile) input.
-        runner: torch's loaded model.
+        runner: The loaded model: torch's, or a
+            :class:`~predictor.package.aoti_runner.GilFreeRunner`.
         phases: The start-up phases so far (the model adds its own).
         sha256: Its hex SHA-256 when start-up hashed it, else ``""``.
     """
@@ -176,6 +177,11 @@ class LoadedPackage:
         """
         out = self.runner(*inputs)
         return tuple(torch.utils._pytree.tree_leaves(out))
+
+    @property
+    def forward_runner(self) -> str:
+        """Which runner serves it: ``gil_free`` or ``torch`` (``auto`` resolved)."""
+        return str(getattr(self.runner, "forward_runner", "torch"))
 
     @property
     def batch_range(self) -> tuple[int, int] | None:
@@ -249,8 +255,10 @@ def load_package(
         check_inputs: Force AOTInductor's input checks on or off.
         metadata: The package's metadata when already read (else read here).
         phases: Where start-up records its phases; a fresh record when None.
-        runner: ``torch`` (torch's loader) or ``gil_free``
-            (:class:`~predictor.package.aoti_runner.GilFreeRunner`, CPU only).
+        runner: ``torch`` (torch's loader), ``gil_free``
+            (:class:`~predictor.package.aoti_runner.GilFreeRunner`, CPU only)
+            or ``auto`` (``gil_free`` on the CPU where it can serve the
+            package, else torch's; see :func:`_load_runner`).
         instances: Model copies in the container, so that many threads run
             forwards at once (``--instances_per_device``).
 
@@ -295,7 +303,10 @@ def _load_runner(
     ``kind="gil_free"`` loads :class:`~predictor.package.aoti_runner.GilFreeRunner`
     instead (CPU only; it refuses another device with a ``ValueError``),
     handing it the metadata already read (not read again) and timing its
-    extraction as the ``extraction`` phase.
+    extraction as the ``extraction`` phase. ``kind="auto"`` (the server's
+    default) is ``gil_free`` on the CPU, falling back to torch's loader with
+    one warning line when the runner refuses the package (a proxy-executor
+    package, no input specs, ...), and torch's loader on a GPU.
 
     ``torch._inductor.aoti_load_package`` first compiles small C++ programs to
     detect the host's vector ISA (only to log a warning on mismatch): ~15 s on
@@ -304,12 +315,33 @@ def _load_runner(
     so we build the same loader it builds; on torch versions where that
     private API differs, fall back to the public call.
     """
+    if kind == "auto":
+        if device.type != "cpu":
+            return _load_runner(path, device, "torch", instances)
+        try:
+            return _load_runner(
+                path, device, "gil_free", instances, metadata=metadata, phases=phases
+            )
+        except (ValueError, OSError, RuntimeError) as exc:  # not a bad CRC: that stops start-up
+            logger.warning(
+                "forward runner: the GIL-free runner cannot serve %s (%s); using torch's loader",
+                path.name,
+                exc,
+            )
+            return _load_runner(path, device, "torch", instances)
     if kind == "gil_free":
         from predictor.package.aoti_runner import GilFreeRunner
 
         timer = phases.time if phases is not None else None
+        # The device worker builds each batch tensor itself and no other
+        # thread sees it: no input is ever resized during a forward.
         return GilFreeRunner(
-            path, device, num_models=instances, metadata=metadata, extraction_timer=timer
+            path,
+            device,
+            num_models=instances,
+            metadata=metadata,
+            extraction_timer=timer,
+            private_inputs=True,
         )
     index = device.index if device.index is not None else (0 if device.type == "cuda" else -1)
     try:

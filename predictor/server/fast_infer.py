@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import email.message
 import inspect
-import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import orjson
-from fastapi.encoders import jsonable_encoder
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
@@ -98,7 +97,10 @@ class FastInferMiddleware:
         if not self._is_json(_first_header(scope, b"content-type")):
             return body
         try:
-            return InferenceRequest.model_validate(json.loads(body))
+            # orjson (2-3x faster than the json module on a base64 tile) accepts
+            # no more than json does: what it refuses (bad JSON, but also NaN,
+            # huge integers, UTF-16) goes to FastAPI, whose json.loads decides.
+            return InferenceRequest.model_validate(orjson.loads(body))
         except Exception:  # bad JSON, bad UTF-8, too deep, invalid: FastAPI's own answer
             return None
 
@@ -149,12 +151,21 @@ class FastInferMiddleware:
         await send({"type": "http.response.body", "body": payload})
 
 
-def _render_json(model: Any) -> bytes:
-    """What FastAPI sends for a returned model: ``jsonable_encoder``, then the app's
-    ``default_response_class`` (KServe's is ``ORJSONResponse``; its ``render``, without
-    the class's per-instance deprecation warning)."""
+def _render_json(model: BaseModel) -> bytes:
+    """What FastAPI sends for a returned model, without ``jsonable_encoder``'s walk.
+
+    FastAPI's ``jsonable_encoder`` is ``model_dump(mode="json", by_alias=True)``
+    followed by a Python walk over every value of the result, which changes
+    nothing in a JSON-mode dump but visits each float: 1.2 ms for one
+    1536-float embedding here, most of what made a V2 JSON tile dearer than
+    the same tile over V1 (whose route hands its dict to ``ORJSONResponse``
+    unwalked). The dump alone, rendered as the app's ``default_response_class``
+    renders (KServe's ``ORJSONResponse``, without the class's per-instance
+    deprecation warning), gives the same bytes.
+    """
     return orjson.dumps(
-        jsonable_encoder(model), option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+        model.model_dump(mode="json", by_alias=True),
+        option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY,
     )
 
 

@@ -336,6 +336,7 @@ class BaseServerModel(TileHooks, Model):
             "outputs": self.get_output_types(),
             "checkpoint": str(self._checkpoint),
             "device": str(self._device),
+            "forward_runner": package.forward_runner if package else "",
             "package_metadata": dict(package.metadata) if package else {},
             "package_sha256": package.sha256 if package else "",
             "batching": asdict(self._options.batching),

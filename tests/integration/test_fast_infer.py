@@ -444,3 +444,70 @@ def test_rest_fast_path_flag() -> None:
     assert build_parser().parse_args(["--rest_fast_path", "false"]).rest_fast_path is False
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--rest_fast_path", "maybe"])
+
+
+def test_a_v2_json_tile_costs_what_a_v1_tile_costs(
+    embedding_package_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pins where V2 JSON base64 tiles were twice as dear as V1's: the answer is
+    rendered without ``jsonable_encoder`` (a Python walk over each of the 1536
+    floats: FastAPI's own rendering, which V1's route never paid), and each
+    tile's base64 is decoded once. A real model in process behind the fast path.
+    """
+    import asyncio
+    import base64
+
+    import fastapi.encoders
+    from prometheus_client import CollectorRegistry
+
+    from predictor import startup
+    from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
+    from predictor.serving.metrics import create_metrics
+
+    monkeypatch.setattr(
+        startup, "create_metrics", lambda name: create_metrics(name, CollectorRegistry())
+    )
+    config = ModelConfig(model_dir=embedding_package_dir, device="cpu", preprocess_workers=1)
+    model = startup.build_model(config, BatchingConfig(), LimitsConfig())
+    repository = ModelRepository()
+    repository.update(model)
+    fastapi_app = FastAPI()
+    install_http_handlers(fastapi_app)
+    middleware = FastInferMiddleware(None, HistoDataPlane(model_registry=repository))  # type: ignore[arg-type]
+    calls = {"jsonable_encoder": 0, "b64decode": 0}
+
+    def spy(module: Any, name: str) -> None:
+        real = getattr(module, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+
+    spy(fastapi.encoders, "jsonable_encoder")  # its recursion goes through this name
+    spy(base64, "b64decode")
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        scope["app"] = fastapi_app
+        await middleware(scope, receive, send)
+
+    tiles = [b64(encode_png(t)) for t in random_tiles(2, seed=3)]
+    body = {"inputs": [{"name": "tiles", "shape": [2], "datatype": "BYTES", "data": tiles}]}
+
+    async def serve() -> httpx.Response:
+        await model.start_batching()
+        try:
+            return await _asgi(app, "POST", f"/v2/models/{model.name}/infer",
+                               json.dumps(body).encode(), {"content-type": "application/json"})  # fmt: skip
+        finally:
+            await model.drain(5.0)
+
+    try:
+        answer = asyncio.run(serve())
+    finally:
+        model.stop()
+    assert answer.status_code == 200, answer.text
+    (output,) = answer.json()["outputs"]
+    assert output["shape"] == [2, 1536] and len(output["data"]) == 2 * 1536
+    assert calls == {"jsonable_encoder": 0, "b64decode": 2}

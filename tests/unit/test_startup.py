@@ -22,6 +22,7 @@ from predictor.serving.model import BaseServerModel
 from predictor.spec import BUILTIN_SPECS
 
 PHASES = ["digest", "metadata", "load", "probe", "warmup"]
+GIL_FREE_PHASES = ["digest", "metadata", "extraction", *PHASES[2:]]
 
 
 @pytest.fixture
@@ -100,7 +101,7 @@ def test_startup_phases_are_timed_and_served(
 ) -> None:
     model = _build(embedding_package_dir, monkeypatch)
     phases = model.get_metadata()["startup_seconds"]
-    assert list(phases) == PHASES
+    assert list(phases) == GIL_FREE_PHASES  # --forward_runner auto on the CPU
     assert all(seconds >= 0 for seconds in phases.values())
     assert phases["load"] > 0 and phases["probe"] > 0  # both run the package's code
     model.stop()
@@ -132,11 +133,12 @@ def test_a_tampered_package_stops_start_up_before_loading(
 @pytest.mark.parametrize(
     ("options", "phases"),
     [
-        ({}, PHASES),
-        ({"device": "auto"}, PHASES),  # every visible device: here the CPU
-        ({"forward_runner": "gil_free"}, ["digest", "metadata", "extraction", *PHASES[2:]]),
+        ({}, GIL_FREE_PHASES),  # --forward_runner auto: the GIL-free runner on the CPU
+        ({"device": "auto"}, GIL_FREE_PHASES),  # every visible device: here the CPU
+        ({"forward_runner": "gil_free"}, GIL_FREE_PHASES),
+        ({"forward_runner": "torch"}, PHASES),
     ],
-    ids=["cpu", "device-auto", "gil-free"],
+    ids=["cpu", "device-auto", "gil-free", "torch"],
 )
 def test_no_start_up_step_runs_twice(
     embedding_package_dir: Path,

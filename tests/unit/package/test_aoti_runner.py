@@ -9,6 +9,7 @@ ABI it is released. Asserted on ratios, never on absolute times.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import zipfile
@@ -18,8 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.packages import demo_package
+from harness.packages import demo_package, proxy_executor_package
+from predictor.package import aoti_runner, extract
 from predictor.package.aoti_runner import AotiRunError, GilFreeRunner, extract_member
+from predictor.package.metadata import read_metadata
 
 
 def _reference(path: Path) -> Callable[..., tuple[torch.Tensor, ...]]:
@@ -87,7 +90,7 @@ def test_bf16_package_equals_the_loader() -> None:
 
 def test_non_contiguous_input_is_refused(runner: GilFreeRunner) -> None:
     x = torch.randn(2, 3, 224, 224).permute(0, 1, 3, 2)
-    with pytest.raises(ValueError, match="input 0 must be contiguous"):
+    with pytest.raises(ValueError, match=r"input 0 \(expected .*\): must be contiguous"):
         runner(x)
     with pytest.raises(ValueError, match="expected 1 input tensors, got 2"):
         runner(x.contiguous(), x.contiguous())
@@ -96,8 +99,10 @@ def test_non_contiguous_input_is_refused(runner: GilFreeRunner) -> None:
 def test_library_error_is_raised_with_its_message(
     runner: GilFreeRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The runner's own checks are switched off here to reach the library's."""
     # histoserve packages accept batch 1 with AOTInductor's input checks on.
     monkeypatch.setenv("AOTI_RUNTIME_CHECK_INPUTS", "1")
+    monkeypatch.setattr(aoti_runner, "check_inputs", lambda specs, inputs: None)
     with pytest.raises(AotiRunError, match=r"cannot run a forward: .*expected: 224, but got: 100"):
         runner(torch.randn(2, 3, 100, 224))
     assert runner(torch.randn(1, 3, 224, 224))[0].shape == (1, 1536)  # still usable
@@ -224,7 +229,7 @@ def test_a_stored_library_is_extracted_byte_for_byte(embedding_pt2: Path, tmp_pa
 
 
 def test_a_corrupt_library_is_refused_by_its_crc(embedding_pt2: Path, tmp_path: Path) -> None:
-    """One flipped byte inside the ``.so``: the zip's CRC-32 catches it before ``dlopen``."""
+    """One flipped byte inside the archive's ``.so``: the CRC-32 catches it before ``dlopen``."""
     bad = tmp_path / "bad.pt2"
     data = bytearray(embedding_pt2.read_bytes())
     with zipfile.ZipFile(embedding_pt2) as archive:
@@ -251,3 +256,52 @@ def test_a_compressed_library_is_extracted_through_zipfile(
         torch.testing.assert_close(r(x), _reference(embedding_pt2)(x), rtol=0, atol=0)
     finally:
         r.close()
+
+
+def test_a_library_corrupted_while_extracted_is_refused_by_its_crc(
+    embedding_pt2: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CRC-32 is computed over the extracted file, not over the archive's bytes.
+
+    A faulty copy cannot be produced on purpose here, so the kernel copy is
+    wrapped to flip one byte of what it wrote; the archive itself is intact.
+    """
+    copy_range = extract._copy_range
+
+    def faulty(src: int, dst: int, offset: int, size: int) -> None:
+        copy_range(src, dst, offset, size)
+        byte = os.pread(src, 1, offset + size // 2)  # dst is write-only
+        os.pwrite(dst, bytes([byte[0] ^ 1]), size // 2)
+
+    monkeypatch.setattr(extract, "_copy_range", faulty)
+    with pytest.raises(zipfile.BadZipFile, match=r"Bad CRC-32 .*extracted bytes"):
+        GilFreeRunner(embedding_pt2)
+    monkeypatch.setattr(extract, "_copy_range", copy_range)
+    GilFreeRunner(embedding_pt2).close()  # the same archive, copied right, loads
+
+
+def test_a_proxy_executor_package_is_refused_at_load() -> None:
+    """A real package with a custom op: it loads with torch's loader, not with this runner."""
+    path = proxy_executor_package()
+    with zipfile.ZipFile(path) as archive:
+        assert any(n.endswith(".wrapper.json") for n in archive.namelist())
+    with pytest.raises(ValueError, match=r"needs a proxy executor .*--forward_runner torch"):
+        GilFreeRunner(path)
+    (out,) = _reference(path)(torch.ones(2, 16))  # torch's loader serves it
+    assert out.shape == (2, 8)
+
+
+def test_a_package_without_input_specs_is_refused_at_load(
+    embedding_pt2: Path, tmp_path: Path
+) -> None:
+    """No generated checks and no ``histoserve.inputs``: nothing to check inputs against."""
+    bare = tmp_path / "bare.pt2"
+    with zipfile.ZipFile(embedding_pt2) as src, zipfile.ZipFile(bare, "w") as dst:
+        for info in src.infolist():
+            if not info.filename.endswith(".cpp"):
+                dst.writestr(info, src.read(info))
+    metadata = read_metadata(embedding_pt2)
+    GilFreeRunner(bare).close()  # the metadata's specs serve without the source
+    metadata.pop("histoserve.inputs")
+    with pytest.raises(ValueError, match="records no input specs"):
+        GilFreeRunner(bare, metadata=metadata)

@@ -96,6 +96,7 @@ def test_metadata_describes_model_and_config(embedding_package_dir):
     assert {i["name"] for i in meta["inputs"]} == {"tiles", "pixels"}
     assert meta["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 1536]}]
     assert list(meta["startup_seconds"]) == ["digest", "metadata", "load", "probe", "warmup"]
+    assert meta["forward_runner"] == "torch"  # loaded by the model itself: torch's loader
 
 
 @pytest.mark.parametrize(("spec_name", "log1p"), [("m-optimus", True), ("h0-mini", False)])
