@@ -39,7 +39,7 @@ class EmbedConfig:
             ``grpc://host:port`` (V2 gRPC). Requests go to the one with the fewest in flight.
         out_dir: Output folder: ``<slide_id>.h5`` per slide and ``status.csv``.
         slides: Slide paths (the slide id is the file stem).
-        manifest: CSV ``slide_id,path[,mpp][,bulk_rna]`` instead of (or beside) ``slides``.
+        manifest: CSV ``slide_id,path[,mpp][,bulk_rna][,mask]`` instead of (or beside) ``slides``.
         model: Model name on the servers; ``None``: the only model they serve.
         mode: ``embedding``, ``prediction`` or ``prediction_with_embedding``.
         target_mpp: Microns per pixel of the tiles; ``None``: the model's spec.
@@ -63,6 +63,11 @@ class EmbedConfig:
         timeout_s: Per-request timeout.
         recycle_requests: Keep-alive connections are replaced after this many requests...
         recycle_s: ...or this many seconds, so replicas added by an autoscaler get traffic.
+        masks: Folder of per-slide masks (``<slide_id>.geojson``/``.png``/...), used
+            instead of ``tissue`` (the manifest's ``mask`` column comes first).
+        accept_bad_tiles: A slide with at most this many unreadable tiles is done
+            (with holes); more, and it is written to ``incomplete/`` and fails.
+        qc: Write ``qc/<id>.jpg|.geojson|.json`` per slide and ``report.html``.
     """
 
     urls: tuple[str, ...]
@@ -90,6 +95,9 @@ class EmbedConfig:
     timeout_s: float = 300.0
     recycle_requests: int = 1000
     recycle_s: float = 30.0
+    masks: Path | None = None
+    accept_bad_tiles: int = 0
+    qc: bool = True
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -99,6 +107,10 @@ class EmbedConfig:
         set_(self, "out_dir", Path(self.out_dir))
         if self.manifest is not None:
             set_(self, "manifest", Path(self.manifest))
+        if self.masks is not None:
+            set_(self, "masks", Path(self.masks))
+            if not self.masks.is_dir():
+                raise UsageError(f"--masks {self.masks}: not a folder")
         self._check_sources()
         self._check_numbers()
         if self.concurrency == 0:
@@ -158,6 +170,8 @@ class EmbedConfig:
                 raise UsageError(f"{flag} must be >= 1 (0: the default), got {value!r}")
         if not 0.0 <= self.mpp_tolerance < 1.0:
             raise UsageError(f"--mpp-tolerance must be in [0, 1), got {self.mpp_tolerance!r}")
+        if self.accept_bad_tiles < 0:
+            raise UsageError(f"--accept-bad-tiles must be >= 0, got {self.accept_bad_tiles!r}")
         if not 0.0 <= self.min_tissue <= 1.0:
             raise UsageError(f"--min-tissue must be in [0, 1], got {self.min_tissue!r}")
         if not self.recycle_s > 0:
