@@ -178,14 +178,8 @@ def embed_slide(
         )
     finally:
         readers.close()
-    try:
-        outcome = _write(ctx, entry, coords, fractions, assembled, {**attrs, **slide_attrs})
-    except CorruptTiles as exc:
-        write_qc(exc.bad)
-        raise
-    if outcome.n_bad:
-        write_qc(outcome.bad)
-    return outcome
+    all_attrs = {**attrs, **slide_attrs}
+    return _write(ctx, entry, coords, fractions, assembled, all_attrs, write_qc)
 
 
 def _qc_writer(
@@ -221,6 +215,7 @@ def _write(
     fractions: np.ndarray,
     assembled: Assembled,
     attrs: dict[str, Any],
+    write_qc: Callable[[np.ndarray | None], None],
 ) -> SlideOutcome:
     """Writes the readable rows; raises :class:`CorruptTiles` after writing when some were not
     (more than ``--accept-bad-tiles``)."""
@@ -235,6 +230,8 @@ def _write(
         attrs={**attrs, **_bad_attrs(bad)},
     )
     out_dir, accept = ctx.config.out_dir, ctx.config.accept_bad_tiles
+    if len(bad):
+        write_qc(bad)  # the QC picture shows them in red
     if len(bad) <= accept:
         path = write_slide(out_dir, entry.slide_id, result)
         discard_incomplete(out_dir, entry.slide_id)
