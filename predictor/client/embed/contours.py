@@ -1,14 +1,15 @@
-"""Binary masks to polygons and back, exactly, with numpy alone.
+"""Binary masks to polygons and back, exactly, with numpy alone (no Python loop per pixel or edge).
 
 :func:`mask_polygons` traces the boundary of a mask along pixel edges (no
 marching-squares corner cutting): every vertex lies on the pixel grid, each
 4-connected component of the mask becomes one polygon (outer ring and its
 holes), and where two pixels touch only at a corner they are kept apart.
 :func:`rasterize` fills polygons back by sampling every pixel at its centre
-(even-odd inside one polygon, union over polygons). Because a traced edge
-never passes through a pixel centre, ``rasterize(mask_polygons(m))`` is ``m``
-pixel for pixel: a run's own QC contours fed back in as a mask give the same
-tissue fractions, hence the same tiles.
+(nonzero winding with outer rings and holes oriented apart, so overlapping
+polygons are a union and holes stay holes). Because a traced edge never
+passes through a pixel centre, ``rasterize(mask_polygons(m))`` is ``m`` pixel
+for pixel: a run's own QC contours fed back in as a mask give the same tissue
+fractions, hence the same tiles.
 
 Coordinates are ``(x, y)`` in mask pixels with ``(0, 0)`` the top-left corner
 of pixel ``(row 0, col 0)``; callers scale them to level-0 pixels.
@@ -22,6 +23,7 @@ import numpy as np
 
 Ring = list[tuple[float, float]]  # closed: first point repeated last
 Polygon = list[Ring]  # outer ring, then holes
+_ROWS_PER_CHUNK = 1024  # rasterize in row bands: bounded memory on large masks
 
 # Directed pixel sides, traversed clockwise on screen (y down): start and end
 # corner offsets (dx, dy) from the pixel's top-left corner, and the neighbour
@@ -48,49 +50,71 @@ def _boundary_edges(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return np.concatenate(starts), np.concatenate(ends), np.concatenate(owners)
 
 
-def _link_rings(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray) -> list[list[int]]:
-    """Edges chained into closed rings (edge indices); at a corner shared by two
-    diagonal pixels the ring stays with the pixel it arrived on."""
-    outgoing: dict[tuple[int, int], list[int]] = {}
-    for i, (x, y) in enumerate(starts.tolist()):
-        outgoing.setdefault((x, y), []).append(i)
-    end_list, owner_list = ends.tolist(), owners.tolist()
-
-    def successor(edge: int) -> int:
-        options = outgoing[tuple(end_list[edge])]
-        same = [e for e in options if owner_list[e] == owner_list[edge]]
-        return (same or options)[0]
-
-    used = np.zeros(len(starts), bool)
-    rings = []
-    for first in range(len(starts)):
-        if used[first]:
-            continue
-        ring, edge = [], first
-        while not used[edge]:  # successor() is one-to-one: the walk comes back to first
-            used[edge] = True
-            ring.append(edge)
-            edge = successor(edge)
-        rings.append(ring)
-    return rings
+def _successors(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray) -> np.ndarray:
+    """The edge that follows each edge; at a corner shared by two diagonal pixels,
+    the one of the same pixel (so each ring stays within one 4-connected component).
+    Every edge has exactly one predecessor: the result is a permutation."""
+    width = int(max(starts[:, 0].max(), ends[:, 0].max())) + 1
+    start_keys = starts[:, 1] * width + starts[:, 0]
+    end_keys = ends[:, 1] * width + ends[:, 0]
+    order = np.argsort(start_keys, kind="stable")
+    lo = np.searchsorted(start_keys[order], end_keys, "left")
+    hi = np.searchsorted(start_keys[order], end_keys, "right")
+    first = order[lo]
+    second = order[np.minimum(lo + 1, len(order) - 1)]
+    take_second = (hi - lo == 2) & (owners[second] == owners)
+    return np.where(take_second, second, first)
 
 
-def _simplify(points: np.ndarray) -> Ring:
-    """Drops the corners where the ring goes straight on; returns a closed ring."""
-    prev, nxt = np.roll(points, 1, axis=0), np.roll(points, -1, axis=0)
-    cross = (points[:, 0] - prev[:, 0]) * (nxt[:, 1] - points[:, 1]) - (
-        points[:, 1] - prev[:, 1]
-    ) * (nxt[:, 0] - points[:, 0])
-    kept = points[cross != 0]
-    ring = [(float(x), float(y)) for x, y in kept]
-    return [*ring, ring[0]]
+def _cycles(successor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The cycles of a permutation by pointer doubling: elements in walking order
+    (each cycle from its smallest element) and the cycle id of each, in that order."""
+    n = len(successor)
+    rounds = int(np.ceil(np.log2(max(n, 2)))) + 1
+    cycle, jump = np.arange(n), successor.copy()
+    for _ in range(rounds):
+        cycle = np.minimum(cycle, cycle[jump])
+        jump = jump[jump]
+    # Steps from each element to the last of its cycle (the one before the smallest).
+    last = successor == cycle
+    steps = np.where(last, 0, 1)
+    nxt = np.where(last, np.arange(n), successor)
+    for _ in range(rounds):
+        steps = steps + steps[nxt]
+        nxt = nxt[nxt]
+    order = np.lexsort((-steps, cycle))
+    return order, cycle[order]
 
 
-def signed_area(ring: Sequence[tuple[float, float]]) -> float:
+def _rings(mask: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """Every boundary ring (corner points ``[k, 2]``, straight runs merged) and its first owner."""
+    starts, ends, owners = _boundary_edges(mask)
+    order, cycle = _cycles(_successors(starts, ends, owners))
+    points = starts[order]
+    bounds = np.flatnonzero(np.diff(cycle)) + 1
+    first = np.concatenate([[0], bounds])
+    last = np.concatenate([bounds, [len(order)]]) - 1
+    ring_of = np.repeat(np.arange(len(first)), last - first + 1)
+    index = np.arange(len(order))
+    prev = np.where(index == first[ring_of], last[ring_of], index - 1)
+    nxt = np.where(index == last[ring_of], first[ring_of], index + 1)
+    into, out = points - points[prev], points[nxt] - points
+    corner = into[:, 0] * out[:, 1] - into[:, 1] * out[:, 0] != 0
+    rings = np.split(points[corner], np.flatnonzero(np.diff(ring_of[corner])) + 1)
+    return rings, owners[order[first]]
+
+
+def signed_area(ring: Sequence[tuple[float, float]] | np.ndarray) -> float:
     """Shoelace area; positive for the clockwise-on-screen outer rings traced here."""
-    pts = np.asarray(ring, dtype=np.float64)
+    pts = np.asarray(ring, dtype=np.float64).reshape(-1, 2)
     x, y = pts[:, 0], pts[:, 1]
-    return float((x[:-1] * y[1:] - x[1:] * y[:-1]).sum() / 2.0)
+    wrap = x[-1] * y[0] - x[0] * y[-1]
+    return float(((x[:-1] * y[1:] - x[1:] * y[:-1]).sum() + wrap) / 2.0)
+
+
+def _closed(points: np.ndarray) -> Ring:
+    ring = [(float(x), float(y)) for x, y in points.tolist()]
+    return [*ring, ring[0]]
 
 
 def mask_polygons(mask: np.ndarray) -> list[Polygon]:
@@ -105,23 +129,24 @@ def mask_polygons(mask: np.ndarray) -> list[Polygon]:
     if not mask.any():
         return []
     labels, _count = ndimage.label(mask)
-    starts, ends, owners = _boundary_edges(mask)
-    outers: dict[int, list[Ring]] = {}
-    holes: dict[int, list[Ring]] = {}
-    for ring_edges in _link_rings(starts, ends, owners):
-        ring = _simplify(starts[ring_edges])
-        label = int(labels.ravel()[owners[ring_edges[0]]])
-        (outers if signed_area(ring) > 0 else holes).setdefault(label, []).append(ring)
+    rings, owners = _rings(mask)
+    ring_labels = labels.ravel()[owners]
+    outers: dict[int, list[np.ndarray]] = {}
+    holes: dict[int, list[np.ndarray]] = {}
+    for ring, label in zip(rings, ring_labels.tolist(), strict=True):
+        area = signed_area(ring)
+        (outers if area > 0 else holes).setdefault(label, []).append((area, ring))
     polygons = []
     for label in sorted(outers):
-        rings = sorted(outers[label], key=signed_area, reverse=True)
-        polygons.append([rings[0], *holes.get(label, [])])
-        polygons.extend([extra] for extra in rings[1:])
+        found = [ring for _area, ring in sorted(outers[label], key=lambda a: -a[0])]
+        holes_of = [ring for _area, ring in holes.get(label, [])]
+        polygons.append([_closed(found[0]), *(_closed(h) for h in holes_of)])
+        polygons.extend([_closed(extra)] for extra in found[1:])
     return polygons
 
 
 def rasterize(polygons: Sequence[Polygon], shape: tuple[int, int]) -> np.ndarray:
-    """Pixels of ``shape`` whose centre lies inside any polygon (even-odd within each).
+    """Pixels of ``shape`` whose centre lies inside any polygon (holes excluded).
 
     Args:
         polygons: ``[outer, *holes]`` rings of ``(x, y)`` in pixel units; rings
@@ -132,42 +157,50 @@ def rasterize(polygons: Sequence[Polygon], shape: tuple[int, int]) -> np.ndarray
         bool ``[h, w]``.
     """
     h, w = shape
+    rows, cols, signs = _crossings(polygons, h, w)
     out = np.zeros((h, w), bool)
-    for polygon in polygons:
-        edges = _edges(polygon)
-        if not len(edges):
+    order = np.argsort(rows, kind="stable")
+    rows, cols, signs = rows[order], cols[order], signs[order]
+    for r0 in range(0, h, _ROWS_PER_CHUNK):
+        r1 = min(h, r0 + _ROWS_PER_CHUNK)
+        lo, hi = np.searchsorted(rows, [r0, r1])
+        if lo == hi:
             continue
-        ys = edges[:, [1, 3]]
-        r0 = max(0, int(np.ceil(ys.min() - 0.5)))
-        r1 = min(h, int(np.ceil(ys.max() - 0.5)))
-        if r1 > r0:
-            out[r0:r1] |= _fill(edges, r0, r1, w)
+        winding = np.zeros((r1 - r0, w + 1), np.int32)
+        np.add.at(winding, (rows[lo:hi] - r0, cols[lo:hi]), signs[lo:hi])
+        out[r0:r1] = np.cumsum(winding, axis=1)[:, :w] != 0
     return out
 
 
-def _edges(polygon: Polygon) -> np.ndarray:
-    """The non-horizontal edges of every ring of ``polygon``: ``[E, 4]`` (x0, y0, x1, y1)."""
-    parts = []
-    for ring in polygon:
-        pts = np.asarray(ring, dtype=np.float64).reshape(-1, 2)
-        if len(pts) >= 3:
-            parts.append(np.concatenate([pts, np.roll(pts, -1, axis=0)], axis=1))
-    if not parts:
-        return np.zeros((0, 4))
-    edges = np.concatenate(parts)
-    return edges[edges[:, 1] != edges[:, 3]]
+def _crossings(
+    polygons: Sequence[Polygon], h: int, w: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where each edge crosses a row's centre line: row, first column right of it, +-1.
 
-
-def _fill(edges: np.ndarray, r0: int, r1: int, w: int) -> np.ndarray:
-    """Rows ``r0:r1`` of one polygon by even-odd crossings of its edges with row centre lines."""
-    x0, y0, x1, y1 = edges.T
-    lo = np.clip(np.ceil(np.minimum(y0, y1) - 0.5), r0, r1).astype(np.int64)
-    hi = np.clip(np.ceil(np.maximum(y0, y1) - 0.5), r0, r1).astype(np.int64)
-    counts = hi - lo
-    which = np.repeat(np.arange(len(edges)), counts)
+    Outer rings count +1 inside and holes -1 whatever their drawn orientation.
+    """
+    edges, orient = [], []
+    for polygon in polygons:
+        for i, ring in enumerate(polygon):
+            pts = np.asarray(ring, dtype=np.float64).reshape(-1, 2)
+            if len(pts) < 3:
+                continue
+            area = signed_area(pts)
+            if area == 0:
+                continue
+            edges.append(np.concatenate([pts, np.concatenate([pts[1:], pts[:1]])], axis=1))
+            want = 1.0 if i == 0 else -1.0
+            orient.append(np.full(len(pts), want * np.sign(area)))
+    if not edges:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int32)
+    x0, y0, x1, y1 = np.concatenate(edges).T
+    flip = np.concatenate(orient)
+    lo = np.clip(np.ceil(np.minimum(y0, y1) - 0.5), 0, h).astype(np.int64)
+    hi = np.clip(np.ceil(np.maximum(y0, y1) - 0.5), 0, h).astype(np.int64)
+    counts = np.where(y0 == y1, 0, hi - lo)
+    which = np.repeat(np.arange(len(x0)), counts)
     rows = lo[which] + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
     xs = x0[which] + (rows + 0.5 - y0[which]) * (x1 - x0)[which] / (y1 - y0)[which]
     cols = np.clip(np.ceil(xs - 0.5), 0, w).astype(np.int64)
-    toggles = np.zeros((r1 - r0, w + 1), np.int64)
-    np.add.at(toggles, (rows - r0, cols), 1)
-    return (np.cumsum(toggles, axis=1)[:, :w] % 2).astype(bool)
+    signs = (np.sign(y1 - y0)[which] * flip[which]).astype(np.int32)
+    return rows, cols, signs
