@@ -25,7 +25,7 @@ The mask comes, in this order, from
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,8 @@ GEOJSON_SUFFIXES = (".geojson", ".json")
 IMAGE_SUFFIXES = (".png", ".tif", ".tiff")
 EXCLUDE_CLASSES = ("ignore*", "exclude")  # QuPath's "Ignore*" and a plain "Exclude", any case
 ASPECT_TOLERANCE = 0.02
+# A served model's whole-slide mask: (reader, mpp) -> (bool mask, its mpp).
+ModelMask = Callable[[SlideReader, MppInfo], tuple[np.ndarray, float]]
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ def find_tissue(
     plan: TilePlan,
     method: str,
     mask_path: Path | None = None,
-    model_mask: Any = None,
+    model_mask: ModelMask | None = None,
 ) -> TissueMap:
     """The slide's tissue from ``mask_path`` if given, else by ``method``.
 
@@ -124,6 +126,7 @@ def find_tissue(
 
     Raises:
         SlideError: The mask file is unreadable or not a mask of this slide.
+        ValueError: A served model's name as ``method`` without ``model_mask``.
     """
     if mask_path is not None:
         mask, mask_mpp = read_mask(mask_path, reader, mpp)
@@ -137,6 +140,8 @@ def find_tissue(
         mask = otsu_mask(rgb, rgb_mpp)
         fractions = fractions_from_mask(mask, rgb_mpp, plan)
         return TissueMap(mask, rgb_mpp, "otsu", fractions, rgb, rgb_mpp)
+    if model_mask is None:
+        raise ValueError(f"tissue method {method!r}: a served model needs model_mask")
     mask, mask_mpp = model_mask(reader, mpp)
     return TissueMap(mask, mask_mpp, method, fractions_from_mask(mask, mask_mpp, plan))
 

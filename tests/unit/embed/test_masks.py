@@ -154,3 +154,14 @@ def test_feature_collection_is_qupaths_form() -> None:
     }
     assert feature["properties"]["objectType"] == "annotation"
     assert feature["properties"]["classification"]["name"] == "Tissue"
+
+
+@pytest.mark.parametrize(("min_tissue", "kept"), [(0.25, 1), (0.75, 0)])
+def test_min_tissue_applies_to_a_mask(
+    svs_slide: GeneratedSlide, tmp_path: Path, min_tissue: float, kept: int
+) -> None:
+    x, y, _w, _h = svs_slide.boxes[0]
+    half_a_tile = {"type": "Polygon", "coordinates": [_square(x, y, 224, 448)]}
+    tissue, _plan = _tissue(svs_slide, _write(tmp_path / "m.geojson", half_a_tile))
+    assert tissue.fractions.max() == pytest.approx(0.5)
+    assert (tissue.fractions >= min_tissue).sum() == kept
