@@ -152,11 +152,22 @@ def draw_qc(
 
 
 def _with_caption(picture: Image.Image, text: str) -> Image.Image:
+    """The picture under a white bar with ``text``, broken at `` | `` where it is too wide."""
     font = ImageFont.load_default(size=CAPTION_PX)
-    bar = CAPTION_PX + 12
-    out = Image.new("RGB", (max(picture.width, 640), picture.height + bar), (255, 255, 255))
+    width = max(picture.width, 640)
+    lines = [""]
+    for part in text.split(" | "):
+        joined = f"{lines[-1]} | {part}" if lines[-1] else part
+        if lines[-1] and font.getlength(joined) > width - 12:
+            lines.append(part)
+        else:
+            lines[-1] = joined
+    bar = len(lines) * (CAPTION_PX + 6) + 8
+    out = Image.new("RGB", (width, picture.height + bar), (255, 255, 255))
     out.paste(picture, (0, bar))
-    ImageDraw.Draw(out).text((6, 5), text, fill=(0, 0, 0), font=font)
+    ImageDraw.Draw(out).multiline_text(
+        (6, 5), "\n".join(lines), fill=(0, 0, 0), font=font, spacing=6
+    )
     return out
 
 
