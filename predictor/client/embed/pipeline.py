@@ -11,10 +11,10 @@
    slide; a dead holder's claim is taken over at once); embedded; one line in
    ``status.csv`` (``done``, ``skipped`` or ``failed`` with the reason);
    a slide with unreadable tiles is ``failed`` on every run (unless
-   ``--accept-bad-tiles`` accepts that many) and never skipped;
-4. ``<out>/report.html`` over every slide of the folder (``--no-qc``: none).
+   ``--accept-bad-tiles`` accepts that many) and never skipped.
    ``--slides-in-flight`` slides are in progress at once (default 2), sharing
-   one bound of ``--concurrency`` requests in flight.
+   one bound of ``--concurrency`` requests in flight;
+4. ``<out>/report.html`` over every slide of the folder (``--no-qc``: none).
 
 A slide that fails (unreadable, no mpp, corrupt tiles, a 4xx, retries used up)
 fails alone: the next one starts. Usage errors stop the run before any slide.
