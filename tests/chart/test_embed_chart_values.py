@@ -165,6 +165,10 @@ def test_chart_files_exist():
             "slide_id,path,bulk_rna\r\nA,/slides/a.svs,rna/a.csv\r\n",
             'line 2: bulk_rna "rna/a.csv" is relative',
         ),
+        (
+            "slide_id,path,mask\nA,/slides/a.svs,masks/A.geojson\n",
+            'line 2: mask "masks/A.geojson" is relative',
+        ),
         ("id,file\nA,/slides/a.svs\n", "the first line must be the header slide_id,path"),
     ],
 )

@@ -291,7 +291,10 @@ def _check_exactly_once(out: Path, slides: dict) -> None:
     bad = [r for r in rows if r["status"] != "done"]
     assert not bad, bad
     names = sorted(p.name for p in out.iterdir())
-    assert names == sorted([*(f"{s}.h5" for s in slides), "status.csv", ".claims"]), names
+    expected = [*(f"{s}.h5" for s in slides), "status.csv", ".claims", "qc", "report.html"]
+    assert names == sorted(expected), names
+    qc = sorted(p.name for p in (out / "qc").iterdir())
+    assert qc == sorted(f"{s}.{ext}" for s in slides for ext in ("jpg", "geojson", "json")), qc
     assert not list((out / ".claims").iterdir()), "claims left behind"
     for r in rows:
         with h5py.File(out / f"{r['slide_id']}.h5") as f:

@@ -267,7 +267,8 @@ def test_corrupt_tiles_are_retried_then_skipped_and_recorded(
     rows = {r["slide_id"]: r for r in status_rows(out)}
     assert rows["tiff"]["status"] == "done" and rows["corrupt"]["status"] == "failed"
     assert "4 of 10 tiles unreadable" in rows["corrupt"]["error"]
-    got, clean = read_output(out / "corrupt.h5"), read_output(clean_run / "tiff.h5")
+    assert not (out / "corrupt.h5").exists()  # held apart: incomplete/, complete=False
+    got, clean = read_output(out / "incomplete" / "corrupt.h5"), read_output(clean_run / "tiff.h5")
     bad = np.array([[224, 224], [448, 224], [224, 448], [448, 448]])  # overlap the bad tile
     np.testing.assert_array_equal(got["attrs"]["bad_coords"], bad)
     keep = ~(clean["coords"][:, None, :] == bad[None]).all(axis=2).any(axis=1)

@@ -191,7 +191,7 @@ protocol).
 {{/*
 An inline manifest lives in a ConfigMap at /etc/histoserve-embed/slides.csv and
 the client resolves relative paths against the manifest's folder: so every
-path (and bulk_rna) there must be absolute. Checked here, at install, rather
+path (and bulk_rna, mask) there must be absolute. Checked here, at install, rather
 than as every slide failing in the pods. Lines with quotes are left to the
 client's CSV parser.
 */}}
@@ -203,13 +203,13 @@ client's CSV parser.
 {{- $_ := set $cols (trim $h) $i -}}
 {{- end -}}
 {{- if not (hasKey $cols "path") -}}
-{{- fail (printf "slides.manifest: the first line must be the header slide_id,path[,mpp][,bulk_rna], got %q" (first $lines)) -}}
+{{- fail (printf "slides.manifest: the first line must be the header slide_id,path[,mpp][,bulk_rna][,mask], got %q" (first $lines)) -}}
 {{- end -}}
 {{- $mount := trimSuffix "/" .Values.slides.mountPath -}}
 {{- range $n, $line := rest $lines -}}
 {{- if and (trim $line) (not (contains "\"" $line)) -}}
 {{- $fields := splitList "," $line -}}
-{{- range $col := list "path" "bulk_rna" -}}
+{{- range $col := list "path" "bulk_rna" "mask" -}}
 {{- if hasKey $cols $col -}}
 {{- $i := int (get $cols $col) -}}
 {{- $p := "" -}}

@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _input_flags(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("slides", nargs="*", type=Path, help="slide files (the slide id is the file stem)")
-    add("--manifest", type=Path, help="CSV with slide_id,path[,mpp][,bulk_rna]")
+    add("--manifest", type=Path, help="CSV with slide_id,path[,mpp][,bulk_rna][,mask]")
     add(
         "--url",
         action="append",
@@ -96,6 +96,20 @@ def _scale_flags(parser: argparse.ArgumentParser) -> None:
         help="where the --tissue model is served (default: the --url servers)",
     )
     add("--min-tissue", type=float, default=0.25, help="least tissue fraction of a kept tile")
+    add(
+        "--masks",
+        type=Path,
+        metavar="DIR",
+        help="per-slide masks <slide_id>.geojson (QuPath, level-0 px) or .png, instead of --tissue",
+    )
+    add(
+        "--accept-bad-tiles",
+        type=int,
+        default=0,
+        metavar="N",
+        help="a slide with at most N unreadable tiles is done (with holes) instead of failed",
+    )
+    add("--no-qc", dest="qc", action="store_false", help="no qc/ pictures and no report.html")
 
 
 def _call_flags(parser: argparse.ArgumentParser) -> None:
@@ -144,6 +158,9 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> EmbedC
         recycle_s=args.recycle_s,
         layout=args.layout,
         credentials=load_credentials(args.ca_cert, args.token_file, args.headers, env),
+        masks=args.masks,
+        accept_bad_tiles=args.accept_bad_tiles,
+        qc=args.qc,
     )
 
 

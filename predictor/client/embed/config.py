@@ -42,7 +42,7 @@ class EmbedConfig:
             with the fewest in flight.
         out_dir: Output folder: ``<slide_id>.h5`` per slide (see ``layout``) and ``status.csv``.
         slides: Slide paths (the slide id is the file stem).
-        manifest: CSV ``slide_id,path[,mpp][,bulk_rna]`` instead of (or beside) ``slides``.
+        manifest: CSV ``slide_id,path[,mpp][,bulk_rna][,mask]`` instead of (or beside) ``slides``.
         model: Model name on the servers; ``None``: the only model they serve.
         mode: ``embedding``, ``prediction`` or ``prediction_with_embedding``.
         target_mpp: Microns per pixel of the tiles; ``None``: the model's spec.
@@ -70,6 +70,11 @@ class EmbedConfig:
             :mod:`predictor.client.embed.layouts`); also how slide ids come from paths.
         credentials: CA bundle, bearer token and extra headers for protected
             endpoints (None: ``$HISTOSERVE_TOKEN`` if set); never in ``repr``.
+        masks: Folder of per-slide masks (``<slide_id>.geojson``/``.png``/...), used
+            instead of ``tissue`` (the manifest's ``mask`` column comes first).
+        accept_bad_tiles: A slide with at most this many unreadable tiles is done
+            (with holes); more, and it is written to ``incomplete/`` and fails.
+        qc: Write ``qc/<id>.jpg|.geojson|.json`` per slide and ``report.html``.
     """
 
     urls: tuple[str, ...]
@@ -99,6 +104,9 @@ class EmbedConfig:
     recycle_s: float = 30.0
     layout: str = "flat"
     credentials: Credentials | None = field(default=None, repr=False)
+    masks: Path | None = None
+    accept_bad_tiles: int = 0
+    qc: bool = True
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -108,6 +116,10 @@ class EmbedConfig:
         set_(self, "out_dir", Path(self.out_dir))
         if self.manifest is not None:
             set_(self, "manifest", Path(self.manifest))
+        if self.masks is not None:
+            set_(self, "masks", Path(self.masks))
+            if not self.masks.is_dir():
+                raise UsageError(f"--masks {self.masks}: not a folder")
         self._check_sources()
         self._check_numbers()
         if self.concurrency == 0:
@@ -173,6 +185,8 @@ class EmbedConfig:
                 raise UsageError(f"{flag} must be >= 1 (0: the default), got {value!r}")
         if not 0.0 <= self.mpp_tolerance < 1.0:
             raise UsageError(f"--mpp-tolerance must be in [0, 1), got {self.mpp_tolerance!r}")
+        if self.accept_bad_tiles < 0:
+            raise UsageError(f"--accept-bad-tiles must be >= 0, got {self.accept_bad_tiles!r}")
         if not 0.0 <= self.min_tissue <= 1.0:
             raise UsageError(f"--min-tissue must be in [0, 1], got {self.min_tissue!r}")
         if not self.recycle_s > 0:

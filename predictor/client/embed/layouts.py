@@ -137,13 +137,17 @@ class Layout:
             return self.out_dir / "pt_files" / f"{slide_id}.pt", self.done_file(slide_id)
         return (self.done_file(slide_id),)
 
-    def is_done(self, slide_id: str, config_hash: str) -> bool:
-        """Whether every file of the slide exists and the done file is complete with the hash."""
+    def is_done(self, slide_id: str, config_hash: str, max_bad_tiles: int = 0) -> bool:
+        """Whether every file of the slide exists and the done file is complete with the hash.
+
+        A file accepted with more unreadable tiles (``n_bad_tiles``) than
+        ``max_bad_tiles`` (``--accept-bad-tiles``) is not done.
+        """
         if self.name == "flat":
-            return output.is_done(self.out_dir, slide_id, config_hash)
+            return output.is_done(self.out_dir, slide_id, config_hash, max_bad_tiles)
         if not all(path.is_file() for path in self.files(slide_id)):
             return False
-        return _h5_complete(self.done_file(slide_id), config_hash)
+        return _h5_complete(self.done_file(slide_id), config_hash, max_bad_tiles)
 
     def write(self, slide_id: str, result: output.SlideResult) -> Path:
         """Writes the slide's files (the done file last); returns the done file.
@@ -264,7 +268,7 @@ def _file_attrs(result: output.SlideResult) -> dict[str, Any]:
     return out
 
 
-def _h5_complete(path: Path, config_hash: str) -> bool:
+def _h5_complete(path: Path, config_hash: str, max_bad_tiles: int = 0) -> bool:
     import h5py
 
     try:
@@ -272,6 +276,8 @@ def _h5_complete(path: Path, config_hash: str) -> bool:
             if not bool(f.attrs.get(output.COMPLETE_ATTR, False)):
                 return False
             if str(f.attrs.get("config_hash", "")) != config_hash:
+                return False
+            if int(f.attrs.get("n_bad_tiles", 0)) > max_bad_tiles:
                 return False
             n = f["coords"].shape[0]
             return all(f[k].shape[0] == n for k in ("features", "tissue_fraction") if k in f)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from predictor.client.embed.errors import UsageError
 
-MANIFEST_COLUMNS = ("slide_id", "path", "mpp", "bulk_rna")
+MANIFEST_COLUMNS = ("slide_id", "path", "mpp", "bulk_rna", "mask")
 SHARD_INDEX_ENV = "JOB_COMPLETION_INDEX"
 
 
@@ -35,12 +35,15 @@ class SlideEntry:
         path: The slide file.
         mpp: Level-0 microns per pixel from the manifest (ahead of the slide's metadata).
         bulk_rna: Per-slide bulk RNA counts file, for models that take it.
+        mask: Per-slide tissue mask or region (GeoJSON or binary image; see
+            :mod:`~predictor.client.embed.masks`), instead of tissue detection.
     """
 
     slide_id: str
     path: Path
     mpp: float | None = None
     bulk_rna: Path | None = None
+    mask: Path | None = None
 
     def __post_init__(self) -> None:
         check_slide_id(self.slide_id)
@@ -117,19 +120,22 @@ def _row_entry(row: Mapping[str, str | None], folder: Path, where: str) -> Slide
     path = Path(path_text)
     bulk_text = (row.get("bulk_rna") or "").strip()
     bulk = Path(bulk_text) if bulk_text else None
+    mask_text = (row.get("mask") or "").strip()
+    mask = Path(mask_text) if mask_text else None
     try:
         return SlideEntry(
             slide_id=slide_id,
             path=path if path.is_absolute() else folder / path,
             mpp=_parse_mpp(row.get("mpp") or "", where),
             bulk_rna=None if bulk is None else bulk if bulk.is_absolute() else folder / bulk,
+            mask=None if mask is None else mask if mask.is_absolute() else folder / mask,
         )
     except UsageError as exc:
         raise UsageError(f"{where}: {exc}") from exc
 
 
 def read_manifest(path: Path) -> list[SlideEntry]:
-    """Read a CSV manifest with a header: ``slide_id,path`` and optional ``mpp``, ``bulk_rna``.
+    """Read a CSV manifest with a header: ``slide_id,path`` and optional ``mpp``, ``bulk_rna``, ``mask``.
 
     Relative paths are resolved against the CSV's folder, so a manifest travels
     with its slides. An empty ``mpp`` cell means "from the slide's metadata".
@@ -165,7 +171,7 @@ def _check_columns(columns: Sequence[str], path: Path) -> None:
     unknown = [c for c in columns if c not in MANIFEST_COLUMNS]
     if missing or unknown:
         raise UsageError(
-            f"manifest {path}: header must be slide_id,path[,mpp][,bulk_rna]; "
+            f"manifest {path}: header must be slide_id,path[,mpp][,bulk_rna][,mask]; "
             f"missing {missing}, unknown {unknown} (got {list(columns)})"
         )
 

@@ -20,6 +20,12 @@ fsynced and ``os.replace``d to its final name, so a crash leaves either the
 old state or a temp file that :func:`is_done` never looks at. A finished file
 also carries ``complete = True``, written last.
 
+A slide with unreadable tiles is written to ``<out>/incomplete/<slide_id>.h5``
+with ``complete = False`` (:func:`incomplete_dir`), never to the final name,
+unless the run accepts that many (``--accept-bad-tiles``): then the final file
+carries ``n_bad_tiles`` > 0, and :func:`is_done` counts it done only for a run
+that accepts as many.
+
 ``status.csv`` gets one line per slide (``slide_id,path,status,n_tiles,
 seconds,error``), appended under ``fcntl.flock`` so lines from several
 processes never interleave; the header is written once, by whoever creates
@@ -46,6 +52,7 @@ from predictor.client.embed.grid import TilePlan
 from predictor.client.embed.slides import SlideReader
 
 STATUS_FILE = "status.csv"
+INCOMPLETE_DIR = "incomplete"
 STATUS_COLUMNS = ("slide_id", "path", "status", "n_tiles", "seconds", "error")
 STATUSES = ("done", "skipped", "failed")
 COMPLETE_ATTR = "complete"
@@ -67,11 +74,22 @@ def final_path(out_dir: Path, slide_id: str) -> Path:
     return Path(out_dir) / f"{slide_id}.h5"
 
 
-def is_done(out_dir: Path, slide_id: str, config_hash: str) -> bool:
+def incomplete_dir(out_dir: Path) -> Path:
+    """Where slides with unreadable tiles are written (``complete = False``): ``<out>/incomplete``."""
+    return Path(out_dir) / INCOMPLETE_DIR
+
+
+def discard_incomplete(out_dir: Path, slide_id: str) -> None:
+    """Removes an earlier incomplete file of the slide (it is now written whole)."""
+    (incomplete_dir(out_dir) / f"{slide_id}.h5").unlink(missing_ok=True)
+
+
+def is_done(out_dir: Path, slide_id: str, config_hash: str, max_bad_tiles: int = 0) -> bool:
     """Whether the slide's final file exists, opens, is complete and has ``config_hash``.
 
     Any doubt (unreadable, no ``complete`` flag, another hash, datasets of
-    different lengths) is False: the slide is embedded again.
+    different lengths, more ``n_bad_tiles`` than ``max_bad_tiles``) is False:
+    the slide is embedded again.
     """
     import h5py
 
@@ -83,6 +101,8 @@ def is_done(out_dir: Path, slide_id: str, config_hash: str) -> bool:
             if not bool(f.attrs.get(COMPLETE_ATTR, False)):
                 return False
             if str(f.attrs.get("config_hash", "")) != config_hash:
+                return False
+            if int(f.attrs.get("n_bad_tiles", 0)) > max_bad_tiles:
                 return False
             n = f["coords"].shape[0]
             lengths = [
@@ -189,8 +209,13 @@ def _checked_arrays(result: SlideResult) -> dict[str, np.ndarray]:
     return arrays
 
 
-def write_slide(out_dir: Path, slide_id: str, result: SlideResult) -> Path:
+def write_slide(
+    out_dir: Path, slide_id: str, result: SlideResult, *, complete: bool = True
+) -> Path:
     """Write ``result`` to ``out_dir/<slide_id>.h5`` atomically; return the final path.
+
+    ``complete=False`` (a slide with holes, see :func:`incomplete_dir`) marks
+    the file so; the folder is created when missing.
 
     Raises:
         ValueError: Arrays of different lengths.
@@ -200,6 +225,7 @@ def write_slide(out_dir: Path, slide_id: str, result: SlideResult) -> Path:
 
     out_dir = Path(out_dir)
     arrays = _checked_arrays(result)
+    out_dir.mkdir(parents=True, exist_ok=True)
     final = final_path(out_dir, slide_id)
     tmp = out_dir / f".{slide_id}.h5.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:
@@ -211,7 +237,7 @@ def write_slide(out_dir: Path, slide_id: str, result: SlideResult) -> Path:
             for key, value in result.attrs.items():
                 if value is not None:
                     f.attrs[key] = _attr_value(value)
-            f.attrs[COMPLETE_ATTR] = True
+            f.attrs[COMPLETE_ATTR] = complete
         _fsync_path(tmp)
         os.replace(tmp, final)
         _fsync_path(out_dir)

@@ -9,9 +9,12 @@
 3. per slide: skipped when its file is complete with the same config hash
    (unless ``--force``); claimed atomically (two processes never embed one
    slide; a dead holder's claim is taken over at once); embedded; one line in
-   ``status.csv`` (``done``, ``skipped`` or ``failed`` with the reason).
+   ``status.csv`` (``done``, ``skipped`` or ``failed`` with the reason);
+   a slide with unreadable tiles is ``failed`` on every run (unless
+   ``--accept-bad-tiles`` accepts that many) and never skipped.
    ``--slides-in-flight`` slides are in progress at once (default 2), sharing
-   one bound of ``--concurrency`` requests in flight.
+   one bound of ``--concurrency`` requests in flight;
+4. ``<out>/report.html`` over every slide of the folder (``--no-qc``: none).
 
 A slide that fails (unreadable, no mpp, corrupt tiles, a 4xx, retries used up)
 fails alone: the next one starts. Usage errors stop the run before any slide.
@@ -38,7 +41,7 @@ from predictor.client.embed.bulk_rna import read_bulk_rna
 from predictor.client.embed.claims import ClaimStore
 from predictor.client.embed.config import EmbedConfig
 from predictor.client.embed.dispatch import Dispatcher, RetryPolicy
-from predictor.client.embed.errors import EmbedError, UsageError
+from predictor.client.embed.errors import EmbedError, SlideError, UsageError
 from predictor.client.embed.layouts import Layout, slide_id_from_path
 from predictor.client.embed.manifest import (
     SlideEntry,
@@ -46,10 +49,12 @@ from predictor.client.embed.manifest import (
     read_manifest,
     select_shard,
 )
+from predictor.client.embed.masks import mask_file
 from predictor.client.embed.memory import large_buffers_use_mmap
 from predictor.client.embed.output import StatusLog, config_hash
 from predictor.client.embed.progress import Progress
 from predictor.client.embed.remote import ServerInfo, fetch_server_info
+from predictor.client.embed.report import write_report
 from predictor.client.embed.slide_job import RunContext, embed_slide
 from predictor.client.embed.transport import RecyclePolicy
 
@@ -146,9 +151,14 @@ def _layout(config: EmbedConfig, info: ServerInfo, target_mpp: float, tile_size:
 
 
 def slide_settings(ctx: RunContext, entry: SlideEntry) -> dict[str, Any]:
-    """Everything that shapes a slide's output: its config hash is made of these."""
+    """Everything that shapes a slide's output: its config hash is made of these.
+
+    Raises:
+        SlideError: ``--masks`` has no mask for the slide.
+    """
     cfg = ctx.config
-    return {
+    mask = mask_file(entry.slide_id, entry.mask, cfg.masks)
+    settings = {
         "model": ctx.info.model,
         "package_sha256": ctx.info.package_sha256,
         "target_mpp": ctx.target_mpp,
@@ -163,6 +173,9 @@ def slide_settings(ctx: RunContext, entry: SlideEntry) -> dict[str, Any]:
         "bulk_rna_sha256": _file_sha256(entry.bulk_rna) if entry.bulk_rna else "",
         **({"layout": cfg.layout} if cfg.layout != "flat" else {}),
     }
+    if mask is not None:  # only then: hashes of runs without masks stay as they were
+        settings["mask_sha256"] = _file_sha256(mask)
+    return settings
 
 
 def embed(config: EmbedConfig, stream: Any = None) -> EmbedSummary:
@@ -221,6 +234,11 @@ def _run(
             pass
     progress.close()
     summary.requests_per_url = dispatcher.stats()
+    if config.qc:
+        try:
+            write_report(config.out_dir)
+        except OSError as exc:
+            logger.warning("report.html not written: %s", exc)
 
 
 class _SlideRunner:
@@ -237,7 +255,10 @@ class _SlideRunner:
         try:
             chash = config_hash(slide_settings(self.ctx, entry))
         except OSError as exc:
-            self._record(entry, "failed", 0, start, f"bulk RNA file: {exc}")
+            self._record(entry, "failed", 0, start, f"bulk RNA or mask file: {exc}")
+            return
+        except SlideError as exc:
+            self._record(entry, "failed", 0, start, str(exc))
             return
         if self._complete(entry, chash):
             self._record(entry, "skipped", 0, start, "already done with this configuration")
@@ -253,7 +274,10 @@ class _SlideRunner:
             self._embed(entry, chash, start)
 
     def _complete(self, entry: SlideEntry, chash: str) -> bool:
-        return not self.ctx.config.force and self.ctx.layout.is_done(entry.slide_id, chash)
+        cfg = self.ctx.config
+        return not cfg.force and self.ctx.layout.is_done(
+            entry.slide_id, chash, cfg.accept_bad_tiles
+        )
 
     def _embed(self, entry: SlideEntry, chash: str, start: float) -> None:
         attrs = {
@@ -285,7 +309,10 @@ class _SlideRunner:
             return
         with self._lock:
             self.summary.tiles += outcome.n_tiles
-        self._record(entry, "done", outcome.n_tiles, start)
+        note = ""
+        if outcome.n_bad:  # accepted with --accept-bad-tiles: said on every run that writes it
+            note = f"{outcome.n_bad} unreadable tiles accepted (--accept-bad-tiles), see bad_coords"
+        self._record(entry, "done", outcome.n_tiles, start, note)
 
     def _record(
         self, entry: SlideEntry, status: str, n_tiles: int, start: float, error: str = ""

@@ -12,12 +12,21 @@ whose read fails is read again tile by tile on a fresh handle
 (``reader.reopen()``: OpenSlide keeps an error sticky on its handle); a tile
 that fails twice is recorded as bad and left out of the output. Its
 coordinates are written to the file (``bad_coords`` attribute), and the slide
-is reported ``failed`` with their count, so a damaged file is never taken for
-a clean one (see :class:`CorruptTiles`).
+is reported ``failed`` with their count. Such a file goes to
+``<out>/incomplete/<slide_id>.h5`` with ``complete = False``, never to the
+final name: no resume check and no loader globbing ``<out>/*.h5`` takes it,
+and the next run tries the slide again (see :class:`CorruptTiles`). Only with
+``--accept-bad-tiles N`` is a slide with at most N bad tiles written to its
+final name and reported done (its ``n_bad_tiles`` and ``bad_coords`` say so).
+
+QC: once the tiles are planned, ``<out>/qc/<slide_id>.{jpg,geojson,json}``
+are written (:mod:`~predictor.client.embed.qc`), and again with the bad
+tiles drawn when there are any.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,11 +42,21 @@ from predictor.client.embed.errors import EmbedError
 from predictor.client.embed.grid import TilePlan, plan_tiles, read_tile, read_tiles
 from predictor.client.embed.layouts import Layout
 from predictor.client.embed.manifest import SlideEntry
-from predictor.client.embed.output import SlideResult, plan_attrs
+from predictor.client.embed.masks import TissueMap, find_tissue, mask_file
+from predictor.client.embed.output import (
+    SlideResult,
+    discard_incomplete,
+    incomplete_dir,
+    plan_attrs,
+    write_slide,
+)
+from predictor.client.embed.qc import write_slide_qc
 from predictor.client.embed.remote import ServerInfo
-from predictor.client.embed.slides import SlideReader, resolve_mpp
-from predictor.client.embed.tissue import tissue_fractions
-from predictor.client.embed.tissue_remote import model_tissue_fractions
+from predictor.client.embed.slides import MppInfo, SlideReader, resolve_mpp
+from predictor.client.embed.tissue import THUMB_MPP, thumbnail
+from predictor.client.embed.tissue_remote import model_tissue_mask
+
+logger = logging.getLogger("histoserve.embed")
 
 # Output names per mode: (features from, predictions from).
 _MODE_OUTPUTS = {
@@ -48,7 +67,14 @@ _MODE_OUTPUTS = {
 
 
 class CorruptTiles(EmbedError):
-    """Some tiles could not be read even on a fresh handle; the rest were written."""
+    """Some tiles could not be read even on a fresh handle; the rest were written (incomplete).
+
+    ``bad``: their level-0 ``(x, y)``.
+    """
+
+    def __init__(self, message: str, bad: np.ndarray):
+        super().__init__(message)
+        self.bad = bad
 
 
 @dataclass(frozen=True)
@@ -83,27 +109,38 @@ class RunContext:
 
 @dataclass(frozen=True)
 class SlideOutcome:
-    """A written slide: its file, tile count and bad tiles (if any)."""
+    """A written slide: its file, tile count and bad tiles (if any, accepted).
+
+    ``bad``: level-0 ``(x, y)`` of the bad tiles (accepted by ``--accept-bad-tiles``).
+    """
 
     path: Path
     n_tiles: int
     n_bad: int
+    bad: np.ndarray | None = None
 
 
 def plan_slide(
     ctx: RunContext, entry: SlideEntry, reader: SlideReader
-) -> tuple[TilePlan, np.ndarray, dict[str, Any]]:
-    """The slide's tile plan, the tissue fraction of each planned tile, the plan's attributes."""
+) -> tuple[TilePlan, TissueMap, dict[str, Any]]:
+    """The slide's tile plan, its tissue (fraction of each planned tile), the plan's attributes.
+
+    Raises:
+        SlideError: No mpp, upsampling needed, a missing or bad mask file.
+    """
     cfg = ctx.config
     mpp = resolve_mpp(reader, cfg.mpp_override, entry.mpp, cfg.mpp_tolerance)
     plan = plan_tiles(reader, mpp, ctx.target_mpp, ctx.tile_size, cfg.mpp_tolerance)
-    if ctx.tissue_info is not None and ctx.tissue_dispatcher is not None:
-        fractions = model_tissue_fractions(
-            reader, mpp, plan, ctx.tissue_dispatcher, ctx.tissue_info
-        )
-    else:
-        fractions = tissue_fractions(reader, plan, cfg.tissue)
-    return plan, fractions, plan_attrs(reader, plan)
+    mask_path = mask_file(entry.slide_id, entry.mask, cfg.masks)
+
+    def model_mask(r: SlideReader, m: MppInfo) -> tuple[np.ndarray, float]:
+        return model_tissue_mask(r, m, ctx.tissue_dispatcher, ctx.tissue_info)
+
+    tissue = find_tissue(reader, mpp, plan, cfg.tissue, mask_path, model_mask)
+    attrs = plan_attrs(reader, plan)
+    if mask_path is not None:
+        attrs.update(tissue="mask", mask=str(mask_path))
+    return plan, tissue, attrs
 
 
 def embed_slide(
@@ -124,9 +161,10 @@ def embed_slide(
     """
     cfg = ctx.config
     with SlideReader.open(entry.path) as reader:
-        plan, fractions, slide_attrs = plan_slide(ctx, entry, reader)
-    keep = fractions >= cfg.min_tissue
-    coords, fractions = plan.coords[keep], fractions[keep].astype(np.float32)
+        plan, tissue, slide_attrs = plan_slide(ctx, entry, reader)
+        keep = tissue.fractions >= cfg.min_tissue
+        coords, fractions = plan.coords[keep], tissue.fractions[keep].astype(np.float32)
+        write_qc = _qc_writer(ctx, entry, reader, plan, tissue, coords)
     on_started(len(coords))
     readers = _ThreadReaders(entry.path, plan, coords, cfg.batch_size)
     try:
@@ -143,7 +181,34 @@ def embed_slide(
         )
     finally:
         readers.close()
-    return _write(ctx, entry, coords, fractions, assembled, {**attrs, **slide_attrs})
+    all_attrs = {**attrs, **slide_attrs}
+    return _write(ctx, entry, coords, fractions, assembled, all_attrs, write_qc)
+
+
+def _qc_writer(
+    ctx: RunContext,
+    entry: SlideEntry,
+    reader: SlideReader,
+    plan: TilePlan,
+    tissue: TissueMap,
+    kept: np.ndarray,
+) -> Callable[[np.ndarray | None], None]:
+    """Writes the slide's QC files now; returns how to write them again with bad tiles."""
+    if not ctx.config.qc:
+        return lambda bad: None
+    if tissue.thumb is not None:
+        thumb = (tissue.thumb, tissue.thumb_mpp)
+    else:
+        thumb = thumbnail(reader, MppInfo(plan.level0_mpp, plan.mpp_source), THUMB_MPP)
+
+    def write(bad: np.ndarray | None) -> None:
+        try:
+            write_slide_qc(ctx.config.out_dir, entry.slide_id, thumb, plan, tissue, kept, bad)
+        except OSError as exc:  # QC is for people; a full disk shows up in the write below
+            logger.warning("slide %s: QC files not written: %s", entry.slide_id, exc)
+
+    write(None)
+    return write
 
 
 def _write(
@@ -153,8 +218,10 @@ def _write(
     fractions: np.ndarray,
     assembled: Assembled,
     attrs: dict[str, Any],
+    write_qc: Callable[[np.ndarray | None], None],
 ) -> SlideOutcome:
-    """Writes the readable rows; raises :class:`CorruptTiles` after writing when some were not."""
+    """Writes the readable rows; raises :class:`CorruptTiles` after writing when some were not
+    (more than ``--accept-bad-tiles``)."""
     ok = assembled.ok
     features_name, predictions_name = _MODE_OUTPUTS[ctx.config.mode]
     bad = coords[~ok]
@@ -165,13 +232,22 @@ def _write(
         tissue_fraction=fractions[ok],
         attrs={**attrs, **_bad_attrs(bad)},
     )
-    path = ctx.layout.write(entry.slide_id, result)
+    out_dir, accept = ctx.config.out_dir, ctx.config.accept_bad_tiles
     if len(bad):
-        raise CorruptTiles(
-            f"{len(bad)} of {len(coords)} tiles unreadable even on a fresh handle, left out "
-            f"(first at level-0 x,y = {bad[0].tolist()}); the other {int(ok.sum())} are in {path.name}"
-        )
-    return SlideOutcome(path, int(ok.sum()), 0)
+        write_qc(bad)  # the QC picture shows them in red
+    if len(bad) <= accept:
+        path = ctx.layout.write(entry.slide_id, result)
+        discard_incomplete(out_dir, entry.slide_id)
+        return SlideOutcome(path, int(ok.sum()), len(bad), bad)
+    path = write_slide(incomplete_dir(out_dir), entry.slide_id, result, complete=False)
+    where = "; ".join(f"{x},{y}" for x, y in bad[:5].tolist()) + ("; ..." if len(bad) > 5 else "")
+    raise CorruptTiles(
+        f"{len(bad)} of {len(coords)} tiles unreadable even on a fresh handle "
+        f"(level-0 x,y: {where}); the other {int(ok.sum())} are in "
+        f"{path.relative_to(out_dir)} (complete=False, not done: a re-run tries again; "
+        f"--accept-bad-tiles {len(bad)} accepts it with these holes)",
+        bad,
+    )
 
 
 def _rows(outputs: Mapping[str, np.ndarray], name: str | None, ok: np.ndarray) -> np.ndarray | None:

@@ -42,13 +42,9 @@ def thumbnail(reader: SlideReader, mpp: MppInfo, thumb_mpp: float) -> tuple[np.n
     Returns:
         uint8 ``[h, w, 3]`` and its mpp (level-0 px per thumbnail px x level-0 mpp).
     """
-    level_mpps = [mpp.mpp * d for d in reader.level_downsamples]
-    fine_enough = [i for i, m in enumerate(level_mpps) if m <= thumb_mpp]
-    level = max(fine_enough, key=lambda i: level_mpps[i]) if fine_enough else 0
-    factor = max(1, int(thumb_mpp // level_mpps[level]))
-    lw, lh = reader.level_dimensions[level]
+    level, factor, shape, out_mpp = thumbnail_grid(reader, mpp, thumb_mpp)
     downsample = reader.level_downsamples[level]
-    out = np.empty((lh // factor, lw // factor, 3), np.uint8)
+    out = np.empty((*shape, 3), np.uint8)
     block = max(factor, (_BLOCK // factor) * factor)
     for y in range(0, out.shape[0] * factor, block):
         for x in range(0, out.shape[1] * factor, block):
@@ -58,7 +54,19 @@ def thumbnail(reader: SlideReader, mpp: MppInfo, thumb_mpp: float) -> tuple[np.n
             region = reader.read_region(xy0, level, (w, h))
             small = np.asarray(Image.fromarray(region).reduce(factor))
             out[y // factor : (y + h) // factor, x // factor : (x + w) // factor] = small
-    return out, mpp.mpp * downsample * factor
+    return out, out_mpp
+
+
+def thumbnail_grid(
+    reader: SlideReader, mpp: MppInfo, thumb_mpp: float
+) -> tuple[int, int, tuple[int, int], float]:
+    """The grid :func:`thumbnail` reads, without reading it: level, factor, ``(h, w)``, mpp."""
+    level_mpps = [mpp.mpp * d for d in reader.level_downsamples]
+    fine_enough = [i for i, m in enumerate(level_mpps) if m <= thumb_mpp]
+    level = max(fine_enough, key=lambda i: level_mpps[i]) if fine_enough else 0
+    factor = max(1, int(thumb_mpp // level_mpps[level]))
+    lw, lh = reader.level_dimensions[level]
+    return level, factor, (lh // factor, lw // factor), level_mpps[level] * factor
 
 
 def saturation(rgb: np.ndarray) -> np.ndarray:

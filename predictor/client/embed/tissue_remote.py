@@ -55,6 +55,18 @@ def model_tissue_fractions(
     Raises:
         RequestFailed: The segmentation server refused a request or retries ran out.
     """
+    mask, mask_mpp = model_tissue_mask(reader, mpp, dispatcher, seg)
+    return fractions_from_mask(mask, mask_mpp, plan)
+
+
+def model_tissue_mask(
+    reader: SlideReader, mpp: MppInfo, dispatcher: Dispatcher, seg: ServerInfo
+) -> tuple[np.ndarray, float]:
+    """The served model's tissue mask of the whole slide (bool ``[h, w]``) and its mpp.
+
+    Raises:
+        RequestFailed: The segmentation server refused a request or retries ran out.
+    """
     if seg.mpp is None:
         raise ValueError(f"tissue model {seg.model!r}: its mpp is unknown")
     image, image_mpp = thumbnail(reader, mpp, seg.mpp)
@@ -63,5 +75,4 @@ def model_tissue_fractions(
     for start in range(0, len(tiles), MASK_BATCH):
         batch = tiles[start : start + MASK_BATCH]
         masks[start : start + len(batch)] = dispatcher.infer(seg.model, {"pixels": batch})["mask"]
-    mask = from_tiles(masks, grid, image.shape[0], image.shape[1]) > 0
-    return fractions_from_mask(mask, image_mpp, plan)
+    return from_tiles(masks, grid, image.shape[0], image.shape[1]) > 0, image_mpp

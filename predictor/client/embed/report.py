@@ -1,0 +1,168 @@
+"""``<out>/report.html``: every slide of an output folder on one page, suspicious ones first.
+
+Built at the end of each run from what the folder holds, so it covers the
+slides of earlier runs and of other shards too: ``status.csv`` (the latest
+line of each slide that was not ``skipped``, for its status, time and error)
+and ``qc/<id>.json`` (mpp and its source, level, resize, tissue area, tiles;
+see :mod:`~predictor.client.embed.qc`). Each slide gets a row with its QC
+picture. Rows are sorted by how suspicious the slide is, in this order:
+
+``failed`` (any reason), ``no tissue`` (no tile kept), ``unreadable tiles``,
+``tiny tissue`` (under :data:`TINY_TISSUE_MM2`), ``resized`` (no pyramid level
+at the model's mpp: tiles were read larger and resized), then the rest.
+A slide that failed before its tile plan (unreadable file, no mpp) has no
+picture but has its row and reason.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from predictor.client.embed.output import read_status
+from predictor.client.embed.qc import QC_DIR, read_facts
+
+REPORT_FILE = "report.html"
+TINY_TISSUE_MM2 = 1.0
+FLAGS = ("failed", "no tissue", "unreadable tiles", "tiny tissue", "resized")
+
+
+@dataclass
+class SlideRow:
+    """One slide in the report: its latest status line and its QC facts (if any)."""
+
+    slide_id: str
+    status: dict[str, str] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def flags(self) -> list[str]:
+        """The suspicious things about this slide, in :data:`FLAGS` order."""
+        f, out = self.facts, []
+        if self.status.get("status") == "failed":
+            out.append("failed")
+        if f and f.get("n_kept", 0) == 0 and not f.get("n_bad"):
+            out.append("no tissue")
+        if f.get("n_bad"):
+            out.append("unreadable tiles")
+        if f and 0 < f.get("tissue_area_mm2", 0.0) < TINY_TISSUE_MM2:
+            out.append("tiny tissue")
+        if f.get("resized"):
+            out.append("resized")
+        return out
+
+    def sort_key(self) -> tuple[int, str]:
+        """Most suspicious first, then by slide id."""
+        flags = self.flags
+        return (FLAGS.index(flags[0]) if flags else len(FLAGS), self.slide_id)
+
+
+def collect_rows(out_dir: Path) -> list[SlideRow]:
+    """Every slide named in ``status.csv`` or ``qc/``, most suspicious first."""
+    rows: dict[str, SlideRow] = {}
+    for line in read_status(out_dir):
+        row = rows.setdefault(line["slide_id"], SlideRow(line["slide_id"]))
+        if line["status"] != "skipped" or not row.status:
+            row.status = line
+    for slide_id, facts in read_facts(out_dir).items():
+        rows.setdefault(slide_id, SlideRow(slide_id)).facts = facts
+    return sorted(rows.values(), key=SlideRow.sort_key)
+
+
+def write_report(out_dir: Path) -> Path:
+    """Writes ``<out>/report.html`` (atomically) and returns its path."""
+    out_dir = Path(out_dir)
+    rows = collect_rows(out_dir)
+    page = render(rows, out_dir)
+    path = out_dir / REPORT_FILE
+    tmp = out_dir / f".{REPORT_FILE}.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse;width:100%}
+td,th{border-bottom:1px solid #ddd;padding:6px 8px;vertical-align:top;text-align:left}
+th{background:#f4f4f4;position:sticky;top:0}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+.flag{display:inline-block;border-radius:3px;padding:1px 6px;margin:1px;color:#fff;
+ background:#b35;font-size:90%}
+.flag.resized,.flag.tiny{background:#c80}
+.ok{color:#272}
+.err{color:#b00;max-width:32em;overflow-wrap:anywhere}
+img{max-width:360px;border:1px solid #ccc}
+"""
+
+
+def render(rows: list[SlideRow], out_dir: Path) -> str:
+    """The report page."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        status = row.status.get("status", "planned")
+        counts[status] = counts.get(status, 0) + 1
+    flagged = sum(1 for row in rows if row.flags)
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    head = (
+        f"<h1>histoserve embed: {html.escape(out_dir.name)}</h1>"
+        f"<p>{len(rows)} slides: {summary}; <b>{flagged} to check</b> (listed first). "
+        f"Written {time.strftime('%Y-%m-%d %H:%M:%S')}. Green: tissue contours "
+        f"(<code>qc/&lt;id&gt;.geojson</code>, QuPath); blue: kept tiles; red: unreadable.</p>"
+    )
+    columns = (
+        "QC", "slide", "status", "flags", "tiles", "tissue mm²", "mpp (source)",
+        "level, read → tile", "time s", "error",
+    )  # fmt: skip
+    header = "".join(f"<th>{c}</th>" for c in columns)
+    body = "\n".join(_row_html(row) for row in rows)
+    return (
+        f'<!doctype html><html><head><meta charset="utf-8"><title>histoserve embed report'
+        f"</title><style>{_STYLE}</style></head><body>{head}"
+        f"<table><thead><tr>{header}</tr></thead><tbody>\n{body}\n</tbody></table></body></html>\n"
+    )
+
+
+def _row_html(row: SlideRow) -> str:
+    f, s, esc = row.facts, row.status, html.escape
+    name = quote(row.slide_id)
+    picture = (
+        f'<a href="{QC_DIR}/{name}.jpg"><img src="{QC_DIR}/{name}.jpg" loading="lazy"></a>'
+        f'<br><a href="{QC_DIR}/{name}.geojson">GeoJSON</a>'
+        if f
+        else "no picture"
+    )
+    flags = (
+        "".join(f'<span class="flag {flag.split()[0]}">{esc(flag)}</span>' for flag in row.flags)
+        or '<span class="ok">ok</span>'
+    )
+    tiles = s.get("n_tiles", "") if not f else f"{f.get('n_kept', 0)}"
+    if f.get("n_bad"):
+        tiles += f" (+{f['n_bad']} unreadable)"
+    cells = [
+        picture,
+        esc(row.slide_id) + (f"<br><small>{esc(s['path'])}</small>" if s.get("path") else ""),
+        esc(s.get("status", "not finished")),
+        flags,
+        f'<td class="num">{esc(str(tiles))}',
+        f'<td class="num">{f["tissue_area_mm2"]:.3f}' if f else "",
+        esc(f"{f['level0_mpp']:g} ({f['mpp_source']})") if f else "",
+        esc(_level(f)) if f else "",
+        f'<td class="num">{esc(s.get("seconds", ""))}',
+        f'<span class="err">{esc(s.get("error", ""))}</span>',
+    ]
+    return "<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}" for c in cells) + "</tr>"
+
+
+def _level(facts: dict[str, Any]) -> str:
+    read, tile = facts["read_size"], facts["tile_size"]
+    resize = f"{read} → {tile} px (resized)" if facts.get("resized") else f"{tile} px"
+    return f"level {facts['read_level']}, {resize}"
