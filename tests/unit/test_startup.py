@@ -172,23 +172,3 @@ def test_nested_phases_are_exclusive() -> None:
     assert seconds["extraction"] >= 0.05
     assert 0.02 <= seconds["load"] < 0.05
     assert sum(seconds.values()) == pytest.approx(covered, abs=0.002)
-
-
-def test_tf32_is_for_fp32_packages_on_cuda_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only a GPU runs TF32; here the flags torch reads are checked, then restored."""
-    import torch
-
-    from predictor.cli import build_parser, configs_from_args
-    from predictor.package.host import apply_gpu_settings
-
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    cuda = torch.device("cuda", 0)
-    assert not apply_gpu_settings(torch.device("cpu"), torch.float32, allow_tf32=True)
-    assert not apply_gpu_settings(cuda, torch.bfloat16, allow_tf32=True)
-    assert not apply_gpu_settings(cuda, torch.float32, allow_tf32=False)
-    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
-    assert apply_gpu_settings(cuda, torch.float32, allow_tf32=True)
-    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
-    assert configs_from_args(build_parser().parse_args(["--allow_tf32", "true"]))[0].allow_tf32
-    assert not configs_from_args(build_parser().parse_args([]))[0].allow_tf32
