@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import threading
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -118,10 +118,7 @@ def test_end_to_end_through_the_batcher_and_drain(embedding_package_dir, referen
     async def scenario():
         await model.start_batching()
         body = {
-            "instances": [
-                {"image_data": __import__("base64").b64encode(encode_png(t)).decode()}
-                for t in tiles
-            ]
+            "instances": [{"image_data": base64.b64encode(encode_png(t)).decode()} for t in tiles]
         }
         prepared = await model.preprocess(body)
         result = await model.postprocess(await model.predict(prepared))
@@ -139,11 +136,11 @@ def test_end_to_end_through_the_batcher_and_drain(embedding_package_dir, referen
 
 def test_stop_closes_the_batcher_and_its_worker_threads(embedding_package_dir):
     model = _model(embedding_package_dir, options=ServingOptions(name="stop-closes"))
-    sample = model.prepare_sample(ModelRequest(0, pixels=random_tiles(1, seed=6)[0]))
+    tile = base64.b64encode(encode_png(random_tiles(1, seed=6)[0])).decode()
 
     async def scenario():
         await model.start_batching()
-        payload = SimpleNamespace(samples=[sample], mode="embedding")
+        payload = await model.preprocess({"instances": [{"image_data": tile}]})
         _, (response,) = await model.predict(payload)  # the worker thread exists now
         assert response.outputs["embedding"].shape == (1536,)
         assert any(t.name.startswith("batcher-stop-closes") for t in threading.enumerate())
