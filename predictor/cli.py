@@ -113,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="answer POST /v2/models/{name}/infer in front of FastAPI (same answers, less CPU)",
     )
+    add(
+        "--allow_tf32",
+        type=_strtobool,
+        default=False,
+        help="fp32 packages on CUDA: cuBLAS/cuDNN matmuls in TF32 (faster, ~1e-3 relative error)",
+    )
     add("--fault_injection", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -136,6 +142,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ModelConfig, BatchingCo
         fault_injection=args.fault_injection,
         forward_runner=args.forward_runner,
         instances_per_device=args.instances_per_device,
+        allow_tf32=args.allow_tf32,
     )
     batching = BatchingConfig(
         max_batch_size=args.max_batch_size,

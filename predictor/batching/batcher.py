@@ -21,10 +21,11 @@ tax at low load); items that queue up while the device is busy wait at most
 batches grow with load and latency stays bounded. The queue bound turns
 overload into a fast :class:`~predictor.errors.Overloaded` instead of
 unbounded memory. Failures stay inside their batch: CUDA out-of-memory splits
-the batch and retries the halves (on the same worker); a sticky device error
-takes that worker out (its batch fails, the queue stays for the others) and
-marks the batcher unhealthy only when no worker is left, so liveness fails
-and the pod restarts.
+the batch and retries the halves (on the same worker; the failed batch's
+error, and the tensors its traceback holds, are dropped first); a sticky
+device error takes out every worker of that device (workers ``dev#i``; its
+batch fails, the queue stays for the others) and marks the batcher unhealthy
+only when no worker is left, so liveness fails and the pod restarts.
 
 All futures are created and settled on the event loop thread; observer hooks
 are called there too. Nothing here knows about HTTP, gRPC, tensors or models.
@@ -49,7 +50,9 @@ from predictor.batching.worker import (
     Worker,
     WorkerState,
     classify,
+    forget,
     notify,
+    take_out,
 )
 from predictor.config import BatchingConfig
 from predictor.errors import (
@@ -60,13 +63,7 @@ from predictor.errors import (
     forward_failure,
 )
 
-__all__ = [
-    "BatchObserver",
-    "DynamicBatcher",
-    "ErrorKind",
-    "NullObserver",
-    "WorkerState",
-]
+__all__ = ["BatchObserver", "DynamicBatcher", "ErrorKind", "NullObserver", "WorkerState"]
 
 log = logging.getLogger(__name__)
 
@@ -348,6 +345,7 @@ class DynamicBatcher(Generic[T, R]):
             self._go_fatal(worker, entries, outcome.error)
         elif kind is ErrorKind.OOM and len(entries) > 1:
             log.warning("%s: out of memory on a batch of %d; splitting", self._name, len(entries))
+            forget(outcome)  # frees the failed batch's tensors before its halves run
             mid = len(entries) // 2
             for half in (entries[:mid], entries[mid:]):
                 live = [e for e in half if not e.future.done()]
@@ -363,16 +361,15 @@ class DynamicBatcher(Generic[T, R]):
             fail(entries, error)
 
     def _go_fatal(self, worker: Worker, entries: list[Entry[T, R]], exc: BaseException) -> None:
-        """Take ``worker`` out and fail its batch with DeviceLost; the last one fails the queue."""
-        worker.alive = False
+        """Take ``worker``'s device out (all its workers) and fail its batch; the last fails the queue."""
         error = forward_failure(exc, name=self._name, n_items=len(entries), fatal=True)
         fail(entries, error)
-        if worker.executor is not None:
-            worker.executor.shutdown(wait=False)
+        lost = take_out(self._workers, worker)
         left = sum(w.alive for w in self._workers)
-        self._notify("on_worker_lost", worker.name, left)
+        for gone in lost:
+            self._notify("on_worker_lost", gone.name, left)
         if left:
-            log.error("%s; worker %s taken out, %d left", error, worker.name, left)
+            log.error("%s; worker(s) %s taken out, %d left", error, [w.name for w in lost], left)
             return
         self._healthy = False
         log.error("%s; no worker left, marking %s unhealthy", error, self._name)

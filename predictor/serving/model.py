@@ -195,8 +195,12 @@ class BaseServerModel(Model):
         if self._batcher is None:
             first = DeviceSlot(self._package, self._normalizer)
             instances = self._options.instances_per_device
+            max_batch = self._options.batching.max_batch_size
+            runs = self._devices.runs(
+                str(self._device), first, self.forward_batch, instances, max_batch
+            )
             self._batcher = DynamicBatcher(
-                self._devices.runs(str(self._device), first, self.forward_batch, instances),
+                runs,
                 self._options.batching,
                 classify_error=classify_error,
                 observer=self._metrics,
