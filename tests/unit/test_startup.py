@@ -172,3 +172,35 @@ def test_nested_phases_are_exclusive() -> None:
     assert seconds["extraction"] >= 0.05
     assert 0.02 <= seconds["load"] < 0.05
     assert sum(seconds.values()) == pytest.approx(covered, abs=0.002)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (
+            ["--max_batch_size", "300"],
+            r"--max_batch_size 300 is above the batch range the package was exported for \(1\.\.256\)",
+        ),
+        (["--forward_runner", "torch"], "exported with torch .* but this runtime has torch 2.99.0"),
+    ],
+)
+def test_start_up_refuses_what_the_package_was_not_built_for(
+    embedding_package_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    needle: str,
+) -> None:
+    """Exit 2 and one line, before anything is loaded: a batch range, another torch."""
+    import re
+
+    import torch
+
+    from predictor import cli
+
+    if "torch" in argv:
+        monkeypatch.setattr(torch, "__version__", "2.99.0")  # this runtime, as another torch
+    base = ["--model_dir", str(embedding_package_dir), "--device", "cpu", "--http_port", "0"]
+    assert cli.serve([*base, *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(needle, err[0]), err
