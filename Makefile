@@ -86,13 +86,13 @@ gpu-check:
 WHEELHOUSE := .gpu-wheels
 WHEEL_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64 any
 PREINSTALLED := numpy-* pillow-* grpcio-1* setuptools-* cryptography-* cffi-* pycparser-*
-wheelhouse: $(STAMP)
+wheelhouse:
 	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
-	$(BIN)/pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \
+	$(CHECK_PYTHON) -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \
 	  $(foreach p,$(WHEEL_PLATFORMS),--platform $(p)) -d $(WHEELHOUSE) \
 	  "kserve==0.21.*" "prometheus-client>=0.20" "tritonclient[grpc]>=2.50" aiohttp pyyaml httpx
 	cd $(WHEELHOUSE) && rm -f $(PREINSTALLED)
-	$(BIN)/python -c "from harness.slides import he_tile; from PIL import Image; Image.fromarray(he_tile()).save('$(WHEELHOUSE)/he_tile.png')"
+	$(CHECK_PYTHON) -c "from harness.slides import he_tile; from PIL import Image; Image.fromarray(he_tile()).save('$(WHEELHOUSE)/he_tile.png')"
 	du -sh $(WHEELHOUSE)
 
 clean:
