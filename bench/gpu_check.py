@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> Report:
     device = "cpu" if args.dry_run else "cuda"
     report = Report(args.out)
     report.add("environment", environment(device))
-    work = args.out / "work"
+    work = args.work
     exported = export_all(_wanted_packages(device, args.vit_g), device, timeout_s=args.budget_s / 2)
     packages = {n: p for n, p in exported.items() if isinstance(p, Path)}
     report.add(
@@ -202,11 +203,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--vit_g", action="store_true", help="also export the ViT-g/14 geometry")
     parser.add_argument("--only", nargs="*", help="run only these stages")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "histoserve-gpu-check",
+        help="server logs and (off the dry run) the exported packages; kept out of --out",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)  # before torch is imported
     if not args.dry_run:
-        work_cache = args.out.resolve() / "work" / "packages"
-        os.environ.setdefault("HISTOSERVE_TEST_PACKAGE_CACHE", str(work_cache))
+        os.environ.setdefault("HISTOSERVE_TEST_PACKAGE_CACHE", str(args.work / "packages"))
     report = run(args)
     print("\n".join(report.table()))
     failed = [s for s, r in report.data.items() if status(r) in ("FAIL", "error", "skipped")]
