@@ -21,7 +21,7 @@ gRPC, V1 base64 JPEG) and 16 x 64 tiles against the in-process limit, 1 vs 2
 instances, copy vs compute, and the event loop's progress during a forward.
 
 ``--dry_run`` runs every stage on the CPU with the tiny packages (the tests'
-cache), in about a minute: ``tests/bench/test_gpu_check.py`` runs it in
+cache), in one to two minutes here: ``tests/bench/test_gpu_script.py`` runs it in
 ``make test``, so the script a GPU machine runs is never run first there.
 """
 
