@@ -174,8 +174,11 @@ def check_runtime_versions(
     A package holds code compiled against one torch's AOTInductor runtime and
     one CUDA; another one fails to load with an opaque error, or loads and
     misbehaves. Compares the versions histoserve's exporter records
-    (``torch_version``, ``cuda_version`` in ``histoserve.provenance``);
-    packages without them (built elsewhere) are not checked.
+    (``torch_version``, ``cuda_version`` in ``histoserve.provenance``): the
+    torch release (``2.13.0``, build tag aside) always, the CUDA version for
+    CUDA packages (so a CPU package exported with a CPU build of torch runs
+    under the same release's CUDA build); packages without them (built
+    elsewhere) are not checked.
 
     Raises:
         IncompatiblePackage: One line naming both sides: torch, CUDA and GPU architecture.
@@ -187,7 +190,8 @@ def check_runtime_versions(
     cuda = device.type == "cuda"
     built_cuda = prov.get("cuda_version") if cuda else None
     have_cuda = host.cuda_version if cuda else None
-    if built_torch == host.torch_version and built_cuda == have_cuda:
+    same_torch = _release(built_torch) == _release(host.torch_version)
+    if same_torch and built_cuda == have_cuda:
         return
     index = device.index or 0
     have_arch = host.cuda_capabilities[index] if index < len(host.cuda_capabilities) else "?"
@@ -197,6 +201,11 @@ def check_runtime_versions(
         f"package was exported with {built} but this runtime has {have}; "
         f"re-export it with this runtime (a .pt2 is tied to the torch that built it)"
     )
+
+
+def _release(version: str) -> str:
+    """``2.13.0`` of ``2.13.0+cu130``: the build tag names the CUDA, compared on its own."""
+    return version.split("+", 1)[0]
 
 
 def _runtime_line(torch_version: str, cuda: str | None, arch: str | None, on_cuda: bool) -> str:

@@ -268,8 +268,8 @@ def test_a_package_exported_with_another_torch_or_cuda_is_refused_naming_both() 
             pkg_host.check_host_compat(metadata, device, host)
         assert "\n" not in str(caught.value)
     # A CPU package does not care which CUDA the runtime has; a vendor's records nothing.
-    cpu_host = dataclasses.replace(CPU_HOST, torch_version="2.13.0", cuda_version="12.8")
-    pkg_host.check_host_compat(_built_with("2.13.0", None), CPU, cpu_host)
+    cpu_host = dataclasses.replace(CPU_HOST, torch_version="2.13.0+cu128", cuda_version="12.8")
+    pkg_host.check_host_compat(_built_with("2.13.0+cpu", None), CPU, cpu_host)
     pkg_host.check_host_compat(_meta(), CPU, cpu_host)
 
 
