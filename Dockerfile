@@ -32,7 +32,9 @@ LABEL org.opencontainers.image.title="histoserve" \
 
 # The chart mounts the root filesystem read-only and emptyDirs at these paths.
 # aoti_load_package extracts packages under TMPDIR; torch._inductor writes its
-# CPU-ISA probes and kernel cache under TORCHINDUCTOR_CACHE_DIR.
+# CPU-ISA probes and kernel cache under TORCHINDUCTOR_CACHE_DIR. Expandable
+# segments let the CUDA allocator grow one mapping instead of caching a block
+# per batch shape (variable batch sizes fragment it; docs/deployment.md).
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -44,7 +46,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     TORCHINDUCTOR_CACHE_DIR=/var/cache/histoserve/torchinductor \
     TRITON_CACHE_DIR=/var/cache/histoserve/triton \
     CUDA_CACHE_PATH=/var/cache/histoserve/nv \
-    TORCH_HOME=/var/cache/histoserve/torch
+    TORCH_HOME=/var/cache/histoserve/torch \
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
 RUN groupadd --gid "${HISTOSERVE_GID}" histoserve \
  && useradd --uid "${HISTOSERVE_UID}" --gid "${HISTOSERVE_GID}" --no-log-init \

@@ -12,7 +12,7 @@ MODEL_DIR ?= model
 DEMO_SPEC ?= h0-mini
 PYTEST_ARGS ?=
 
-.PHONY: all install serve test test-long lint format manifests helm bench bench-tiny soak clean
+.PHONY: all install serve test test-long lint format manifests helm bench bench-tiny soak clean gpu-check wheelhouse
 
 all: test
 
@@ -69,6 +69,31 @@ $(TRITON_VENV)/.installed:
 bench: $(STAMP) $(TRITON_VENV)/.installed
 	$(BIN)/pip install --quiet -e ".[bench]"
 	$(BIN)/python -m bench.run --out bench/results
+
+# The GPU check (bench/gpu_check.py, bench/README.md "GPU check"): on a lent GPU
+# machine (CUDA torch preinstalled, no network; `make wheelhouse` brings the
+# rest), or on the CPU with DRY_RUN=1 (what `make test` runs). Results as
+# JSON and a table in $(OUT), written stage by stage.
+CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+OUT ?= bench/results-gpu
+gpu-check:
+	$(CHECK_PYTHON) -m bench.gpu_check --out "$(OUT)" $(if $(DRY_RUN),--dry_run) $(GPU_CHECK_ARGS)
+
+# Wheels for what the GPU machine lacks (Python 3.12, x86_64; it has torch, timm,
+# numpy, pillow, grpcio, h5py): KServe and its web stack, tritonclient[grpc] for
+# the gRPC load, and the real H&E tile of the dry run's crops. Ignored by git;
+# carried with the tree (64 MiB in all).
+WHEELHOUSE := .gpu-wheels
+WHEEL_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64 any
+PREINSTALLED := numpy-* pillow-* grpcio-1* setuptools-* cryptography-* cffi-* pycparser-*
+wheelhouse:
+	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
+	$(CHECK_PYTHON) -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \
+	  $(foreach p,$(WHEEL_PLATFORMS),--platform $(p)) -d $(WHEELHOUSE) \
+	  "kserve==0.21.*" "prometheus-client>=0.20" "tritonclient[grpc]>=2.50" aiohttp pyyaml httpx
+	cd $(WHEELHOUSE) && rm -f $(PREINSTALLED)
+	$(CHECK_PYTHON) -c "from harness.slides import he_tile; from PIL import Image; Image.fromarray(he_tile()).save('$(WHEELHOUSE)/he_tile.png')"
+	du -sh $(WHEELHOUSE)
 
 clean:
 	rm -rf $(VENV) .venv-triton .tools .cache $(MODEL_DIR)

@@ -23,7 +23,8 @@ from predictor import wire
 PROTOCOLS = ("v2-pixels", "v2-png", "v2-json", "v2-grpc", "v1")
 """Benchmarked protocols: V2 binary REST ``pixels``, V2 binary REST PNG ``tiles``,
 V2 JSON with base64 PNG ``tiles``, V2 gRPC ``pixels`` (raw contents), V1 JSON.
-:func:`build_payload` also takes ``v2-jpeg`` (stage-1 measurements only)."""
+:func:`build_payload` also takes ``v2-jpeg`` (stage-1 measurements only) and ``v1-jpeg``
+(V1 base64 JPEG, the GPU check's)."""
 
 
 def synthetic_tiles(n: int, size: int, seed: int = 0) -> np.ndarray:
@@ -82,8 +83,9 @@ def build_payload(protocol: str, model: str, tiles: np.ndarray) -> Payload:
         data = [base64.b64encode(encode(t, "PNG")).decode() for t in tiles]
         doc = {"inputs": [{"name": "tiles", "shape": [n], "datatype": "BYTES", "data": data}]}
         return Payload(protocol, n, v2_path, json.dumps(doc).encode(), _JSON)
-    if protocol == "v1":
-        instances = [{"image_data": base64.b64encode(encode(t, "PNG")).decode()} for t in tiles]
+    if protocol in ("v1", "v1-jpeg"):
+        fmt = "PNG" if protocol == "v1" else "JPEG"
+        instances = [{"image_data": base64.b64encode(encode(t, fmt)).decode()} for t in tiles]
         body = json.dumps({"instances": instances}).encode()
         return Payload(protocol, n, f"/v1/models/{model}:predict", body, _JSON)
     if protocol == "v2-grpc":

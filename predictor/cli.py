@@ -125,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="MODULE:CLASS of a predictor.BaseServerModel subclass to serve "
         "(default: the spec family's class)",
     )
+    add(
+        "--allow_tf32",
+        type=_strtobool,
+        default=False,
+        help="fp32 packages on CUDA: cuBLAS/cuDNN matmuls in TF32 (faster, ~1e-3 relative error)",
+    )
     add("--fault_injection", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -149,6 +155,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ModelConfig, BatchingCo
         forward_runner=args.forward_runner,
         instances_per_device=args.instances_per_device,
         model_class=args.model_class,
+        allow_tf32=args.allow_tf32,
     )
     batching = BatchingConfig(
         max_batch_size=args.max_batch_size,

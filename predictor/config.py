@@ -101,6 +101,9 @@ class ModelConfig:
             CUDA stream per instance).
         model_class: ``MODULE:CLASS`` of a ``BaseServerModel`` subclass to
             serve; ``None`` serves the spec family's class.
+        allow_tf32: Lets fp32 packages run their cuBLAS/cuDNN matmuls and
+            convolutions in TF32 on CUDA (Ampere and later: several times faster,
+            ~1e-3 relative error); bf16/fp16 packages and the CPU are unaffected.
     """
 
     model_dir: Path = Path("/opt/ml/model")
@@ -113,6 +116,7 @@ class ModelConfig:
     forward_runner: str = "auto"
     instances_per_device: int = 1
     model_class: str | None = None
+    allow_tf32: bool = False
 
     def __post_init__(self) -> None:
         if self.instances_per_device < 1:

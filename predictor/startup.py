@@ -21,8 +21,14 @@ from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.device.faults import parse_fault_spec
 from predictor.errors import SpecError
 from predictor.families import load_model_class, model_class_for
-from predictor.package.host import resolve_devices
-from predictor.package.loader import StartupPhases, find_checkpoint, inspect_package, open_package
+from predictor.package.host import apply_gpu_settings, resolve_devices
+from predictor.package.loader import (
+    StartupPhases,
+    check_batch_size,
+    find_checkpoint,
+    inspect_package,
+    open_package,
+)
 from predictor.serving.metrics import create_metrics
 from predictor.serving.model import BaseServerModel, ServingOptions
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec, spec_from_json
@@ -54,6 +60,7 @@ def build_model(
     checkpoint = find_checkpoint(config.model_dir, config.checkpoint)
     phases = StartupPhases()
     facts = inspect_package(checkpoint, phases)
+    check_batch_size(facts.metadata, batching.max_batch_size)
     spec = resolve_model_spec(facts.metadata, config.spec)
     devices = resolve_devices(config.device)
     device = devices[0]
@@ -68,6 +75,7 @@ def build_model(
         for d in devices
     }
     package = packages.pop(str(device))
+    apply_gpu_settings(package.device, package.input_dtype, allow_tf32=config.allow_tf32)
     name = config.model_name or spec.name
     options = ServingOptions(
         batching=batching,

@@ -21,15 +21,15 @@ tax at low load); items that queue up while the device is busy wait at most
 batches grow with load and latency stays bounded. The queue bound turns
 overload into a fast :class:`~predictor.errors.Overloaded` instead of
 unbounded memory. Failures stay inside their batch: CUDA out-of-memory splits
-the batch and retries the halves (on the same worker); a sticky device error
-takes that worker out (its batch fails, the queue stays for the others) and
-marks the batcher unhealthy only when no worker is left, so liveness fails
-and the pod restarts.
+the batch and retries the halves (on the same worker; the failed batch's
+error, and the tensors its traceback holds, are dropped first); a sticky
+device error takes out every worker of that device (workers ``dev#i``; its
+batch fails, the queue stays for the others) and marks the batcher unhealthy
+only when no worker is left, so liveness fails and the pod restarts.
 
-All futures are created and settled on the event loop thread; observer hooks
-are called there too. Nothing here knows about HTTP, gRPC, tensors or models.
-The queue and how a batch is cut from it live in :mod:`predictor.batching.queue`,
-the workers and the observer hooks in :mod:`predictor.batching.worker`.
+Futures are created and settled (and observer hooks called) on the event loop
+thread. Nothing here knows about HTTP, gRPC, tensors or models. The queue lives
+in :mod:`predictor.batching.queue`, workers and observer hooks in :mod:`~.worker`.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ from predictor.batching.worker import (
     Worker,
     WorkerState,
     classify,
+    forget,
+    take_out,
 )
 from predictor.config import BatchingConfig
 from predictor.errors import DeviceLost, ErrorKind, ModelNotReady, Overloaded, forward_failure
@@ -352,6 +354,7 @@ class DynamicBatcher(Generic[T, R]):
             self._go_fatal(worker, entries, outcome.error)
         elif kind is ErrorKind.OOM and len(entries) > 1:
             log.warning("%s: out of memory on a batch of %d; splitting", self._name, len(entries))
+            forget(outcome)  # frees the failed batch's tensors before its halves run
             mid = len(entries) // 2
             for half in (entries[:mid], entries[mid:]):
                 live = [e for e in half if not e.future.done()]
@@ -367,16 +370,15 @@ class DynamicBatcher(Generic[T, R]):
             fail(entries, error)
 
     def _go_fatal(self, worker: Worker, entries: list[Entry[T, R]], exc: BaseException) -> None:
-        """Take ``worker`` out and fail its batch with DeviceLost; the last one fails the queue."""
-        worker.alive = False
+        """Take ``worker``'s device out (all its workers) and fail its batch; the last fails the queue."""
         error = forward_failure(exc, name=self._name, n_items=len(entries), fatal=True)
         fail(entries, error)
-        if worker.executor is not None:
-            worker.executor.shutdown(wait=False)
+        lost = take_out(self._workers, worker)
         left = sum(w.alive for w in self._workers)
-        self._observer.on_worker_lost(worker.name, left)
+        for gone in lost:
+            self._observer.on_worker_lost(gone.name, left)
         if left:
-            log.error("%s; worker %s taken out, %d left", error, worker.name, left)
+            log.error("%s; worker(s) %s taken out, %d left", error, [w.name for w in lost], left)
             return
         self._healthy = False
         log.error("%s; no worker left, marking %s unhealthy", error, self._name)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -153,6 +154,11 @@ class Worker:
         """A snapshot of this worker."""
         return WorkerState(self.name, self.alive, self.busy, self.batches)
 
+    @property
+    def device(self) -> str:
+        """The device it serves: its name up to ``#`` (``cuda:0#1`` is an instance of ``cuda:0``)."""
+        return self.name.partition("#")[0]
+
     def call(self, items: list[Any], key: Hashable, model: str) -> Outcome[Any]:
         """Worker thread: call ``run_batch``, capturing any exception and the time."""
         start = time.monotonic()
@@ -181,3 +187,40 @@ def classify(
     except Exception:
         log.exception("%s: classify_error failed; treating as a batch error", model)
         return ErrorKind.BATCH
+
+
+def take_out(workers: Sequence[Worker], lost: Worker) -> list[Worker]:
+    """Marks ``lost`` and every other live worker of its device dead and stops their threads.
+
+    A sticky error leaves the whole device unusable, so its other instances
+    would each fail one more batch before being taken out; a batch one of
+    them is running finishes (or fails) on its own.
+
+    Returns:
+        The workers taken out now (``lost`` first while it was still alive).
+    """
+    gone = [w for w in workers if w.alive and (w is lost or w.device == lost.device)]
+    for worker in gone:
+        worker.alive = False
+        if worker.executor is not None:
+            worker.executor.shutdown(wait=False)
+    return gone
+
+
+def forget(outcome: Outcome[Any]) -> None:
+    """Drops a failed outcome's error after clearing the locals of every frame its tracebacks hold.
+
+    The traceback of a failed forward holds the frames that raised, and with
+    them the batch's device tensors (inputs, activations). An OOM retry runs
+    the halves while that memory is short, so the failed batch must be freed
+    first; clearing the frames frees it even where the exception itself
+    lingers in a reference cycle until the next garbage collection.
+    """
+    seen: set[int] = set()
+    error = outcome.error
+    outcome.error = None
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if error.__traceback__ is not None:
+            traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__

@@ -39,6 +39,7 @@ class Normalizer:
         self.device = device
         self.dtype = dtype
         self._host: torch.Tensor | None = None
+        self._capacity = 0  # tiles the staging buffer is sized for when first allocated
 
     @property
     def host_buffer(self) -> torch.Tensor | None:
@@ -50,7 +51,19 @@ class Normalizer:
         twin = object.__new__(Normalizer)
         twin.scale, twin.shift = self.scale.clone(), self.shift.clone()
         twin.device, twin.dtype, twin._host = self.device, self.dtype, None
+        twin._capacity = self._capacity
         return twin
+
+    def reserve(self, max_batch: int) -> None:
+        """Sizes the staging buffer, when it is first allocated, for ``max_batch`` tiles.
+
+        Pinned host memory is slow to allocate (``cudaHostAlloc`` maps and
+        locks pages) and is never handed back to the OS while the process
+        lives, so a buffer that grows batch by batch pays the allocation
+        again at each new size and keeps every old one cached: sized once
+        for the largest batch, it is allocated once.
+        """
+        self._capacity = max(self._capacity, max_batch)
 
     def stage(self, tiles_hwc: Sequence[np.ndarray]) -> torch.Tensor:
         """Stacks per-tile ``uint8 [H, W, 3]`` arrays into one device batch, still uint8.
@@ -67,7 +80,8 @@ class Normalizer:
             or self._host.shape[1:] != shape[1:]
         ):
             pinned = self.device.type == "cuda"
-            self._host = torch.empty(shape, dtype=torch.uint8, pin_memory=pinned)
+            rows = max(shape[0], self._capacity)
+            self._host = torch.empty((rows, *shape[1:]), dtype=torch.uint8, pin_memory=pinned)
         host = self._host[: shape[0]]
         np.stack(tiles_hwc, out=host.numpy())
         if self.device.type != "cuda":

@@ -13,6 +13,13 @@ worker's device and stream without knowing how many workers there are, and
 one worker's copy and forward overlap another's compute on the same GPU.
 The lone worker (one device, one instance) binds nothing: it uses the
 model's own package and normaliser on the default stream, as always.
+
+Every worker, the lone one too, runs each forward (normalisation, the
+package's run, the copy back) with its package's device current and its own
+stream (:func:`~predictor.package.device_context.on_device`), and inside
+:func:`~predictor.device.failures.counting_ooms`, so an allocation failure
+inside the package is split like any out-of-memory. Each worker's staging
+buffer is sized once, for the largest batch (:meth:`Normalizer.reserve`).
 """
 
 from __future__ import annotations
@@ -25,8 +32,10 @@ from typing import Any
 import torch
 
 from predictor.device import streams as device_mod
+from predictor.device.failures import MemoryStats, counting_ooms, cuda_memory_stats
 from predictor.device.slot import DeviceSlot
 from predictor.device.streams import StreamLike
+from predictor.package.device_context import on_device
 
 Forward = Callable[[list[Any], Any], list[Any]]
 StreamFactory = Callable[[torch.device], StreamLike | None]
@@ -40,11 +49,19 @@ class DeviceWorkers:
             where the device has none; default
             :func:`predictor.device.worker_stream` (a CUDA stream on CUDA,
             none on the CPU). Tests inject a fake where CUDA cannot exist.
+        memory_stats: A device's allocator counters, read around each
+            forward (:func:`~predictor.device.failures.counting_ooms`);
+            default ``torch.cuda.memory_stats`` on CUDA, none on the CPU.
     """
 
-    def __init__(self, stream_factory: StreamFactory | None = None) -> None:
+    def __init__(
+        self,
+        stream_factory: StreamFactory | None = None,
+        memory_stats: MemoryStats = cuda_memory_stats,
+    ) -> None:
         self.slots: dict[str, DeviceSlot] = {}
         self._stream_factory = stream_factory
+        self._memory_stats = memory_stats
         self._local = threading.local()
 
     def current(self) -> DeviceSlot | None:
@@ -52,27 +69,39 @@ class DeviceWorkers:
         return getattr(self._local, "slot", None)
 
     def runs(
-        self, first: str, first_slot: DeviceSlot, forward: Forward, instances: int
+        self,
+        first: str,
+        first_slot: DeviceSlot,
+        forward: Forward,
+        instances: int,
+        max_batch: int = 0,
     ) -> Forward | dict[str, Forward]:
         """The batcher's workers: ``instances`` per device, devices in order.
 
-        One device and one instance stays the lone ``forward`` (the batcher
-        names it ``0``); otherwise workers are named by device (``cuda:1``),
-        with ``#i`` per instance (``cpu#0``, ``cpu#1``), and each is bound to
-        a slot of its own (:meth:`worker_slots`).
+        One device and one instance stays one callable (the batcher names it
+        ``0``) that binds nothing; otherwise workers are named by device
+        (``cuda:1``), with ``#i`` per instance (``cpu#0``, ``cpu#1``), and
+        each is bound to a slot of its own (:meth:`worker_slots`). Either way
+        each forward runs on its device and stream, OOMs counted
+        (:meth:`_bound`).
 
         Args:
             first: The first device's name (``cpu``, ``cuda:0``).
             first_slot: The first device's package and probed normaliser.
             forward: The family's ``forward_batch``.
             instances: Workers per device.
+            max_batch: The largest batch (``max_batch_size``): every worker's
+                staging buffer is sized for it once; 0 lets it grow.
 
         Raises:
             ValueError: ``instances`` below 1.
         """
         slots = self.worker_slots(first, first_slot, instances)
         if slots is None:
-            return forward
+            first_slot.normalizer.reserve(max_batch)
+            return self._bound(first_slot, forward, bind=False)
+        for slot in slots.values():
+            slot.normalizer.reserve(max_batch)
         return {name: self._bound(slot, forward) for name, slot in slots.items()}
 
     def worker_slots(
@@ -102,22 +131,24 @@ class DeviceWorkers:
                 out[name if instances == 1 else f"{name}#{i}"] = own
         return out
 
-    def _bound(self, slot: DeviceSlot, forward: Forward) -> Forward:
-        """``forward`` with the calling thread bound to ``slot`` (and its stream) for its duration.
+    def _bound(self, slot: DeviceSlot, forward: Forward, *, bind: bool = True) -> Forward:
+        """``forward`` on ``slot``'s device and stream, OOMs counted; the thread bound to ``slot``.
 
-        With a stream, the forward runs inside it and the stream is
-        synchronised before the outputs are handed back, so they are
-        complete whatever the family's ``forward_batch`` waited for.
+        With a stream, the stream is synchronised before the outputs are
+        handed back, so they are complete whatever the family's
+        ``forward_batch`` waited for. ``bind=False`` (the lone worker) leaves
+        the thread unbound: the model's own slot is the active one.
         """
+        device = slot.package.device
 
         def run(samples: list[Any], mode: Any) -> list[Any]:
-            self._local.slot = slot
+            if bind:
+                self._local.slot = slot
             try:
-                if slot.stream is None:
-                    return forward(samples, mode)
-                with slot.stream.active():
+                with counting_ooms(device, self._memory_stats), on_device(device, slot.stream):
                     outputs = forward(samples, mode)
-                    slot.stream.synchronize()
+                    if slot.stream is not None:
+                        slot.stream.synchronize()
                 return outputs
             finally:
                 self._local.slot = None

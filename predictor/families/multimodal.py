@@ -151,8 +151,9 @@ class MultimodalServerModel(BaseServerModel):
     # -- stage 2 ----------------------------------------------------------------------
     def batch_inputs(self, samples: Sequence[PreparedSample]) -> tuple[torch.Tensor, ...]:
         (tiles,) = super().batch_inputs(samples)
+        # float32 whatever the tile dtype: the exporter keeps bulk_rna float32 in bf16/fp16 packages.
         rna = torch.from_numpy(np.stack([s.extra_tensors["bulk_rna"] for s in samples]))
-        return tiles, rna.to(tiles.device, dtype=tiles.dtype, non_blocking=True)
+        return tiles, rna.to(tiles.device, dtype=torch.float32, non_blocking=True)
 
     def build_responses(self, outputs: Sequence[np.ndarray], mode: str) -> list[ModelResponse]:
         log_prediction, embedding = outputs[0], outputs[1]

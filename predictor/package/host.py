@@ -20,14 +20,14 @@ import platform
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from predictor.errors import CheckpointError, IncompatiblePackage, StartupError
-from predictor.package.metadata import CPU_BUILD_KEY, json_field
+from predictor.package.metadata import CPU_BUILD_KEY, json_field, provenance
 
 # cpuinfo flags a compiler may emit instructions for under -march=native.
 _ISA_FLAG = re.compile(
@@ -60,12 +60,16 @@ class HostFacts:
         cuda_capabilities: Compute capability per visible GPU, as
             ``AOTI_COMPUTE_CAPABILITY`` spells it (``"90"`` for sm_90); empty
             without a usable GPU.
+        torch_version: This runtime's ``torch.__version__``.
+        cuda_version: This runtime's ``torch.version.cuda`` (``None`` on a CPU build).
     """
 
     platform: str
     machine: str
     cpu_flags: frozenset[str]
     cuda_capabilities: tuple[str, ...] = ()
+    torch_version: str = field(default_factory=lambda: torch.__version__)
+    cuda_version: str | None = field(default_factory=lambda: torch.version.cuda)
 
     @classmethod
     def detect(cls, cpuinfo: Path = Path("/proc/cpuinfo")) -> HostFacts:
@@ -162,6 +166,54 @@ def check_compute_capability(metadata: Mapping[str, str], index: int, host: Host
         )
 
 
+def check_runtime_versions(
+    metadata: Mapping[str, str], device: torch.device, host: HostFacts
+) -> None:
+    """Refuses a package exported with another torch (or, for CUDA, another CUDA) than this runtime's.
+
+    A package holds code compiled against one torch's AOTInductor runtime and
+    one CUDA; another one fails to load with an opaque error, or loads and
+    misbehaves. Compares the versions histoserve's exporter records
+    (``torch_version``, ``cuda_version`` in ``histoserve.provenance``): the
+    torch release (``2.13.0``, build tag aside) always, the CUDA version for
+    CUDA packages (so a CPU package exported with a CPU build of torch runs
+    under the same release's CUDA build); packages without them (built
+    elsewhere) are not checked.
+
+    Raises:
+        IncompatiblePackage: One line naming both sides: torch, CUDA and GPU architecture.
+    """
+    prov = provenance(metadata)
+    built_torch = prov.get("torch_version")
+    if not built_torch:
+        return
+    cuda = device.type == "cuda"
+    built_cuda = prov.get("cuda_version") if cuda else None
+    have_cuda = host.cuda_version if cuda else None
+    same_torch = _release(built_torch) == _release(host.torch_version)
+    if same_torch and built_cuda == have_cuda:
+        return
+    index = device.index or 0
+    have_arch = host.cuda_capabilities[index] if index < len(host.cuda_capabilities) else "?"
+    built = _runtime_line(built_torch, built_cuda, metadata.get("AOTI_COMPUTE_CAPABILITY"), cuda)
+    have = _runtime_line(host.torch_version, have_cuda, have_arch, cuda)
+    raise IncompatiblePackage(
+        f"package was exported with {built} but this runtime has {have}; "
+        f"re-export it with this runtime (a .pt2 is tied to the torch that built it)"
+    )
+
+
+def _release(version: str) -> str:
+    """``2.13.0`` of ``2.13.0+cu130``: the build tag names the CUDA, compared on its own."""
+    return version.split("+", 1)[0]
+
+
+def _runtime_line(torch_version: str, cuda: str | None, arch: str | None, on_cuda: bool) -> str:
+    if not on_cuda:
+        return f"torch {torch_version} (cpu)"
+    return f"torch {torch_version}, CUDA {cuda or 'none'}, sm_{arch or '?'}"
+
+
 def resolve_device(requested: str, host: HostFacts | None = None) -> torch.device:
     """The device to serve on: ``auto`` is ``cuda`` when a GPU is visible, else ``cpu``.
 
@@ -219,7 +271,8 @@ def check_host_compat(
 
     Checks the device kind (a CUDA package on a CPU, or the reverse), the
     platform and machine, the CPU instruction sets the package's native code
-    was compiled for, and the GPU compute capability.
+    was compiled for, the GPU compute capability, and the torch and CUDA
+    versions it was exported with (:func:`check_runtime_versions`).
 
     Raises:
         CheckpointError: The metadata has no ``AOTI_DEVICE_KEY``.
@@ -239,3 +292,22 @@ def check_host_compat(
     check_cpu_isa(metadata, json_field(metadata, CPU_BUILD_KEY, {}), host)
     if kind == "cuda":
         check_compute_capability(metadata, device.index or 0, host)
+    check_runtime_versions(metadata, device, host)
+
+
+def apply_gpu_settings(device: torch.device, input_dtype: torch.dtype, *, allow_tf32: bool) -> bool:
+    """Process-wide CUDA settings for serving ``device``: TF32 for fp32 packages when asked.
+
+    TF32 (``--allow_tf32``) applies to the matmuls and convolutions a package
+    hands to cuBLAS/cuDNN at run time; Triton kernels compiled into the
+    package chose their precision at export. bf16/fp16 packages and the CPU
+    are left alone.
+
+    Returns:
+        True when TF32 was switched on.
+    """
+    enabled = allow_tf32 and device.type == "cuda" and input_dtype == torch.float32
+    if enabled:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return enabled

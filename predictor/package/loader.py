@@ -42,7 +42,8 @@ from typing import Any
 
 import torch
 
-from predictor.errors import CheckpointError
+from predictor.errors import CheckpointError, IncompatiblePackage
+from predictor.package.device_context import on_device
 from predictor.package.digest import package_sha256
 from predictor.package.host import HostFacts, check_host_compat
 from predictor.package.metadata import (
@@ -173,9 +174,12 @@ class LoadedPackage:
         """Runs the package; always a flat tuple of outputs, primary first.
 
         Outputs may be padded along the batch axis (some vendor packages pad
-        to a fixed batch); callers trim to their batch size.
+        to a fixed batch); callers trim to their batch size. Runs with the
+        package's device current (:func:`~predictor.package.device_context.on_device`),
+        keeping the stream a worker made current for it.
         """
-        out = self.runner(*inputs)
+        with on_device(self.device):
+            out = self.runner(*inputs)
         return tuple(torch.utils._pytree.tree_leaves(out))
 
     @property
@@ -206,6 +210,29 @@ def inspect_package(path: Path, phases: StartupPhases) -> PackageFacts:
         sha256 = package_sha256(path)
     with phases.time("metadata"):
         return PackageFacts(metadata=read_metadata(path), sha256=sha256)
+
+
+def check_batch_size(metadata: Mapping[str, str], max_batch_size: int) -> None:
+    """Refuses a ``--max_batch_size`` above the batch range the package was exported for.
+
+    Every full batch would fail the package's own input check, and because
+    the generated code checks its inputs before it takes ownership of them,
+    each failed call also leaks the whole input batch. Packages that record
+    no range (built elsewhere) are not checked.
+
+    Raises:
+        IncompatiblePackage: One line naming both numbers.
+    """
+    prov = provenance(metadata)
+    if "max_batch" not in prov:
+        return
+    low, high = int(prov.get("min_batch", 1)), int(prov["max_batch"])
+    if max_batch_size > high:
+        raise IncompatiblePackage(
+            f"--max_batch_size {max_batch_size} is above the batch range the package was "
+            f"exported for ({low}..{high}); serve with --max_batch_size {high} or less, "
+            f"or re-export with --max_batch {max_batch_size}"
+        )
 
 
 def open_package(
@@ -274,7 +301,8 @@ def load_package(
         os.environ.setdefault(CHECK_INPUTS_ENV, "1")
     phases = phases if phases is not None else StartupPhases()
     try:
-        loaded = _load_runner(path, device, runner, instances, metadata=metadata, phases=phases)
+        with on_device(device):  # the container sets the device and never restores it
+            loaded = _load_runner(path, device, runner, instances, metadata=metadata, phases=phases)
         metadata = dict(loaded.get_metadata())
     except Exception as exc:
         raise CheckpointError(f"cannot load package {path}: {exc}") from exc
@@ -313,7 +341,10 @@ def _load_runner(
     a cold cache, a compiler and a writable cache dir at serving time.
     :func:`check_host_compat` already did that check from ``/proc/cpuinfo``,
     so we build the same loader it builds; on torch versions where that
-    private API differs, fall back to the public call.
+    private API differs, fall back to the public call. The public call
+    builds one model copy, so there ``instances`` above 1 is refused
+    (:class:`~predictor.errors.CheckpointError`): N workers would silently
+    share one copy and run one at a time.
     """
     if kind == "auto":
         if device.type != "cpu":
@@ -351,4 +382,9 @@ def _load_runner(
         return AOTICompiledModel(loader)
     except (ImportError, AttributeError, TypeError):
         logger.debug("private AOTI loader unavailable; using aoti_load_package", exc_info=True)
+    if instances > 1:
+        raise CheckpointError(
+            f"--instances_per_device {instances} needs torch's AOTI package loader with several "
+            f"model copies, which torch {torch.__version__} does not offer; use 1 instance"
+        )
     return torch._inductor.aoti_load_package(str(path), device_index=index)

@@ -183,9 +183,11 @@ class BaseServerModel(TileHooks, Model):
         if self._batcher is None:
             first = self.active_slot()
             instances = self._options.instances_per_device
+            max_batch = self._options.batching.max_batch_size
             forward = batch_forward(self.forward_batch)
+            runs = self._devices.runs(str(self._device), first, forward, instances, max_batch)
             self._batcher = DynamicBatcher(
-                self._devices.runs(str(self._device), first, forward, instances),
+                runs,
                 self._options.batching,
                 classify_error=classify_error,
                 observer=self._metrics,

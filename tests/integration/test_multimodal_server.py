@@ -10,7 +10,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from harness.grpc_client import GrpcClient, GrpcError
-from harness.packages import package_in
+from harness.packages import copy_package_dir, demo_package, package_in
 from harness.reference import Reference, normalise_reference
 from harness.server import start_server
 from harness.tiles import b64, bytes_array, encode_png, random_tiles
@@ -229,3 +229,36 @@ def test_gene_list_mismatch_fails_start_up(multimodal_package_dir, tmp_path):
     srv = start_server(model_dir, tmp_path, model_name="x", wait=False)
     assert srv.proc.wait(240) == 2
     assert "genes" in srv.log() and "cannot start" in srv.log()
+
+
+@pytest.fixture(scope="module")
+def bf16_server(tmp_path_factory):
+    """A bf16 m-optimus demo package: bf16 weights and tiles, bulk_rna kept float32 by the exporter."""
+    model_dir = copy_package_dir(
+        demo_package("m-optimus", dtype="bf16"), tmp_path_factory.mktemp("mm-bf16")
+    )
+    srv = start_server(model_dir, tmp_path_factory.mktemp("mm-bf16-srv"), "--max_batch_size", "4")
+    yield srv, Reference(package_in(model_dir))
+    srv.stop()
+
+
+def test_a_bf16_package_serves_every_mode(bf16_server, n_genes):
+    """It used to start, then answer 503 (``unmatched dtype``) to every request: bulk_rna was cast to bf16."""
+    server, ref = bf16_server
+    tiles, rna = random_tiles(3, seed=16), _counts(3, n_genes[0], 16)
+    rna[2] = np.nan  # one tile without bulk RNA in the same batch
+    import torch
+
+    log_rna = torch.from_numpy(np.log1p(rna).astype(np.float32))
+    pred_log, emb = ref(normalise_reference(tiles).to(torch.bfloat16), log_rna)
+    want = {"prediction": np.expm1(pred_log), "embedding": emb}
+    client = GrpcClient(server.grpc_url)
+    for mode in MODES:
+        inputs = {"pixels": ("UINT8", tiles[:2]), "bulk_rna": ("FP32", rna[:2])}
+        result = client.infer(server.model_name, inputs, parameters={"mode": mode})
+        assert sorted(result) == sorted(OUTPUTS[mode])
+        for name in OUTPUTS[mode]:
+            np.testing.assert_allclose(result[name], want[name][:2], atol=5e-2, rtol=5e-2)
+    alone = client.infer(server.model_name, {"pixels": ("UINT8", tiles[2:])})  # no bulk RNA
+    np.testing.assert_allclose(alone["prediction"], want["prediction"][2:], atol=5e-2, rtol=5e-2)
+    client.close()

@@ -172,3 +172,59 @@ def test_nested_phases_are_exclusive() -> None:
     assert seconds["extraction"] >= 0.05
     assert 0.02 <= seconds["load"] < 0.05
     assert sum(seconds.values()) == pytest.approx(covered, abs=0.002)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (
+            ["--max_batch_size", "300"],
+            r"--max_batch_size 300 is above the batch range the package was exported for \(1\.\.256\)",
+        ),
+        (["--forward_runner", "torch"], "exported with torch .* but this runtime has torch 2.99.0"),
+    ],
+)
+def test_start_up_refuses_what_the_package_was_not_built_for(
+    embedding_package_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    needle: str,
+) -> None:
+    """Exit 2 and one line, before anything is loaded: a batch range, another torch."""
+    import re
+
+    import torch
+
+    from predictor import cli
+
+    if "torch" in argv:
+        monkeypatch.setattr(torch, "__version__", "2.99.0")  # this runtime, as another torch
+    base = ["--model_dir", str(embedding_package_dir), "--device", "cpu", "--http_port", "0"]
+    assert cli.serve([*base, *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(needle, err[0]), err
+
+
+def test_tf32_is_for_fp32_packages_on_cuda_when_asked() -> None:
+    """Only a GPU runs TF32; here the flags torch reads are checked, then restored."""
+    import torch
+
+    from predictor.cli import build_parser, configs_from_args
+    from predictor.package.host import apply_gpu_settings
+
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = matmul.allow_tf32, cudnn.allow_tf32
+    try:
+        matmul.allow_tf32 = cudnn.allow_tf32 = False
+        cuda = torch.device("cuda", 0)
+        assert not apply_gpu_settings(torch.device("cpu"), torch.float32, allow_tf32=True)
+        assert not apply_gpu_settings(cuda, torch.bfloat16, allow_tf32=True)
+        assert not apply_gpu_settings(cuda, torch.float32, allow_tf32=False)
+        assert not matmul.allow_tf32 and not cudnn.allow_tf32
+        assert apply_gpu_settings(cuda, torch.float32, allow_tf32=True)
+        assert matmul.allow_tf32 and cudnn.allow_tf32
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
+    assert configs_from_args(build_parser().parse_args(["--allow_tf32", "true"]))[0].allow_tf32
+    assert not configs_from_args(build_parser().parse_args([]))[0].allow_tf32

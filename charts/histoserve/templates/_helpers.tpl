@@ -310,6 +310,8 @@ TORCHINDUCTOR_CACHE_DIR; Triton and the CUDA JIT cache go under the cache dir.
   value: "1"
 - name: PYTHONUNBUFFERED
   value: "1"
+- name: PYTORCH_CUDA_ALLOC_CONF
+  value: expandable_segments:True
 {{- end -}}
 
 {{/* Scratch volume mounts for the server container. */}}

@@ -8,10 +8,12 @@ is busy; waits on events are bounded so a bug fails fast instead of hanging.
 from __future__ import annotations
 
 import asyncio
+import gc
 import queue
 import random
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
@@ -359,6 +361,71 @@ def test_oom_splits_and_retries_halves() -> None:
         await b.close()
 
     run(body)
+
+
+class DeviceBuffer:
+    """Stands in for a batch's device tensors (only a GPU holds real ones): weak-referenceable."""
+
+
+def test_oom_retry_frees_the_failed_batch_before_its_halves_run() -> None:
+    """The failed batch's tensors, held by its exception's traceback, are gone when a half starts."""
+    buffers: list[weakref.ref[DeviceBuffer]] = []
+    alive_at_halves: list[bool] = []
+
+    def run_batch(items: list[Any], key: Hashable) -> list[Any]:
+        if buffers:
+            alive_at_halves.append(buffers[0]() is not None)
+        activations = DeviceBuffer()  # held by this frame, so by the traceback
+        buffers.append(weakref.ref(activations))
+        if len(items) > 2:
+            raise FakeOOM(f"CUDA out of memory ({len(items)})")
+        return [f"r{x}" for x in items]
+
+    async def body() -> None:
+        b = await started(run_batch, cfg(batch=4, latency_ms=1), classify_error=classify)  # type: ignore[arg-type]
+        assert await outcomes(b.submit([0, 1, 2, 3])) == ["r0", "r1", "r2", "r3"]
+        await b.close()
+
+    gc.disable()  # reference counting alone must free it
+    try:
+        run(body)
+    finally:
+        gc.enable()
+    assert alive_at_halves == [False, False]
+
+
+def test_a_fatal_error_takes_out_every_worker_of_that_device() -> None:
+    """Instances of one GPU share its context: one sticky error and none of them can run."""
+    names = ("cuda:0#0", "cuda:0#1", "cuda:1#0")
+
+    def fail(items: list[Any], key: Hashable) -> None:
+        raise FakeDeviceError("CUDA error: an illegal memory access was encountered")
+
+    workers = {name: Fake(fail if name == "cuda:0#0" else None) for name in names}
+    rec = Recorder()
+
+    async def body() -> None:
+        b = await started(  # type: ignore[arg-type]
+            workers, cfg(batch=1, latency_ms=1), classify_error=classify, observer=rec
+        )
+        (lost,) = await outcomes(b.submit(["x"]))  # cuda:0#0 is first free
+        assert isinstance(lost, DeviceLost)
+        assert [(w.name, w.alive) for w in b.workers] == [
+            ("cuda:0#0", False),
+            ("cuda:0#1", False),
+            ("cuda:1#0", True),
+        ]
+        assert b.healthy
+        assert await outcomes(b.submit(["y", "z"])) == ["ry", "rz"]
+        await b.close()
+
+    run(body)
+    assert workers["cuda:0#1"].calls == []  # its sibling never failed a batch of its own
+    assert workers["cuda:1#0"].sizes == [1, 1]
+    assert [e for e in rec.events if e[0] == "worker_lost"] == [
+        ("worker_lost", "cuda:0#0", 1),
+        ("worker_lost", "cuda:0#1", 1),
+    ]
 
 
 def test_fatal_error_marks_unhealthy_and_fails_queued() -> None:

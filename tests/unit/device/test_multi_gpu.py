@@ -240,7 +240,8 @@ def test_worker_names_per_device_and_instance() -> None:
     cpu = SimpleNamespace(device=torch.device("cpu"))
     first = DeviceSlot(package=cpu, normalizer=_FakeNormalizer())  # type: ignore[arg-type]
     workers = DeviceWorkers()
-    assert workers.runs("cpu", first, forward, 1) is forward  # the lone worker, as before
+    lone = workers.runs("cpu", first, forward, 1)
+    assert callable(lone) and lone([7], None) == [7]  # one callable, as before
     assert list(workers.runs("cpu", first, forward, 2)) == ["cpu#0", "cpu#1"]
     workers.slots["cuda:1"] = first
     runs = workers.runs("cuda:0", first, forward, 2)
@@ -264,3 +265,6 @@ class _FakeNormalizer:
 
     def for_another_worker(self) -> _FakeNormalizer:
         return _FakeNormalizer()
+
+    def reserve(self, max_batch: int) -> None:
+        """Sizing the staging buffer: nothing to size here."""

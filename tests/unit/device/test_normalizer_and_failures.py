@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from predictor.device.failures import classify_error
+from predictor.device.failures import classify_error, counting_ooms
 from predictor.device.normalizer import Normalizer
 from predictor.errors import DeviceLost, ErrorKind, ForwardError, InvalidInput, forward_failure
 from predictor.package.dtypes import dtype_from_name
@@ -45,6 +45,13 @@ def test_normaliser_casts_to_package_dtype():
         (DeviceLost("gone"), ErrorKind.FATAL),
         (RuntimeError("shape mismatch"), ErrorKind.BATCH),
         (ValueError("boom"), ErrorKind.BATCH),
+        # CUDA's sticky errors (the context is unusable until the process restarts) ...
+        (RuntimeError("CUDA error: the launch timed out and was terminated"), ErrorKind.FATAL),
+        (RuntimeError("CUDA error: hardware stack error"), ErrorKind.FATAL),
+        (RuntimeError("CUDA error: an illegal instruction was encountered"), ErrorKind.FATAL),
+        (RuntimeError("CUDA error: invalid program counter"), ErrorKind.FATAL),
+        # ... and one that only says work is still pending.
+        (RuntimeError("CUDA error: device not ready"), ErrorKind.BATCH),
     ],
 )
 def test_classify_error(exc, kind):
@@ -100,3 +107,74 @@ def test_the_device_layer_builds_a_packages_slot_and_normaliser(embedding_packag
     want = Normalizer(spec, torch.device("cpu"), package.input_dtype)(tiles)
     torch.testing.assert_close(slot.normalizer(tiles), want, rtol=0, atol=0)
     assert build_slot(package, spec).normalizer is not slot.normalizer  # one per slot
+
+
+# The exact shape of an allocation failure inside a .pt2 package: the AOTInductor
+# shim keeps the allocator's message in a thread-local and the generated code
+# throws only this (torch 2.13, aoti_runtime/utils.h AOTI_TORCH_ERROR_CODE_CHECK).
+SHIM_FAILURE = (
+    "run_func_( container_handle_, input_handles.data(), input_handles.size(), "
+    "output_handles.data(), output_handles.size(), reinterpret_cast<AOTInductorStreamHandle>"
+    "(stream_handle), proxy_executor_handle_) API call failed at "
+    "/pytorch/torch/csrc/inductor/aoti_runner/model_container_runner.cpp, line 156"
+)
+INNER_FAILURE = (
+    "aoti_torch_empty_strided(2, int_array_0, int_array_1, cached_torch_dtype_bfloat16, "
+    "cached_torch_device_type_cuda, this->device_idx_, &buf0_handle) API call failed at "
+    "/tmp/torchinductor_root/cabc/model.wrapper.cpp, line 912"
+)
+
+
+class FakeAllocatorStats:
+    """Stands in for ``torch.cuda.memory_stats`` (no GPU here): ``num_ooms`` rises on demand."""
+
+    def __init__(self) -> None:
+        self.num_ooms = 3
+        self.devices: list[torch.device] = []
+
+    def __call__(self, device: torch.device) -> dict[str, int]:
+        self.devices.append(device)
+        return {"num_ooms": self.num_ooms, "allocated_bytes.all.current": 0}
+
+
+@pytest.mark.parametrize("message", [SHIM_FAILURE, INNER_FAILURE])
+def test_a_package_failure_during_which_the_allocator_counted_an_oom_is_an_oom(message):
+    """Only a GPU's allocator can count a real OOM; the counter is injected (the GPU check forces one)."""
+    stats, device = FakeAllocatorStats(), torch.device("cuda", 1)
+    assert classify_error(RuntimeError(message)) is ErrorKind.BATCH  # the text alone says nothing
+    with pytest.raises(torch.OutOfMemoryError) as caught, counting_ooms(device, stats):
+        stats.num_ooms += 1  # the allocator failed inside the package
+        raise RuntimeError(message)
+    assert classify_error(caught.value) is ErrorKind.OOM
+    assert message in str(caught.value) and isinstance(caught.value.__cause__, RuntimeError)
+    assert stats.devices == [device, device]  # read before, and after the failure
+
+
+def test_a_failure_without_an_oom_count_stays_what_it_was():
+    stats = FakeAllocatorStats()
+    with pytest.raises(RuntimeError) as caught, counting_ooms(torch.device("cuda", 0), stats):
+        raise RuntimeError(SHIM_FAILURE)
+    assert type(caught.value) is RuntimeError and classify_error(caught.value) is ErrorKind.BATCH
+    sticky = RuntimeError("CUDA error: an illegal memory access was encountered")
+    with pytest.raises(RuntimeError) as caught, counting_ooms(torch.device("cuda", 0), stats):
+        stats.num_ooms += 1  # a sticky error stays fatal even if an OOM was counted
+        raise sticky
+    assert caught.value is sticky
+    with counting_ooms(torch.device("cpu"), lambda d: {}):  # no counters: nothing to read
+        pass
+
+
+def test_staging_buffer_is_sized_once_for_the_largest_batch():
+    """Pinned memory needs CUDA; the sizing is the same on the CPU, where this test runs."""
+    spec = BUILTIN_SPECS["h0-mini"]
+    normalizer = Normalizer(spec, torch.device("cpu"), torch.float32)
+    normalizer.reserve(8)
+    twin = normalizer.for_another_worker()
+    for n in (1, 3, 8, 2):
+        normalizer(list(_tiles(n, 224)))
+        assert normalizer.host_buffer.shape[0] == 8  # allocated once, for 8
+        if n == 1:
+            first = normalizer.host_buffer.data_ptr()
+        assert normalizer.host_buffer.data_ptr() == first
+    twin(list(_tiles(2, 224)))
+    assert twin.host_buffer.shape[0] == 8 and twin.host_buffer.data_ptr() != first

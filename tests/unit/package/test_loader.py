@@ -243,6 +243,69 @@ def test_native_build_flags_are_checked(embedding_package_dir: Path) -> None:
         pkg_host.check_host_compat(metadata, CPU, lacking)
 
 
+def _built_with(torch_version: str, cuda: str | None, **values: str) -> dict[str, str]:
+    prov = {"torch_version": torch_version, "cuda_version": cuda, "min_batch": 1, "max_batch": 64}
+    return _meta(**values) | {pkg_meta.PROVENANCE_KEY: json.dumps(prov)}
+
+
+def test_a_package_exported_with_another_torch_or_cuda_is_refused_naming_both() -> None:
+    cuda_meta = {"AOTI_DEVICE_KEY": "cuda", "AOTI_COMPUTE_CAPABILITY": "90"}
+    gpu = dataclasses.replace(GPU_HOST, torch_version="2.13.0+cu130", cuda_version="13.0")
+    pkg_host.check_host_compat(
+        _built_with("2.13.0+cu130", "13.0", **cuda_meta), torch.device("cuda:0"), gpu
+    )
+    cases = [
+        (_built_with("2.11.0+cu128", "12.8", **cuda_meta), torch.device("cuda:0"), gpu,
+         "exported with torch 2.11.0[+]cu128, CUDA 12.8, sm_90 but this runtime has "
+         "torch 2.13.0[+]cu130, CUDA 13.0, sm_90"),
+        (_built_with("2.13.0+cu130", "12.8", **cuda_meta), torch.device("cuda:0"), gpu,
+         "CUDA 12.8, sm_90 but this runtime has torch 2.13.0[+]cu130, CUDA 13.0"),
+        (_built_with("2.12.0", None), CPU, dataclasses.replace(CPU_HOST, torch_version="2.13.0"),
+         "exported with torch 2.12.0 [(]cpu[)] but this runtime has torch 2.13.0 [(]cpu[)]"),
+    ]  # fmt: skip
+    for metadata, device, host, needle in cases:
+        with pytest.raises(IncompatiblePackage, match=needle) as caught:
+            pkg_host.check_host_compat(metadata, device, host)
+        assert "\n" not in str(caught.value)
+    # A CPU package does not care which CUDA the runtime has; a vendor's records nothing.
+    cpu_host = dataclasses.replace(CPU_HOST, torch_version="2.13.0+cu128", cuda_version="12.8")
+    pkg_host.check_host_compat(_built_with("2.13.0+cpu", None), CPU, cpu_host)
+    pkg_host.check_host_compat(_meta(), CPU, cpu_host)
+
+
+def test_max_batch_size_above_the_exported_range_is_refused() -> None:
+    metadata = _built_with("2.13.0", None)
+    loader.check_batch_size(metadata, 64)
+    with pytest.raises(IncompatiblePackage, match=r"--max_batch_size 65 is above .* \(1\.\.64\)"):
+        loader.check_batch_size(metadata, 65)
+    loader.check_batch_size(_meta(), 10_000)  # no recorded range: not checked
+
+
+def test_the_fallback_loader_refuses_several_instances(
+    embedding_package_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where torch's private loader API differs, the public one builds one model copy only."""
+    real = torch._C._aoti.AOTIModelPackageLoader
+    calls: list[tuple] = []
+
+    def changed_signature(*args: object) -> object:
+        calls.append(args)
+        if len(calls) == 1:  # our direct call: as if this torch's signature differed
+            raise TypeError("incompatible function arguments (fake)")
+        return real(*args)  # torch's own call, from the public aoti_load_package
+
+    changed_signature.load_metadata_from_package = real.load_metadata_from_package  # type: ignore[attr-defined]
+    monkeypatch.setattr(torch._C._aoti, "AOTIModelPackageLoader", changed_signature)
+    path = embedding_package_dir / "h0-mini.pt2"
+    with pytest.raises(CheckpointError, match=r"--instances_per_device 2 needs .* use 1 instance"):
+        loader.load_package(path, CPU, instances=2)
+    assert len(calls) == 1
+    calls.clear()
+    loaded = loader.load_package(path, CPU, instances=1)
+    assert len(calls) == 2
+    assert loaded(torch.zeros(1, 3, 224, 224))[0].shape == (1, 1536)
+
+
 # -- load, probe, consistency -------------------------------------------------------------
 def test_loaded_package_matches_the_eager_module(embedding_package_dir: Path) -> None:
     loaded = loader.load_package(embedding_package_dir / "h0-mini.pt2", CPU)
