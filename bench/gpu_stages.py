@@ -212,10 +212,10 @@ def oom_split(ctx: Context) -> dict[str, Any]:
     shim's message for batches above 32 and the allocator's ``num_ooms`` is
     a counter the fake raises, so the same classification path runs.
     """
-    from bench.gpu_parts import _samples, build
+    from bench.gpu_parts import _items, build
 
     name, path = ctx.package("h0-mini-bf16", "tiny-bf16")
-    samples = _samples(64, 224)
+    samples = _items(64, 224)  # batch items: prepared sample and request
     model = build(path, ctx.first, 64)
     try:
         if ctx.dry_run:
@@ -246,6 +246,11 @@ def _fake_oom(model: Any, above: int) -> None:
     model._devices._memory_stats = lambda device: dict(counter)
 
 
+def _split(items: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """Batch items as ``forward_batch`` takes them: samples, requests."""
+    return [i.sample for i in items], [i.request for i in items]
+
+
 def _real_oom(model: Any, samples: Sequence[Any], name: str) -> dict[str, Any]:
     import torch
 
@@ -253,11 +258,11 @@ def _real_oom(model: Any, samples: Sequence[Any], name: str) -> dict[str, Any]:
 
     device = torch.device("cuda:0")
     mode = resolve_mode(model.model_spec, None, model.name)
-    model.forward_batch(list(samples), mode)  # warm
+    model.forward_batch(*_split(samples), mode)  # warm
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    model.forward_batch(list(samples), mode)
+    model.forward_batch(*_split(samples), mode)
     peak = torch.cuda.max_memory_allocated(device)
     total = torch.cuda.get_device_properties(device).total_memory
     out: dict[str, Any] = {"package": name, "base_mib": base >> 20, "peak_mib": peak >> 20}
