@@ -343,23 +343,33 @@ def _load_runner(
     so we build the same loader it builds; on torch versions where that
     private API differs, fall back to the public call. The public call
     builds one model copy, so there ``instances`` above 1 is refused
-    (:class:`~predictor.errors.CheckpointError`): N workers would silently
-    share one copy and run one at a time.
+    (``CheckpointError``): N workers would silently share one copy.
     """
-    if kind == "auto":
-        if device.type != "cpu":
-            return _load_runner(path, device, "torch", instances)
-        try:
-            return _load_runner(
-                path, device, "gil_free", instances, metadata=metadata, phases=phases
-            )
-        except (ValueError, OSError, RuntimeError) as exc:  # not a bad CRC: that stops start-up
-            logger.warning(
-                "forward runner: the GIL-free runner cannot serve %s (%s); using torch's loader",
-                path.name,
-                exc,
-            )
-            return _load_runner(path, device, "torch", instances)
+    if kind != "auto":
+        return _load_kind(path, device, kind, instances, metadata=metadata, phases=phases)
+    if device.type != "cpu":
+        return _load_kind(path, device, "torch", instances)
+    try:
+        return _load_kind(path, device, "gil_free", instances, metadata=metadata, phases=phases)
+    except (ValueError, OSError, RuntimeError) as exc:  # not a bad CRC: that stops start-up
+        logger.warning(
+            "forward runner: the GIL-free runner cannot serve %s (%s); using torch's loader",
+            path.name,
+            exc,
+        )
+        return _load_kind(path, device, "torch", instances)
+
+
+def _load_kind(
+    path: Path,
+    device: torch.device,
+    kind: str,
+    instances: int,
+    *,
+    metadata: Mapping[str, str] | None = None,
+    phases: StartupPhases | None = None,
+) -> Any:
+    """One runner of ``kind`` (``gil_free`` or ``torch``), no fallback (see :func:`_load_runner`)."""
     if kind == "gil_free":
         from predictor.package.aoti_runner import GilFreeRunner
 

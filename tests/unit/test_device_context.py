@@ -33,11 +33,12 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from predictor import startup
-from predictor.codecs.samples import PreparedSample
+from predictor.codecs.samples import ModelRequest, PreparedSample
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.device import streams as device_mod
 from predictor.package import loader
 from predictor.package.device_context import on_device, use_device_context
+from predictor.serving.forward import BatchItem
 from predictor.serving.metrics import create_metrics
 
 
@@ -142,7 +143,8 @@ def _serve(model: Any, recorder: Recorder, calls: list[Any], requests: int) -> N
         return real_copy_back(output)
 
     model.output_to_host = copy_back
-    tile = PreparedSample(tile=np.zeros((224, 224, 3), dtype=np.uint8))
+    pixels = np.zeros((224, 224, 3), dtype=np.uint8)
+    tile = BatchItem(PreparedSample(tile=pixels), ModelRequest(0, pixels=pixels))
 
     async def body() -> None:
         await model.start_batching()
