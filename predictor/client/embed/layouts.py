@@ -147,7 +147,7 @@ class Layout:
             return output.is_done(self.out_dir, slide_id, config_hash, max_bad_tiles)
         if not all(path.is_file() for path in self.files(slide_id)):
             return False
-        return _h5_complete(self.done_file(slide_id), config_hash, max_bad_tiles)
+        return output.h5_is_complete(self.done_file(slide_id), config_hash, max_bad_tiles)
 
     def write(self, slide_id: str, result: output.SlideResult) -> Path:
         """Writes the slide's files (the done file last); returns the done file.
@@ -266,23 +266,6 @@ def _file_attrs(result: output.SlideResult) -> dict[str, Any]:
         if value is not None:
             out[key] = value
     return out
-
-
-def _h5_complete(path: Path, config_hash: str, max_bad_tiles: int = 0) -> bool:
-    import h5py
-
-    try:
-        with h5py.File(path, "r") as f:
-            if not bool(f.attrs.get(output.COMPLETE_ATTR, False)):
-                return False
-            if str(f.attrs.get("config_hash", "")) != config_hash:
-                return False
-            if int(f.attrs.get("n_bad_tiles", 0)) > max_bad_tiles:
-                return False
-            n = f["coords"].shape[0]
-            return all(f[k].shape[0] == n for k in ("features", "tissue_fraction") if k in f)
-    except (OSError, KeyError, ValueError):
-        return False
 
 
 @contextlib.contextmanager

@@ -91,11 +91,14 @@ def is_done(out_dir: Path, slide_id: str, config_hash: str, max_bad_tiles: int =
     different lengths, more ``n_bad_tiles`` than ``max_bad_tiles``) is False:
     the slide is embedded again.
     """
+    path = final_path(out_dir, slide_id)
+    return path.is_file() and h5_is_complete(path, config_hash, max_bad_tiles)
+
+
+def h5_is_complete(path: Path, config_hash: str, max_bad_tiles: int = 0) -> bool:
+    """Whether the HDF5 file at ``path`` is complete with ``config_hash`` (see :func:`is_done`)."""
     import h5py
 
-    path = final_path(out_dir, slide_id)
-    if not path.is_file():
-        return False
     try:
         with h5py.File(path, "r") as f:
             if not bool(f.attrs.get(COMPLETE_ATTR, False)):
