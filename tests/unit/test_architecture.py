@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.import_graph import circles, imports, modules
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "predictor"
 MAX_LINES = 400
@@ -17,62 +19,19 @@ MAX_METHODS = 20
 
 
 def _modules() -> dict[str, Path]:
-    modules = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        modules[name] = path
-    return modules
+    return modules(ROOT, ("predictor",))
 
 
-def _top_level_imports(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
+def _top_level_imports(path: Path, name: str, known: dict[str, Path]) -> set[str]:
     """Modules of ours that ``path`` imports when it is imported (not inside functions)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue  # type hints only, never executed
-        for sub in [node, *ast.walk(node)] if isinstance(node, (ast.If, ast.Try)) else [node]:
-            if isinstance(sub, ast.Import):
-                found.update(a.name for a in sub.names)
-            elif isinstance(sub, ast.ImportFrom):
-                base = sub.module or ""
-                if sub.level:
-                    base = ".".join(
-                        [*package.split(".")[: len(package.split(".")) - sub.level + 1], base]
-                    ).strip(".")
-                found.add(base)
-                found.update(f"{base}.{a.name}" for a in sub.names)
-    return {m for m in found if m in modules and m != name}
-
-
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                return [*stack[stack.index(nxt) :], nxt]
-            if nxt not in state and (found := visit(nxt)):
-                return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (found := visit(node)):
-            return found
-    return None
+    return imports(path, name, known, top_level_only=True)
 
 
 def test_no_import_circle_among_predictor_modules():
     modules = _modules()
     graph = {name: _top_level_imports(path, name, modules) for name, path in modules.items()}
     assert graph["predictor.startup"] >= {"predictor.serving.model", "predictor.package.loader"}
-    assert _cycle(graph) is None, f"import circle: {' -> '.join(_cycle(graph) or [])}"
+    assert not circles(graph), f"import circles: {circles(graph)}"
 
 
 def _layer_table() -> list[tuple[str, tuple[str, ...]]]:
@@ -134,11 +93,6 @@ def test_the_client_side_and_the_server_never_import_each_other():
         elif name != "predictor.cli":  # the CLI dispatches to `embed` lazily
             crossing += [f"{name} -> {d}" for d in deps if _layer(d, table) == "clients"]
     assert not crossing, crossing
-
-
-def test_the_circle_finder_finds_circles():
-    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
 @pytest.mark.parametrize(

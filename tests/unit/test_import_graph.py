@@ -16,73 +16,17 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from harness.import_graph import circles, graph
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("predictor", "bench", "harness", "tests", "scripts")
 # The live-server fixtures of tests/conftest.py and tests/reliability/conftest.py.
 SERVER_FIXTURES = {"embedding_server", "limited_server", "multimodal_server"}
 
 
-def _modules(root: Path = ROOT) -> dict[str, Path]:
-    modules = {}
-    for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            modules[name] = path
-    return modules
-
-
-def _imports(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
-    """Modules of ours that ``path`` imports anywhere in its body (functions included)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join([*parts[: len(parts) - node.level + 1], base]).strip(".")
-            found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names)
-    return {m for m in found if m in modules and m != name}
-
-
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """Module name -> the modules of ours it imports, anywhere in its code."""
-    modules = _modules(root)
-    return {name: _imports(path, name, modules) for name, path in modules.items()}
-
-
-def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Every strongly connected group of two or more modules (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            group = []
-            while (top := stack.pop()) != node:
-                group.append(top)
-            group.append(node)
-            if len(group) > 1 or node in graph.get(node, ()):
-                found.append(sorted(group))
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return sorted(found)
+    return graph(root, PACKAGES)
 
 
 def test_the_graph_covers_the_repository_and_function_level_imports():
