@@ -122,8 +122,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="MODULE:CLASS of a predictor.BaseServerModel subclass to serve "
         "(default: the spec family's class)",
     )
+    add(
+        "--frontends",
+        default="1",
+        help="front-end processes sharing the HTTP and gRPC ports (stage 1, encoding) in front of "
+        "one device owner: a number, or auto (the CPUs less one); 1 serves in one process",
+    )
     add("--fault_injection", default=None, help=argparse.SUPPRESS)
+    add("--frontend_socket", default=None, help=argparse.SUPPRESS)  # set for a front end
+    add("--frontend_index", type=int, default=0, help=argparse.SUPPRESS)
     return parser
+
+
+def early_frontends(argv: Sequence[str]) -> tuple[int, int | None]:
+    """``(front ends, this front end's index or None)`` from the flags, before any heavy import.
+
+    Each process of a several-front-end pod must set up its metrics folder
+    and log tag before ``prometheus_client`` is imported (KServe imports it).
+
+    Raises:
+        ValueError: A ``--frontends`` value that is neither ``auto`` nor >= 1.
+    """
+    from predictor.frontends.process import frontend_count
+
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--frontends", default="1")
+    early.add_argument("--frontend_socket", default=None)
+    early.add_argument("--frontend_index", type=int, default=0)
+    known, _ = early.parse_known_args(argv)
+    index = known.frontend_index if known.frontend_socket else None
+    return frontend_count(known.frontends, available_cpus()), index
 
 
 def _strtobool(value: str) -> bool:
@@ -164,7 +192,12 @@ def build_server(args: argparse.Namespace, limits: LimitsConfig) -> Any:
     """The HTTP + gRPC server from the parsed flags (``--workers`` must be 1)."""
     from predictor.server.app import HistoModelServer
 
-    return HistoModelServer(
+    return HistoModelServer(**server_kwargs(args, limits))
+
+
+def server_kwargs(args: argparse.Namespace, limits: LimitsConfig) -> dict[str, Any]:
+    """The server's arguments from the parsed flags."""
+    return dict(
         drain_timeout_s=args.drain_timeout_s,
         max_body_bytes=limits.max_body_bytes,
         grpc_max_message_bytes=args.grpc_max_receive_message_length,
@@ -215,6 +248,14 @@ def serve(argv: Sequence[str] | None = None) -> int:
     """Parses flags, loads the model (fail-fast) and serves until drained."""
     if server_extra_missing("serve"):
         return EXIT_STARTUP_ERROR
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        frontends, index = early_frontends(argv)
+    except ValueError as exc:
+        print(f"histoserve: cannot start: {exc}", file=sys.stderr)
+        return EXIT_STARTUP_ERROR
+    if frontends > 1 or index is not None:
+        set_up_process(index)  # before prometheus_client is imported
     from predictor.errors import StartupError
     from predictor.server import gc_policy
     from predictor.startup import build_model
@@ -225,10 +266,16 @@ def serve(argv: Sequence[str] | None = None) -> int:
     )
     try:
         model_config, batching, limits = configs_from_args(args)
-        server = build_server(args, limits)
+        if index is None:
+            server = build_server(args, limits)
+            model = build_model(model_config, batching, limits)
+        else:  # a front end: the device owner has the package
+            from predictor.frontends.frontend import build_frontend
+
+            configs = (model_config, batching, limits)
+            server, model = build_frontend(args, configs, server_kwargs(args, limits))
         configure_trace_logging(args.enable_latency_logging)
-        model = build_model(model_config, batching, limits)
-    except (StartupError, ValueError) as exc:
+    except (StartupError, ValueError, ConnectionError) as exc:
         print(f"histoserve: cannot start: {exc}", file=sys.stderr)
         return EXIT_STARTUP_ERROR
     logger.info(
@@ -239,8 +286,22 @@ def serve(argv: Sequence[str] | None = None) -> int:
         model_config.preprocess_workers,
     )
     gc_policy.apply()  # after the heavy start-up heap exists (see predictor.server.gc_policy)
+    if index is None and frontends > 1:
+        from predictor.frontends.supervisor import Supervisor, slot_layout
+
+        layout = slot_layout(model, batching, model_config.instances_per_device)
+        return Supervisor(model, frontends, argv, layout, args.drain_timeout_s).run()
     server.start([model])
     return 0
+
+
+def set_up_process(frontend_index: int | None) -> None:
+    """Metrics folder (the parent makes it) and log tag of a several-front-end pod's process."""
+    from predictor.frontends.process import prepare_metrics_dir, tag_log_lines
+
+    if frontend_index is None:
+        prepare_metrics_dir()
+    tag_log_lines("owner" if frontend_index is None else f"frontend-{frontend_index}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -259,10 +259,14 @@ class HistoModelServer(ModelServer):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda s=sig: asyncio.ensure_future(self.shutdown(s)))
-        servers = [self._rest_server.start()]
+        servers = [self._start_rest()]
         if self._grpc_server is not None:
             servers.append(self._grpc_server.start(self.max_threads))
         await asyncio.gather(*servers)
+
+    def _start_rest(self) -> Any:
+        """The REST server's serving coroutine (a front end serves a shared socket instead)."""
+        return self._rest_server.start()
 
     async def shutdown(self, sig: int | None = None) -> None:
         """Drains every model, then stops HTTP and gRPC; safe to call twice."""
