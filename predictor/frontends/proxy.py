@@ -100,8 +100,8 @@ class BatcherProxy:
         slots = self._slab.take(len(items))
         if slots is None:
             raise Overloaded(
-                f"{self._name}: {len(items)} tiles do not fit this front end's shared memory "
-                f"({self._slab.free_slots} slots free)",
+                f"{self._name}: queue full ({len(items)} tiles do not fit this front end's "
+                f"shared memory, {self._slab.free_slots} slots free)",
                 retry_after_s=self._retry_after_s,
             )
         try:

@@ -52,15 +52,17 @@ _ELEMENT_BYTES = 8
 def slot_layout(model: BaseServerModel, batching: BatchingConfig, workers: int) -> SlotLayout:
     """Slots for the most tiles one front end can have in flight, sized from the model's description.
 
-    A front end holds at most ``max_queue_size`` tiles staged or queued, plus
-    the running batches'.
+    A front end holds at most ``max_queue_size`` tiles staged or queued
+    (counted against the owner's queue depth at its last answer, which may
+    lag: twice that here), plus the running batches'. Pages of the slab
+    are only used as slots are, last-freed first.
     """
     tile_inputs = {"tiles", "pixels", "image_data"}
     extra = sum(
         _elements(i["shape"]) for i in model.get_input_types() if i["name"] not in tile_inputs
     )
     outputs = sum(_elements(shape) for shape in model.output_shapes().values())
-    slots = batching.max_queue_size + batching.max_batch_size * max(1, workers)
+    slots = 2 * (batching.max_queue_size + batching.max_batch_size * max(1, workers))
     return layout_for(
         model.model_spec.tile_size, extra * _ELEMENT_BYTES, outputs * _ELEMENT_BYTES, slots
     )
