@@ -122,11 +122,21 @@ class BatcherProxy:
         return futures
 
     async def drain(self, timeout_s: float) -> bool:
-        """Refuses new items and waits until every sent one is answered; False at the deadline."""
+        """Refuses new items and waits until every sent one is answered.
+
+        At the deadline, what is still unanswered fails with ``ModelNotReady``
+        (as the batcher's own drain fails its backlog) and False is returned;
+        those slots stay taken, as the owner may still write into them.
+        """
         self._draining = True
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
         except asyncio.TimeoutError:
+            late = ModelNotReady(f"{self._name}: draining deadline passed")
+            for futures, _ in self._pending.values():
+                for future in futures:
+                    if not future.done():
+                        future.set_exception(late)
             return False
         return True
 

@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -145,8 +146,11 @@ class Supervisor:
             return 2
         logger.info("%d front ends connected", self._count)
         await self._stopping.wait()
+        stopped_at = time.monotonic()
         await self._stop_frontends()
-        drained = await self._model.drain(self._drain_timeout_s)
+        # What the front ends gave up on at their deadline still runs here: not for long.
+        left_s = max(0.0, self._drain_timeout_s - (time.monotonic() - stopped_at))
+        drained = await self._model.drain(left_s)
         await owner.close()
         self._model.stop()
         logger.info("device owner stopped (%s)", "drained" if drained else "drain deadline passed")
