@@ -25,7 +25,7 @@ from typing import Any
 
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
 from predictor.errors import ForwardError, ModelNotReady
-from predictor.frontends.messages import error_outcome, frame, read_frame
+from predictor.frontends.messages import FrameWriter, error_outcome, frame, read_frame
 from predictor.frontends.shm import Slab, SlotLayout
 from predictor.serving.forward import BatchItem
 from predictor.serving.model import BaseServerModel
@@ -92,32 +92,36 @@ class DeviceOwner:
         if hello is None or hello[0] != "hello":
             return
         _, index, pid = hello
-        slab = Slab.create(self._layout)
+        link = _Link(self._model, Slab.create(self._layout), FrameWriter(writer))
         layout = (self._layout.input_bytes, self._layout.output_bytes, self._layout.slots)
-        writer.write(frame(("welcome", {**self._info, "slab": slab.name, "layout": layout})))
-        logger.info("front end %d (pid %d) connected; slab %s", index, pid, slab.name)
+        writer.write(frame(("welcome", {**self._info, "slab": link.slab.name, "layout": layout})))
+        logger.info("front end %d (pid %d) connected; slab %s", index, pid, link.slab.name)
         self.connected.add(pid)
         self.hellos.put_nowait(pid)
-        answers: set[asyncio.Task[None]] = set()
         try:
             while (message := await read_frame(reader)) is not None:
                 if message[0] == "submit":
-                    self._submit(message, slab, writer, answers)
+                    link.submit(*message[1:])
         finally:
-            if answers:  # its tiles still in the batcher view the slab: settle them first
-                await asyncio.wait(answers)
-            slab.close()
+            await link.idle.wait()  # its tiles still in the batcher view the slab
+            link.slab.close()
             logger.info("front end %d (pid %d) disconnected", index, pid)
 
-    def _submit(
-        self,
-        message: tuple[Any, ...],
-        slab: Slab,
-        writer: asyncio.StreamWriter,
-        answers: set[asyncio.Task[None]],
-    ) -> None:
-        """Enqueues one request's samples; its answer is written when they are settled."""
-        _, rid, mode, items = message
+
+class _Link:
+    """One front end's slab and stream, and its requests the batcher still holds."""
+
+    def __init__(self, model: BaseServerModel, slab: Slab, writer: FrameWriter) -> None:
+        self._model = model
+        self.slab = slab
+        self._writer = writer
+        self._outstanding = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def submit(self, rid: int, mode: str, items: list[tuple[Any, ...]]) -> None:
+        """Enqueues one request's samples; answers once all its futures are settled."""
+        slab = self.slab
         samples = [
             PreparedSample(slab.view(descs[0]), {d[0]: slab.view(d) for d in descs[1:]})
             for _, _, descs in items
@@ -129,37 +133,42 @@ class DeviceOwner:
                 raise ModelNotReady(f"model {self._model.name!r} has no running batcher")
             futures = batcher.submit(list(map(BatchItem, samples, requests)), key=mode)
         except Exception as exc:  # refused as a whole: queue full, draining, device lost
-            self._reply(writer, rid, [error_outcome(exc)] * len(items))
+            self._reply(rid, [error_outcome(exc)] * len(items))
             return
         slots = [slot for slot, _, _ in items]
-        task = asyncio.get_running_loop().create_task(
-            self._answer(rid, futures, slots, slab, writer)
-        )
-        answers.add(task)
-        task.add_done_callback(answers.discard)
+        left = len(futures)
+        self._outstanding += 1
+        self.idle.clear()
 
-    async def _answer(
-        self,
-        rid: int,
-        futures: list[asyncio.Future[ModelResponse]],
-        slots: list[int],
-        slab: Slab,
-        writer: asyncio.StreamWriter,
+        def settled(_: asyncio.Future[ModelResponse]) -> None:
+            nonlocal left
+            left -= 1
+            if left == 0:
+                self._answer(rid, futures, slots)
+
+        for future in futures:
+            future.add_done_callback(settled)
+
+    def _answer(
+        self, rid: int, futures: list[asyncio.Future[ModelResponse]], slots: list[int]
     ) -> None:
-        results = await asyncio.gather(*futures, return_exceptions=True)
         outcomes: list[tuple[Any, ...]] = []
-        for slot, result in zip(slots, results, strict=True):
-            if isinstance(result, BaseException):
-                outcomes.append(error_outcome(result))
-                continue
-            try:
-                outcomes.append(("ok", slab.write_outputs(slot, result.outputs)))
-            except ForwardError as exc:
-                outcomes.append(error_outcome(exc))
-        self._reply(writer, rid, outcomes)
+        for slot, future in zip(slots, futures, strict=True):
+            error = ModelNotReady("cancelled") if future.cancelled() else future.exception()
+            if error is None:
+                try:
+                    outcomes.append(("ok", self.slab.write_outputs(slot, future.result().outputs)))
+                    continue
+                except ForwardError as exc:  # outputs larger than the model declared
+                    error = exc
+            outcomes.append(error_outcome(error))
+        self._reply(rid, outcomes)
+        self._outstanding -= 1
+        if self._outstanding == 0:
+            self.idle.set()
 
-    def _reply(self, writer: asyncio.StreamWriter, rid: int, outcomes: list[Any]) -> None:
-        if not writer.is_closing():
+    def _reply(self, rid: int, outcomes: list[Any]) -> None:
+        if not self._writer.closing:
             batcher = self._model.batcher
             depth = batcher.queue_depth if batcher is not None else 0
-            writer.write(frame(("done", rid, depth, self._model.live, outcomes)))
+            self._writer.send(("done", rid, depth, self._model.live, outcomes))

@@ -24,7 +24,7 @@ import numpy as np
 
 from predictor.codecs.samples import ModelResponse
 from predictor.errors import ModelNotReady, Overloaded
-from predictor.frontends.messages import frame, read_frame, rebuild_error
+from predictor.frontends.messages import FrameWriter, read_frame, rebuild_error
 from predictor.frontends.shm import ArrayDesc, Slab
 
 logger = logging.getLogger("histoserve")
@@ -54,7 +54,7 @@ class BatcherProxy:
         self._slab = slab
         self._name = name
         self._retry_after_s = retry_after_s
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: FrameWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._pending: dict[int, tuple[list[asyncio.Future[Any]], list[int]]] = {}
         self._next_id = 0
@@ -82,7 +82,8 @@ class BatcherProxy:
 
     async def start(self) -> None:
         """Wraps the socket in the running loop and starts reading answers."""
-        reader, self._writer = await asyncio.open_unix_connection(sock=self._sock, limit=1 << 20)
+        reader, writer = await asyncio.open_unix_connection(sock=self._sock, limit=1 << 20)
+        self._writer = FrameWriter(writer)
         self._connected = True
         self._reader_task = asyncio.get_running_loop().create_task(self._read(reader))
 
@@ -118,7 +119,7 @@ class BatcherProxy:
         futures = [loop.create_future() for _ in items]
         self._pending[rid] = (futures, slots)
         self._idle.clear()
-        self._writer.write(frame(("submit", rid, key, descs)))
+        self._writer.send(("submit", rid, key, descs))
         return futures
 
     async def drain(self, timeout_s: float) -> bool:

@@ -106,12 +106,17 @@ class Slab:
         return cls(SharedMemory(create=True, size=layout.slab_bytes), layout, owner=True)
 
     @classmethod
-    def attach(cls, name: str, layout: SlotLayout) -> Slab:
-        """The owner's slab ``name`` (in a front end, which never unlinks it)."""
+    def attach(cls, name: str, layout: SlotLayout, *, untrack: bool = True) -> Slab:
+        """The owner's slab ``name`` (in a front end, which never unlinks it).
+
+        ``untrack=False`` only where the creating slab lives in this same
+        process (a test), whose resource tracker must keep the one entry.
+        """
         shm = SharedMemory(name=name)
-        # Python < 3.13 registers an attached segment with this process's
-        # resource tracker, which would unlink it when this process exits.
-        resource_tracker.unregister(shm._name, "shared_memory")
+        if untrack:
+            # Python < 3.13 registers an attached segment with this process's
+            # resource tracker, which would unlink it when this process exits.
+            resource_tracker.unregister(shm._name, "shared_memory")
         return cls(shm, layout, owner=False)
 
     @property

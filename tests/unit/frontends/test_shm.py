@@ -20,7 +20,7 @@ from predictor.frontends.shm import ALIGN, Slab, layout_for
 def slabs():
     layout = layout_for(tile_size=8, extra_bytes=16 * 4, output_bytes=32 * 4, slots=3)
     owner = Slab.create(layout)
-    frontend = Slab.attach(owner.name, layout)
+    frontend = Slab.attach(owner.name, layout, untrack=False)
     yield owner, frontend
     frontend.close()
     owner.close()
@@ -73,7 +73,7 @@ def test_what_outgrows_its_slot_is_a_forward_error(slabs):
 def test_the_owner_unlinks_and_the_front_end_does_not():
     layout = layout_for(tile_size=4, extra_bytes=0, output_bytes=16, slots=1)
     owner = Slab.create(layout)
-    frontend = Slab.attach(owner.name, layout)
+    frontend = Slab.attach(owner.name, layout, untrack=False)
     frontend.close()
     SharedMemory(name=owner.name).close()  # still there
     owner.close()
