@@ -258,7 +258,6 @@ def serve(argv: Sequence[str] | None = None) -> int:
         set_up_process(index)  # before prometheus_client is imported
     from predictor.errors import StartupError
     from predictor.server import gc_policy
-    from predictor.startup import build_model
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -266,14 +265,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
     )
     try:
         model_config, batching, limits = configs_from_args(args)
-        if index is None:
-            server = build_server(args, limits)
-            model = build_model(model_config, batching, limits)
-        else:  # a front end: the device owner has the package
-            from predictor.frontends.frontend import build_frontend
-
-            configs = (model_config, batching, limits)
-            server, model = build_frontend(args, configs, server_kwargs(args, limits))
+        server, model = build_serving(args, index, (model_config, batching, limits))
         configure_trace_logging(args.enable_latency_logging)
     except (StartupError, ValueError, ConnectionError) as exc:
         print(f"histoserve: cannot start: {exc}", file=sys.stderr)
@@ -293,6 +285,23 @@ def serve(argv: Sequence[str] | None = None) -> int:
         return Supervisor(model, frontends, argv, layout, args.drain_timeout_s).run()
     server.start([model])
     return 0
+
+
+def build_serving(
+    args: argparse.Namespace,
+    frontend_index: int | None,
+    configs: tuple[ModelConfig, BatchingConfig, LimitsConfig],
+) -> tuple[Any, Any]:
+    """The server and the loaded model; a front end's model reaches the device owner instead."""
+    model_config, batching, limits = configs
+    if frontend_index is not None:  # a front end: the device owner has the package
+        from predictor.frontends.frontend import build_frontend
+
+        return build_frontend(args, configs, server_kwargs(args, limits))
+    from predictor.startup import build_model
+
+    server = build_server(args, limits)
+    return server, build_model(model_config, batching, limits)
 
 
 def set_up_process(frontend_index: int | None) -> None:
