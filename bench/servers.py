@@ -42,11 +42,12 @@ def start_histoserve(
     forward_runner: str | None = None,
     source: Path | None = None,
     instances: int = 1,
+    frontends: int = 1,
 ) -> Server:
     """``python -m predictor`` serving ``package`` with the given batching (not yet ready).
 
     ``forward_runner`` is passed only when given, ``--instances_per_device``
-    only above 1; ``source`` is a folder holding
+    and ``--frontends`` only above 1; ``source`` is a folder holding
     another version's ``predictor`` package to serve instead of this checkout's
     (see :mod:`bench.before`).
     """
@@ -59,6 +60,7 @@ def start_histoserve(
         "--preprocess_workers", str(workers), "--drain_timeout_s", "5",
         *(("--forward_runner", forward_runner) if forward_runner else ()),
         *(("--instances_per_device", str(instances)) if instances > 1 else ()),
+        *(("--frontends", str(frontends)) if frontends > 1 else ()),
     )  # fmt: skip
     env = bench_env(threads)
     return spawn(

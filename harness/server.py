@@ -22,6 +22,8 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT_S = 180.0
+FRONTENDS_ENV = "HISTOSERVE_TEST_FRONTENDS"
+"""Set to N to start every test server with ``--frontends N`` (unless a test names its own)."""
 _POLL_S = 0.2
 
 
@@ -184,9 +186,15 @@ def start_server(
         model_name: The model's name when ``flags`` do not give it (else
             discovered from ``/v1/models``).
         wait: Wait for readiness (raises :class:`ServerFailed` on failure).
+
+    ``$HISTOSERVE_TEST_FRONTENDS=N`` adds ``--frontends N`` when ``flags`` do
+    not set it (the reliability suites with several front ends).
     """
     ports = (free_port(), free_port())
     cpu = ("--device", "cpu", "--preprocess_workers", "2")
+    frontends = os.environ.get(FRONTENDS_ENV)
+    if frontends and "--frontends" not in flags:
+        flags = (*flags, "--frontends", frontends)
     args = predictor_command(model_dir, ports, *cpu, *flags)
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="2")
     name = model_name or _flag(flags, "--model_name") or ""

@@ -131,8 +131,36 @@ def build_parser() -> argparse.ArgumentParser:
         default=False,
         help="fp32 packages on CUDA: cuBLAS/cuDNN matmuls in TF32 (faster, ~1e-3 relative error)",
     )
+    add(
+        "--frontends",
+        default="1",
+        help="front-end processes sharing the HTTP and gRPC ports (stage 1, encoding) in front of "
+        "one device owner: a number, or auto (the CPUs less one); 1 serves in one process",
+    )
     add("--fault_injection", default=None, help=argparse.SUPPRESS)
+    add("--frontend_socket", default=None, help=argparse.SUPPRESS)  # set for a front end
+    add("--frontend_index", type=int, default=0, help=argparse.SUPPRESS)
     return parser
+
+
+def early_frontends(argv: Sequence[str]) -> tuple[int, int | None]:
+    """``(front ends, this front end's index or None)`` from the flags, before any heavy import.
+
+    Each process of a several-front-end pod must set up its metrics folder
+    and log tag before ``prometheus_client`` is imported (KServe imports it).
+
+    Raises:
+        ValueError: A ``--frontends`` value that is neither ``auto`` nor >= 1.
+    """
+    from predictor.frontends.process import frontend_count
+
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--frontends", default="1")
+    early.add_argument("--frontend_socket", default=None)
+    early.add_argument("--frontend_index", type=int, default=0)
+    known, _ = early.parse_known_args(argv)
+    index = known.frontend_index if known.frontend_socket else None
+    return frontend_count(known.frontends, available_cpus()), index
 
 
 def _strtobool(value: str) -> bool:
@@ -174,7 +202,12 @@ def build_server(args: argparse.Namespace, limits: LimitsConfig) -> Any:
     """The HTTP + gRPC server from the parsed flags (``--workers`` must be 1)."""
     from predictor.server.app import HistoModelServer
 
-    return HistoModelServer(
+    return HistoModelServer(**server_kwargs(args, limits))
+
+
+def server_kwargs(args: argparse.Namespace, limits: LimitsConfig) -> dict[str, Any]:
+    """The server's arguments from the parsed flags."""
+    return dict(
         drain_timeout_s=args.drain_timeout_s,
         max_body_bytes=limits.max_body_bytes,
         grpc_max_receive_bytes=args.grpc_max_receive_message_length,
@@ -226,9 +259,16 @@ def serve(argv: Sequence[str] | None = None) -> int:
     """Parses flags, loads the model (fail-fast) and serves until drained."""
     if server_extra_missing("serve"):
         return EXIT_STARTUP_ERROR
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        frontends, index = early_frontends(argv)
+    except ValueError as exc:
+        print(f"histoserve: cannot start: {exc}", file=sys.stderr)
+        return EXIT_STARTUP_ERROR
+    if frontends > 1 or index is not None:
+        set_up_process(index)  # before prometheus_client is imported
     from predictor.errors import StartupError
     from predictor.server import gc_policy
-    from predictor.startup import build_model
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -236,10 +276,9 @@ def serve(argv: Sequence[str] | None = None) -> int:
     )
     try:
         model_config, batching, limits = configs_from_args(args)
-        server = build_server(args, limits)
+        server, model = build_serving(args, index, (model_config, batching, limits))
         configure_trace_logging(args.enable_latency_logging)
-        model = build_model(model_config, batching, limits)
-    except StartupError as exc:  # usage, spec and package errors; a bug is a traceback (exit 1)
+    except (StartupError, ConnectionError) as exc:  # a bug is a traceback (exit 1)
         print(f"histoserve: cannot start: {exc}", file=sys.stderr)
         return EXIT_STARTUP_ERROR
     logger.info(
@@ -250,8 +289,39 @@ def serve(argv: Sequence[str] | None = None) -> int:
         model_config.preprocess_workers,
     )
     gc_policy.apply()  # after the heavy start-up heap exists (see predictor.server.gc_policy)
+    if index is None and frontends > 1:
+        from predictor.frontends.supervisor import Supervisor, slot_layout
+
+        layout = slot_layout(model, batching, model_config.instances_per_device)
+        return Supervisor(model, frontends, argv, layout, args.drain_timeout_s).run()
     server.start([model])
     return 0
+
+
+def build_serving(
+    args: argparse.Namespace,
+    frontend_index: int | None,
+    configs: tuple[ModelConfig, BatchingConfig, LimitsConfig],
+) -> tuple[Any, Any]:
+    """The server and the loaded model; a front end's model reaches the device owner instead."""
+    model_config, batching, limits = configs
+    if frontend_index is not None:  # a front end: the device owner has the package
+        from predictor.frontends.frontend import build_frontend
+
+        return build_frontend(args, configs, server_kwargs(args, limits))
+    from predictor.startup import build_model
+
+    server = build_server(args, limits)
+    return server, build_model(model_config, batching, limits)
+
+
+def set_up_process(frontend_index: int | None) -> None:
+    """Metrics folder (the parent makes it) and log tag of a several-front-end pod's process."""
+    from predictor.frontends.process import prepare_metrics_dir, tag_log_lines
+
+    if frontend_index is None:
+        prepare_metrics_dir()
+    tag_log_lines("owner" if frontend_index is None else f"frontend-{frontend_index}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -63,6 +63,7 @@ __all__ = [
     "raw_data",
     "register_models",
     "request_exit",
+    "serve_on_socket",
     "serve_without_signal_capture",
     "set_raw_data",
     "stage_histograms",
@@ -112,6 +113,12 @@ def register_models(server: Any, models: Sequence[Any]) -> None:
 def serve_without_signal_capture(rest_server: RESTServer) -> None:
     """Uvicorn must not take SIGTERM/SIGINT itself: histoserve drains first, then stops it."""
     rest_server._server.capture_signals = contextlib.nullcontext
+
+
+def serve_on_socket(rest_server: RESTServer, sock: Any) -> Any:
+    """Uvicorn's serving coroutine on an already bound socket (front ends share one port)."""
+    rest_server.create_application()
+    return rest_server._server.serve(sockets=[sock])
 
 
 def request_exit(rest_server: RESTServer) -> None:

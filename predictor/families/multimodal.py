@@ -95,11 +95,14 @@ class MultimodalServerModel(BaseServerModel):
             bulk[-1] = float("nan")
         return tiles, bulk
 
-    def check_package(self, package: LoadedPackage) -> list[tuple[int, ...]]:
-        root = Path(package.path).parent
+    def load_assets(self, root: Path) -> None:
         spec = self.model_spec
         self.genes_in = list(genes.read_gene_ids(root / (spec.genes_in_file or "genes_in.csv")))
         self.genes_out = list(genes.read_gene_ids(root / (spec.genes_out_file or "genes_out.csv")))
+
+    def check_package(self, package: LoadedPackage) -> list[tuple[int, ...]]:
+        self.load_assets(Path(package.path).parent)
+        spec = self.model_spec
         shapes = super().check_package(package)
         predicted = shapes[0][-1]
         if predicted != len(self.genes_out):

@@ -123,14 +123,26 @@ class CloseWhileDrainingMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        body_read = False
+
+        async def tracking_receive() -> dict:
+            nonlocal body_read
+            message = await receive()
+            body_read = body_read or not message.get("more_body", False)
+            return message
 
         async def closing_send(message: dict) -> None:
             if message["type"] == "http.response.start" and self.draining():
+                # A refusal sent before the body was read (KServe's V1 route checks
+                # readiness first) would close the connection with the body unread:
+                # the kernel then resets it and the client loses this very answer.
+                while not body_read:
+                    await tracking_receive()
                 headers = [h for h in message.get("headers", []) if h[0].lower() != b"connection"]
                 message = {**message, "headers": [*headers, (b"connection", b"close")]}
             await send(message)
 
-        await self.app(scope, receive, closing_send)
+        await self.app(scope, tracking_receive, closing_send)
 
 
 class _RESTServer(RESTServer):
@@ -269,10 +281,14 @@ class HistoModelServer(ModelServer):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda s=sig: asyncio.ensure_future(self.shutdown(s)))
-        servers = [self._http.start()]
+        servers = [self._start_rest()]
         if self._grpc is not None:
             servers.append(self._grpc.start(self.max_threads))
         await asyncio.gather(*servers)
+
+    def _start_rest(self) -> Any:
+        """The REST server's serving coroutine (a front end serves a shared socket instead)."""
+        return self._http.start()
 
     async def shutdown(self, sig: int | None = None) -> None:
         """Drains every model, then stops HTTP and gRPC; safe to call twice."""

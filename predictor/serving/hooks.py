@@ -25,6 +25,7 @@ Nothing here knows KServe; ``BaseServerModel`` adds it and the lifecycle.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -115,6 +116,14 @@ class TileHooks(PackageFamily):
         shapes = [tuple(s) for s in probed]
         check_shapes(type(self), self._spec, shapes)
         return shapes
+
+    def load_assets(self, root: Path) -> None:
+        """Reads what stage 1 and the description need from beside the package (nothing by default).
+
+        Called before the package is checked, and by a front end
+        (``--frontends``), which never loads the package: state that
+        ``prepare_sample`` or ``output_shapes`` read (e.g. gene lists) is set here.
+        """
 
     def extra_input_shapes(self, package: LoadedPackage) -> Mapping[str, int]:
         """Per-tile sizes of the package's inputs after the tiles (none by default)."""

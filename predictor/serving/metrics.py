@@ -17,6 +17,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 OUTCOMES = ("ok", "invalid", "failed", "rejected")
 
+_SUMMED = "livesum"
+"""Gauges under ``--frontends N``: one series summed over live processes (each gauge is
+set by one kind of process: the queue and devices by the owner, requests by front ends)."""
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -128,10 +131,18 @@ def create_metrics(model: str, registry: CollectorRegistry | None = None) -> Met
             registry=reg,
         ),
         queue_depth=Gauge(
-            "histoserve_queue_depth", "Tiles waiting for a batch.", labels, registry=reg
+            "histoserve_queue_depth",
+            "Tiles waiting for a batch.",
+            labels,
+            registry=reg,
+            multiprocess_mode=_SUMMED,
         ),
         inflight_requests=Gauge(
-            "histoserve_inflight_requests", "Requests being served.", labels, registry=reg
+            "histoserve_inflight_requests",
+            "Requests being served.",
+            labels,
+            registry=reg,
+            multiprocess_mode=_SUMMED,
         ),
         tiles_total=Counter(
             "histoserve_tiles_total", "Tiles by outcome.", ("model", "outcome"), registry=reg
@@ -168,5 +179,6 @@ def create_metrics(model: str, registry: CollectorRegistry | None = None) -> Met
             "1 while a device worker serves; 0 once a fatal device error took it out.",
             ("model", "worker"),
             registry=reg,
+            multiprocess_mode=_SUMMED,
         ),
     )

@@ -91,6 +91,10 @@ class BaseServerModel(TileHooks, Model):
         more_packages: Device name to the same package loaded on each further
             device (one per GPU after the first under ``--device auto``); each
             gets its own worker(s), normaliser and probe.
+        batcher: A front end's stand-in for the device owner's batcher, with
+            :class:`DynamicBatcher`'s contract (:mod:`predictor.frontends`):
+            stage 1 runs here, the package is never loaded in this process
+            (``load`` reads only :meth:`~TileHooks.load_assets`).
     """
 
     def __init__(
@@ -105,6 +109,7 @@ class BaseServerModel(TileHooks, Model):
         fault_hook: FaultHook | None = None,
         package: LoadedPackage | None = None,
         more_packages: Mapping[str, LoadedPackage] | None = None,
+        batcher: Any = None,
     ):
         options = options or ServingOptions()
         TileHooks.__init__(self, model_spec, options, fault_hook, package)
@@ -115,7 +120,7 @@ class BaseServerModel(TileHooks, Model):
         self._more_packages = dict(more_packages or {})
         self._phases = package.phases if package is not None else StartupPhases()
         self._pool: Stage1Pool | None = None
-        self._batcher: DynamicBatcher | None = None
+        self._batcher: DynamicBatcher | None = batcher
         self._stopped = False
         self._stage_call = StageCall(self.name)
         limits = self._options.limits
@@ -153,6 +158,9 @@ class BaseServerModel(TileHooks, Model):
         """
         if self._stopped:
             return False
+        if self._pool is None and self._batcher is not None:  # a front end
+            self.load_assets(self._checkpoint.parent)
+            self._pool = Stage1Pool(self._options.preprocess_workers, self._spec.tile_size)
         if self._pool is None:
             if self._package is None:
                 facts = inspect_package(self._checkpoint, self._phases)
@@ -180,6 +188,9 @@ class BaseServerModel(TileHooks, Model):
 
     async def start_batching(self) -> None:
         """Starts the batcher inside the running event loop (called by the server)."""
+        if self._batcher is not None and not isinstance(self._batcher, DynamicBatcher):
+            await self._batcher.start()  # a front end's: the device owner holds the workers
+            return
         if self._batcher is None:
             first = self.active_slot()
             instances = self._options.instances_per_device
@@ -230,6 +241,11 @@ class BaseServerModel(TileHooks, Model):
     def live(self) -> bool:
         """False once a sticky device error made the device unusable."""
         return self._batcher is None or self._batcher.healthy
+
+    @property
+    def batcher(self) -> DynamicBatcher | None:
+        """The running batcher (None before :meth:`start_batching`): the device owner's seam."""
+        return self._batcher
 
     def stop(self) -> None:
         """Closes the batcher and releases the stage-1 pool and the package for good.

@@ -163,3 +163,16 @@ def test_instances_per_device_above_one_runs_on_gpus(render, render_error):
     assert container["resources"]["limits"]["nvidia.com/gpu"] in (2, "2")
     err = render_error(set_json={"batching.instancesPerDevice": 0})
     assert "instancesPerDevice" in err  # the schema's minimum 1
+
+
+def test_frontends_reach_the_server_flag(render, render_error):
+    """``server.frontends``: 1 adds no flag; a number passes; ``auto`` follows the CPU request."""
+    assert "frontends" not in args_of(isvc_container(render()))
+    args = args_of(isvc_container(render(set_json={"server.frontends": 3})))
+    assert args["frontends"] == "3"
+    cases = {"4": "3", "8000m": "7", "1": None, "1500m": None, "12.5": "11"}
+    for cpu, want in cases.items():
+        objs = render(set_json={"server.frontends": "auto", "resources.requests.cpu": cpu})
+        assert args_of(isvc_container(objs)).get("frontends") == want, cpu
+    assert "frontends" in render_error(set_json={"server.frontends": 0})
+    assert "frontends" in render_error(set_json={"server.frontends": "many"})

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from predictor.cli import available_cpus, build_parser, configs_from_args, main
+from predictor.cli import available_cpus, build_parser, configs_from_args, early_frontends, main
 from predictor.errors import ConfigError
 
 
@@ -143,3 +143,17 @@ def test_a_model_class_that_cannot_serve_exits_2_with_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("histoserve: cannot start"), err
     assert needle in err[0] and target in err[0]
+
+
+def test_frontends_are_read_before_anything_heavy_is_imported():
+    assert early_frontends(["--model_dir", "/m"]) == (1, None)
+    assert early_frontends(["--frontends", "auto"]) == (max(1, available_cpus() - 1), None)
+    flags = ["--frontends", "2", "--frontend_socket", "/s", "--frontend_index", "1"]
+    assert early_frontends(flags) == (2, 1)
+    with pytest.raises(ValueError, match="--frontends"):
+        early_frontends(["--frontends", "0"])
+
+
+def test_frontends_flag_is_in_the_parser_with_its_default():
+    args = build_parser().parse_args(["--model_dir", "/m"])
+    assert args.frontends == "1" and args.frontend_socket is None

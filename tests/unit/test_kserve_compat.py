@@ -300,6 +300,7 @@ def test_the_rest_server_and_its_uvicorn_server_have_what_app_py_uses() -> None:
     expected |= {"ssl_certfile", "ssl_keyfile"}
     assert expected <= set(_parameters(RESTServer.__init__))
     assert callable(RESTServer.create_application) and callable(RESTServer.start)
+    assert "sockets" in _parameters(uvicorn.Server.serve)  # serve_on_socket (front ends)
     rest = RESTServer(
         kserve_compat.FASTAPI_APP_IMPORT_STRING, DataPlane(ModelRepository()), None, 0
     )

@@ -278,9 +278,33 @@ the h2c one with appProtocol kubernetes.io/h2c).
 {{- if gt (int $b.instancesPerDevice) 1 }}
 - --instances_per_device={{ $b.instancesPerDevice }}
 {{- end }}
+{{- $frontends := include "histoserve.frontends" . | int }}
+{{- if gt $frontends 1 }}
+- --frontends={{ $frontends }}
+{{- end }}
 {{- range .Values.server.extraArgs }}
 - {{ . | quote }}
 {{- end }}
+{{- end -}}
+
+{{/*
+Front-end processes (--frontends): server.frontends, or for "auto" the CPU
+request's whole cores less one for the device owner, at least 1.
+*/}}
+{{- define "histoserve.frontends" -}}
+{{- $f := .Values.server.frontends -}}
+{{- if eq (toString $f) "auto" -}}
+{{- $cpu := toString (dig "requests" "cpu" "1" (.Values.resources | default dict)) -}}
+{{- $cores := 0 -}}
+{{- if hasSuffix "m" $cpu -}}
+{{- $cores = div (atoi (trimSuffix "m" $cpu)) 1000 -}}
+{{- else -}}
+{{- $cores = int (float64 $cpu) -}}
+{{- end -}}
+{{- max 1 (sub $cores 1) -}}
+{{- else -}}
+{{- $f -}}
+{{- end -}}
 {{- end -}}
 
 {{/*

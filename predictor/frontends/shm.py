@@ -1,0 +1,194 @@
+"""Shared-memory slabs: where a front end's tiles and their answers cross to the device owner.
+
+One slab per front end, created by the device owner (which outlives every
+front end, so it alone unlinks them) and attached by the front end. A slab
+is cut into equal slots, one per sample in flight: the sample's tile and
+extra tensors at the start, its outputs after them. The front end copies a
+prepared sample into a free slot (the one copy on the way in; pixels are
+never pickled), the owner views it as numpy arrays for the batch, writes the
+outputs into the same slot and the front end copies them out (a few kB per
+tile) before freeing the slot.
+
+Slots are handed out last-freed first, so the pages a quiet slab touches stay
+few: a slab is sized for the worst case but only used pages cost memory
+(``/dev/shm`` is a tmpfs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from multiprocessing import resource_tracker
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+import numpy as np
+
+from predictor.errors import ForwardError
+
+ALIGN = 64
+"""Every array in a slot starts at a multiple of this (cache lines, SIMD loads)."""
+
+ArrayDesc = tuple[str, str, tuple[int, ...], int]
+"""``(name, dtype string, shape, offset in the slab)`` of one array in a slot."""
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """The size of a slot and where its outputs start.
+
+    Attributes:
+        input_bytes: Room for a tile and its extra tensors (aligned).
+        output_bytes: Room for one sample's outputs (aligned).
+        slots: How many slots the slab holds.
+    """
+
+    input_bytes: int
+    output_bytes: int
+    slots: int
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes per slot."""
+        return self.input_bytes + self.output_bytes
+
+    @property
+    def slab_bytes(self) -> int:
+        """Bytes of the whole slab."""
+        return self.slot_bytes * self.slots
+
+
+def layout_for(
+    tile_size: int,
+    extra_bytes: int,
+    output_bytes: int,
+    slots: int,
+) -> SlotLayout:
+    """A layout with room for a ``uint8`` tile, ``extra_bytes`` of inputs and ``output_bytes``.
+
+    Raises:
+        ValueError: ``slots`` below 1.
+    """
+    if slots < 1:
+        raise ValueError(f"a slab needs at least one slot, got {slots}")
+    # Each array may waste up to ALIGN bytes to its alignment: allow a few.
+    tile = _aligned(tile_size * tile_size * 3)
+    return SlotLayout(
+        input_bytes=tile + _aligned(extra_bytes) + 4 * ALIGN,
+        output_bytes=_aligned(output_bytes) + 8 * ALIGN,
+        slots=slots,
+    )
+
+
+class Slab:
+    """One front end's shared-memory slab, seen from either side.
+
+    Args:
+        shm: The mapped segment.
+        layout: How it is cut into slots.
+        owner: True in the device owner, which unlinks the segment on close.
+    """
+
+    def __init__(self, shm: SharedMemory, layout: SlotLayout, *, owner: bool) -> None:
+        self._shm = shm
+        self.layout = layout
+        self._owner = owner
+        self._free = list(range(layout.slots - 1, -1, -1))  # pop() hands out slot 0 first
+
+    @classmethod
+    def create(cls, layout: SlotLayout) -> Slab:
+        """A new slab (in the device owner)."""
+        return cls(SharedMemory(create=True, size=layout.slab_bytes), layout, owner=True)
+
+    @classmethod
+    def attach(cls, name: str, layout: SlotLayout, *, untrack: bool = True) -> Slab:
+        """The owner's slab ``name`` (in a front end, which never unlinks it).
+
+        ``untrack=False`` only where the creating slab lives in this same
+        process (a test), whose resource tracker must keep the one entry.
+        """
+        shm = SharedMemory(name=name)
+        if untrack:
+            # Python < 3.13 registers an attached segment with this process's
+            # resource tracker, which would unlink it when this process exits.
+            resource_tracker.unregister(shm._name, "shared_memory")
+        return cls(shm, layout, owner=False)
+
+    @property
+    def name(self) -> str:
+        """The segment's name (what the other side attaches)."""
+        return self._shm.name
+
+    @property
+    def free_slots(self) -> int:
+        """Slots not holding a sample now."""
+        return len(self._free)
+
+    # -- front end: slots -------------------------------------------------------------------
+    def take(self, n: int) -> list[int] | None:
+        """``n`` free slots, or None (nothing taken) when fewer are free."""
+        if n > len(self._free):
+            return None
+        return [self._free.pop() for _ in range(n)]
+
+    def give_back(self, slots: Sequence[int]) -> None:
+        """Frees ``slots`` (their answers were read)."""
+        self._free.extend(reversed(slots))
+
+    def write_inputs(self, slot: int, tile: Any, extras: Mapping[str, Any]) -> list[ArrayDesc]:
+        """Copies a prepared sample's tile and extra tensors into ``slot``; their descriptors.
+
+        The tile comes first, named ``""``. A numpy array or a host tensor
+        (anything ``np.asarray`` reads) each.
+
+        Raises:
+            ForwardError: The sample does not fit its slot (a model whose
+                inputs outgrow what its metadata declared).
+        """
+        start = slot * self.layout.slot_bytes
+        return self._write(start, self.layout.input_bytes, [("", tile), *extras.items()])
+
+    def write_outputs(self, slot: int, outputs: Mapping[str, Any]) -> list[ArrayDesc]:
+        """Copies one sample's outputs into ``slot`` (in the owner); their descriptors."""
+        start = slot * self.layout.slot_bytes + self.layout.input_bytes
+        return self._write(start, self.layout.output_bytes, list(outputs.items()))
+
+    def _write(self, start: int, room: int, arrays: list[tuple[str, Any]]) -> list[ArrayDesc]:
+        descs: list[ArrayDesc] = []
+        offset = start
+        for name, value in arrays:
+            array = value if isinstance(value, np.ndarray) else np.asarray(value)
+            end = offset + array.nbytes
+            if end > start + room:
+                raise ForwardError(
+                    f"{name or 'tile'} of {array.nbytes} bytes does not fit the shared-memory slot "
+                    f"({room} bytes): the model's inputs or outputs outgrow what it declared"
+                )
+            target = np.ndarray(array.shape, array.dtype, buffer=self._shm.buf, offset=offset)
+            target[...] = array
+            descs.append((name, array.dtype.str, tuple(array.shape), offset))
+            offset = _aligned(end)
+        return descs
+
+    # -- either side: views ------------------------------------------------------------------
+    def view(self, desc: ArrayDesc) -> np.ndarray:
+        """The array ``desc`` describes, as a view into the slab (no copy)."""
+        _, dtype, shape, offset = desc
+        return np.ndarray(shape, np.dtype(dtype), buffer=self._shm.buf, offset=offset)
+
+    def close(self) -> None:
+        """Unmaps the slab (and, in the owner, unlinks it).
+
+        A view still alive somewhere keeps the mapping (closing it then would
+        pull the memory from under that view); the name is unlinked anyway.
+        """
+        with contextlib.suppress(BufferError):
+            self._shm.close()
+        if self._owner:
+            with contextlib.suppress(FileNotFoundError):
+                self._shm.unlink()
