@@ -116,7 +116,8 @@ class Slab:
         if untrack:
             # Python < 3.13 registers an attached segment with this process's
             # resource tracker, which would unlink it when this process exits.
-            resource_tracker.unregister(shm._name, "shared_memory")
+            # It registered the POSIX name, which is the public one with its leading slash.
+            resource_tracker.unregister(f"/{shm.name}", "shared_memory")
         return cls(shm, layout, owner=False)
 
     @property
