@@ -39,6 +39,7 @@ class Normalizer:
         self.device = device
         self.dtype = dtype
         self._host: torch.Tensor | None = None
+        self._out: torch.Tensor | None = None  # CPU only: the reused float32 batch
         self._capacity = 0  # tiles the staging buffer is sized for when first allocated
 
     @property
@@ -50,7 +51,7 @@ class Normalizer:
         """A normaliser for another worker: same constants (copied), its own staging buffer."""
         twin = object.__new__(Normalizer)
         twin.scale, twin.shift = self.scale.clone(), self.shift.clone()
-        twin.device, twin.dtype, twin._host = self.device, self.dtype, None
+        twin.device, twin.dtype, twin._host, twin._out = self.device, self.dtype, None, None
         twin._capacity = self._capacity
         return twin
 
@@ -89,13 +90,44 @@ class Normalizer:
         return host.to(self.device, non_blocking=True)
 
     def normalise(self, batch_hwc: torch.Tensor) -> torch.Tensor:
-        """Normalised, contiguous ``[B, C, H, W]`` in the package's input dtype (a new tensor)."""
-        x = batch_hwc.permute(0, 3, 1, 2).contiguous().to(torch.float32)
-        x = torch.addcmul(self.shift, x, self.scale)
+        """Normalised, contiguous ``[B, C, H, W]`` in the package's input dtype.
+
+        On the CPU the float32 result lives in a reused buffer (valid until
+        this normaliser's next call; a float32 package gets a view of it):
+        fresh 19 MB tensors per batch of 32 were faulted in page by page
+        each batch (docs/performance.md, "gRPC's two regimes: the cause").
+        On CUDA, a new tensor.
+        """
+        if self.device.type == "cuda":
+            x = batch_hwc.permute(0, 3, 1, 2).contiguous().to(torch.float32)
+            x = torch.addcmul(self.shift, x, self.scale)
+        else:
+            x = self._float_out(batch_hwc.shape)
+            x.copy_(batch_hwc.permute(0, 3, 1, 2))  # layout and uint8 -> float32 in one pass
+            torch.addcmul(self.shift, x, self.scale, out=x)
         return x if self.dtype == torch.float32 else x.to(self.dtype)
+
+    def _float_out(self, shape_bhwc: torch.Size) -> torch.Tensor:
+        """The reused CPU float32 ``[B, C, H, W]`` buffer for a batch of this shape."""
+        rows, height, width, channels = shape_bhwc
+        chw = (channels, height, width)
+        if self._out is None or self._out.shape[0] < rows or self._out.shape[1:] != chw:
+            self._out = torch.empty((max(rows, self._capacity), *chw), dtype=torch.float32)
+        return self._out[:rows]
 
     def __call__(self, tiles_hwc: Sequence[np.ndarray]) -> torch.Tensor:
         return self.normalise(self.stage(tiles_hwc))
+
+
+def unshared(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``outputs``, each one that shares memory with an input replaced by a copy.
+
+    A CPU batch lives in the normaliser's reused buffer (:meth:`Normalizer.normalise`),
+    so an output that is a view of it (a package returning ``x.flatten(1)``)
+    would be overwritten by the next batch while its answers are encoded.
+    """
+    held = {t.untyped_storage().data_ptr() for t in inputs}
+    return [o.clone() if o.untyped_storage().data_ptr() in held else o for o in outputs]
 
 
 def synchronize(device: torch.device) -> None:

@@ -34,7 +34,7 @@ import torch
 from predictor.codecs.images import decode_tile
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample, tile_hwc
 from predictor.device.faults import FaultHook
-from predictor.device.normalizer import Normalizer, synchronize
+from predictor.device.normalizer import Normalizer, synchronize, unshared
 from predictor.device.slot import DeviceSlot
 from predictor.device.workers import DeviceWorkers
 from predictor.errors import InvalidInput, ModelNotReady
@@ -186,7 +186,8 @@ class TileHooks(PackageFamily):
         if self._fault_hook is not None:
             self._fault_hook.check([s.tile for s in samples])
         package = self.active_slot().package
-        outputs = package(*self.batch_inputs(samples))
+        inputs = self.batch_inputs(samples)
+        outputs = unshared(package(*inputs), inputs)
         host = [self.output_to_host(out[: len(samples)]) for out in outputs]
         synchronize(package.device)
         return self.build_responses([t.numpy() for t in host], mode)
@@ -203,7 +204,8 @@ class TileHooks(PackageFamily):
         """
         samples = [self.prepare_sample(r) for r in requests]
         package = self.active_slot().package
-        primary = package(*self.batch_inputs(samples))[0]
+        inputs = self.batch_inputs(samples)
+        primary = unshared(package(*inputs)[:1], inputs)[0]
         return self.output_to_host(primary[: len(samples)])
 
     def batch_inputs(self, samples: Sequence[PreparedSample]) -> tuple[torch.Tensor, ...]:
