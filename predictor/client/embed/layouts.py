@@ -29,11 +29,8 @@ same in every layout. An empty slide has ``features`` of shape ``(0, D)``.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -268,30 +265,6 @@ def _file_attrs(result: output.SlideResult) -> dict[str, Any]:
     return out
 
 
-@contextlib.contextmanager
-def _atomic(final: Path) -> Iterator[Path]:
-    """Yields a hidden temp path beside ``final``; renamed onto it (fsynced) if no error."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        yield tmp
-        _fsync(tmp)
-        os.replace(tmp, final)
-        _fsync(final.parent)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_h5(
     final: Path,
     datasets: Mapping[str, np.ndarray],
@@ -300,7 +273,7 @@ def _write_h5(
 ) -> Path:
     import h5py
 
-    with _atomic(final) as tmp, h5py.File(tmp, "w") as f:
+    with output.atomic_path(final) as tmp, h5py.File(tmp, "w") as f:
         for name, array in datasets.items():
             f.create_dataset(name, data=array)
             for key, value in dataset_attrs.get(name, {}).items():
@@ -315,6 +288,6 @@ def _write_h5(
 def _write_pt(final: Path, features: np.ndarray) -> Path:
     import torch  # only the clam layout needs it
 
-    with _atomic(final) as tmp:
+    with output.atomic_path(final) as tmp:
         torch.save(torch.from_numpy(np.ascontiguousarray(features)), tmp)
     return final

@@ -41,7 +41,7 @@ import io
 import json
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,27 +228,36 @@ def write_slide(
 
     out_dir = Path(out_dir)
     arrays = _checked_arrays(result)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    final = final_path(out_dir, slide_id)
-    tmp = out_dir / f".{slide_id}.h5.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    with atomic_path(final_path(out_dir, slide_id)) as tmp, h5py.File(tmp, "w") as f:
+        for name, array in arrays.items():
+            f.create_dataset(name, data=array)
+        for key, value in coords_attrs(result.attrs, slide_id, out_dir).items():
+            f["coords"].attrs[key] = value
+        for key, value in result.attrs.items():
+            if value is not None:
+                f.attrs[key] = _attr_value(value)
+        f.attrs[COMPLETE_ATTR] = complete
+    return final_path(out_dir, slide_id)
+
+
+@contextlib.contextmanager
+def atomic_path(final: Path) -> Iterator[Path]:
+    """Yields a hidden temp path beside ``final``; renamed onto it (fsynced) if no error.
+
+    The folder is created when missing; on any error the temp file is removed
+    and ``final`` is untouched (a reader sees the old file or the new, never half).
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        with h5py.File(tmp, "w") as f:
-            for name, array in arrays.items():
-                f.create_dataset(name, data=array)
-            for key, value in coords_attrs(result.attrs, slide_id, out_dir).items():
-                f["coords"].attrs[key] = value
-            for key, value in result.attrs.items():
-                if value is not None:
-                    f.attrs[key] = _attr_value(value)
-            f.attrs[COMPLETE_ATTR] = complete
+        yield tmp
         _fsync_path(tmp)
         os.replace(tmp, final)
-        _fsync_path(out_dir)
+        _fsync_path(final.parent)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    return final
 
 
 def _fsync_path(path: Path) -> None:
