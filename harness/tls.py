@@ -109,11 +109,30 @@ class Seen:
             self.requests.append((path, authorized))
 
 
-def _authorized(headers: Mapping[str, str], token: str, required: Mapping[str, str]) -> bool:
-    lower = {k.lower(): v for k, v in headers.items()}
-    if lower.get("authorization") != f"Bearer {token}":
+class _Gate:
+    """What both proxies demand and do: the credentials, then the first N refusals on purpose."""
+
+    def __init__(self, token: str, required: Mapping[str, str] | None, fail_first: int):
+        self.seen = Seen()
+        self._token, self._required, self._budget = token, dict(required or {}), fail_first
+
+    def admit(self, path: str, headers: Mapping[str, str]) -> bool:
+        """Whether ``headers`` carry the token and the required headers; recorded in ``seen``."""
+        lower = {k.lower(): v for k, v in headers.items()}
+        ok = lower.get("authorization") == f"Bearer {self._token}" and all(
+            lower.get(k.lower()) == v for k, v in self._required.items()
+        )
+        self.seen.add(path, ok)
+        return ok
+
+    def fail_now(self, inference: bool) -> bool:
+        """Whether this inference call is one of the first ``fail_first``, refused on purpose."""
+        with self.seen.lock:
+            if inference and self._budget > 0:
+                self._budget -= 1
+                self.seen.failed_on_purpose += 1
+                return True
         return False
-    return all(lower.get(k.lower()) == v for k, v in required.items())
 
 
 class HttpsProxy:
@@ -135,15 +154,14 @@ class HttpsProxy:
         required: Mapping[str, str] | None = None,
         fail_first: int = 0,
     ):
-        self.seen = Seen()
-        self._budget = fail_first
+        self._gate = _Gate(token, required, fail_first)
+        self.seen = self._gate.seen
         self._client = httpx.Client(base_url=upstream, timeout=120)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _ProxyHandler)
         self._server.proxy = self  # type: ignore[attr-defined]
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(pki.server_cert, pki.server_key)
         self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
-        self._token, self._required = token, dict(required or {})
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
@@ -152,21 +170,11 @@ class HttpsProxy:
         """``https://127.0.0.1:<port>``."""
         return f"https://127.0.0.1:{self._server.server_address[1]}"
 
-    def _fail_now(self, path: str) -> bool:
-        with self.seen.lock:
-            if path.endswith("/infer") and self._budget > 0:
-                self._budget -= 1
-                self.seen.failed_on_purpose += 1
-                return True
-        return False
-
     def forward(self, handler: BaseHTTPRequestHandler, body: bytes) -> tuple[int, dict, bytes]:
         """One request: 401 without the credentials, 503 on purpose, else the upstream answer."""
-        ok = _authorized(dict(handler.headers), self._token, self._required)
-        self.seen.add(handler.path, ok)
-        if not ok:
+        if not self._gate.admit(handler.path, dict(handler.headers)):
             return 401, {"content-type": "application/json"}, b'{"error": "unauthorized"}'
-        if handler.command == "POST" and self._fail_now(handler.path):
+        if self._gate.fail_now(handler.command == "POST" and handler.path.endswith("/infer")):
             return 503, {"retry-after": "0"}, b'{"error": "busy"}'
         headers = {k: v for k, v in handler.headers.items() if k.lower() not in _HOP}
         headers.pop("Authorization", None)
@@ -223,9 +231,8 @@ class GrpcTlsProxy:
     ):
         import grpc
 
-        self.seen = Seen()
-        self._budget = fail_first
-        self._token, self._required = token, dict(required or {})
+        self._gate = _Gate(token, required, fail_first)
+        self.seen = self._gate.seen
         self._channel = grpc.insecure_channel(
             upstream,
             options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)],
@@ -250,17 +257,9 @@ class GrpcTlsProxy:
         """Checks the metadata, maybe fails on purpose, forwards the raw request upstream."""
         import grpc
 
-        metadata = {k: v for k, v in context.invocation_metadata()}
-        ok = _authorized(metadata, self._token, self._required)
-        self.seen.add(method, ok)
-        if not ok:
+        if not self._gate.admit(method, dict(context.invocation_metadata())):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "unauthorized")
-        with self.seen.lock:
-            fail = method.endswith("/ModelInfer") and self._budget > 0
-            if fail:
-                self._budget -= 1
-                self.seen.failed_on_purpose += 1
-        if fail:
+        if self._gate.fail_now(method.endswith("/ModelInfer")):
             context.abort(grpc.StatusCode.UNAVAILABLE, "busy")
         forward = self._channel.unary_unary(method)
         try:
