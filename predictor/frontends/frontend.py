@@ -80,8 +80,13 @@ async def summed_metrics(request: Request) -> Response:
 
 
 def reuse_port_socket(port: int) -> socket.socket:
-    """A listening TCP socket on ``0.0.0.0:port`` that other front ends share (``SO_REUSEPORT``)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    """A listening TCP socket on ``0.0.0.0:port`` that other front ends share (``SO_REUSEPORT``).
+
+    Created with an explicit ``IPPROTO_TCP``: asyncio sets ``TCP_NODELAY`` on
+    an accepted connection only when its socket says so, and without it a
+    response written in two parts waits on the client's delayed ACK (~40 ms).
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(("0.0.0.0", port))
