@@ -138,6 +138,14 @@ def run_cell(
     return {**asdict(cell), **{k: job[k] for k in ("warmup_s", "drain_s")}, **result}
 
 
+def with_cpu_per_request(result: dict[str, Any]) -> dict[str, Any]:
+    """Adds ``cpu_ms_per_request`` (server cores over requests/s) where both were measured."""
+    rps, cores = result.get("requests_per_s"), result.get("server_cores")
+    if rps and cores is not None:
+        result["cpu_ms_per_request"] = 1000.0 * cores / rps
+    return result
+
+
 def run_cells(
     client: LoadClient,
     servers: dict[str, Server],

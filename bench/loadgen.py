@@ -68,7 +68,7 @@ def payload_for(job: Job) -> payloads.Payload:
     """The job's request, built once per (protocol, model, tiles, size) and cached."""
     key = (job.protocol, job.model, job.tiles, job.tile_size)
     if key not in _PAYLOADS:
-        tiles = payloads.synthetic_tiles(job.tiles, job.tile_size, seed=job.tiles)
+        tiles = payloads.tiles_for(job.protocol, job.tiles, job.tile_size, seed=job.tiles)
         _PAYLOADS[key] = payloads.build_payload(job.protocol, job.model, tiles)
     return _PAYLOADS[key]
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.cells import Cell, LoadClient
+from bench.cells import Cell, LoadClient, with_cpu_per_request
 from bench.config import Profile
 
 PROTOCOLS = ("v2-pixels", "v2-grpc")
@@ -80,10 +80,7 @@ def measure(
                     speed_tps=EXPECTED_RPS,
                     windows=profile.windows,
                 )
-                if result.get("requests_per_s") and result.get("server_cores") is not None:
-                    result["cpu_ms_per_request"] = (
-                        1000.0 * result["server_cores"] / result["requests_per_s"]
-                    )
+                with_cpu_per_request(result)
                 log(
                     f"  null model {name} {protocol} {clients}x1: "
                     f"{result.get('requests_per_s', 0):.0f} req/s, "

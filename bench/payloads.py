@@ -23,8 +23,26 @@ from predictor import wire
 PROTOCOLS = ("v2-pixels", "v2-png", "v2-json", "v2-grpc", "v1")
 """Benchmarked protocols: V2 binary REST ``pixels``, V2 binary REST PNG ``tiles``,
 V2 JSON with base64 PNG ``tiles``, V2 gRPC ``pixels`` (raw contents), V1 JSON.
-:func:`build_payload` also takes ``v2-jpeg`` (stage-1 measurements only) and ``v1-jpeg``
-(V1 base64 JPEG, the GPU check's)."""
+:func:`build_payload` also takes ``v2-jpeg`` (stage-1 measurements only), ``v1-jpeg``
+(V1 ``image_data`` base64 JPEG, the vendor SDK's form) and ``v2-json-jpeg`` (V2 JSON,
+``tiles`` BYTES of base64 JPEG)."""
+
+JPEG_PROTOCOLS = ("v2-jpeg", "v1-jpeg", "v2-json-jpeg")
+"""Protocols whose tiles are real H&E texture (:func:`tiles_for`): JPEG's cost depends on it."""
+
+
+def tiles_for(protocol: str, n: int, size: int, seed: int = 0) -> np.ndarray:
+    """The tiles a ``protocol`` request carries: real H&E crops for JPEG, else synthetic.
+
+    A JPEG of smooth synthetic fields is smaller and faster to decode than
+    one of real tissue, so the JPEG protocols send crops of a real H&E tile
+    (:func:`bench.gpu_packages.he_crops`, quality 90 in :func:`encode`).
+    """
+    if protocol in JPEG_PROTOCOLS:
+        from bench.gpu_packages import he_crops
+
+        return he_crops(n, size)
+    return synthetic_tiles(n, size, seed=seed)
 
 
 def synthetic_tiles(n: int, size: int, seed: int = 0) -> np.ndarray:
@@ -81,6 +99,10 @@ def build_payload(protocol: str, model: str, tiles: np.ndarray) -> Payload:
         return Payload(protocol, n, v2_path, body, headers)
     if protocol == "v2-json":
         data = [base64.b64encode(encode(t, "PNG")).decode() for t in tiles]
+        doc = {"inputs": [{"name": "tiles", "shape": [n], "datatype": "BYTES", "data": data}]}
+        return Payload(protocol, n, v2_path, json.dumps(doc).encode(), _JSON)
+    if protocol == "v2-json-jpeg":
+        data = [base64.b64encode(encode(t, "JPEG")).decode() for t in tiles]
         doc = {"inputs": [{"name": "tiles", "shape": [n], "datatype": "BYTES", "data": data}]}
         return Payload(protocol, n, v2_path, json.dumps(doc).encode(), _JSON)
     if protocol in ("v1", "v1-jpeg"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from bench.coldstart import section as coldstart_section
+from bench.defaults import section as defaults_section
+from bench.frontends import section as frontends_section
 from bench.gil import section as gil_section
 from bench.instances import section as instances_section
 from bench.markdown import CELL_HEADER, cell_row
@@ -177,6 +179,8 @@ def markdown(results: dict[str, Any], pngs: dict[str, str]) -> str:
     for label, model in results["models"].items():
         lines += model_section(label, model, pngs.get(label))
     lines += null_section(results.get("null_model"))
+    lines += frontends_section(results.get("frontends"))
+    lines += defaults_section(results.get("defaults"))
     lines += instances_section(results.get("instances"))
     lines += gil_section(results.get("gil"))
     lines += workers_section(results.get("workers"))

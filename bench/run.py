@@ -294,6 +294,20 @@ def measure_instances(
         client.close()
 
 
+def measure_defaults(profile: Profile, client: Any, log_dir: Path) -> dict[str, Any]:
+    """Each server at its defaults: 1 vs 2 front ends on the null model, the demo vs Triton."""
+    from bench import defaults, frontends
+
+    rounds = 1 if profile.name == "tiny" else 2
+    out: dict[str, Any] = {}
+    if profile.null_model:
+        log("null model at the defaults: 1 vs 2 front ends, beside Triton")
+        out["frontends"] = frontends.measure(profile, client, log_dir, log, rounds=rounds)
+    log("demo package at each server's defaults")
+    out["defaults"] = defaults.measure(profile, client, log_dir, log, rounds=rounds)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the profile and writes the results; returns the exit status."""
     args = parse_args(argv)
@@ -326,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             log("null model")
             results["null_model"] = null_rate.measure(profile, client, log_dir, log)
+        results.update(measure_defaults(profile, client, log_dir))
     finally:
         client.close()
     if profile.device == "cpu" and profile.name != "tiny":

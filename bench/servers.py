@@ -68,6 +68,29 @@ def start_histoserve(
     )
 
 
+def start_histoserve_defaults(
+    package: Path, *, model: str, log_dir: Path, kind: str, frontends: int = 1
+) -> Server:
+    """``python -m predictor`` as a user runs it: only the package, the name and the ports.
+
+    Every other setting is the server's default (batching, device, runner,
+    instances, stage-1 workers), and its environment carries no thread
+    pinning (``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` are removed), so
+    torch picks its own. ``frontends`` above 1 adds ``--frontends``.
+    """
+    ports = (free_port(), free_port())
+    args = predictor_command(
+        package.parent, ports, "--checkpoint", package.name, "--model_name", model,
+        *(("--frontends", str(frontends)) if frontends > 1 else ()),
+    )  # fmt: skip
+    env = {k: v for k, v in bench_env(1).items() if k not in UNPINNED}
+    return spawn(args, ports=ports, log_dir=log_dir, model_name=model, env=env, kind=kind)
+
+
+UNPINNED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+"""Left out of a server's environment "at its defaults": torch then uses every core."""
+
+
 def start_naive(package: Path, *, model: str, device: str, threads: int, log_dir: Path) -> Server:
     """The naive baseline (:mod:`bench.naive`) on stock KServe (not yet ready)."""
     ports = (free_port(), free_port())

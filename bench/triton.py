@@ -142,6 +142,24 @@ def start_triton(
     return TritonServer(**base, metrics_port=metrics_port)
 
 
+def start_triton_defaults(package: Path, *, model: str, device: str, log_dir: Path) -> TritonServer:
+    """Triton as a user would first configure it for this package (not yet ready).
+
+    Its dynamic batcher at its own default (no queue delay), one instance,
+    torch's own thread count (one per core). Triton has no default batch
+    size, so it gets histoserve's (32).
+    """
+    return start_triton(
+        package,
+        model=model,
+        device=device,
+        max_batch_size=32,
+        max_latency_ms=0.0,
+        threads=os.cpu_count() or 1,
+        log_dir=log_dir,
+    )
+
+
 def check_embeddings(package: Path, servers: Mapping[str, Server]) -> dict[str, Any]:
     """Served embeddings vs the in-process forward, per server and protocol.
 

@@ -62,6 +62,13 @@ class Server:
     kind: str = "histoserve"
 
     @property
+    def processes(self) -> int:
+        """Serving processes: the device owner, plus N front ends when ``--frontends N`` > 1."""
+        flags = self.args
+        n = int(flags[flags.index("--frontends") + 1]) if "--frontends" in flags else 1
+        return 1 + n if n > 1 else 1
+
+    @property
     def http_url(self) -> str:
         """``127.0.0.1:<http_port>`` (what tritonclient takes)."""
         return f"127.0.0.1:{self.http_port}"

@@ -14,7 +14,8 @@ Messages, ``(kind, ...)``:
 - owner -> front end: ``("welcome", info)`` once (the model's description and
   the slab); ``("done", rid, queue_depth, live, [outcome, ...])`` per submit,
   where an outcome is ``("ok", [ArrayDesc, ...])`` or ``("error", class
-  name, message, retry_after_s)``.
+  name, message, retry_after_s)``; ``("state", queue_depth, live)`` to every
+  front end when the device's liveness changes.
 """
 
 from __future__ import annotations

@@ -11,15 +11,19 @@ request's tiles are settled writes their outputs into the same slots and
 answers with one outcome per tile: the result's descriptors, or the error
 (the batch's failure, the queue bound, the drain).
 
-A front end that goes away is forgotten once its tiles still in the batcher
-are settled; its slab is unlinked then. Nothing here knows HTTP or gRPC.
+When the device becomes unusable (a sticky error took out every worker),
+every front end is told at once (``("state", depth, live)``), not only the
+one whose request saw the failure: liveness and readiness then fail on
+whichever front end the kubelet's probe reaches. A front end that goes away
+is forgotten once its tiles still in the batcher are settled; its slab is
+unlinked then. Nothing here knows HTTP or gRPC.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,8 @@ from predictor.serving.forward import BatchItem
 from predictor.serving.model import BaseServerModel
 
 logger = logging.getLogger("histoserve")
+
+LIVENESS_POLL_S = 0.25
 
 
 class DeviceOwner:
@@ -57,6 +63,9 @@ class DeviceOwner:
         self._info = dict(info)
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._links: set[_Link] = set()
+        self._live = True
+        self._watcher: asyncio.Task[None] | None = None
         self.hellos: asyncio.Queue[int] = asyncio.Queue()
         """The pid of each front end that connected (the supervisor's start-up wait)."""
         self.connected: set[int] = set()
@@ -67,11 +76,14 @@ class DeviceOwner:
         self._server = await asyncio.start_unix_server(
             self._accept, path=str(self._socket_path), limit=1 << 20
         )
+        self._watcher = asyncio.get_running_loop().create_task(self._watch_liveness())
 
     async def close(self) -> None:
         """Stops listening and waits for every connection's tiles to be settled."""
         if self._server is not None:
             self._server.close()
+        if self._watcher is not None:
+            self._watcher.cancel()
         if self._connections:
             await asyncio.wait(set(self._connections))
 
@@ -92,29 +104,54 @@ class DeviceOwner:
         if hello is None or hello[0] != "hello":
             return
         _, index, pid = hello
-        link = _Link(self._model, Slab.create(self._layout), FrameWriter(writer))
+        link = _Link(
+            self._model, Slab.create(self._layout), FrameWriter(writer), self.tell_liveness
+        )
         layout = (self._layout.input_bytes, self._layout.output_bytes, self._layout.slots)
         writer.write(frame(("welcome", {**self._info, "slab": link.slab.name, "layout": layout})))
         logger.info("front end %d (pid %d) connected; slab %s", index, pid, link.slab.name)
         self.connected.add(pid)
         self.hellos.put_nowait(pid)
+        self._links.add(link)
         try:
             while (message := await read_frame(reader)) is not None:
                 if message[0] == "submit":
                     link.submit(*message[1:])
         finally:
+            self._links.discard(link)
             await link.idle.wait()  # its tiles still in the batcher view the slab
             link.slab.close()
             logger.info("front end %d (pid %d) disconnected", index, pid)
+
+    def tell_liveness(self) -> None:
+        """Tells every front end the model's liveness if it changed since last told."""
+        live = self._model.live
+        if live != self._live:
+            self._live = live
+            for link in self._links:
+                link.send_state()
+
+    async def _watch_liveness(self) -> None:
+        """Catches a change no answer carried (the batcher failing with nothing queued)."""
+        while True:
+            await asyncio.sleep(LIVENESS_POLL_S)
+            self.tell_liveness()
 
 
 class _Link:
     """One front end's slab and stream, and its requests the batcher still holds."""
 
-    def __init__(self, model: BaseServerModel, slab: Slab, writer: FrameWriter) -> None:
+    def __init__(
+        self,
+        model: BaseServerModel,
+        slab: Slab,
+        writer: FrameWriter,
+        after_reply: Callable[[], None],
+    ) -> None:
         self._model = model
         self.slab = slab
         self._writer = writer
+        self._after_reply = after_reply
         self._outstanding = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -169,6 +206,14 @@ class _Link:
 
     def _reply(self, rid: int, outcomes: list[Any]) -> None:
         if not self._writer.closing:
-            batcher = self._model.batcher
-            depth = batcher.queue_depth if batcher is not None else 0
-            self._writer.send(("done", rid, depth, self._model.live, outcomes))
+            self._writer.send(("done", rid, *self._state(), outcomes))
+        self._after_reply()
+
+    def send_state(self) -> None:
+        """Sends the owner's queue depth and liveness without an answer."""
+        if not self._writer.closing:
+            self._writer.send(("state", *self._state()))
+
+    def _state(self) -> tuple[int, bool]:
+        batcher = self._model.batcher
+        return (batcher.queue_depth if batcher is not None else 0), self._model.live

@@ -152,6 +152,8 @@ class BatcherProxy:
         while (message := await read_frame(reader)) is not None:
             if message[0] == "done":
                 self._settle(*message[1:])
+            elif message[0] == "state":
+                self._owner_depth, self._owner_live = message[1:]
         self._connected = False
         if not self._draining:
             logger.error("%s: the device owner is gone; liveness fails", self._name)

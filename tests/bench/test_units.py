@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 import subprocess
@@ -95,6 +96,20 @@ def test_payloads_are_well_formed(protocol: str) -> None:
     else:
         assert json.loads(payload.body)
     assert payload.tiles == 2
+
+
+def test_jpeg_payloads_carry_real_he_texture_as_base64_jpeg() -> None:
+    from bench.payloads import tiles_for
+
+    tiles = tiles_for("v2-json-jpeg", 2, 64)
+    assert tiles.shape == (2, 64, 64, 3) and not np.array_equal(tiles, synthetic_tiles(2, 64))
+    doc = json.loads(build_payload("v2-json-jpeg", "m", tiles).body)
+    (tile_input,) = doc["inputs"]
+    assert tile_input["name"] == "tiles" and tile_input["datatype"] == "BYTES"
+    assert tile_input["shape"] == [2]
+    assert base64.b64decode(tile_input["data"][0])[:3] == b"\xff\xd8\xff"  # JPEG SOI
+    v1 = json.loads(build_payload("v1-jpeg", "m", tiles).body)
+    assert base64.b64decode(v1["instances"][1]["image_data"])[:3] == b"\xff\xd8\xff"
 
 
 def test_rest_output_rows_reads_v2_and_v1() -> None:

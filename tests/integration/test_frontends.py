@@ -264,6 +264,27 @@ def test_sigterm_mid_load_loses_nothing_and_every_process_exits_0(
     assert re.search(r"\[owner\] device owner stopped \(drained\)", server.log())
 
 
+def test_a_lost_device_fails_liveness_on_every_front_end(embedding_package_dir, tmp_path):
+    """The third batch is a sticky device error; the kubelet's probe may reach either front end."""
+    server = start_server(
+        embedding_package_dir, tmp_path, "--frontends", "2", "--fault_injection", "fatal:3"
+    )
+    try:
+        for i in range(2):
+            binary_rest(server, random_tiles(1, seed=60 + i))
+        content, headers = wire.encode_request({"pixels": random_tiles(1, seed=62)})
+        fatal = httpx.post(infer_url(server), content=content, headers=headers, timeout=60)
+        assert fatal.status_code == 503, fatal.text
+        live = [httpx.get(f"{server.base}/v2/health/live", timeout=5) for _ in range(16)]
+        assert [r.status_code for r in live] == [503] * 16
+        probed = set(
+            re.findall(r'\[(frontend-\d)\] [^"]+"GET /v2/health/live[^"]*" 503', server.log())
+        )
+        assert probed == {"frontend-0", "frontend-1"}, "the probes did not reach both front ends"
+    finally:
+        server.stop()
+
+
 def test_a_dead_front_end_is_restarted_and_a_dead_owner_fails_liveness(
     embedding_package_dir, tmp_path
 ):
