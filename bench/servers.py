@@ -47,7 +47,8 @@ def start_histoserve(
     """``python -m predictor`` serving ``package`` with the given batching (not yet ready).
 
     ``forward_runner`` is passed only when given, ``--instances_per_device``
-    and ``--frontends`` only above 1; ``source`` is a folder holding
+    always (the older server of ``source`` only above 1) and ``--frontends``
+    only above 1; ``source`` is a folder holding
     another version's ``predictor`` package to serve instead of this checkout's
     (see :mod:`bench.before`).
     """
@@ -59,7 +60,7 @@ def start_histoserve(
         "--max_queue_size", str(max(max_queue_size, max_batch_size)),
         "--preprocess_workers", str(workers), "--drain_timeout_s", "5",
         *(("--forward_runner", forward_runner) if forward_runner else ()),
-        *(("--instances_per_device", str(instances)) if instances > 1 else ()),
+        *(("--instances_per_device", str(instances)) if source is None or instances > 1 else ()),
         *(("--frontends", str(frontends)) if frontends > 1 else ()),
     )  # fmt: skip
     env = bench_env(threads)

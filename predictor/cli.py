@@ -12,8 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
-import math
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -21,27 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from predictor.config import FORWARD_RUNNERS, BatchingConfig, LimitsConfig, ModelConfig
+from predictor.device.cpus import available_cpus, resolve_instances
 
 logger = logging.getLogger("histoserve")
 
 EXIT_STARTUP_ERROR = 2
 # What `histoserve serve` and `histoserve export` need beyond the client side.
 SERVER_MODULES = ("torch", "kserve", "yaml", "prometheus_client")
-
-
-def available_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
-    """CPUs this process may use: the cgroup quota in a container, else the affinity mask.
-
-    ``os.cpu_count()`` reports the node's CPUs inside a pod, far more than its limit.
-    """
-    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    try:
-        quota, period = cgroup_cpu_max.read_text().split()[:2]
-        if quota != "max":
-            count = min(count or 1, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, count or 1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,9 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--instances_per_device",
-        type=int,
-        default=1,
-        help="device workers per device on one shared queue (CPU or each GPU)",
+        type=_instances,
+        default=None,
+        help="device workers per device on one shared queue (CPU or each GPU); auto (the "
+        "default): 2 on the CPU, each with half the cores' threads, 1 on a GPU",
     )
     add(
         "--rest_fast_path",
@@ -161,6 +146,18 @@ def early_frontends(argv: Sequence[str]) -> tuple[int, int | None]:
     known, _ = early.parse_known_args(argv)
     index = known.frontend_index if known.frontend_socket else None
     return frontend_count(known.frontends, available_cpus()), index
+
+
+def _instances(value: str) -> int | None:
+    """``auto`` (None: :func:`predictor.device.cpus.resolve_instances` decides) or a count."""
+    if value == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected auto or a whole number, got {value!r}"
+        ) from None
 
 
 def _strtobool(value: str) -> bool:
@@ -292,7 +289,9 @@ def serve(argv: Sequence[str] | None = None) -> int:
     if index is None and frontends > 1:
         from predictor.frontends.supervisor import Supervisor, slot_layout
 
-        layout = slot_layout(model, batching, model_config.instances_per_device)
+        # The CPU's count bounds a GPU's (1): a few spare slots at most, paged in only if used.
+        workers = resolve_instances(model_config.instances_per_device, "cpu", available_cpus())
+        layout = slot_layout(model, batching, workers)
         return Supervisor(model, frontends, argv, layout, args.drain_timeout_s).run()
     server.start([model])
     return 0

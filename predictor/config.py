@@ -98,7 +98,8 @@ class ModelConfig:
             ABI called with the GIL released, CPU only).
         instances_per_device: Device workers sharing the one queue (Triton's
             instance groups), per device: CPU or each GPU (own normaliser and
-            CUDA stream per instance).
+            CUDA stream per instance). ``None`` (the default, ``auto``): what
+            measured best for the device (:func:`predictor.device.cpus.resolve_instances`).
         model_class: ``MODULE:CLASS`` of a ``BaseServerModel`` subclass to
             serve; ``None`` serves the spec family's class.
         allow_tf32: Lets fp32 packages run their cuBLAS/cuDNN matmuls and
@@ -114,12 +115,12 @@ class ModelConfig:
     preprocess_workers: int = 2
     fault_injection: str | None = None
     forward_runner: str = "auto"
-    instances_per_device: int = 1
+    instances_per_device: int | None = None
     model_class: str | None = None
     allow_tf32: bool = False
 
     def __post_init__(self) -> None:
-        if self.instances_per_device < 1:
+        if self.instances_per_device is not None and self.instances_per_device < 1:
             raise ConfigError(f"instances_per_device must be >= 1, got {self.instances_per_device}")
         if self.forward_runner not in FORWARD_RUNNERS:
             raise ConfigError(

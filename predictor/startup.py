@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
+from predictor.device.cpus import available_cpus, resolve_instances, threads_per_instance
 from predictor.device.faults import parse_fault_spec
 from predictor.errors import SpecError
 from predictor.families import load_model_class, model_class_for
@@ -67,7 +68,8 @@ def build_model(
     cls = load_model_class(config.model_class) if config.model_class else model_class_for(spec)
     # Each device's package holds one model copy per instance; each worker
     # gets its own normaliser and, on CUDA, stream (predictor.device.workers).
-    instances = config.instances_per_device
+    cpus = available_cpus()
+    instances = resolve_instances(config.instances_per_device, device.type, cpus)
     packages = {
         str(d): open_package(
             checkpoint, d, facts, phases, runner=config.forward_runner, instances=instances
@@ -83,6 +85,7 @@ def build_model(
         preprocess_workers=config.preprocess_workers,
         name=name,
         instances_per_device=instances,
+        cpu_threads_per_instance=threads_per_instance(device.type, instances, cpus),
     )
     fault_hook = parse_fault_spec(config.fault_injection) if config.fault_injection else None
     model = cls(

@@ -75,6 +75,8 @@ class DeviceWorkers:
         forward: Forward,
         instances: int,
         max_batch: int = 0,
+        *,
+        cpu_threads: int | None = None,
     ) -> Forward | dict[str, Forward]:
         """The batcher's workers: ``instances`` per device, devices in order.
 
@@ -92,6 +94,9 @@ class DeviceWorkers:
             instances: Workers per device.
             max_batch: The largest batch (``max_batch_size``): every worker's
                 staging buffer is sized for it once; 0 lets it grow.
+            cpu_threads: Intra-op threads each CPU worker's thread sets for
+                itself before its first forward (OpenMP's count is per
+                thread); None leaves torch's count.
 
         Raises:
             ValueError: ``instances`` below 1.
@@ -102,7 +107,9 @@ class DeviceWorkers:
             return self._bound(first_slot, forward, bind=False)
         for slot in slots.values():
             slot.normalizer.reserve(max_batch)
-        return {name: self._bound(slot, forward) for name, slot in slots.items()}
+        return {
+            name: self._bound(slot, forward, threads=cpu_threads) for name, slot in slots.items()
+        }
 
     def worker_slots(
         self, first: str, first_slot: DeviceSlot, instances: int
@@ -131,7 +138,9 @@ class DeviceWorkers:
                 out[name if instances == 1 else f"{name}#{i}"] = own
         return out
 
-    def _bound(self, slot: DeviceSlot, forward: Forward, *, bind: bool = True) -> Forward:
+    def _bound(
+        self, slot: DeviceSlot, forward: Forward, *, bind: bool = True, threads: int | None = None
+    ) -> Forward:
         """``forward`` on ``slot``'s device and stream, OOMs counted; the thread bound to ``slot``.
 
         With a stream, the stream is synchronised before the outputs are
@@ -144,6 +153,8 @@ class DeviceWorkers:
         def run(samples: list[Any], mode: Any) -> list[Any]:
             if bind:
                 self._local.slot = slot
+            if threads is not None and device.type == "cpu":
+                set_thread_count(self._local, threads)
             try:
                 with counting_ooms(device, self._memory_stats), on_device(device, slot.stream):
                     outputs = forward(samples, mode)
@@ -154,3 +165,14 @@ class DeviceWorkers:
                 self._local.slot = None
 
         return run
+
+
+def set_thread_count(local: threading.local, threads: int) -> None:
+    """Sets the calling thread's intra-op thread count once (``torch.set_num_threads``).
+
+    OpenMP keeps the count per calling thread, so each CPU worker's forwards
+    run on its own share of the cores whatever the others set.
+    """
+    if getattr(local, "threads", None) != threads:
+        torch.set_num_threads(threads)
+        local.threads = threads

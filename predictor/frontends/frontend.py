@@ -126,7 +126,7 @@ def build_frontend_model(
         limits=limits,
         preprocess_workers=config.preprocess_workers,
         name=name,
-        instances_per_device=config.instances_per_device,
+        instances_per_device=config.instances_per_device or 1,  # the owner's workers
     )
     slab = Slab.attach(info["slab"], SlotLayout(*info["layout"]))
     model = cls(

@@ -148,6 +148,23 @@ class BatcherProxy:
         if self._reader_task is not None:
             await self._reader_task
 
+    def close_nowait(self) -> list[asyncio.Task[None]]:
+        """:meth:`close` for a model's synchronous ``stop`` (the batcher's contract).
+
+        Returns:
+            The reader task, which fails what is unanswered with
+            ``ModelNotReady`` as it ends (at the loop's next turns). After the
+            loop has closed, only the socket is closed.
+        """
+        self._draining = True  # a stop, not the owner going away: no liveness alarm
+        task = self._reader_task
+        if task is None or task.get_loop().is_closed():
+            self._sock.close()
+            return []
+        if self._writer is not None:
+            self._writer.close()
+        return [] if task.done() else [task]
+
     async def _read(self, reader: asyncio.StreamReader) -> None:
         while (message := await read_frame(reader)) is not None:
             if message[0] == "done":

@@ -196,7 +196,10 @@ class BaseServerModel(TileHooks, Model):
             instances = self._options.instances_per_device
             max_batch = self._options.batching.max_batch_size
             forward = batch_forward(self.forward_batch)
-            runs = self._devices.runs(str(self._device), first, forward, instances, max_batch)
+            threads = self._options.cpu_threads_per_instance
+            runs = self._devices.runs(
+                str(self._device), first, forward, instances, max_batch, cpu_threads=threads
+            )
             self._batcher = DynamicBatcher(
                 runs,
                 self._options.batching,

@@ -16,3 +16,5 @@ class ServingOptions:
     preprocess_workers: int = 2
     name: str | None = None
     instances_per_device: int = 1
+    cpu_threads_per_instance: int | None = None
+    """Intra-op threads each CPU device worker sets for itself (None: torch's own count)."""

@@ -138,10 +138,10 @@ def test_kserve_batcher(render):
 
 
 def test_instances_per_device_reaches_the_server_flag(render):
-    assert "instances_per_device" not in args_of(isvc_container(render()))  # 1: the default
-    objs = render(set_json={"batching.instancesPerDevice": 2, "gpu.count": 0})
-    args = args_of(isvc_container(objs))
-    assert args["instances_per_device"] == "2"
+    assert "instances_per_device" not in args_of(isvc_container(render()))  # null: auto
+    for count in (1, 2):
+        objs = render(set_json={"batching.instancesPerDevice": count, "gpu.count": 0})
+        assert args_of(isvc_container(objs))["instances_per_device"] == str(count)
 
 
 def test_several_gpus_are_served_by_device_auto(render, render_error):

@@ -239,8 +239,11 @@ def test_cohort_job_survives_replica_restart(
         missing("helm not found (.tools/bin/helm or PATH): run `make helm`")
     out = tmp_path / "features"
     out.mkdir()
-    a = start_server(embedding_package_dir, tmp_path / "logs")
-    b = start_server(embedding_package_dir, tmp_path / "logs")
+    # One device worker each: the cohort must outlast replica A's restart, and two
+    # workers per replica (the CPU default) finish it first on this machine.
+    one_worker = ("--instances_per_device", "1")
+    a = start_server(embedding_package_dir, tmp_path / "logs", *one_worker)
+    b = start_server(embedding_package_dir, tmp_path / "logs", *one_worker)
     service = LoopbackService([a.http_port, b.http_port])
     job = render_job(helm, f"http://127.0.0.1:{service.port}")
     restarted: Server | None = None

@@ -290,6 +290,7 @@ def test_a_dead_front_end_is_restarted_and_a_dead_owner_fails_liveness(
 ):
     server = start_server(embedding_package_dir, tmp_path, "--frontends", "2")
     owner = psutil.Process(server.pid)
+    wait_for_log(server, "front ends connected")  # ready once one has; a later death is a restart
     frontends = frontend_procs(owner)
     try:
         frontends[0].kill()
@@ -309,6 +310,13 @@ def test_a_dead_front_end_is_restarted_and_a_dead_owner_fails_liveness(
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
         server.proc.wait(30)
+
+
+def wait_for_log(server: Server, text: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in server.log():
+        assert time.monotonic() < deadline, f"no {text!r} in the log:\n{server.tail()}"
+        time.sleep(0.1)
 
 
 def wait_for_restart(server: Server, owner: psutil.Process, gone: int) -> int:

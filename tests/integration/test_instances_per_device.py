@@ -112,7 +112,7 @@ async def _serve(model: Any, requests: list[np.ndarray]) -> list[Any]:
 def test_flag_and_config_validate() -> None:
     args = build_parser().parse_args(["--instances_per_device", "3"])
     assert configs_from_args(args)[0].instances_per_device == 3
-    assert build_parser().parse_args([]).instances_per_device == 1
+    assert build_parser().parse_args([]).instances_per_device is None  # auto
     with pytest.raises(ValueError, match="instances_per_device must be >= 1, got 0"):
         ModelConfig(instances_per_device=0)
 

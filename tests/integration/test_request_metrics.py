@@ -20,6 +20,7 @@ from harness.grpc_client import GrpcClient, GrpcError
 from harness.server import Server, start_server
 from harness.tiles import random_tiles
 from predictor.client.histoserve import HistoserveClient, InferenceError
+from predictor.device.cpus import available_cpus, resolve_instances
 
 pytestmark = pytest.mark.integration
 
@@ -83,12 +84,17 @@ def families(server: Server) -> dict[str, object]:
     return {family.name: family for family in text_string_to_metric_families(text)}
 
 
-def _value(families: dict, family: str, sample: str, **labels: str) -> float:
-    values = [
+def _samples(families: dict, family: str, sample: str, **labels: str) -> list[float]:
+    """Every matching series' value (one per device worker for the per-worker families)."""
+    return [
         s.value
         for s in families[family].samples
         if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items())
     ]
+
+
+def _value(families: dict, family: str, sample: str, **labels: str) -> float:
+    values = _samples(families, family, sample, **labels)
     assert len(values) == 1, (sample, labels, families[family].samples)
     return values[0]
 
@@ -125,14 +131,15 @@ def test_metrics_count_exactly_the_traffic_sent(server: Server, families: dict) 
     forwards = _value(
         families, "histoserve_forward_seconds", "histoserve_forward_seconds_count", model=model
     )
-    assert (
-        _value(
-            families, "histoserve_device_forwards", "histoserve_device_forwards_total", outcome="ok"
-        )
-        == forwards
+    per_worker = _samples(
+        families, "histoserve_device_forwards", "histoserve_device_forwards_total", outcome="ok"
     )
+    assert sum(per_worker) == forwards
     assert 1 <= forwards <= ok
-    assert _value(families, "histoserve_device_up", "histoserve_device_up", model=model) == 1
+    up = _samples(families, "histoserve_device_up", "histoserve_device_up", model=model)
+    workers = resolve_instances(None, "cpu", available_cpus())  # the server's default
+    assert len(up) == workers and set(up) == {1.0}  # every device worker serves
+    assert 1 <= len(per_worker) <= workers
 
 
 def test_names_labels_and_help_texts_are_the_contract(families: dict) -> None:

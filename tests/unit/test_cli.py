@@ -157,3 +157,16 @@ def test_frontends_are_read_before_anything_heavy_is_imported():
 def test_frontends_flag_is_in_the_parser_with_its_default():
     args = build_parser().parse_args(["--model_dir", "/m"])
     assert args.frontends == "1" and args.frontend_socket is None
+
+
+@pytest.mark.parametrize(("value", "want"), [(None, None), ("auto", None), ("3", 3)])
+def test_instances_per_device_defaults_to_auto(value, want):
+    args = build_parser().parse_args([] if value is None else ["--instances_per_device", value])
+    model, _, _ = configs_from_args(args)
+    assert model.instances_per_device == want
+
+
+def test_a_bad_instance_count_names_the_flag(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--instances_per_device", "two"])
+    assert "--instances_per_device" in capsys.readouterr().err

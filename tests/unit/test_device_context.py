@@ -127,7 +127,10 @@ def _build(
     monkeypatch.setattr(
         startup, "create_metrics", lambda name: create_metrics(name, CollectorRegistry())
     )
-    config = ModelConfig(model_dir=model_dir, device="auto", preprocess_workers=1)
+    # One worker per stand-in GPU, as ``auto`` gives on real ones (these devices say "cpu").
+    config = ModelConfig(
+        model_dir=model_dir, device="auto", preprocess_workers=1, instances_per_device=1
+    )
     batching = BatchingConfig(max_batch_size=2, max_latency_ms=1, max_queue_size=16)
     with use_device_context(recorder):
         model = startup.build_model(config, batching, LimitsConfig())

@@ -275,7 +275,7 @@ the h2c one with appProtocol kubernetes.io/h2c).
 {{- if ne $b.preprocessWorkers nil }}
 - --preprocess_workers={{ $b.preprocessWorkers }}
 {{- end }}
-{{- if gt (int $b.instancesPerDevice) 1 }}
+{{- if ne $b.instancesPerDevice nil }}
 - --instances_per_device={{ $b.instancesPerDevice }}
 {{- end }}
 {{- $frontends := include "histoserve.frontends" . | int }}

@@ -1,0 +1,58 @@
+"""The front end's batcher proxy: its stop settles every future it handed out."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from predictor.errors import ModelNotReady
+from predictor.frontends.proxy import BatcherProxy
+from predictor.frontends.shm import Slab, layout_for
+
+
+def _item(seed: int) -> SimpleNamespace:
+    tile = np.full((8, 8, 3), seed, dtype=np.uint8)
+    return SimpleNamespace(sample=SimpleNamespace(tile=tile, extra_tensors={}),
+                           request=SimpleNamespace(index=0))  # fmt: skip
+
+
+async def _submit_then_stop() -> tuple[list[BaseException | None], list[str], bool]:
+    layout = layout_for(tile_size=8, extra_bytes=0, output_bytes=16, slots=4)
+    slab = Slab.create(layout)
+    ours, owner_end = socket.socketpair()
+    gone: list[str] = []
+    proxy = BatcherProxy(ours, slab, "m", 1.0, on_owner_gone=lambda: gone.append("gone"))
+    try:
+        await proxy.start()
+        futures = proxy.submit([_item(1), _item(2)])
+        tasks = proxy.close_nowait()  # as ``BaseServerModel.stop`` calls it, no answer came
+        await asyncio.gather(*tasks)
+        errors = [f.exception() if f.done() else None for f in futures]
+        return errors, gone, proxy.healthy
+    finally:
+        owner_end.close()
+        slab.close()
+
+
+def test_close_nowait_fails_what_is_unanswered_and_raises_no_alarm():
+    errors, gone, healthy = asyncio.run(_submit_then_stop())
+    assert [type(e) for e in errors] == [ModelNotReady, ModelNotReady]
+    assert gone == [] and healthy is False
+
+
+def test_close_nowait_after_the_loop_closed_only_closes_the_socket():
+    ours, other = socket.socketpair()
+    layout = layout_for(tile_size=8, extra_bytes=0, output_bytes=16, slots=1)
+    slab = Slab.create(layout)
+    try:
+        proxy = BatcherProxy(ours, slab, "m", 1.0)
+        assert proxy.close_nowait() == []
+        with pytest.raises(OSError):
+            ours.send(b"x")
+    finally:
+        other.close()
+        slab.close()
