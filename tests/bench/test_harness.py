@@ -122,3 +122,35 @@ def test_cold_start_stage_ran_last_on_the_demo_package(tiny_results: tuple[Path,
     starts = part["demo"]["starts"]
     assert starts["warm"]["runs"] == 1 and starts["warm"]["total"] > starts["warm"]["imports"] > 0
     assert "## Cold start: process start to ready" in (tiny_results[0] / "results.md").read_text()
+
+
+@pytest.mark.integration
+def test_front_ends_and_defaults_stages_ran(tiny_results: tuple[Path, dict]) -> None:
+    from bench import triton
+    from bench.frontends import PROTOCOLS as FE_PROTOCOLS
+    from bench.frontends import TRITON_PROTOCOLS
+
+    fe = tiny_results[1]["frontends"]
+    served = {("histoserve", p) for p in FE_PROTOCOLS}
+    served |= {("histoserve --frontends 2", p) for p in FE_PROTOCOLS}
+    if triton.available():
+        served |= {("triton", p) for p in TRITON_PROTOCOLS}
+    assert {(c["server"], c["protocol"]) for c in fe["cells"]} == served
+    for cell in fe["cells"]:
+        assert cell["requests_per_s"] > 0 and not cell["errors"], cell
+        assert cell["cpu_ms_per_request"] > 0 and cell["output_shape"] == [1, 1536], cell
+    assert {t["target"] for t in fe["targets"]} >= {
+        "N front ends vs one, binary REST",
+        "V2 JSON JPEG CPU per request vs V1's",
+    }
+    assert all(t["ratio"] > 0 and isinstance(t["met"], bool) for t in fe["targets"])
+    demo = tiny_results[1]["defaults"]
+    assert {(c["protocol"], c["concurrency"], c["tiles"]) for c in demo["cells"]} == {
+        ("v2-pixels", 64, 1), ("v2-grpc", 64, 1), ("v2-pixels", 16, 32)
+    }  # fmt: skip
+    assert all(c["throughput"] > 0 and not c["errors"] for c in demo["cells"])
+    of_limit = [t for t in demo["targets"] if "limit" in t["target"]]
+    assert len(of_limit) == 1 and of_limit[0]["limit_tps"] > 0
+    markdown = (tiny_results[0] / "results.md").read_text()
+    assert "## Null model at each server's defaults" in markdown
+    assert "## Demo package, each server at its defaults" in markdown
