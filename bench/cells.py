@@ -14,8 +14,9 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from bench.config import ModelCase, Profile, Windows
@@ -193,3 +194,26 @@ def _one_line(label: str, r: dict[str, Any]) -> str:
         f" {r['throughput']:8.1f} tiles/s  p50 {p50 if p50 is None else round(p50, 1)} ms"
         f"  batch {r.get('mean_batch', float('nan')):.1f}  errors {r['errors'] or 0}"
     )
+
+
+def run_alone(
+    measure: Callable[..., dict[str, Any]],
+    section: Callable[[dict[str, Any]], list[str]],
+    out: Path,
+    **options: Any,
+) -> int:
+    """A ``make bench`` stage run on its own (``python -m bench.<stage>``), full profile.
+
+    Prints the stage's Markdown and writes its results to ``out`` (JSON);
+    the servers' logs go beside it.
+    """
+    from bench.config import PROFILES
+
+    client = LoadClient()
+    try:
+        part = measure(PROFILES["full"], client, out.parent / f"{out.stem}-logs", print, **options)
+    finally:
+        client.close()
+    print("\n".join(section(part)))
+    out.write_text(json.dumps(part, indent=1, default=str))
+    return 0

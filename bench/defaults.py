@@ -16,15 +16,15 @@ p99 no higher than Triton's, and >= 0.9 of the limit at 16 x 32.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.cells import Cell, LoadClient
+from bench.cells import Cell, LoadClient, run_alone
 from bench.config import Profile
+from bench.markdown import target_rows
 
 CELLS = (("v2-pixels", 64, 1), ("v2-grpc", 64, 1), ("v2-pixels", 16, 32))
 VS_TRITON_GOAL = 1.25
@@ -152,30 +152,15 @@ def section(part: dict[str, Any] | None) -> list[str]:
             f"| {c.get('mean_batch') or 0:.1f} | {c.get('server_cores') or 0:.2f} / "
             f"{c.get('client_cores') or 0:.2f} / {c.get('other_cores') or 0:.2f} |"
         )
-    lines += ["", "| target (means over rounds) | ratio | goal | met |", "| --- | ---: | ---: | --- |"]  # fmt: skip
-    for t in part["targets"]:
-        extra = f" (p99 {t['p99_ms'][0]:.0f} vs {t['p99_ms'][1]:.0f} ms)" if "p99_ms" in t else ""
-        lines.append(f"| {t['target']}{extra} | {t['ratio']:.2f} | >= {t['goal']:.2f} "
-                     f"| {'yes' if t['met'] else 'no'} |")  # fmt: skip
-    return [*lines, ""]
+    return [*lines, "", *target_rows(part["targets"]), ""]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.config import PROFILES
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("/tmp/histoserve-defaults.json"))
     args = parser.parse_args(argv)
-    client = LoadClient()
-    try:
-        part = measure(PROFILES["full"], client, args.out.parent / "defaults-logs", print,
-                       rounds=args.rounds)  # fmt: skip
-    finally:
-        client.close()
-    print("\n".join(section(part)))
-    args.out.write_text(json.dumps(part, indent=1, default=str))
-    return 0
+    return run_alone(measure, section, args.out, rounds=args.rounds)
 
 
 if __name__ == "__main__":

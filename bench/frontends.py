@@ -18,14 +18,14 @@ ratios the issue's targets name, each marked met or missed.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.cells import Cell, LoadClient, with_cpu_per_request
+from bench.cells import Cell, LoadClient, run_alone, with_cpu_per_request
 from bench.config import Profile
+from bench.markdown import target_rows
 
 PROTOCOLS = ("v2-pixels", "v2-grpc", "v1-jpeg", "v2-json-jpeg")
 TRITON_PROTOCOLS = ("v2-pixels", "v2-grpc")
@@ -165,7 +165,7 @@ def section(part: dict[str, Any] | None) -> list[str]:
     """``results.md`` lines for the stage (empty when it did not run)."""
     if not part:
         return []
-    lines = [
+    return [
         f"## Null model at each server's defaults: 1 vs {part['frontends']} front ends, "
         f"beside Triton ({part['clients']} single-tile clients)",
         "",
@@ -174,32 +174,18 @@ def section(part: dict[str, Any] | None) -> list[str]:
         "| --- | --- | ---: | ---: | ---: | ---: | --- |",
         *(_line(c) for c in part["cells"]),
         "",
-        "| target (means over rounds) | ratio | goal | met |",
-        "| --- | ---: | ---: | --- |",
+        *target_rows(part["targets"]),
+        "",
     ]
-    for t in part["targets"]:
-        goal = f"<= {t['goal']:.2f}" if t.get("at_most") else f">= {t['goal']:.2f}"
-        lines.append(f"| {t['target']} | {t['ratio']:.2f} | {goal} | {'yes' if t['met'] else 'no'} |")  # fmt: skip
-    return [*lines, ""]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.config import PROFILES
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frontends", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("/tmp/histoserve-frontends.json"))
     args = parser.parse_args(argv)
-    client = LoadClient()
-    try:
-        part = measure(PROFILES["full"], client, args.out.parent / "frontends-logs", print,
-                       frontends=args.frontends, rounds=args.rounds)  # fmt: skip
-    finally:
-        client.close()
-    print("\n".join(section(part)))
-    args.out.write_text(json.dumps(part, indent=1, default=str))
-    return 0
+    return run_alone(measure, section, args.out, frontends=args.frontends, rounds=args.rounds)
 
 
 if __name__ == "__main__":

@@ -45,3 +45,17 @@ CELL_HEADER = [
     "| mean batch | requests | errors | cores: server / client / other |",
     "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
 ]
+
+
+def target_rows(targets: list[dict[str, Any]]) -> list[str]:
+    """A stage's targets as a Markdown table: ratio, goal (``>=``, or ``<=`` when ``at_most``), met.
+
+    A target with ``p99_ms`` (histoserve's, the other server's) shows both beside its name.
+    """
+    lines = ["| target (means over rounds) | ratio | goal | met |", "| --- | ---: | ---: | --- |"]
+    for t in targets:
+        extra = f" (p99 {t['p99_ms'][0]:.0f} vs {t['p99_ms'][1]:.0f} ms)" if "p99_ms" in t else ""
+        goal = f"{'<=' if t.get('at_most') else '>='} {t['goal']:.2f}"
+        met = "yes" if t["met"] else "no"
+        lines.append(f"| {t['target']}{extra} | {t['ratio']:.2f} | {goal} | {met} |")
+    return lines

@@ -158,3 +158,16 @@ def test_load_generator_imports_neither_torch_nor_kserve() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_target_rows_mark_each_goal_and_p99() -> None:
+    from bench.markdown import target_rows
+
+    rows = target_rows(
+        [
+            {"target": "a", "ratio": 1.3, "goal": 1.25, "met": True, "p99_ms": [254.2, 266.0]},
+            {"target": "b", "ratio": 1.1, "goal": 1.0, "met": False, "at_most": True},
+        ]
+    )
+    assert rows[2] == "| a (p99 254 vs 266 ms) | 1.30 | >= 1.25 | yes |"
+    assert rows[3] == "| b | 1.10 | <= 1.00 | no |"
