@@ -35,19 +35,16 @@ LIMIT_BATCH = 32
 def start(package: Path, profile: Profile, log_dir: Path, triton: bool) -> dict[str, Any]:
     """histoserve (and Triton when wanted) at their defaults, ready."""
     from bench import servers
-    from bench.triton import start_triton_defaults
+    from bench.triton import ready_beside_triton
 
     started: dict[str, Any] = {
         "histoserve": servers.start_histoserve_defaults(
             package, model="bench", log_dir=log_dir, kind="histoserve-defaults"
         )
     }
-    if triton:
-        started["triton"] = start_triton_defaults(
-            package, model="bench", device=profile.device, log_dir=log_dir
-        )
-    servers.wait_all_ready(started)
-    return started
+    return ready_beside_triton(
+        started, package, device=profile.device, log_dir=log_dir, triton=triton
+    )
 
 
 def measure(

@@ -59,7 +59,7 @@ def frontends_name(n: int) -> str:
 def start(frontends: int, log_dir: Path, device: str, triton: bool) -> dict[str, Any]:
     """The servers of the stage, ready: histoserve with 1 and N front ends, Triton if wanted."""
     from bench import servers
-    from bench.triton import start_triton_defaults
+    from bench.triton import ready_beside_triton
     from harness.packages import module_package
 
     package = module_package("h0-mini", "bench.null_model:build")
@@ -69,12 +69,7 @@ def start(frontends: int, log_dir: Path, device: str, triton: bool) -> dict[str,
         )
         for n in (1, frontends)
     }
-    if triton:
-        started["triton"] = start_triton_defaults(
-            package, model="bench", device=device, log_dir=log_dir
-        )
-    servers.wait_all_ready(started)
-    return started
+    return ready_beside_triton(started, package, device=device, log_dir=log_dir, triton=triton)
 
 
 def measure(

@@ -160,6 +160,20 @@ def start_triton_defaults(package: Path, *, model: str, device: str, log_dir: Pa
     )
 
 
+def ready_beside_triton(
+    started: dict[str, Any], package: Path, *, device: str, log_dir: Path, triton: bool
+) -> dict[str, Any]:
+    """``started`` plus Triton at its defaults when ``triton``, all of them ready."""
+    from bench.servers import wait_all_ready
+
+    if triton:
+        started["triton"] = start_triton_defaults(
+            package, model="bench", device=device, log_dir=log_dir
+        )
+    wait_all_ready(started)
+    return started
+
+
 def check_embeddings(package: Path, servers: Mapping[str, Server]) -> dict[str, Any]:
     """Served embeddings vs the in-process forward, per server and protocol.
 

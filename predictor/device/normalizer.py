@@ -36,12 +36,15 @@ class Normalizer:
         # x/255 - mean) / std  ==  x * scale + shift
         self.scale = (1.0 / (255.0 * std)).view(1, 3, 1, 1).to(device)
         self.shift = (-mean / std).view(1, 3, 1, 1).to(device)
+        # The CPU path's per-channel multiply-add: a Python float and a 0-d tensor each.
+        self._planes = [
+            (float(a), b.clone()) for a, b in zip(1.0 / (255.0 * std), -mean / std, strict=True)
+        ]
         self.device = device
         self.dtype = dtype
         self._host: torch.Tensor | None = None
         self._out: torch.Tensor | None = None  # CPU only: the reused float32 batch
         self._capacity = 0  # tiles the staging buffer is sized for when first allocated
-        self._cpu_constants: list[tuple[float, torch.Tensor]] | None = None
 
     @property
     def host_buffer(self) -> torch.Tensor | None:
@@ -53,7 +56,7 @@ class Normalizer:
         twin = object.__new__(Normalizer)
         twin.scale, twin.shift = self.scale.clone(), self.shift.clone()
         twin.device, twin.dtype, twin._host, twin._out = self.device, self.dtype, None, None
-        twin._capacity, twin._cpu_constants = self._capacity, None
+        twin._capacity, twin._planes = self._capacity, self._planes  # read only: shared
         return twin
 
     def reserve(self, max_batch: int) -> None:
@@ -115,16 +118,10 @@ class Normalizer:
         vectorise: 1.7x faster than one permuted copy and a broadcast
         ``addcmul`` over ``[B, C, H, W]``, with the same bits.
         """
-        for c, (scale, shift) in enumerate(self._channel_constants()):
+        for c, (scale, shift) in enumerate(self._planes):
             plane = out[:, c]
             plane.copy_(batch_hwc[..., c])
             torch.add(shift, plane, alpha=scale, out=plane)
-
-    def _channel_constants(self) -> list[tuple[float, torch.Tensor]]:
-        if self._cpu_constants is None:
-            scales, shifts = self.scale.flatten().tolist(), self.shift.flatten()
-            self._cpu_constants = [(scales[c], shifts[c].clone()) for c in range(3)]
-        return self._cpu_constants
 
     def _float_out(self, shape_bhwc: torch.Size) -> torch.Tensor:
         """The reused CPU float32 ``[B, C, H, W]`` buffer for a batch of this shape."""

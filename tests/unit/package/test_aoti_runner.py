@@ -243,13 +243,25 @@ def test_a_corrupt_library_is_refused_by_its_crc(embedding_pt2: Path, tmp_path: 
         GilFreeRunner(bad)
 
 
+def _rewritten(
+    source: Path, target: Path, *, deflate: bool = False, drop_suffix: str | None = None
+) -> Path:
+    """``source``'s archive copied to ``target``: every entry deflated, or some left out."""
+    with zipfile.ZipFile(source) as src, zipfile.ZipFile(target, "w") as dst:
+        for info in src.infolist():
+            if drop_suffix and info.filename.endswith(drop_suffix):
+                continue
+            if deflate:
+                dst.writestr(info.filename, src.read(info), compress_type=zipfile.ZIP_DEFLATED)
+            else:
+                dst.writestr(info, src.read(info))
+    return target
+
+
 def test_a_compressed_library_is_extracted_through_zipfile(
     embedding_pt2: Path, tmp_path: Path
 ) -> None:
-    deflated = tmp_path / "deflated.pt2"
-    with zipfile.ZipFile(embedding_pt2) as src, zipfile.ZipFile(deflated, "w") as dst:
-        for info in src.infolist():
-            dst.writestr(info.filename, src.read(info), compress_type=zipfile.ZIP_DEFLATED)
+    deflated = _rewritten(embedding_pt2, tmp_path / "deflated.pt2", deflate=True)
     x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(2))
     r = GilFreeRunner(deflated)
     try:
@@ -295,11 +307,7 @@ def test_a_package_without_input_specs_is_refused_at_load(
     embedding_pt2: Path, tmp_path: Path
 ) -> None:
     """No generated checks and no ``histoserve.inputs``: nothing to check inputs against."""
-    bare = tmp_path / "bare.pt2"
-    with zipfile.ZipFile(embedding_pt2) as src, zipfile.ZipFile(bare, "w") as dst:
-        for info in src.infolist():
-            if not info.filename.endswith(".cpp"):
-                dst.writestr(info, src.read(info))
+    bare = _rewritten(embedding_pt2, tmp_path / "bare.pt2", drop_suffix=".cpp")
     metadata = read_metadata(embedding_pt2)
     GilFreeRunner(bare).close()  # the metadata's specs serve without the source
     metadata.pop("histoserve.inputs")
