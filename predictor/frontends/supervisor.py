@@ -204,7 +204,12 @@ class Supervisor:
         return len(self._connected) == self._count and not self._failed
 
     async def _stop_frontends(self) -> None:
-        """SIGTERM to every front end; waits for their drains (then kills what is left)."""
+        """SIGTERM to every front end; waits for their drains (then kills what is left).
+
+        A front end ended *by* the signal was still starting: it installs its
+        handler before it listens, so it never admitted a request and lost
+        nothing (a clean exit). One that serves drains and exits 0 itself.
+        """
         live = [p for p in self._children.values() if p.poll() is None]
         for proc in live:
             proc.send_signal(signal.SIGTERM)
@@ -216,7 +221,7 @@ class Supervisor:
                 logger.error("front end pid %d did not exit after its drain; killing it", proc.pid)
                 proc.kill()
                 code = -signal.SIGKILL
-            self._exit_codes.append(code)
+            self._exit_codes.append(0 if code == -signal.SIGTERM else code)
 
 
 def _mark_dead(pid: int) -> None:
