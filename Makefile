@@ -10,6 +10,11 @@ STAMP := $(VENV)/.installed
 HELM := .tools/bin/helm
 MODEL_DIR ?= model
 DEMO_SPEC ?= h0-mini
+HTTP_PORT ?= 8080
+GRPC_PORT ?= 8081
+# `make serve` answers this machine only (no authentication in front of it);
+# the image and the chart listen on every interface. BIND_ADDRESS=0.0.0.0 opens it.
+BIND_ADDRESS ?= 127.0.0.1
 PYTEST_ARGS ?=
 
 .PHONY: all install serve test test-long lint format manifests helm bench bench-tiny soak clean gpu-check wheelhouse
@@ -35,7 +40,8 @@ $(MODEL_DIR)/$(DEMO_SPEC).pt2: | $(STAMP)
 	$(BIN)/python -m predictor.export --spec $(DEMO_SPEC) --demo --output $@
 
 serve: $(STAMP) $(MODEL_DIR)/$(DEMO_SPEC).pt2
-	$(BIN)/python -m predictor --model_dir $(MODEL_DIR) --checkpoint $(DEMO_SPEC).pt2 --device cpu --http_port 8080 --grpc_port 8081
+	$(BIN)/python -m predictor --model_dir $(MODEL_DIR) --checkpoint $(DEMO_SPEC).pt2 --device cpu \
+	  --http_port $(HTTP_PORT) --grpc_port $(GRPC_PORT) --bind_address $(BIND_ADDRESS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

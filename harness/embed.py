@@ -7,7 +7,8 @@
 - :func:`read_output`: one ``<slide_id>.h5`` as plain numpy arrays and attributes;
 - :func:`tiles_served`: a server's ``histoserve_tiles_total`` by outcome, from ``/metrics``;
 - :func:`independent_tiles`: tiles read straight from OpenSlide and resized with
-  PIL, independently of ``predictor.client.embed``, for numerical truth.
+  PIL (bicubic, as the specs say), independently of ``predictor.client.embed``,
+  for numerical truth.
 """
 
 from __future__ import annotations
@@ -102,10 +103,11 @@ def tiles_served(base_url: str) -> dict[str, float]:
 def independent_tiles(
     path: Path, coords: np.ndarray, level: int, read_size: int, tile_size: int
 ) -> np.ndarray:
-    """Tiles at level-0 ``coords`` read with OpenSlide at ``level`` and resized with PIL Lanczos.
+    """Tiles at level-0 ``coords`` read with OpenSlide at ``level`` and resized with PIL bicubic.
 
     Written from the issue's definition (read ``read_size`` px at ``level``,
-    composite on white, antialiased resize to ``tile_size``), not from
+    composite on white, antialiased resize to ``tile_size`` with the
+    interpolation every model spec names, bicubic: ``predictor.spec``), not from
     ``predictor.client.embed``'s code.
     """
     import openslide
@@ -118,7 +120,7 @@ def independent_tiles(
             white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
             rgb = Image.alpha_composite(white, rgba).convert("RGB")
             if read_size != tile_size:
-                rgb = rgb.resize((tile_size, tile_size), Image.Resampling.LANCZOS)
+                rgb = rgb.resize((tile_size, tile_size), Image.Resampling.BICUBIC)
             out[i] = np.asarray(rgb)
     return out
 

@@ -8,7 +8,12 @@ per level, as OpenSlide expects for Aperio SVS and generic tiled TIFF), JPEG
 or deflate compressed, with tissue rectangles of known position made from the
 real 240x240 H&E tile shipped by ``wsidicom-data`` (mirrored and repeated) on
 a white background. The tissue boxes come back in level-0 pixels, so a test
-computes the exact expected tile grid with :func:`expected_coords`.
+computes the exact expected tile grid with :func:`expected_coords`. Pale
+boxes (``SlideSpec.pale_boxes``) are tissue too, drawn with the same tile
+faded toward white (faint eosin, loose stroma: what a saturation threshold
+misses), and glass boxes cut bare glass out of the tissue (a lumen, a tear),
+so tissue detection is measured against a known area
+(:func:`tissue_truth`).
 
 Tiles are generated on the fly from the box layout (never the whole image in
 memory), so a bench slide of 20,000+ tiles costs a few MB of RAM. Every
@@ -32,6 +37,8 @@ from PIL import Image
 Box = tuple[int, int, int, int]  # level-0 x, y, width, height
 
 WHITE = 255
+# Pale tissue keeps this share of the H&E tile's stain (its distance from white).
+PALE_STAIN = 0.4
 # Aperio descriptions start with this; OpenSlide's aperio vendor keys on it.
 _APERIO_HEAD = "Aperio Image Library v12.0.15 \r\n{w}x{h} [0,0 {w}x{h}] ({t}x{t}) JPEG/RGB Q=90"
 
@@ -52,11 +59,15 @@ def he_tile() -> np.ndarray:
 
 
 @cache
-def _texture() -> np.ndarray:
-    """The H&E tile mirrored into a seamless 480x480 block."""
+def _texture(pale: bool = False) -> np.ndarray:
+    """The H&E tile mirrored into a seamless 480x480 block (``pale``: faded toward white)."""
     tile = he_tile()
     top = np.concatenate([tile, tile[:, ::-1]], axis=1)
-    return np.concatenate([top, top[::-1]], axis=0)
+    block = np.concatenate([top, top[::-1]], axis=0)
+    if not pale:
+        return block
+    faded = WHITE - np.rint((WHITE - block.astype(np.float64)) * PALE_STAIN)
+    return faded.astype(np.uint8)
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,10 @@ class SlideSpec:
         compression: ``"jpeg"`` or ``"deflate"``.
         tile: TIFF tile edge (px), a multiple of 16.
         resolution_unit: ``"CENTIMETER"`` or ``"INCH"`` for generic TIFFs.
+        pale_boxes: Pale tissue rectangles (the tile at ``PALE_STAIN`` of its
+            stain), drawn over ``boxes``; tissue as much as they are.
+        glass_boxes: Bare glass drawn over both (holes in the tissue).
+        background: RGB of the glass around the tissue.
     """
 
     width: int
@@ -85,6 +100,9 @@ class SlideSpec:
     compression: str = "jpeg"
     tile: int = 256
     resolution_unit: str = "CENTIMETER"
+    pale_boxes: tuple[Box, ...] = ()
+    glass_boxes: tuple[Box, ...] = ()
+    background: tuple[int, int, int] = (WHITE, WHITE, WHITE)
 
     def __post_init__(self) -> None:
         if self.vendor not in ("aperio", "generic"):
@@ -100,7 +118,7 @@ class SlideSpec:
             raise ValueError(f"Aperio descriptions carry one MPP, got {self.mpp!r}")
         if self.tile % 16:
             raise ValueError(f"tile must be a multiple of 16, got {self.tile}")
-        for box in self.boxes:
+        for box in self.boxes + self.pale_boxes + self.glass_boxes:
             x, y, w, h = box
             if x < 0 or y < 0 or w <= 0 or h <= 0 or x + w > self.width or y + h > self.height:
                 raise ValueError(f"box {box} is not inside {self.width}x{self.height}")
@@ -127,30 +145,51 @@ class GeneratedSlide:
 
     @property
     def boxes(self) -> tuple[Box, ...]:
-        """Tissue boxes, level-0 ``(x, y, w, h)``."""
+        """Tissue boxes, level-0 ``(x, y, w, h)`` (pale ones not included)."""
         return self.spec.boxes
+
+    @property
+    def tissue_boxes(self) -> tuple[Box, ...]:
+        """Every tissue box, stained and pale, level-0 ``(x, y, w, h)``."""
+        return self.spec.boxes + self.spec.pale_boxes
 
 
 def render_region(
     spec: SlideSpec, x0: int, y0: int, width: int, height: int, downsample: int = 1
 ) -> np.ndarray:
-    """Pixels of ``[x0, x0+width) x [y0, y0+height)`` at ``downsample``: white plus textured boxes.
+    """Pixels of ``[x0, x0+width) x [y0, y0+height)`` at ``downsample``: glass plus textured boxes.
 
     Coordinates are in the level's own pixels. The texture is anchored at each
     box's top-left corner, so a box looks the same wherever it is placed;
-    outside the slide is white. A level other than 0 equals the box-reduced
-    level 0 (PIL ``reduce``); it is rendered from a pre-reduced texture when
-    every box edge is a multiple of ``downsample``, else from level 0.
+    outside the slide is the background. Pale boxes are drawn over the
+    others, glass boxes over both. A level other than 0 equals the box-reduced level 0 (PIL
+    ``reduce``); it is rendered from a pre-reduced texture when every box edge
+    is a multiple of ``downsample``, else from level 0.
     """
-    texture = _reduced_texture(downsample)
     d = downsample
-    if d > 1 and (texture is None or any(v % d for box in spec.boxes for v in box)):
+    edges = (v for box in spec.boxes + spec.pale_boxes + spec.glass_boxes for v in box)
+    if d > 1 and (_reduced_texture(d) is None or any(v % d for v in edges)):
         full = render_region(spec, x0 * d, y0 * d, width * d, height * d)
         return np.array(Image.fromarray(full).reduce(d))
-    assert texture is not None
-    out = np.full((height, width, 3), WHITE, np.uint8)
+    out = np.empty((height, width, 3), np.uint8)
+    out[:] = spec.background
+    for boxes, pale in ((spec.boxes, False), (spec.pale_boxes, True)):
+        texture = _reduced_texture(d, pale)
+        assert texture is not None
+        _paint(out, texture, boxes, x0, y0, d)
+    glass = np.empty((1, 1, 3), np.uint8)
+    glass[:] = spec.background
+    _paint(out, glass, spec.glass_boxes, x0, y0, d)
+    return out
+
+
+def _paint(
+    out: np.ndarray, texture: np.ndarray, boxes: Sequence[Box], x0: int, y0: int, d: int
+) -> None:
+    """Draw ``texture`` into ``out`` (level px from ``x0, y0``) over each of ``boxes`` (level 0)."""
+    height, width = out.shape[:2]
     th, tw = texture.shape[:2]
-    for bx, by, bw, bh in ((b[0] // d, b[1] // d, b[2] // d, b[3] // d) for b in spec.boxes):
+    for bx, by, bw, bh in ((b[0] // d, b[1] // d, b[2] // d, b[3] // d) for b in boxes):
         ix0, ix1 = max(x0, bx), min(x0 + width, bx + bw)
         iy0, iy1 = max(y0, by), min(y0 + height, by + bh)
         if ix0 >= ix1 or iy0 >= iy1:
@@ -158,13 +197,12 @@ def render_region(
         cols = (np.arange(ix0, ix1) - bx) % tw
         rows = (np.arange(iy0, iy1) - by) % th
         out[iy0 - y0 : iy1 - y0, ix0 - x0 : ix1 - x0] = texture[rows[:, None], cols[None, :]]
-    return out
 
 
 @cache
-def _reduced_texture(downsample: int) -> np.ndarray | None:
+def _reduced_texture(downsample: int, pale: bool = False) -> np.ndarray | None:
     """The texture box-reduced by ``downsample`` (None when its period is not a multiple)."""
-    texture = _texture()
+    texture = _texture(pale)
     if texture.shape[0] % downsample or texture.shape[1] % downsample:
         return None
     if downsample == 1:
@@ -285,6 +323,91 @@ def standard_layout(unit: int) -> dict[str, object]:
     """
     boxes = ((1 * unit, 1 * unit, 3 * unit, 2 * unit), (5 * unit, 3 * unit, 2 * unit, 2 * unit))
     return {"width": 3584, "height": 2688, "boxes": boxes}
+
+
+def tissue_truth(spec: SlideSpec, shape: tuple[int, int], px_level0: float) -> np.ndarray:
+    """Where the tissue is, sampled at pixel centres of a ``shape`` grid of ``px_level0`` px.
+
+    Tissue is every box and pale box, less the glass boxes: bool ``[h, w]``.
+    """
+    h, w = shape
+    ys = (np.arange(h) + 0.5) * px_level0
+    xs = (np.arange(w) + 0.5) * px_level0
+
+    def inside(boxes: Sequence[Box]) -> np.ndarray:
+        out = np.zeros(shape, bool)
+        for x, y, bw, bh in boxes:
+            out |= ((ys >= y) & (ys < y + bh))[:, None] & ((xs >= x) & (xs < x + bw))[None, :]
+        return out
+
+    return inside(spec.boxes + spec.pale_boxes) & ~inside(spec.glass_boxes)
+
+
+def pale_layout(unit: int) -> dict[str, object]:
+    """A slide of pale and stained tissue with a lumen, in multiples of ``unit`` (16 x 12 units).
+
+    Three stained boxes; a large pale region inside the first (bigger than any
+    hole a mask may fill) with a lumen of bare glass in it; a pale
+    band along the second's top edge; a fragment that is pale all through.
+    The lumen is 3 x 3 units (at 112 um a unit, 0.11 mm2: larger than the
+    holes a tissue mask fills).
+    """
+    u = unit
+    return {
+        "width": 16 * u,
+        "height": 12 * u,
+        "boxes": (
+            (1 * u, 1 * u, 7 * u, 5 * u),
+            (10 * u, 1 * u, 5 * u, 4 * u),
+            (1 * u, 7 * u, 4 * u, 4 * u),
+        ),
+        "pale_boxes": (
+            (2 * u, 2 * u, 4 * u, 3 * u),
+            (10 * u, 1 * u, 5 * u, 2 * u),
+            (7 * u, 7 * u, 5 * u, 4 * u),
+        ),
+        "glass_boxes": ((4 * u, 2 * u, 3 * u, 3 * u),),
+    }
+
+
+def sparse_tiff(path: Path, width: int, height: int, *, mpp: float = 0.5, tile: int = 4096) -> Path:
+    """A small TIFF that claims ``width x height`` px at ``mpp``: every tile is one white tile.
+
+    A hand-written classic TIFF (one level, deflate, RGB, resolution tags in
+    cm) whose tile offsets all point at the same compressed tile, so a file
+    of well under a megabyte says it is 2^20 px a side: what a broken or
+    hostile writer can hand a reader. OpenSlide opens it as a generic TIFF.
+    """
+    import struct
+    import zlib
+
+    tiles = -(-width // tile) * -(-height // tile)
+    data = zlib.compress(np.full((tile, tile, 3), WHITE, np.uint8).tobytes(), 6)
+    per_cm = round(1e4 / mpp)
+    arrays = [
+        struct.pack("<3H", 8, 8, 8),
+        struct.pack("<2I", per_cm, 1) * 2,
+        struct.pack(f"<{tiles}I", *([8] * tiles)),
+        struct.pack(f"<{tiles}I", *([len(data)] * tiles)),
+    ]
+    at = [8 + len(data)]
+    for blob in arrays[:-1]:
+        at.append(at[-1] + len(blob))
+    bits, res, offsets, counts = at
+    entries = [
+        (256, 4, 1, width), (257, 4, 1, height), (258, 3, 3, bits), (259, 3, 1, 8),
+        (262, 3, 1, 2), (277, 3, 1, 3), (282, 5, 1, res), (283, 5, 1, res + 8),
+        (284, 3, 1, 1), (296, 3, 1, 3), (322, 4, 1, tile), (323, 4, 1, tile),
+        (324, 4, tiles, offsets), (325, 4, tiles, counts),
+    ]  # fmt: skip
+    ifd = at[-1] + len(arrays[-1])
+    body = struct.pack("<H", len(entries)) + b"".join(
+        struct.pack("<HHII", tag, kind, count, value) for tag, kind, count, value in entries
+    )
+    Path(path).write_bytes(
+        b"II*\0" + struct.pack("<I", ifd) + data + b"".join(arrays) + body + b"\0\0\0\0"
+    )
+    return Path(path)
 
 
 def truncated_copy(src: Path, dst: Path, keep_fraction: float = 0.5) -> Path:

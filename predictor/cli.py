@@ -122,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="front-end processes sharing the HTTP and gRPC ports (stage 1, encoding) in front of "
         "one device owner: a number, or auto (the CPUs less one); 1 serves in one process",
     )
+    add(
+        "--bind_address",
+        default=None,
+        help="address the HTTP and gRPC ports listen on (127.0.0.1: this machine only, as "
+        "make serve does); unset: every interface",
+    )
     add("--fault_injection", default=None, help=argparse.SUPPRESS)
     add("--frontend_socket", default=None, help=argparse.SUPPRESS)  # set for a front end
     add("--frontend_index", type=int, default=0, help=argparse.SUPPRESS)
@@ -211,6 +217,7 @@ def server_kwargs(args: argparse.Namespace, limits: LimitsConfig) -> dict[str, A
         grpc_max_send_bytes=args.grpc_max_send_message_length,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
+        bind_address=args.bind_address,
         workers=args.workers,
         max_threads=args.max_threads,
         max_asyncio_workers=args.max_asyncio_workers,

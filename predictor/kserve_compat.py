@@ -65,6 +65,7 @@ __all__ = [
     "request_exit",
     "serve_on_socket",
     "serve_without_signal_capture",
+    "set_listen_host",
     "set_raw_data",
     "stage_histograms",
     "strtobool",
@@ -113,6 +114,11 @@ def register_models(server: Any, models: Sequence[Any]) -> None:
 def serve_without_signal_capture(rest_server: RESTServer) -> None:
     """Uvicorn must not take SIGTERM/SIGINT itself: histoserve drains first, then stops it."""
     rest_server._server.capture_signals = contextlib.nullcontext
+
+
+def set_listen_host(rest_server: RESTServer, host: str) -> None:
+    """Where uvicorn listens (KServe's ``RESTServer`` always says ``0.0.0.0``)."""
+    rest_server.config.host = host
 
 
 def serve_on_socket(rest_server: RESTServer, sock: Any) -> Any:

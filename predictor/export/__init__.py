@@ -1,1 +1,1 @@
-"""Building ``.pt2`` packages: ``python -m predictor.export.build`` (``histoserve export``)."""
+"""Building ``.pt2`` packages: ``python -m predictor.export`` (``histoserve export``)."""

@@ -68,7 +68,7 @@ class FrontendServer(HistoModelServer):
         return self._owner_metadata
 
     def _start_rest(self) -> Any:
-        return serve_on_socket(self._http, reuse_port_socket(self.http_port))
+        return serve_on_socket(self._http, reuse_port_socket(self.http_port, self._bind_address))
 
 
 async def summed_metrics(request: Request) -> Response:
@@ -79,17 +79,22 @@ async def summed_metrics(request: Request) -> Response:
     return Response(encoder(registry), headers={"content-type": content_type})
 
 
-def reuse_port_socket(port: int) -> socket.socket:
-    """A listening TCP socket on ``0.0.0.0:port`` that other front ends share (``SO_REUSEPORT``).
+def reuse_port_socket(port: int, host: str | None = None) -> socket.socket:
+    """A listening TCP socket on ``host:port`` that other front ends share (``SO_REUSEPORT``).
+
+    ``host`` is ``--bind_address``; ``None`` listens on every IPv4 interface
+    (``0.0.0.0``, as the one-process server's uvicorn does).
 
     Created with an explicit ``IPPROTO_TCP``: asyncio sets ``TCP_NODELAY`` on
     an accepted connection only when its socket says so, and without it a
     response written in two parts waits on the client's delayed ACK (~40 ms).
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    host = "0.0.0.0" if host is None else host
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(("0.0.0.0", port))
+    sock.bind((host, port))
     sock.listen(2048)
     sock.setblocking(False)
     return sock

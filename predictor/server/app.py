@@ -40,6 +40,7 @@ from predictor.kserve_compat import (
     register_models,
     request_exit,
     serve_without_signal_capture,
+    set_listen_host,
 )
 from predictor.server.dataplane import HistoDataPlane
 from predictor.server.edge import error_response, install_http_handlers
@@ -175,6 +176,8 @@ class HistoModelServer(ModelServer):
         rest_fast_path: Answer ``POST /v2/models/{name}/infer`` in
             :class:`~predictor.server.fast_infer.FastInferMiddleware` instead
             of FastAPI's route (same answers, less CPU per request).
+        bind_address: The address HTTP and gRPC listen on; ``None``: every
+            interface (``0.0.0.0`` for HTTP, ``[::]`` for gRPC, as KServe).
         **kwargs: KServe ``ModelServer`` arguments (ports, workers, ...).
     """
 
@@ -186,6 +189,7 @@ class HistoModelServer(ModelServer):
         grpc_max_receive_bytes: int | None = None,
         grpc_max_send_bytes: int | None = None,
         rest_fast_path: bool = True,
+        bind_address: str | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -201,6 +205,7 @@ class HistoModelServer(ModelServer):
         self._grpc_max_receive_bytes = grpc_max_receive_bytes or max_body_bytes
         self._grpc_max_send_bytes = grpc_max_send_bytes or max_body_bytes
         self._rest_fast_path = bool(rest_fast_path)
+        self._bind_address = bind_address
         self._stopping = False
 
     def start(self, models: list[Any]) -> None:
@@ -220,6 +225,8 @@ class HistoModelServer(ModelServer):
             ssl_keyfile=self.ssl_keyfile,
             finish_app=self._configure_app,
         )
+        if self._bind_address is not None:
+            set_listen_host(self._http, self._bind_address)
         # We own SIGTERM (drain first); uvicorn must not exit on it by itself.
         serve_without_signal_capture(self._http)
         self._grpc = (
@@ -230,6 +237,7 @@ class HistoModelServer(ModelServer):
                 float(self.grace_period),
                 max_receive_bytes=self._grpc_max_receive_bytes,
                 max_send_bytes=self._grpc_max_send_bytes,
+                host=self._bind_address,
             )
             if self.enable_grpc
             else None

@@ -11,8 +11,18 @@ from predictor.kserve_compat import add_inference_service
 from predictor.server.edge import GrpcErrorInterceptor
 
 
+def listen_address(host: str | None, port: int) -> str:
+    """gRPC's ``host:port`` (an IPv6 literal in brackets); ``None``: every interface, ``[::]``."""
+    if host is None:
+        host = "::"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class GrpcServer:
-    """KServe's V2 gRPC service with our interceptor and message-size limits."""
+    """KServe's V2 gRPC service with our interceptor and message-size limits.
+
+    ``host`` is the listen address (``None``: every interface).
+    """
 
     def __init__(
         self,
@@ -23,8 +33,9 @@ class GrpcServer:
         *,
         max_receive_bytes: int,
         max_send_bytes: int,
+        host: str | None = None,
     ):
-        self._port = port
+        self._address = listen_address(host, port)
         self._dataplane = dataplane
         self._repository = repository
         self._grace_s = grace_s
@@ -42,7 +53,7 @@ class GrpcServer:
             options=self.options,
         )
         add_inference_service(self._server, self._dataplane, self._repository)
-        self._server.add_insecure_port(f"[::]:{self._port}")
+        self._server.add_insecure_port(self._address)
         await self._server.start()
         await self._server.wait_for_termination()
 

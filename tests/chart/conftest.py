@@ -8,27 +8,20 @@ clear message when ``CI=true`` and skips it with the reason elsewhere.
 
 from __future__ import annotations
 
-import copy
+import functools
 from collections.abc import Callable
 from typing import Any
 
-import jsonschema
 import pytest
 
 from tests.chart.helpers import (
-    CRD_FILES,
-    K8S_VERSIONS,
-    MONITOR_SCHEMAS,
     HelmError,
-    check_metadata,
-    crd_dir_path,
+    check_object,
     find_helm,
     helm_template,
-    k8s_validate,
-    load_yaml,
+    load_crd_validators,
     missing,
     parse_docs,
-    strict_crd_schema,
     template_key,
 )
 
@@ -66,56 +59,12 @@ def render_error(helm_bin: str) -> Callable[..., str]:
 
 
 @pytest.fixture(scope="session")
-def crd_validators() -> dict[str, jsonschema.Draft7Validator]:
-    directory = crd_dir_path()
-    if not directory.is_dir():
-        missing(
-            f"KServe CRD schemas not found at {directory} "
-            "(set HISTOSERVE_KSERVE_CRDS to the folder holding serving.kserve.io_*.yaml)"
-        )
-    validators = {}
-    for kind, name in CRD_FILES.items():
-        path = directory / name
-        if not path.exists():
-            missing(f"KServe CRD file {path} missing")
-        crd = load_yaml(path.read_text())
-        (version,) = [v for v in crd["spec"]["versions"] if v.get("served", True)][:1]
-        schema = strict_crd_schema(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
-        validators[kind] = (
-            f"{crd['spec']['group']}/{version['name']}",
-            crd["spec"]["scope"],
-            jsonschema.Draft7Validator(schema),
-        )
-    return validators
+def crd_validators() -> dict:
+    """The KServe kinds' strict CRD validators (:func:`tests.chart.helpers.load_crd_validators`)."""
+    return load_crd_validators()
 
 
 @pytest.fixture(scope="session")
 def validate_object(crd_validators) -> Callable[[dict], None]:
     """Validates one rendered object against its schema; raises on any problem."""
-
-    def _validate(obj: dict) -> None:
-        kind = obj.get("kind")
-        assert kind and obj.get("apiVersion"), f"object without kind/apiVersion: {obj}"
-        check_metadata(obj)
-        if kind in crd_validators:
-            api_version, scope, validator = crd_validators[kind]
-            assert obj["apiVersion"] == api_version, f"{kind}: apiVersion {obj['apiVersion']}"
-            if scope == "Cluster":
-                assert "namespace" not in obj["metadata"], f"cluster-scoped {kind} has a namespace"
-            errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
-            assert not errors, (
-                f"{kind} {obj['metadata']['name']} fails its CRD schema:\n"
-                + "\n".join(
-                    f"  {'.'.join(map(str, e.absolute_path))}: {e.message[:300]}"
-                    for e in errors[:10]
-                )
-            )
-            return
-        if kind in MONITOR_SCHEMAS:
-            errors = list(MONITOR_SCHEMAS[kind].iter_errors(obj))
-            assert not errors, f"{kind}: " + "; ".join(e.message for e in errors[:5])
-            return
-        for version in K8S_VERSIONS:
-            k8s_validate(obj, version)
-
-    return _validate
+    return functools.partial(check_object, crd_validators=crd_validators)

@@ -19,6 +19,7 @@ import h5py
 import pytest
 
 from harness import slides
+from harness.bad_server import BadServer
 from harness.embed import by_status, run_embed, status_rows
 from harness.server import Server
 from harness.tls import GrpcTlsProxy, HttpsProxy, Pki, make_pki
@@ -130,3 +131,35 @@ def test_refused_without_token_or_ca(
         "--model", "h0-mini", "--target-mpp", "0.5", env=_env(None),
     )  # fmt: skip
     assert grpc_no_token.returncode == 1 and "UNAUTHENTICATED" in grpc_no_token.stderr
+
+
+def test_a_token_over_plain_http_gives_one_warning_and_is_never_shown(
+    embedding_server: Server, token: str, slide: slides.GeneratedSlide, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    result = run_embed(
+        slide.path, "--url", embedding_server.base, "--url", embedding_server.base + "/",
+        "--out", out, "--header", f"{HEADER[0]}: {HEADER[1]}", env=_env(token),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "unencrypted" in line]
+    assert len(warnings) == 1, result.stderr
+    assert f"go unencrypted to {embedding_server.base}" in warnings[0]
+    assert HEADER[1] not in warnings[0]
+    _no_token_anywhere(token, result, out)
+
+
+def test_a_server_quoting_the_refused_token_in_an_answer_does_not_leak_it(
+    embedding_server: Server, token: str, slide: slides.GeneratedSlide, tmp_path: Path
+) -> None:
+    """Its 401 fails the slide: the message in status.csv and report.html has *** instead."""
+    out = tmp_path / "out"
+    with BadServer(embedding_server.base, echo_credentials={"POST"}) as fake:
+        result = run_embed(slide.path, "--url", fake.url, "--out", out, env=_env(token))
+        assert fake.seen_headers[-1]["Authorization"] == f"Bearer {token}"  # it was sent
+    assert result.returncode == 1, result.stderr
+    (row,) = status_rows(out)
+    assert row["status"] == "failed"
+    assert "HTTP 401: invalid credentials Bearer ***" in row["error"], row["error"]
+    assert (out / "report.html").is_file()
+    _no_token_anywhere(token, result, out)

@@ -12,7 +12,8 @@ Modules, one job each. The local side: :mod:`~predictor.client.embed.errors`,
 :mod:`~predictor.client.embed.manifest` (inputs, shards), :mod:`~predictor.client.embed.slides`
 (OpenSlide / tiffslide, mpp), :mod:`~predictor.client.embed.grid` (tile plan, reads),
 :mod:`~predictor.client.embed.tissue`, :mod:`~predictor.client.embed.output` (HDF5,
-status.csv, resume), :mod:`~predictor.client.embed.claims`. The remote side:
+status.csv, resume), :mod:`~predictor.client.embed.identity` (which slide a done file
+was made from), :mod:`~predictor.client.embed.claims`. The remote side:
 :mod:`~predictor.client.embed.config` (every option), :mod:`~predictor.client.embed.remote`
 (what the server serves), :mod:`~predictor.client.embed.transport` /
 :mod:`~predictor.client.embed.grpc_transport` (one URL), :mod:`~predictor.client.embed.dispatch`

@@ -11,6 +11,12 @@ however the requests interleave.
 
 A failing request (a 4xx, or retries used up) stops the slide: the readers
 and senders stop taking new batches and the first error is raised.
+
+Answers are checked per request by the dispatcher
+(:mod:`~predictor.client.embed.answers`); as a last line of defence an answer
+whose rows, outputs, dtype or trailing shape do not fit its batch and the
+batches before it is refused here too (an :class:`EmbedError` that fails the
+slide), never broadcast over the batch's rows or left as zeros.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from predictor.client.embed.errors import EmbedError
 
 ReadFn = Callable[[int], tuple[np.ndarray, np.ndarray]]
 """Reads batch ``i``: ``(tiles uint8 [n, T, T, 3], ok bool [n])``; tiles of bad rows are garbage."""
@@ -65,13 +73,51 @@ class _Results:
         self._lock = threading.Lock()
 
     def put(self, rows: slice, ok: np.ndarray, answer: dict[str, np.ndarray]) -> None:
+        """Stores one batch's answer in its rows (``ok``: the rows that were sent).
+
+        Raises:
+            EmbedError: An answer that does not fit (see :meth:`_refuse`).
+        """
         with self._lock:
+            self._refuse(rows, int(ok.sum()), answer)
             self.ok[rows] = ok
             for name, values in answer.items():
                 if name not in self.outputs:
                     shape = (self.n_rows, *values.shape[1:])
                     self.outputs[name] = np.zeros(shape, dtype=values.dtype)
                 self.outputs[name][rows][ok] = values
+
+    def _refuse(self, rows: slice, n_sent: int, answer: dict[str, np.ndarray]) -> None:
+        """EmbedError unless ``answer`` has ``n_sent`` rows of the outputs, dtypes and
+        trailing shapes of the answers before it (nothing when nothing was sent)."""
+        where = f"the answer for rows {rows.start}-{rows.stop - 1}"
+        if n_sent == 0:
+            if answer:
+                raise EmbedError(f"{where}: outputs for a batch that sent no tiles")
+            return
+        if self.outputs and set(answer) != set(self.outputs):
+            raise EmbedError(
+                f"{where}: outputs {sorted(answer)}, the batches before had {sorted(self.outputs)}"
+            )
+        if not answer:
+            raise EmbedError(f"{where}: no outputs for {n_sent} tiles")
+        for name, values in answer.items():
+            shape = getattr(values, "shape", ())
+            if not shape or shape[0] != n_sent:
+                got = shape[0] if shape else 0
+                raise EmbedError(
+                    f"{where}: {got} rows of {name!r} for {n_sent} tiles (refused, not spread "
+                    "over the batch)"
+                )
+            stored = self.outputs.get(name)
+            if stored is not None and (stored.shape[1:], stored.dtype) != (
+                shape[1:],
+                values.dtype,
+            ):
+                raise EmbedError(
+                    f"{where}: {name!r} is {values.dtype} {list(shape)}, the batches before "
+                    f"were {stored.dtype} [n, {', '.join(map(str, stored.shape[1:]))}]"
+                )
 
 
 def run_batches(

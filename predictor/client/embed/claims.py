@@ -20,6 +20,15 @@ a lock daemon, some FUSE mounts and object-store mounts silently grant every
 lock. Put ``--out`` on a file system with working locks when several
 processes share it. A lock is held per open file, so a forked child that
 inherits the descriptor keeps the claim alive until it exits too.
+
+The lock files never follow a symlink and never truncate anything but a
+lock file of their own: ``.claims`` must be a real folder (not a symlink),
+and is opened once per claim so every name inside is
+looked up relative to that open folder (a ``.claims`` swapped for a symlink
+meanwhile changes nothing); a lock name is opened with ``O_NOFOLLOW`` and
+must be a regular file with one link. A symlink, folder or FIFO planted at
+``.claims/<slide_id>.lock`` fails that slide (:class:`SlideError`, naming
+the file), a bad ``.claims`` the run (:class:`UsageError`); neither is removed.
 """
 
 from __future__ import annotations
@@ -27,22 +36,31 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 from types import TracebackType
 
+from predictor.client.embed.errors import SlideError, UsageError
 from predictor.client.embed.manifest import check_slide_id
 
 CLAIMS_DIR = ".claims"
 _ATTEMPTS = 8  # re-tries when the lock file is replaced under us (release races)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO planted at the lock name never blocks the open.
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class Claim:
     """A held claim on one slide; release it (or leave the ``with`` block) when done."""
 
-    def __init__(self, fd: int, path: Path) -> None:
-        """Wrap an open descriptor ``fd`` holding the lock on ``path`` (use ClaimStore)."""
+    def __init__(self, fd: int, dir_fd: int, path: Path) -> None:
+        """Wrap ``fd`` holding the lock on ``path``, named in the open folder ``dir_fd``.
+
+        Both descriptors become this claim's (use ClaimStore).
+        """
         self._fd: int | None = fd
+        self._dir_fd = dir_fd
         self.path = path
 
     @property
@@ -59,10 +77,11 @@ class Claim:
         fd, self._fd = self._fd, None
         try:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+                os.unlink(self.path.name, dir_fd=self._dir_fd)
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+            os.close(self._dir_fd)
 
     def __enter__(self) -> Claim:
         return self
@@ -80,37 +99,118 @@ class ClaimStore:
     """Claims on the slides of one output folder (``<out>/.claims/``)."""
 
     def __init__(self, out_dir: Path) -> None:
-        """Use ``out_dir/.claims`` (created if missing)."""
+        """Use ``out_dir/.claims`` (created if missing).
+
+        Raises:
+            UsageError: ``.claims`` is a symlink, not a folder, or cannot be created.
+        """
         self.dir = Path(out_dir) / CLAIMS_DIR
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(_bad_dir(self.dir, f"cannot be created ({exc})")) from exc
+        os.close(self._open_dir())
 
     def try_claim(self, slide_id: str) -> Claim | None:
         """Claim ``slide_id`` now, or return None when another live holder has it.
 
         Never waits: a claim held by a live process (this one included, through
         another Claim) is refused at once; one whose holder died is free.
+
+        Raises:
+            UsageError: ``slide_id`` is no plain file name, or ``.claims`` went bad.
+            SlideError: The lock name is a symlink or no plain file of its own.
         """
-        import fcntl
+        name = f"{check_slide_id(slide_id)}.lock"
+        dir_fd = self._open_dir()
+        try:
+            fd = _lock(dir_fd, name, self.dir / name)
+        except BaseException:
+            os.close(dir_fd)
+            raise
+        if fd is None:
+            os.close(dir_fd)
+            return None
+        return Claim(fd, dir_fd, self.dir / name)
 
-        path = self.dir / f"{check_slide_id(slide_id)}.lock"
-        for _ in range(_ATTEMPTS):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                return None
-            if _same_file(fd, path):
-                _write_owner(fd)
-                return Claim(fd, path)
-            # Released (unlinked) between our open and our lock: try the new file.
+    def _open_dir(self) -> int:
+        """``.claims`` opened as a folder, never through a symlink.
+
+        Its owner is not checked: NFS root-squash and pods of other uids share
+        output folders, and nothing inside is ever opened through a symlink.
+        """
+        try:
+            fd = os.open(self.dir, _DIR_FLAGS)
+        except OSError as exc:
+            what = "a symbolic link" if self.dir.is_symlink() else f"not a folder ({exc.strerror})"
+            raise UsageError(_bad_dir(self.dir, f"is {what}")) from exc
+        return fd
+
+
+def _bad_dir(path: Path, why: str) -> str:
+    return (
+        f"claims folder {path} {why}: it must be a real folder, not a symbolic link; "
+        "remove it, or give another --out"
+    )
+
+
+def _lock(dir_fd: int, name: str, path: Path) -> int | None:
+    """The locked descriptor of ``dir_fd/name``, or None when a live holder has it."""
+    import fcntl
+
+    for _ in range(_ATTEMPTS):
+        try:
+            fd = os.open(name, _LOCK_FLAGS, 0o644, dir_fd=dir_fd)
+        except OSError as exc:
+            raise SlideError(_bad_lock(path, _what(dir_fd, name, exc))) from exc
+        try:
+            _check_lock_file(fd, path)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
             os.close(fd)
-        return None
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        if _same_file(fd, dir_fd, name):
+            try:
+                _check_lock_file(fd, path, links=1)
+                _write_owner(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+        # Released (unlinked) between our open and our lock: try the new file.
+        os.close(fd)
+    return None
 
 
-def _same_file(fd: int, path: Path) -> bool:
+def _check_lock_file(fd: int, path: Path, links: int | None = None) -> None:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise SlideError(_bad_lock(path, "is not a regular file"))
+    if links is not None and st.st_nlink != links:
+        raise SlideError(_bad_lock(path, f"has {st.st_nlink} hard links, not {links}"))
+
+
+def _what(dir_fd: int, name: str, exc: OSError) -> str:
     try:
-        st = os.stat(path)
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except OSError:
+        return f"cannot be opened ({exc.strerror})"
+    return "is a symbolic link" if stat.S_ISLNK(mode) else f"cannot be opened ({exc.strerror})"
+
+
+def _bad_lock(path: Path, why: str) -> str:
+    return (
+        f"cannot claim the slide: its lock file {path} {why}; histoserve embed "
+        "never writes through one and leaves it there: remove it and run again"
+    )
+
+
+def _same_file(fd: int, dir_fd: int, name: str) -> bool:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return False
     mine = os.fstat(fd)

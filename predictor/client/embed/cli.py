@@ -10,6 +10,11 @@ ever renamed into place when complete and claims are released by the kernel,
 so there is nothing to clean up, and waiting for the slides in progress (what
 Python's own interrupt would do, joining their threads) could take minutes.
 Re-running the same command resumes.
+
+Everything printed to the terminal (messages, the final line, log lines,
+argparse's complaints) goes through
+:func:`~predictor.client.embed.text.printable`: control characters in slide
+ids, paths and server messages are shown escaped, never acted on.
 """
 
 from __future__ import annotations
@@ -23,15 +28,18 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any, NoReturn
 
 from predictor.client.embed.config import LAYOUTS, MODES, PROGRESS, EmbedConfig
+from predictor.client.embed.limits import DEFAULT_MAX_TILES_PER_SLIDE
+from predictor.client.embed.text import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``histoserve embed`` parser (flags as in the README)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="histoserve embed",
         description="Embed whole slides with a histoserve model: one HDF5 file per slide.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -40,6 +48,36 @@ def build_parser() -> argparse.ArgumentParser:
     _scale_flags(parser)
     _call_flags(parser)
     return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with the arguments it quotes back escaped (an unknown flag is shown as typed)."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(printable(message))
+
+
+class _PrintableFormatter(logging.Formatter):
+    """Log lines with control characters escaped; a traceback keeps its own line breaks only."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        import traceback
+
+        chunks = traceback.TracebackException(*ei[:3]).format()
+        return "".join(_traceback_chunk(chunk) for chunk in chunks).removesuffix("\n")
+
+    def formatStack(self, stack_info: str) -> str:
+        return printable(super().formatStack(stack_info), keep_newlines=True)
+
+
+def _traceback_chunk(chunk: str) -> str:
+    """A header or frame keeps its lines; an exception's message is escaped whole (one line)."""
+    if chunk.startswith(("Traceback", "  ", "\n")):
+        return printable(chunk, keep_newlines=True)
+    return printable(chunk.removesuffix("\n")) + "\n"
 
 
 def _input_flags(parser: argparse.ArgumentParser) -> None:
@@ -110,6 +148,13 @@ def _scale_flags(parser: argparse.ArgumentParser) -> None:
         help="a slide with at most N unreadable tiles is done (with holes) instead of failed",
     )
     add("--no-qc", dest="qc", action="store_false", help="no qc/ pictures and no report.html")
+    add(
+        "--max-tiles-per-slide",
+        type=int,
+        default=DEFAULT_MAX_TILES_PER_SLIDE,
+        metavar="N",
+        help="a slide whose grid plans more tiles fails before any is read",
+    )
 
 
 def _call_flags(parser: argparse.ArgumentParser) -> None:
@@ -160,6 +205,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> EmbedC
         credentials=load_credentials(args.ca_cert, args.token_file, args.headers, env),
         masks=args.masks,
         accept_bad_tiles=args.accept_bad_tiles,
+        max_tiles_per_slide=args.max_tiles_per_slide,
         qc=args.qc,
     )
 
@@ -167,7 +213,9 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> EmbedC
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``histoserve embed``; returns the exit status."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, _interrupted) if in_main_thread else None
     try:
@@ -184,18 +232,21 @@ def _run(args: argparse.Namespace) -> int:
     try:
         summary = embed(config_from_args(args, os.environ))
     except UsageError as exc:
-        print(f"histoserve embed: {exc}", file=sys.stderr)
+        _say(str(exc))
         return EXIT_USAGE
     except EmbedError as exc:
-        print(f"histoserve embed: {exc}", file=sys.stderr)
+        _say(str(exc))
         return EXIT_FAILED
     done, skipped, failed = len(summary.done), len(summary.skipped), len(summary.failed)
-    print(
-        f"histoserve embed: {done} done, {skipped} skipped, {failed} failed; "
-        f"{summary.tiles} tiles in {summary.seconds:.1f} s; status in {args.out / 'status.csv'}",
-        file=sys.stderr,
+    _say(
+        f"{done} done, {skipped} skipped, {failed} failed; "
+        f"{summary.tiles} tiles in {summary.seconds:.1f} s; status in {args.out / 'status.csv'}"
     )
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _say(message: str) -> None:
+    print(f"histoserve embed: {printable(message)}", file=sys.stderr)
 
 
 def _interrupted(signum: int, frame: FrameType | None) -> None:

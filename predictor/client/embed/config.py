@@ -14,8 +14,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from predictor.client.embed.auth import Credentials
+from predictor.client.embed.auth import Credentials, check_url, redact_url
 from predictor.client.embed.errors import UsageError
+from predictor.client.embed.limits import DEFAULT_MAX_TILES_PER_SLIDE, mpp_problem
 from predictor.wire import MODES
 
 LAYOUTS = ("flat", "trident", "clam")
@@ -74,6 +75,7 @@ class EmbedConfig:
             instead of ``tissue`` (the manifest's ``mask`` column comes first).
         accept_bad_tiles: A slide with at most this many unreadable tiles is done
             (with holes); more, and it is written to ``incomplete/`` and fails.
+        max_tiles_per_slide: A slide whose grid plans more tiles fails before any is read.
         qc: Write ``qc/<id>.jpg|.geojson|.json`` per slide and ``report.html``.
     """
 
@@ -107,6 +109,7 @@ class EmbedConfig:
     masks: Path | None = None
     accept_bad_tiles: int = 0
     qc: bool = True
+    max_tiles_per_slide: int = DEFAULT_MAX_TILES_PER_SLIDE
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -134,11 +137,16 @@ class EmbedConfig:
     def _check_sources(self) -> None:
         if not self.urls:
             raise UsageError("no server given: pass --url http://host:port (or grpc://host:port)")
-        for url in self.urls + self.tissue_urls:
+        flags = [("--url", u) for u in self.urls] + [("--tissue-url", u) for u in self.tissue_urls]
+        for flag, url in flags:
+            check_url(url, flag)  # no user-info: no URL shown anywhere carries a password
             if not url.startswith(URL_SCHEMES) or not url.split("://", 1)[1].strip("/"):
                 raise UsageError(
-                    f"--url {url!r}: must be http://, https://, grpc:// or grpcs://host:port"
+                    f"{flag} {redact_url(url)!r}: must be http://, https://, grpc:// or "
+                    "grpcs://host:port"
                 )
+        if self.credentials is not None:
+            self.credentials.check_urls(self.urls + self.tissue_urls)
         if not self.slides and self.manifest is None:
             raise UsageError("no slides given: pass slide paths or --manifest slides.csv")
         if self.mode not in MODES:
@@ -156,6 +164,16 @@ class EmbedConfig:
             if not 0 <= index < count:
                 raise UsageError(f"--shard {index}/{count}: need 0 <= I < N")
 
+    def _check_mpps(self) -> None:
+        """``--target-mpp`` and ``--mpp-override`` in the plausible range (a mm/um slip is 1e-4)."""
+        for flag, value in (
+            ("--target-mpp", self.target_mpp),
+            ("--mpp-override", self.mpp_override),
+        ):
+            problem = None if value is None else mpp_problem(value)
+            if problem is not None:
+                raise UsageError(f"{flag} {value!r}: {problem}")
+
     def _check_numbers(self) -> None:
         positive = {
             "--target-mpp": self.target_mpp,
@@ -165,12 +183,14 @@ class EmbedConfig:
         for flag, value in positive.items():
             if value is not None and not value > 0:
                 raise UsageError(f"{flag} must be > 0, got {value!r}")
+        self._check_mpps()
         at_least_one = {
             "--tile-size": self.tile_size,
             "--batch-size": self.batch_size,
             "--max-attempts": self.max_attempts,
             "--recycle-requests": self.recycle_requests,
             "--slides-in-flight": self.slides_in_flight,
+            "--max-tiles-per-slide": self.max_tiles_per_slide,
         }
         for flag, value in at_least_one.items():
             if value is not None and value < 1:

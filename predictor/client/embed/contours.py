@@ -17,13 +17,17 @@ of pixel ``(row 0, col 0)``; callers scale them to level-0 pixels.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 Ring = list[tuple[float, float]]  # closed: first point repeated last
 Polygon = list[Ring]  # outer ring, then holes
-_ROWS_PER_CHUNK = 1024  # rasterize in row bands: bounded memory on large masks
+RingLike = Ring | np.ndarray  # what rasterize takes: points or an [k, 2] array
+# |coordinate| beyond which float64 edge arithmetic is no longer exact enough.
+MAX_COORDINATE = 2.0**52
+_BAND_PIXELS = 1 << 22  # winding counts of one row band: 16 MB of int32
+_CHUNK_CROSSINGS = 1 << 19  # crossings computed at once: about 40 MB of temporaries
 
 # Directed pixel sides, traversed clockwise on screen (y down): start and end
 # corner offsets (dx, dy) from the pixel's top-left corner, and the neighbour
@@ -145,8 +149,13 @@ def mask_polygons(mask: np.ndarray) -> list[Polygon]:
     return polygons
 
 
-def rasterize(polygons: Sequence[Polygon], shape: tuple[int, int]) -> np.ndarray:
+def rasterize(polygons: Sequence[Sequence[RingLike]], shape: tuple[int, int]) -> np.ndarray:
     """Pixels of ``shape`` whose centre lies inside any polygon (holes excluded).
+
+    Memory stays bounded whatever the polygons: winding counts are summed one
+    band of rows at a time (``_BAND_PIXELS``) and the edge-row crossings of a
+    band at most ``_CHUNK_CROSSINGS`` at a time. The time is linear in
+    :func:`crossing_count`, which a caller bounds first.
 
     Args:
         polygons: ``[outer, *holes]`` rings of ``(x, y)`` in pixel units; rings
@@ -155,29 +164,49 @@ def rasterize(polygons: Sequence[Polygon], shape: tuple[int, int]) -> np.ndarray
 
     Returns:
         bool ``[h, w]``.
+
+    Raises:
+        ValueError: A coordinate is not finite or beyond ``MAX_COORDINATE``.
     """
     h, w = shape
-    rows, cols, signs = _crossings(polygons, h, w)
     out = np.zeros((h, w), bool)
-    order = np.argsort(rows, kind="stable")
-    rows, cols, signs = rows[order], cols[order], signs[order]
-    for r0 in range(0, h, _ROWS_PER_CHUNK):
-        r1 = min(h, r0 + _ROWS_PER_CHUNK)
-        lo, hi = np.searchsorted(rows, [r0, r1])
-        if lo == hi:
+    edges, flip = _edges(polygons)
+    lo, hi = _row_spans(edges, h)
+    keep = hi > lo
+    edges, flip, lo, hi = edges[keep], flip[keep], lo[keep], hi[keep]
+    band = max(1, _BAND_PIXELS // (w + 1))
+    for r0 in range(0, h if len(edges) else 0, band):
+        r1 = min(h, r0 + band)
+        sel = np.flatnonzero((lo < r1) & (hi > r0))
+        if not sel.size:
             continue
-        winding = np.zeros((r1 - r0, w + 1), np.int32)
-        np.add.at(winding, (rows[lo:hi] - r0, cols[lo:hi]), signs[lo:hi])
-        out[r0:r1] = np.cumsum(winding, axis=1)[:, :w] != 0
+        first = np.maximum(lo[sel], r0)
+        counts = np.minimum(hi[sel], r1) - first
+        winding = np.zeros((r1 - r0) * (w + 1), np.int32)
+        for part in _chunks(counts, _CHUNK_CROSSINGS):
+            idx = sel[part]
+            rows, cols, signs = _crossings(edges[idx], flip[idx], first[part], counts[part], w)
+            np.add.at(winding, (rows - r0) * (w + 1) + cols, signs)
+        band_winding = winding.reshape(r1 - r0, w + 1)
+        out[r0:r1] = np.cumsum(band_winding, axis=1, dtype=np.int32)[:, :w] != 0
     return out
 
 
-def _crossings(
-    polygons: Sequence[Polygon], h: int, w: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Where each edge crosses a row's centre line: row, first column right of it, +-1.
+def crossing_count(polygons: Sequence[Sequence[RingLike]], height: int) -> int:
+    """Edge-row crossings :func:`rasterize` computes on a grid ``height`` rows high (its work).
 
-    Outer rings count +1 inside and holes -1 whatever their drawn orientation.
+    Raises:
+        ValueError: As :func:`rasterize`.
+    """
+    edges, _flip = _edges(polygons)
+    lo, hi = _row_spans(edges, height)
+    return int(np.maximum(hi - lo, 0).sum())
+
+
+def _edges(polygons: Sequence[Sequence[RingLike]]) -> tuple[np.ndarray, np.ndarray]:
+    """Every edge ``[E, 4]`` (x0, y0, x1, y1) and its sign: outer rings +1, holes -1.
+
+    The sign is set whatever the ring's drawn orientation.
     """
     edges, orient = [], []
     for polygon in polygons:
@@ -185,22 +214,50 @@ def _crossings(
             pts = np.asarray(ring, dtype=np.float64).reshape(-1, 2)
             if len(pts) < 3:
                 continue
+            if not (np.isfinite(pts).all() and np.abs(pts).max() <= MAX_COORDINATE):
+                raise ValueError(
+                    f"polygon coordinates must be finite and within {MAX_COORDINATE:g}"
+                )
             area = signed_area(pts)
             if area == 0:
                 continue
-            edges.append(np.concatenate([pts, np.concatenate([pts[1:], pts[:1]])], axis=1))
+            edges.append(np.concatenate([pts, np.roll(pts, -1, axis=0)], axis=1))
             want = 1.0 if i == 0 else -1.0
             orient.append(np.full(len(pts), want * np.sign(area)))
     if not edges:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int32)
-    x0, y0, x1, y1 = np.concatenate(edges).T
-    flip = np.concatenate(orient)
+        return np.zeros((0, 4)), np.zeros(0)
+    return np.concatenate(edges), np.concatenate(orient)
+
+
+def _row_spans(edges: np.ndarray, h: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows ``[lo, hi)`` whose centre line each edge crosses, clipped to the grid."""
+    y0, y1 = edges[:, 1], edges[:, 3]
     lo = np.clip(np.ceil(np.minimum(y0, y1) - 0.5), 0, h).astype(np.int64)
     hi = np.clip(np.ceil(np.maximum(y0, y1) - 0.5), 0, h).astype(np.int64)
-    counts = np.where(y0 == y1, 0, hi - lo)
-    which = np.repeat(np.arange(len(x0)), counts)
-    rows = lo[which] + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    xs = x0[which] + (rows + 0.5 - y0[which]) * (x1 - x0)[which] / (y1 - y0)[which]
+    return lo, hi
+
+
+def _chunks(counts: np.ndarray, limit: int) -> Iterator[slice]:
+    """Consecutive slices of ``counts`` summing to at most ``limit`` (or one item above it)."""
+    ends = np.cumsum(counts)
+    start = 0
+    while start < len(counts):
+        base = int(ends[start - 1]) if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, base + limit, "right")))
+        yield slice(start, stop)
+        start = stop
+
+
+def _crossings(
+    edges: np.ndarray, flip: np.ndarray, first: np.ndarray, counts: np.ndarray, w: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where each edge crosses its ``counts`` rows from ``first``: row, column right of it, +-1."""
+    x0, y0, x1, y1 = edges.T
+    which = np.repeat(np.arange(len(edges)), counts)
+    offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    rows = first[which] + offsets
+    slope = (x1 - x0) / (y1 - y0)
+    xs = x0[which] + (rows + 0.5 - y0[which]) * slope[which]
     cols = np.clip(np.ceil(xs - 0.5), 0, w).astype(np.int64)
-    signs = (np.sign(y1 - y0)[which] * flip[which]).astype(np.int32)
+    signs = (np.sign(y1 - y0) * flip).astype(np.int32)[which]
     return rows, cols, signs

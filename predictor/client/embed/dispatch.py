@@ -12,6 +12,11 @@ the server's ``Retry-After`` when it sent one, else exponential backoff with
 full jitter (``uniform(0, min(cap, base * 2**attempt))``), so many clients
 hitting one overloaded server do not retry in lockstep. A 4xx is never
 retried: it raises :class:`RequestFailed` with the server's message.
+
+An answer is returned only once it passed the request's
+:class:`~predictor.client.embed.answers.AnswerCheck` (rows, outputs, dtype,
+shape, finite values): a wrong answer is a failed attempt like a 503, retried
+here, preferably elsewhere, so that another URL answers it.
 """
 
 from __future__ import annotations
@@ -49,6 +54,14 @@ class Transport(Protocol):
     ) -> dict[str, np.ndarray]: ...
 
     def close(self) -> None: ...
+
+
+class Check(Protocol):
+    """What an answer must be (:class:`~predictor.client.embed.answers.AnswerCheck`)."""
+
+    def verify(self, answer: Mapping[str, Any], n_tiles: int, url: str) -> None:
+        """Returns when ``answer`` fits; raises a :class:`RetryableError` when it does not."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -156,18 +169,30 @@ class Dispatcher:
         model: str,
         inputs: Mapping[str, np.ndarray],
         parameters: Mapping[str, Any] | None = None,
+        check: Check | None = None,
     ) -> dict[str, np.ndarray]:
         """Runs one request somewhere; returns its outputs.
+
+        Args:
+            model: Model name in URLs.
+            inputs: Input tensors, the batch axis first (``pixels`` ``[N, T, T, 3]``, ...).
+            parameters: Request parameters (``mode``).
+            check: What the answer must be (rows = ``N``, outputs, dtypes, shapes);
+                an answer that fails it is a failed attempt, retried like a 503.
 
         Raises:
             RequestFailed: A 4xx (server's message), or every attempt failed (last error).
         """
         avoid: _Slot | None = None
         last: RetryableError | None = None
+        n_tiles = len(next(iter(inputs.values()))) if inputs else 0
         for attempt in range(1, self._retry.max_attempts + 1):
             slot = self._pick(avoid)
             try:
-                return slot.transport.infer(model, inputs, parameters or {})
+                answer = slot.transport.infer(model, inputs, parameters or {})
+                if check is not None:
+                    check.verify(answer, n_tiles, slot.transport.url)
+                return answer
             except ServerRefused as exc:
                 raise RequestFailed(f"{slot.transport.url} refused the request: {exc}") from exc
             except RetryableError as exc:

@@ -4,9 +4,17 @@ A model wants ``tile_size`` px at ``target_mpp`` um/px. :func:`plan_tiles`
 picks the coarsest pyramid level whose mpp is at most the target (within the
 relative ``tolerance``). When that level's mpp matches the target within the
 tolerance, tiles are read there as they are; otherwise a larger square is read
-and resized down to ``tile_size`` with Lanczos (antialiased). A target finer
-than level 0 would need upsampling, which invents detail the scanner never
-saw: that is a SlideError, never a silent guess.
+and resized down to ``tile_size`` with the model spec's interpolation
+(``bicubic`` for every spec shipped, as the vendors' cards say; Pillow's
+resize is antialiased whatever the filter). A target finer than level 0 would
+need upsampling, which invents detail the scanner never saw: that is a
+SlideError, never a silent guess.
+
+Before anything is read, the slide must be a size glass can have (level 0
+times its mpp within ``limits.MAX_SLIDE_EDGE_MM`` an edge, and at most
+``limits.MAX_SLIDE_PIXELS`` level-0 pixels whatever the mpp) and its grid
+must hold at most ``--max-tiles-per-slide`` tiles: a hostile header or a
+wrong mpp fails its slide at once, not after hours.
 
 The grid covers the scanned bounds (``openslide.bounds-*``, which MRXS needs)
 with non-overlapping tiles that lie wholly inside them, starting at the
@@ -17,13 +25,28 @@ which is also the order of every per-tile array in the output file.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from predictor.client.embed.errors import SlideError
+from predictor.client.embed.limits import (
+    DEFAULT_MAX_TILES_PER_SLIDE,
+    MAX_SLIDE_EDGE_MM,
+    MAX_SLIDE_PIXELS,
+)
 from predictor.client.embed.slides import MppInfo, SlideReader
+
+# Spec interpolation names -> Pillow filters (Pillow antialiases all of them when reducing).
+INTERPOLATIONS = {
+    "bicubic": Image.Resampling.BICUBIC,
+    "bilinear": Image.Resampling.BILINEAR,
+    "lanczos": Image.Resampling.LANCZOS,
+    "box": Image.Resampling.BOX,
+}
 
 
 @dataclass(frozen=True)
@@ -43,6 +66,8 @@ class TilePlan:
             bounds, ordered by y then x.
         level0_width: Level-0 width of the slide (px).
         level0_height: Level-0 height of the slide (px).
+        interpolation: How read squares are resized to ``tile_size`` (a key of
+            ``INTERPOLATIONS``).
     """
 
     target_mpp: float
@@ -55,11 +80,27 @@ class TilePlan:
     coords: np.ndarray
     level0_width: int
     level0_height: int
+    interpolation: str = "bicubic"
 
     @property
     def resized(self) -> bool:
         """Whether tiles are resized after reading (the level's mpp is not the target's)."""
         return self.read_size != self.tile_size
+
+
+def interpolation_of(spec: Mapping[str, Any], model: str) -> str:
+    """The resize filter the model's spec names (``bicubic`` when it names none).
+
+    Raises:
+        SlideError: A name not in ``INTERPOLATIONS``.
+    """
+    name = str(spec.get("interpolation") or "bicubic").strip().lower()
+    if name not in INTERPOLATIONS:
+        raise SlideError(
+            f"model {model}: its spec resizes with {name!r}, which histoserve embed does not "
+            f"know ({', '.join(INTERPOLATIONS)}); fix the spec or read at the model's mpp"
+        )
+    return name
 
 
 def choose_level(level_mpps: tuple[float, ...], target_mpp: float, tolerance: float) -> int:
@@ -81,13 +122,23 @@ def choose_level(level_mpps: tuple[float, ...], target_mpp: float, tolerance: fl
 
 
 def plan_tiles(
-    reader: SlideReader, mpp: MppInfo, target_mpp: float, tile_size: int, tolerance: float
+    reader: SlideReader,
+    mpp: MppInfo,
+    target_mpp: float,
+    tile_size: int,
+    tolerance: float,
+    max_tiles: int = DEFAULT_MAX_TILES_PER_SLIDE,
+    interpolation: str = "bicubic",
 ) -> TilePlan:
     """Plan the tiles of ``reader``'s slide at ``target_mpp`` and ``tile_size``.
 
+    Reads no pixels: the size checks come first.
+
     Raises:
-        ValueError: A non-positive ``target_mpp`` or ``tile_size``, or a negative ``tolerance``.
-        SlideError: The target needs upsampling (see :func:`choose_level`).
+        ValueError: A non-positive ``target_mpp`` or ``tile_size``, a negative
+            ``tolerance``, or an unknown ``interpolation``.
+        SlideError: The slide is larger than glass, its grid has more than
+            ``max_tiles`` tiles, or the target needs upsampling (see :func:`choose_level`).
     """
     if not (math.isfinite(target_mpp) and target_mpp > 0):
         raise ValueError(f"target_mpp must be a positive number, got {target_mpp}")
@@ -95,6 +146,11 @@ def plan_tiles(
         raise ValueError(f"tile_size must be at least 1, got {tile_size}")
     if not (math.isfinite(tolerance) and tolerance >= 0):
         raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(
+            f"interpolation must be one of {sorted(INTERPOLATIONS)}, got {interpolation!r}"
+        )
+    check_physical_size(reader, mpp)
     downsamples = reader.level_downsamples
     level = choose_level(tuple(mpp.mpp * d for d in downsamples), target_mpp, tolerance)
     downsample = downsamples[level]
@@ -104,6 +160,8 @@ def plan_tiles(
     else:
         patch = round(tile_size * target_mpp / mpp.mpp)
         read_size = max(1, round(patch / downsample))
+    bounds = reader.bounds()
+    _check_tile_count(reader, bounds, patch, max_tiles)
     width, height = reader.dimensions
     return TilePlan(
         target_mpp=float(target_mpp),
@@ -113,10 +171,46 @@ def plan_tiles(
         read_level=level,
         read_size=int(read_size),
         patch_size_level0=int(patch),
-        coords=grid_coords(reader.bounds(), patch),
+        coords=grid_coords(bounds, patch),
         level0_width=width,
         level0_height=height,
+        interpolation=interpolation,
     )
+
+
+def check_physical_size(reader: SlideReader, mpp: MppInfo) -> None:
+    """Refuse a slide larger than any glass slide: ``MAX_SLIDE_EDGE_MM``, ``MAX_SLIDE_PIXELS``.
+
+    Raises:
+        SlideError: Naming the slide, its size in px and mm, the mpp's source and the limit.
+    """
+    width, height = reader.dimensions
+    mm = (width * mpp.mpp / 1000.0, height * mpp.mpp / 1000.0)
+    size = f"level 0 is {width}x{height} px at {mpp.mpp:g} um/px ({mpp.source}), "
+    size += f"{mm[0]:,.0f} x {mm[1]:,.0f} mm"
+    fix = "check the slide's mpp (--mpp-override / the manifest's mpp column) or the file"
+    if max(mm) > MAX_SLIDE_EDGE_MM:
+        raise SlideError(
+            f"slide {reader.path}: {size}: larger than any glass slide (the limit is "
+            f"{MAX_SLIDE_EDGE_MM:g} mm an edge); {fix}"
+        )
+    if width * height > MAX_SLIDE_PIXELS:
+        raise SlideError(
+            f"slide {reader.path}: {size}: {width * height:,} px, more than the "
+            f"{MAX_SLIDE_PIXELS:,} px of any real scan; {fix}"
+        )
+
+
+def _check_tile_count(
+    reader: SlideReader, bounds: tuple[int, int, int, int], patch: int, max_tiles: int
+) -> None:
+    columns, rows = max(0, bounds[2] // patch), max(0, bounds[3] // patch)
+    if columns * rows > max_tiles:
+        raise SlideError(
+            f"slide {reader.path}: {columns} x {rows} = {columns * rows:,} tiles of {patch} px "
+            f"planned, more than --max-tiles-per-slide {max_tiles:,}; check --target-mpp, "
+            "--tile-size and the slide's mpp, or raise the limit for a slide this large"
+        )
 
 
 def grid_coords(bounds: tuple[int, int, int, int], step: int) -> np.ndarray:
@@ -128,10 +222,10 @@ def grid_coords(bounds: tuple[int, int, int, int], step: int) -> np.ndarray:
     return np.stack([gx.ravel(), gy.ravel()], axis=1)
 
 
-def _resize(region: np.ndarray, tile_size: int) -> np.ndarray:
+def _resize(region: np.ndarray, tile_size: int, interpolation: str = "bicubic") -> np.ndarray:
     if region.shape[0] == tile_size and region.shape[1] == tile_size:
         return region
-    image = Image.fromarray(region).resize((tile_size, tile_size), Image.Resampling.LANCZOS)
+    image = Image.fromarray(region).resize((tile_size, tile_size), INTERPOLATIONS[interpolation])
     return np.asarray(image)
 
 
@@ -143,7 +237,7 @@ def read_tile(reader: SlideReader, plan: TilePlan, xy: np.ndarray | tuple[int, i
     """
     size = (plan.read_size, plan.read_size)
     region = reader.read_region((int(xy[0]), int(xy[1])), plan.read_level, size)
-    return _resize(region, plan.tile_size)
+    return _resize(region, plan.tile_size, plan.interpolation)
 
 
 def read_tiles(reader: SlideReader, plan: TilePlan, coords: np.ndarray) -> np.ndarray:

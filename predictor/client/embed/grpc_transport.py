@@ -62,9 +62,10 @@ def _status(exc: Exception) -> str:
     return status.rsplit(".", 1)[-1]
 
 
-def _wrap(url: str, exc: Exception) -> EmbedError:
+def _wrap(url: str, exc: Exception, credentials: Credentials) -> EmbedError:
     code = _status(exc)
     message = exc.message() if hasattr(exc, "message") else str(exc)
+    message = credentials.scrub(str(message))
     if code in RETRY_CODES or not code:
         return RetryableError(f"{url}: gRPC {code or 'error'}: {message}")
     return ServerRefused(f"gRPC {code}", message)
@@ -120,7 +121,7 @@ class GrpcTransport:
                 headers=self._credentials.grpc_metadata() or None,
             )
         except InferenceServerException as exc:
-            error = _wrap(self.url, exc)
+            error = _wrap(self.url, exc, self._credentials)
             if isinstance(error, RetryableError):
                 self._recycler.discard(pool)
             raise error from exc
@@ -156,7 +157,8 @@ def grpc_metadata(
             client_timeout=timeout_s,
         )
     except InferenceServerException as exc:
-        raise EmbedError(f"{url}: model metadata for {model!r}: {exc}") from exc
+        message = credentials.scrub(str(exc))
+        raise EmbedError(f"{url}: model metadata for {model!r}: {message}") from exc
     finally:
         client.close()
 

@@ -22,9 +22,16 @@
 
 Every file is written under a hidden temporary name and renamed into place;
 the file that says "done" (the flat file, TRIDENT's features file, CLAM's
-``h5_files`` file) is renamed last and carries ``complete`` and
-``config_hash`` as file attributes, so resume, claims and shards behave the
-same in every layout. An empty slide has ``features`` of shape ``(0, D)``.
+``h5_files`` file) is renamed last and carries ``complete``, ``config_hash``
+and the slide's identity (``slide_identity``,
+:mod:`~predictor.client.embed.identity`) as file attributes, so resume,
+claims and shards behave the same in every layout. Two files are two
+renames: the done file also records the SHA-256 of the other one
+(``sibling_sha256``, JSON, keyed by its path under ``--out``), and
+:meth:`Layout.check_done` checks it, so a pair torn by a run killed between
+its renames (one run's coordinates or ``.pt`` beside another run's done file)
+is never done: the slide is embedded again. An empty slide has ``features``
+of shape ``(0, D)``.
 """
 
 from __future__ import annotations
@@ -38,9 +45,17 @@ from typing import Any
 import numpy as np
 
 from predictor.client.embed import output
+from predictor.client.embed.atomic import atomic_path, remove_stale_temps
 from predictor.client.embed.errors import UsageError
+from predictor.client.embed.identity import (
+    IDENTITY_ATTR,
+    SlideIdentity,
+    file_sha256,
+    identity_change,
+)
 
 LAYOUTS = ("flat", "trident", "clam")
+SIBLINGS_ATTR = "sibling_sha256"  # the done file's record of the slide's other files
 # TRIDENT's compound extensions (trident/IO.py): x.ome.tiff is slide "x" there.
 _COMPOUND_SUFFIXES = (".ome.tif", ".ome.tiff", ".ome.zarr")
 # TRIDENT's encoder names (trident/patch_encoder_models/load.py) by normalised model name.
@@ -84,6 +99,21 @@ def trident_magnification(mpp: float) -> float:
 
 def _mag_text(mag: float) -> str:
     return str(round(mag)) if abs(mag - round(mag)) < 1e-9 else f"{mag:g}"
+
+
+@dataclass(frozen=True)
+class DoneCheck:
+    """A resume check's answer.
+
+    Attributes:
+        done: The slide is done: skip it.
+        reason: Why a done file that is there was not trusted (the slide
+            changed, a torn pair, an older histoserve's file), for the status
+            line; ``""`` when there is none or its settings differ.
+    """
+
+    done: bool
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -134,17 +164,58 @@ class Layout:
             return self.out_dir / "pt_files" / f"{slide_id}.pt", self.done_file(slide_id)
         return (self.done_file(slide_id),)
 
-    def is_done(self, slide_id: str, config_hash: str, max_bad_tiles: int = 0) -> bool:
-        """Whether every file of the slide exists and the done file is complete with the hash.
+    def remove_stale_temps(self, slide_id: str) -> None:
+        """Removes temp files of the slide's files left by killed runs (hold its claim)."""
+        incomplete = output.incomplete_dir(self.out_dir) / f"{slide_id}.h5"
+        for path in (*self.files(slide_id), incomplete):
+            remove_stale_temps(path)
 
-        A file accepted with more unreadable tiles (``n_bad_tiles``) than
-        ``max_bad_tiles`` (``--accept-bad-tiles``) is not done.
+    def check_done(
+        self, slide_id: str, config_hash: str, identity: SlideIdentity, max_bad_tiles: int = 0
+    ) -> DoneCheck:
+        """Whether the slide is done: complete with the hash, from this slide, its files whole.
+
+        Done when the done file is complete with ``config_hash`` (and at most
+        ``max_bad_tiles`` accepted unreadable tiles, ``--accept-bad-tiles``),
+        was made from a slide with the content of ``identity``
+        (:func:`~predictor.client.embed.identity.identity_change`), and every
+        other file of the slide has the SHA-256 the done file recorded.
         """
-        if self.name == "flat":
-            return output.is_done(self.out_dir, slide_id, config_hash, max_bad_tiles)
-        if not all(path.is_file() for path in self.files(slide_id)):
-            return False
-        return output.h5_is_complete(self.done_file(slide_id), config_hash, max_bad_tiles)
+        attrs = output.done_attrs(self.done_file(slide_id), config_hash, max_bad_tiles)
+        if attrs is None:
+            return DoneCheck(False)
+        recorded = SlideIdentity.from_attr(attrs.get(IDENTITY_ATTR))
+        change = identity_change(recorded, identity)
+        if change:
+            return DoneCheck(False, change)
+        return DoneCheck(False, torn) if (torn := self._torn(slide_id, attrs)) else DoneCheck(True)
+
+    def is_done(
+        self, slide_id: str, config_hash: str, identity: SlideIdentity, max_bad_tiles: int = 0
+    ) -> bool:
+        """:meth:`check_done`'s answer alone."""
+        return self.check_done(slide_id, config_hash, identity, max_bad_tiles).done
+
+    def _torn(self, slide_id: str, attrs: Mapping[str, Any]) -> str:
+        """Why the slide's other files are not the ones its done file recorded (``""``: they are)."""
+        try:
+            recorded = json.loads(attrs.get(SIBLINGS_ATTR) or "{}")
+        except (TypeError, ValueError):
+            recorded = None
+        for path in self.files(slide_id)[:-1]:
+            name = path.relative_to(self.out_dir).as_posix()
+            if not isinstance(recorded, dict) or name not in recorded:
+                return f"the done file records no digest of {name} (an older histoserve wrote it)"
+            try:
+                digest = file_sha256(path)
+            except OSError as exc:
+                return f"{name} cannot be read ({exc.strerror or exc})"
+            if digest != recorded[name]:
+                return (
+                    f"{name} is not the file its done file recorded "
+                    "(a run stopped between writing the two, or the file was replaced)"
+                )
+        return ""
 
     def write(self, slide_id: str, result: output.SlideResult) -> Path:
         """Writes the slide's files (the done file last); returns the done file.
@@ -167,6 +238,7 @@ class Layout:
         patches, final = self.files(slide_id)
         coords_attrs = self._trident_coords_attrs(slide_id, result.attrs)
         _write_h5(patches, {"coords": result.coords}, {"coords": coords_attrs}, {})
+        siblings = self._digests(patches)
         feature_attrs = {
             "name": slide_id,
             "savetodir": str(final.parent),
@@ -174,7 +246,12 @@ class Layout:
         }
         datasets = _datasets(result)
         attrs = {"features": feature_attrs, "coords": coords_attrs}
-        return _write_h5(final, datasets, attrs, _file_attrs(result))
+        return _write_h5(final, datasets, attrs, {**_file_attrs(result), **siblings})
+
+    def _digests(self, *siblings: Path) -> dict[str, str]:
+        """The done file's record of its siblings, as written: ``{SIBLINGS_ATTR: JSON}``."""
+        names = {p.relative_to(self.out_dir).as_posix(): file_sha256(p) for p in siblings}
+        return {SIBLINGS_ATTR: json.dumps(names, sort_keys=True)}
 
     def _trident_coords_attrs(self, slide_id: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
         level0 = trident_magnification(float(attrs["level0_mpp"]))
@@ -194,9 +271,11 @@ class Layout:
     def _write_clam(self, slide_id: str, result: output.SlideResult) -> Path:
         pt_file, final = self.files(slide_id)
         _write_pt(pt_file, np.asarray(result.features, np.float32))
+        siblings = self._digests(pt_file)
         coords_attrs = clam_coords_attrs(slide_id, result.attrs, self.out_dir)
         datasets = _datasets(result)
-        return _write_h5(final, datasets, {"coords": coords_attrs}, _file_attrs(result))
+        file_attrs = {**_file_attrs(result), **siblings}
+        return _write_h5(final, datasets, {"coords": coords_attrs}, file_attrs)
 
 
 def clam_coords_attrs(slide_id: str, attrs: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
@@ -273,7 +352,7 @@ def _write_h5(
 ) -> Path:
     import h5py
 
-    with output.atomic_path(final) as tmp, h5py.File(tmp, "w") as f:
+    with atomic_path(final) as tmp, h5py.File(tmp, "w") as f:
         for name, array in datasets.items():
             f.create_dataset(name, data=array)
             for key, value in dataset_attrs.get(name, {}).items():
@@ -288,6 +367,6 @@ def _write_h5(
 def _write_pt(final: Path, features: np.ndarray) -> Path:
     import torch  # only the clam layout needs it
 
-    with output.atomic_path(final) as tmp:
+    with atomic_path(final) as tmp:
         torch.save(torch.from_numpy(np.ascontiguousarray(features)), tmp)
     return final

@@ -1,9 +1,17 @@
 """Which slides a run embeds: paths or a CSV manifest, and this process's shard of them.
 
 A slide id names the output file (``<out>/<slide_id>.h5``) and the claim
-(``<out>/.claims/<slide_id>.lock``), so it must be a plain file name; two
-slides with one id would overwrite each other, so duplicates are a usage
-error, never a silent skip.
+(``<out>/.claims/<slide_id>.lock``), so it must be a plain file name that
+fits every file a slide gets: at most :data:`MAX_SLIDE_ID_BYTES` (244) bytes
+of UTF-8, the 255-byte file name limit of ext4, XFS, NFS, APFS and NTFS less
+the longest suffix a slide's files add (``_patches.h5`` of ``--layout
+trident``; temp names are cut to fit, see ``output.temp_path``), and no
+control characters (C0, DEL, C1, Unicode line and paragraph separators: they
+would break ``status.csv`` lines and terminals). Two slides with one id would
+overwrite each other, and so would two ids that differ only by case or
+Unicode normalisation (``S1`` and ``s1``, ``é`` composed or not) on a
+case-insensitive volume (macOS, Windows, many SMB shares): both are usage
+errors naming both, never a silent skip.
 
 Sharding (``--shard I/N``) takes every N-th slide of the list sorted by slide
 id, starting at the I-th: shards are disjoint and cover the list, whatever
@@ -16,14 +24,19 @@ from __future__ import annotations
 
 import csv
 import math
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from predictor.client.embed.errors import UsageError
 
 MANIFEST_COLUMNS = ("slide_id", "path", "mpp", "bulk_rna", "mask")
 SHARD_INDEX_ENV = "JOB_COMPLETION_INDEX"
+NAME_MAX_BYTES = 255
+LONGEST_SUFFIX = "_patches.h5"  # trident's coordinates; .h5, .pt, .lock, .geojson are shorter
+MAX_SLIDE_ID_BYTES = NAME_MAX_BYTES - len(LONGEST_SUFFIX)
+_CONTROL_CATEGORIES = ("Cc", "Zl", "Zp")  # C0, DEL, C1; U+2028, U+2029
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,7 @@ class SlideEntry:
         bulk_rna: Per-slide bulk RNA counts file, for models that take it.
         mask: Per-slide tissue mask or region (GeoJSON or binary image; see
             :mod:`~predictor.client.embed.masks`), instead of tissue detection.
+        source: Where it was given (``m.csv line 3``, a path), for messages.
     """
 
     slide_id: str
@@ -44,6 +58,7 @@ class SlideEntry:
     mpp: float | None = None
     bulk_rna: Path | None = None
     mask: Path | None = None
+    source: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_slide_id(self.slide_id)
@@ -54,7 +69,12 @@ class SlideEntry:
 
 
 def check_slide_id(slide_id: str) -> str:
-    """Return ``slide_id`` if it is usable as a file name, else raise :class:`UsageError`."""
+    """Return ``slide_id`` if it is usable as a file name, else raise :class:`UsageError`.
+
+    A plain file name (no ``/``, ``\\``, NUL, leading ``.``), valid UTF-8 of at
+    most :data:`MAX_SLIDE_ID_BYTES` bytes, without control characters.
+    """
+    fix = "rename the file or set the slide_id column of the manifest"
     bad = (
         not slide_id
         or slide_id in (".", "..")
@@ -65,21 +85,64 @@ def check_slide_id(slide_id: str) -> str:
     )
     if bad:
         raise UsageError(
-            f"slide id {slide_id!r} is not a plain file name (no '/', no leading '.'): "
-            "rename the file or set the slide_id column of the manifest"
+            f"slide id {shown_id(slide_id)} is not a plain file name (no '/', no leading '.'): {fix}"
+        )
+    try:
+        n_bytes = len(slide_id.encode("utf-8"))
+    except UnicodeEncodeError as exc:  # a file name with bytes that are no UTF-8
+        raise UsageError(f"slide id {shown_id(slide_id)} is not valid UTF-8: {fix}") from exc
+    if n_bytes > MAX_SLIDE_ID_BYTES:
+        raise UsageError(
+            f"slide id {shown_id(slide_id)} is {n_bytes} bytes of UTF-8, over the limit of "
+            f"{MAX_SLIDE_ID_BYTES} (file names stop at {NAME_MAX_BYTES} bytes and a slide's "
+            f"files add up to {len(LONGEST_SUFFIX)}): {fix} with a shorter id"
+        )
+    control = next((c for c in slide_id if unicodedata.category(c) in _CONTROL_CATEGORIES), None)
+    if control is not None:
+        raise UsageError(
+            f"slide id {shown_id(slide_id)} has the control character U+{ord(control):04X} "
+            f"(no control characters, line breaks or escapes in ids): {fix}"
         )
     return slide_id
 
 
-def _check_unique(entries: Sequence[SlideEntry]) -> None:
-    seen: dict[str, Path] = {}
+def shown_id(slide_id: str, max_chars: int = 60) -> str:
+    """``slide_id`` for a message: quoted, escaped (``repr``), cut after ``max_chars``."""
+    if len(slide_id) <= max_chars:
+        return repr(slide_id)
+    return f"{slide_id[:max_chars]!r}... ({len(slide_id)} characters)"
+
+
+def folded_id(slide_id: str) -> str:
+    """``slide_id`` as a case-insensitive volume may see it: NFKC, case folded, NFKC again."""
+    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", slide_id).casefold())
+
+
+def check_unique(entries: Sequence[SlideEntry]) -> None:
+    """UsageError when two entries share an id, or ids that differ only by case or normalisation.
+
+    The message names both ids and where each was given (manifest line, path).
+    """
+    seen: dict[str, SlideEntry] = {}
     for entry in entries:
-        if entry.slide_id in seen:
+        other = seen.setdefault(folded_id(entry.slide_id), entry)
+        if other is entry:
+            continue
+        where = f"{_where(other)} and {_where(entry)}"
+        if other.slide_id == entry.slide_id:
             raise UsageError(
-                f"duplicate slide id {entry.slide_id!r}: {seen[entry.slide_id]} and {entry.path}; "
+                f"duplicate slide id {shown_id(entry.slide_id)}: {where}; "
                 "give each slide its own id with a manifest (slide_id,path)"
             )
-        seen[entry.slide_id] = entry.path
+        raise UsageError(
+            f"slide ids {shown_id(other.slide_id)} and {shown_id(entry.slide_id)} differ only by "
+            f"case or Unicode normalisation ({where}): on a case-insensitive volume (macOS, "
+            "Windows, many SMB shares) they name one file; rename one"
+        )
+
+
+def _where(entry: SlideEntry) -> str:
+    return entry.source or str(entry.path)
 
 
 def entries_from_paths(
@@ -90,8 +153,14 @@ def entries_from_paths(
     (``a/b/S1.svs`` -> ``S1``; the layouts pass their tool's rule, see
     :func:`predictor.client.embed.layouts.slide_id_from_path`.)
     """
-    entries = [SlideEntry((id_of or _stem)(Path(p)), Path(p)) for p in paths]
-    _check_unique(entries)
+    entries = []
+    for p in map(Path, paths):
+        shown = str(p) if str(p).isprintable() else repr(str(p))  # no raw escapes in messages
+        try:
+            entries.append(SlideEntry((id_of or _stem)(p), p, source=shown))
+        except UsageError as exc:
+            raise UsageError(f"{shown}: {exc}") from exc
+    check_unique(entries)
     return entries
 
 
@@ -109,6 +178,11 @@ def _parse_mpp(text: str, where: str) -> float | None:
         raise UsageError(f"{where}: mpp {text!r} is not a number") from exc
     if not (math.isfinite(value) and value > 0):
         raise UsageError(f"{where}: mpp must be a positive number, got {text!r}")
+    from predictor.client.embed.limits import mpp_problem  # the range slides' metadata must meet
+
+    problem = mpp_problem(value)
+    if problem is not None:
+        raise UsageError(f"{where}: mpp {text!r}: {problem}")
     return value
 
 
@@ -129,6 +203,7 @@ def _row_entry(row: Mapping[str, str | None], folder: Path, where: str) -> Slide
             mpp=_parse_mpp(row.get("mpp") or "", where),
             bulk_rna=None if bulk is None else bulk if bulk.is_absolute() else folder / bulk,
             mask=None if mask is None else mask if mask.is_absolute() else folder / mask,
+            source=where,
         )
     except UsageError as exc:
         raise UsageError(f"{where}: {exc}") from exc
@@ -162,7 +237,7 @@ def read_manifest(path: Path) -> list[SlideEntry]:
         raise UsageError(f"manifest {path} is not valid CSV: {exc}") from exc
     if not entries:
         raise UsageError(f"manifest {path} lists no slides")
-    _check_unique(entries)
+    check_unique(entries)
     return entries
 
 

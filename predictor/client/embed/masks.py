@@ -16,6 +16,11 @@ The mask comes, in this order, from
   - a binary image covering the whole slide at any resolution (non-zero is
     tissue; its width and height must have the slide's aspect ratio);
 
+  both bounded before the work they cause (:mod:`~predictor.client.embed.limits`:
+  bytes, JSON nesting, vertices, rasterising work, decoded pixels), a bad
+  file failing its slide with a message that names it and what is wrong
+  (:mod:`~predictor.client.embed.mask_geojson` for GeoJSON);
+
 - otherwise ``--tissue``: Otsu on the thumbnail, ``none`` (every tile), or a
   served segmentation model.
 
@@ -24,17 +29,19 @@ The mask comes, in this order, from
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator
+import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from predictor.client.embed.contours import Polygon, mask_polygons, rasterize
+from predictor.client.embed.contours import Polygon, crossing_count, mask_polygons, rasterize
 from predictor.client.embed.errors import SlideError
 from predictor.client.embed.grid import TilePlan
+from predictor.client.embed.limits import MAX_MASK_BYTES, MAX_MASK_CROSSINGS, MAX_MASK_PIXELS
+from predictor.client.embed.mask_geojson import read_bounded, read_geojson
 from predictor.client.embed.slides import MppInfo, SlideReader
 from predictor.client.embed.tissue import (
     THUMB_MPP,
@@ -46,7 +53,6 @@ from predictor.client.embed.tissue import (
 
 GEOJSON_SUFFIXES = (".geojson", ".json")
 IMAGE_SUFFIXES = (".png", ".tif", ".tiff")
-EXCLUDE_CLASSES = ("ignore*", "exclude")  # QuPath's "Ignore*" and a plain "Exclude", any case
 ASPECT_TOLERANCE = 0.02
 # A served model's whole-slide mask: (reader, mpp) -> (bool mask, its mpp).
 ModelMask = Callable[[SlideReader, MppInfo], tuple[np.ndarray, float]]
@@ -90,24 +96,36 @@ def mask_file(slide_id: str, manifest_mask: Path | None, masks_dir: Path | None)
     """The slide's mask file: the manifest's, else ``masks_dir/<slide_id>.<ext>``, else None.
 
     Raises:
-        SlideError: ``--masks`` is given but holds no file for this slide, or
-            the manifest's mask does not exist.
+        SlideError: ``--masks`` is given but holds no file for this slide, the
+            manifest's mask does not exist, or the file is larger than
+            ``limits.MAX_MASK_BYTES``.
     """
     if manifest_mask is not None:
         if not manifest_mask.is_file():
             raise SlideError(f"mask {manifest_mask} (manifest column mask) does not exist")
-        return manifest_mask
+        return _not_too_large(manifest_mask)
     if masks_dir is None:
         return None
     for suffix in GEOJSON_SUFFIXES + IMAGE_SUFFIXES:
         path = masks_dir / f"{slide_id}{suffix}"
         if path.is_file():
-            return path
+            return _not_too_large(path)
     names = ", ".join(f"{slide_id}{s}" for s in GEOJSON_SUFFIXES + IMAGE_SUFFIXES)
     raise SlideError(
         f"--masks {masks_dir}: no mask for slide {slide_id!r} (looked for {names}); "
         "add one, give it in the manifest's mask column, or drop --masks"
     )
+
+
+def _not_too_large(path: Path) -> Path:
+    """``path``, refused when it has more than ``MAX_MASK_BYTES`` (before anything hashes it)."""
+    size = path.stat().st_size
+    if size > MAX_MASK_BYTES:
+        raise SlideError(
+            f"mask {path}: {size:,} bytes, more than the {MAX_MASK_BYTES:,} a mask may have; "
+            "export it at a lower resolution or with simpler outlines"
+        )
+    return path
 
 
 def find_tissue(
@@ -149,18 +167,18 @@ def find_tissue(
 def read_mask(path: Path, reader: SlideReader, mpp: MppInfo) -> tuple[np.ndarray, float]:
     """A mask file as a bool mask from level-0 ``(0, 0)`` and its mpp.
 
+    Every size is bounded before the work it causes (``limits.MAX_MASK_*``):
+    bytes before reading, nesting before parsing, vertices while parsing,
+    rasterising work before rasterising, an image's pixels from its header
+    before decoding.
+
     Raises:
-        SlideError: Unreadable, not GeoJSON/an image, or not the slide's shape.
+        SlideError: Unreadable, not GeoJSON/an image, over a limit, or not the
+            slide's shape; the message names the file and what is wrong.
     """
     suffix = path.suffix.lower()
     if suffix in GEOJSON_SUFFIXES:
-        _level, _factor, shape, grid_mpp = thumbnail_grid(reader, mpp, THUMB_MPP)
-        include, exclude = read_geojson(path)
-        scale = mpp.mpp / grid_mpp  # grid px per level-0 px
-        mask = rasterize(_scaled(include, scale), shape)
-        if exclude:
-            mask &= ~rasterize(_scaled(exclude, scale), shape)
-        return mask, grid_mpp
+        return _geojson_mask(path, reader, mpp)
     if suffix in IMAGE_SUFFIXES:
         return _image_mask(path, reader, mpp)
     raise SlideError(
@@ -169,86 +187,78 @@ def read_mask(path: Path, reader: SlideReader, mpp: MppInfo) -> tuple[np.ndarray
     )
 
 
-def _scaled(polygons: list[Polygon], scale: float) -> list[Polygon]:
-    return [[[(x * scale, y * scale) for x, y in ring] for ring in poly] for poly in polygons]
+def _geojson_mask(path: Path, reader: SlideReader, mpp: MppInfo) -> tuple[np.ndarray, float]:
+    _level, _factor, shape, grid_mpp = thumbnail_grid(reader, mpp, THUMB_MPP)
+    include, exclude = read_geojson(path)
+    scale = mpp.mpp / grid_mpp  # grid px per level-0 px
+    include, exclude = _scaled(include, scale), _scaled(exclude, scale)
+    work = crossing_count(include, shape[0]) + crossing_count(exclude, shape[0])
+    if work > MAX_MASK_CROSSINGS:
+        raise SlideError(
+            f"mask {path}: its outlines cross the {shape[1]}x{shape[0]} px tissue grid's rows "
+            f"{work:,} times, more than the limit of {MAX_MASK_CROSSINGS:,} (zig-zag or "
+            "self-crossing outlines); simplify them (QuPath: Objects > Annotations > "
+            "Simplify shape) or give a binary image mask"
+        )
+    mask = rasterize(include, shape)
+    if exclude:
+        mask &= ~rasterize(exclude, shape)
+    return mask, grid_mpp
+
+
+def _scaled(polygons: list[list[np.ndarray]], scale: float) -> list[list[np.ndarray]]:
+    return [[ring * scale for ring in polygon] for polygon in polygons]
 
 
 def _image_mask(path: Path, reader: SlideReader, mpp: MppInfo) -> tuple[np.ndarray, float]:
+    import warnings
+
     from PIL import Image
 
+    # Pillow warns from 89 Mpx; every image that large is refused below with a
+    # clearer message, so the warning (a class name on stderr) says nothing more.
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+    raw = read_bounded(path, MAX_MASK_BYTES, "image")
     try:
-        with Image.open(path) as image:
+        with Image.open(io.BytesIO(raw)) as image:
+            _check_image_size(path, image.size, reader.dimensions)
             mask = np.asarray(image.convert("L")) > 0
-    except (OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise SlideError(f"mask {path}: cannot read it as an image ({exc})") from exc
-    width, height = reader.dimensions
-    sx, sy = width / mask.shape[1], height / mask.shape[0]
+    except SlideError:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise SlideError(
+            f"mask {path}: more than the {MAX_MASK_PIXELS:,} px an image mask may have "
+            f"({_reason(exc)}); export it at a lower resolution (4-16 um/px is plenty)"
+        ) from exc
+    except Exception as exc:  # Pillow raises many types for a broken or odd file
+        raise SlideError(
+            f"mask {path}: cannot read it as an image ({_reason(exc)}); save it again as an "
+            "8-bit PNG or TIFF, non-zero where the tissue is"
+        ) from exc
+    return mask, mpp.mpp * reader.dimensions[0] / mask.shape[1]
+
+
+def _check_image_size(path: Path, size: tuple[int, int], slide: tuple[int, int]) -> None:
+    """Refuse an image mask by its header: empty, too many pixels, or not the slide's shape."""
+    (w, h), (width, height) = size, slide
+    if w < 1 or h < 1:
+        raise SlideError(f"mask {path}: the image is {w}x{h} px, empty")
+    if w * h > MAX_MASK_PIXELS:
+        raise SlideError(
+            f"mask {path}: {w}x{h} px ({w * h:,}) is more than the {MAX_MASK_PIXELS:,} px an "
+            "image mask may have; export it at a lower resolution (4-16 um/px is plenty)"
+        )
+    sx, sy = width / w, height / h
     if abs(sx - sy) > ASPECT_TOLERANCE * max(sx, sy):
         raise SlideError(
-            f"mask {path}: {mask.shape[1]}x{mask.shape[0]} px does not have the slide's "
-            f"aspect ratio ({width}x{height} at level 0); export it for the whole slide"
+            f"mask {path}: {w}x{h} px does not have the slide's aspect ratio "
+            f"({width}x{height} at level 0); export it for the whole slide"
         )
-    return mask, mpp.mpp * sx
 
 
-def read_geojson(path: Path) -> tuple[list[Polygon], list[Polygon]]:
-    """The polygons of a GeoJSON file (level-0 px): ``(included, excluded)``.
-
-    Raises:
-        SlideError: Not JSON, or not GeoJSON of features/geometries.
-    """
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SlideError(f"mask {path}: cannot read it as GeoJSON ({exc})") from exc
-    include: list[Polygon] = []
-    exclude: list[Polygon] = []
-    try:
-        for geometry, properties in _features(data):
-            target = exclude if _excluded(properties) else include
-            target.extend(_geometry_polygons(geometry))
-    except (TypeError, ValueError, KeyError, IndexError) as exc:
-        raise SlideError(f"mask {path}: not GeoJSON polygons in level-0 pixels ({exc})") from exc
-    return include, exclude
-
-
-def _features(data: Any) -> Iterator[tuple[dict, dict]]:
-    """``(geometry, properties)`` of every feature, whatever the wrapping QuPath chose."""
-    if isinstance(data, list):
-        for item in data:
-            yield from _features(item)
-        return
-    if not isinstance(data, dict):
-        raise ValueError(f"expected a GeoJSON object, got {type(data).__name__}")
-    kind = data.get("type")
-    if kind == "FeatureCollection":
-        yield from _features(data.get("features", []))
-    elif kind == "Feature":
-        if data.get("geometry") is not None:
-            yield data["geometry"], data.get("properties") or {}
-    else:
-        yield data, {}
-
-
-def _excluded(properties: dict) -> bool:
-    cls = properties.get("classification")
-    name = cls.get("name") if isinstance(cls, dict) else cls
-    return isinstance(name, str) and name.strip().lower() in EXCLUDE_CLASSES
-
-
-def _geometry_polygons(geometry: dict) -> list[Polygon]:
-    kind = geometry.get("type")
-    if kind == "Polygon":
-        return [_rings(geometry["coordinates"])]
-    if kind == "MultiPolygon":
-        return [_rings(poly) for poly in geometry["coordinates"]]
-    if kind == "GeometryCollection":
-        return [p for g in geometry.get("geometries", []) for p in _geometry_polygons(g)]
-    return []  # points and lines (QuPath's point annotations) cover no area
-
-
-def _rings(coordinates: Any) -> Polygon:
-    return [[(float(pt[0]), float(pt[1])) for pt in ring] for ring in coordinates]
+def _reason(exc: BaseException) -> str:
+    """A third-party error's own words, without its class name (a user reads them)."""
+    return str(exc).strip() or "the file is damaged or in an unsupported variant"
 
 
 def feature_collection(polygons: list[Polygon], name: str = "Tissue") -> dict[str, Any]:

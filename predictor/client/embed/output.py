@@ -1,4 +1,4 @@
-"""Per-slide HDF5 feature files, written atomically, and the run's ``status.csv``.
+"""Per-slide HDF5 feature files, written atomically (:mod:`~predictor.client.embed.atomic`).
 
 ``<out>/<slide_id>.h5`` holds the datasets ``features`` (float32 ``[N, D]``),
 ``predictions`` (float32 ``[N, K]``, when the mode has them), ``coords``
@@ -18,7 +18,9 @@ written by ``--layout trident`` and ``--layout clam``
 A file is written under a hidden temporary name in the same folder, flushed,
 fsynced and ``os.replace``d to its final name, so a crash leaves either the
 old state or a temp file that :func:`is_done` never looks at. A finished file
-also carries ``complete = True``, written last.
+also carries ``complete = True``, written last, and the identity of the slide
+it was made from (``slide_identity``, :mod:`~predictor.client.embed.identity`),
+which a run compares with the slide before it skips one.
 
 A slide with unreadable tiles is written to ``<out>/incomplete/<slide_id>.h5``
 with ``complete = False`` (:func:`incomplete_dir`), never to the final name,
@@ -26,35 +28,25 @@ unless the run accepts that many (``--accept-bad-tiles``): then the final file
 carries ``n_bad_tiles`` > 0, and :func:`is_done` counts it done only for a run
 that accepts as many.
 
-``status.csv`` gets one line per slide (``slide_id,path,status,n_tiles,
-seconds,error``), appended under ``fcntl.flock`` so lines from several
-processes never interleave; the header is written once, by whoever creates
-the file.
+The run's ``status.csv`` is :mod:`~predictor.client.embed.status`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import csv
 import hashlib
-import io
 import json
-import os
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from predictor.client.embed.atomic import atomic_path
 from predictor.client.embed.grid import TilePlan
 from predictor.client.embed.slides import SlideReader
 
-STATUS_FILE = "status.csv"
 INCOMPLETE_DIR = "incomplete"
-STATUS_COLUMNS = ("slide_id", "path", "status", "n_tiles", "seconds", "error")
-STATUSES = ("done", "skipped", "failed")
 COMPLETE_ATTR = "complete"
 
 
@@ -89,7 +81,9 @@ def is_done(out_dir: Path, slide_id: str, config_hash: str, max_bad_tiles: int =
 
     Any doubt (unreadable, no ``complete`` flag, another hash, datasets of
     different lengths, more ``n_bad_tiles`` than ``max_bad_tiles``) is False:
-    the slide is embedded again.
+    the slide is embedded again. This checks the file alone; a run also
+    checks that the file was made from the slide it names now (its
+    ``slide_identity``, :meth:`~predictor.client.embed.layouts.Layout.check_done`).
     """
     path = final_path(out_dir, slide_id)
     return path.is_file() and h5_is_complete(path, config_hash, max_bad_tiles)
@@ -97,25 +91,31 @@ def is_done(out_dir: Path, slide_id: str, config_hash: str, max_bad_tiles: int =
 
 def h5_is_complete(path: Path, config_hash: str, max_bad_tiles: int = 0) -> bool:
     """Whether the HDF5 file at ``path`` is complete with ``config_hash`` (see :func:`is_done`)."""
+    return done_attrs(path, config_hash, max_bad_tiles) is not None
+
+
+def done_attrs(path: Path, config_hash: str, max_bad_tiles: int = 0) -> dict[str, Any] | None:
+    """The file attributes of a complete HDF5 file with ``config_hash``, else None.
+
+    None for any doubt, as :func:`is_done` says (a missing file included).
+    """
     import h5py
 
     try:
         with h5py.File(path, "r") as f:
-            if not bool(f.attrs.get(COMPLETE_ATTR, False)):
-                return False
-            if str(f.attrs.get("config_hash", "")) != config_hash:
-                return False
-            if int(f.attrs.get("n_bad_tiles", 0)) > max_bad_tiles:
-                return False
+            attrs = dict(f.attrs)
+            if not bool(attrs.get(COMPLETE_ATTR, False)):
+                return None
+            if str(attrs.get("config_hash", "")) != config_hash:
+                return None
+            if int(attrs.get("n_bad_tiles", 0)) > max_bad_tiles:
+                return None
             n = f["coords"].shape[0]
-            lengths = [
-                f[name].shape[0]
-                for name in ("features", "predictions", "tissue_fraction")
-                if name in f
-            ]
-            return all(length == n for length in lengths)
-    except (OSError, KeyError, ValueError):
-        return False
+            names = ("features", "predictions", "tissue_fraction")
+            lengths = [f[name].shape[0] for name in names if name in f]
+            return attrs if all(length == n for length in lengths) else None
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
 
 
 @dataclass
@@ -238,87 +238,3 @@ def write_slide(
                 f.attrs[key] = _attr_value(value)
         f.attrs[COMPLETE_ATTR] = complete
     return final_path(out_dir, slide_id)
-
-
-@contextlib.contextmanager
-def atomic_path(final: Path) -> Iterator[Path]:
-    """Yields a hidden temp path beside ``final``; renamed onto it (fsynced) if no error.
-
-    The folder is created when missing; on any error the temp file is removed
-    and ``final`` is untouched (a reader sees the old file or the new, never half).
-    """
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        yield tmp
-        _fsync_path(tmp)
-        os.replace(tmp, final)
-        _fsync_path(final.parent)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-class StatusLog:
-    """``out_dir/status.csv``: one line per slide, safe to append from several processes."""
-
-    def __init__(self, out_dir: Path) -> None:
-        """Log into ``out_dir/status.csv`` (the folder must exist)."""
-        out_dir = Path(out_dir)
-        if not out_dir.is_dir():
-            raise ValueError(f"output folder {out_dir} does not exist")
-        self.path = out_dir / STATUS_FILE
-
-    def append(
-        self,
-        slide_id: str,
-        path: str,
-        status: str,
-        n_tiles: int,
-        seconds: float,
-        error: str = "",
-    ) -> None:
-        """Append one line (header first if the file is new), under an exclusive flock.
-
-        Raises:
-            ValueError: ``status`` is not ``done``, ``skipped`` or ``failed``.
-        """
-        import fcntl
-
-        if status not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
-        # One physical line per slide: a multi-line reason would break line-based tools.
-        error = " ".join(str(error).split())
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerow(
-            [slide_id, str(path), status, int(n_tiles), f"{float(seconds):.3f}", error]
-        )
-        with open(self.path, "a", newline="", encoding="utf-8") as handle:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-            try:
-                header = ""
-                if os.fstat(handle.fileno()).st_size == 0:
-                    header = ",".join(STATUS_COLUMNS) + "\n"
-                handle.write(header + buf.getvalue())
-                handle.flush()
-                os.fsync(handle.fileno())
-            finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-def read_status(out_dir: Path) -> list[dict[str, str]]:
-    """The rows of ``out_dir/status.csv`` (empty when there is none)."""
-    path = Path(out_dir) / STATUS_FILE
-    if not path.is_file():
-        return []
-    with open(path, newline="", encoding="utf-8") as handle:
-        return list(csv.DictReader(handle))

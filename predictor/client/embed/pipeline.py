@@ -6,24 +6,31 @@
    process's shard of them;
 2. the model from the server (``GET /v2/models/{name}/config``): tile size and
    target mpp unless given, the package identity for the config hash;
-3. per slide: skipped when its file is complete with the same config hash
-   (unless ``--force``); claimed atomically (two processes never embed one
-   slide; a dead holder's claim is taken over at once); embedded; one line in
-   ``status.csv`` (``done``, ``skipped`` or ``failed`` with the reason);
+3. per slide: skipped when its files are complete with the same config hash,
+   were made from this very slide (its content identity,
+   :mod:`~predictor.client.embed.identity`) and are whole (a two-file layout's
+   pair, :meth:`~predictor.client.embed.layouts.Layout.check_done`), unless
+   ``--force``; otherwise embedded again, the status line saying why (a
+   changed slide, a torn pair, an older histoserve's file); claimed
+   atomically (two processes never embed one slide; a dead holder's claim is
+   taken over at once); embedded; one line in ``status.csv`` (``done``,
+   ``skipped`` or ``failed`` with the reason);
    a slide with unreadable tiles is ``failed`` on every run (unless
    ``--accept-bad-tiles`` accepts that many) and never skipped.
    ``--slides-in-flight`` slides are in progress at once (default 2), sharing
    one bound of ``--concurrency`` requests in flight;
 4. ``<out>/report.html`` over every slide of the folder (``--no-qc``: none).
 
-A slide that fails (unreadable, no mpp, corrupt tiles, a 4xx, retries used up)
-fails alone: the next one starts. Usage errors stop the run before any slide.
+A slide that fails (missing, unreadable, no mpp, corrupt tiles, a 4xx,
+retries used up, a bad claim file, changed while it was embedded, or any
+unexpected error in its resume check, claim or status line) fails alone: the
+others go on. Usage errors (bad ids, two ids one file on a case-insensitive
+volume) stop the run before any slide.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
 import threading
@@ -35,27 +42,36 @@ from pathlib import Path
 from typing import Any
 
 from predictor import __version__
-from predictor.client.embed.auth import load_credentials
+from predictor.client.embed.auth import load_credentials, warn_if_plaintext
 from predictor.client.embed.batches import BatchStats
 from predictor.client.embed.bulk_rna import read_bulk_rna
 from predictor.client.embed.claims import ClaimStore
 from predictor.client.embed.config import EmbedConfig
 from predictor.client.embed.dispatch import Dispatcher, RetryPolicy
 from predictor.client.embed.errors import EmbedError, SlideError, UsageError
-from predictor.client.embed.layouts import Layout, slide_id_from_path
+from predictor.client.embed.identity import (
+    IDENTITY_ATTR,
+    SlideIdentity,
+    file_sha256,
+    identity_difference,
+    slide_identity,
+)
+from predictor.client.embed.layouts import DoneCheck, Layout, slide_id_from_path
 from predictor.client.embed.manifest import (
     SlideEntry,
+    check_unique,
     entries_from_paths,
     read_manifest,
     select_shard,
 )
 from predictor.client.embed.masks import mask_file
 from predictor.client.embed.memory import large_buffers_use_mmap
-from predictor.client.embed.output import StatusLog, config_hash
+from predictor.client.embed.output import config_hash
 from predictor.client.embed.progress import Progress
 from predictor.client.embed.remote import ServerInfo, fetch_server_info
 from predictor.client.embed.report import write_report
 from predictor.client.embed.slide_job import RunContext, embed_slide
+from predictor.client.embed.status import StatusLog
 from predictor.client.embed.transport import RecyclePolicy
 
 logger = logging.getLogger("histoserve.embed")
@@ -88,10 +104,7 @@ def collect_entries(config: EmbedConfig) -> list[SlideEntry]:
     entries = entries_from_paths(config.slides, id_of) if config.slides else []
     if config.manifest is not None:
         entries += read_manifest(config.manifest)
-    ids = [e.slide_id for e in entries]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
-    if duplicates:
-        raise UsageError(f"slide ids given twice: {', '.join(duplicates[:5])}; rename one")
+    check_unique(entries)  # paths and manifest together: same id, or one file on macOS
     if not entries:
         raise UsageError("no slides given: pass slide paths or a --manifest with rows")
     return select_shard(entries, config.shard)
@@ -120,6 +133,7 @@ def _context(
         "spec": _json(info.spec),
         "mode": config.mode,
         "tissue": config.tissue,
+        "tissue_package_sha256": tissue_info.package_sha256 if tissue_info else None,
         "min_tissue": config.min_tissue,
         "histoserve_version": __version__,
     }
@@ -170,11 +184,11 @@ def slide_settings(ctx: RunContext, entry: SlideEntry) -> dict[str, Any]:
         "mpp_override": cfg.mpp_override,
         "mpp_tolerance": cfg.mpp_tolerance,
         "manifest_mpp": entry.mpp,
-        "bulk_rna_sha256": _file_sha256(entry.bulk_rna) if entry.bulk_rna else "",
+        "bulk_rna_sha256": file_sha256(entry.bulk_rna) if entry.bulk_rna else "",
         **({"layout": cfg.layout} if cfg.layout != "flat" else {}),
     }
     if mask is not None:  # only then: hashes of runs without masks stay as they were
-        settings["mask_sha256"] = _file_sha256(mask)
+        settings["mask_sha256"] = file_sha256(mask)
     return settings
 
 
@@ -190,6 +204,7 @@ def embed(config: EmbedConfig, stream: Any = None) -> EmbedSummary:
     if config.credentials is None:  # the Python API: $HISTOSERVE_TOKEN as the CLI reads it
         creds = load_credentials(None, None, (), os.environ)
         config = dataclasses.replace(config, credentials=creds)
+    warn_if_plaintext(config.credentials, config.urls + config.tissue_urls)
     entries = collect_entries(config)
     try:
         config.out_dir.mkdir(parents=True, exist_ok=True)
@@ -251,40 +266,53 @@ class _SlideRunner:
         self._lock = threading.Lock()
 
     def run(self, entry: SlideEntry) -> None:
+        """Resume check, claim, embed, status line; whatever goes wrong fails this slide alone."""
         start = time.monotonic()
+        try:
+            self._run(entry, start)
+        except EmbedError as exc:
+            self._fail(entry, start, str(exc))
+        except Exception as exc:  # one slide's surprise never stops the others
+            logger.exception("slide %s failed unexpectedly", entry.slide_id)
+            self._fail(entry, start, _unexpected(exc))
+
+    def _run(self, entry: SlideEntry, start: float) -> None:
         try:
             chash = config_hash(slide_settings(self.ctx, entry))
         except OSError as exc:
-            self._record(entry, "failed", 0, start, f"bulk RNA or mask file: {exc}")
-            return
-        except SlideError as exc:
-            self._record(entry, "failed", 0, start, str(exc))
-            return
-        if self._complete(entry, chash):
+            raise SlideError(f"bulk RNA or mask file: {exc}") from exc
+        identity = slide_identity(entry.path)
+        if self._check(entry, chash, identity).done:
             self._record(entry, "skipped", 0, start, "already done with this configuration")
             return
-        claim = self.claims.try_claim(entry.slide_id)
+        claim = self.claims.try_claim(entry.slide_id)  # SlideError: a bad lock file
         if claim is None:
             self._record(entry, "skipped", 0, start, "being embedded by another process")
             return
         with claim:
-            if self._complete(entry, chash):  # finished by another process meanwhile
+            self.ctx.layout.remove_stale_temps(entry.slide_id)
+            check = self._check(entry, chash, identity)
+            if check.done:  # finished by another process meanwhile
                 self._record(entry, "skipped", 0, start, "already done with this configuration")
                 return
-            self._embed(entry, chash, start)
+            self._embed(entry, chash, identity, check.reason, start)
 
-    def _complete(self, entry: SlideEntry, chash: str) -> bool:
+    def _check(self, entry: SlideEntry, chash: str, identity: SlideIdentity) -> DoneCheck:
         cfg = self.ctx.config
-        return not cfg.force and self.ctx.layout.is_done(
-            entry.slide_id, chash, cfg.accept_bad_tiles
-        )
+        if cfg.force:
+            return DoneCheck(False)
+        return self.ctx.layout.check_done(entry.slide_id, chash, identity, cfg.accept_bad_tiles)
 
-    def _embed(self, entry: SlideEntry, chash: str, start: float) -> None:
+    def _embed(
+        self, entry: SlideEntry, chash: str, identity: SlideIdentity, why: str, start: float
+    ) -> None:
+        """Embeds and writes the slide; ``why``: why an earlier done file was not kept."""
         attrs = {
             **self.ctx.base_attrs,
             "slide_id": entry.slide_id,
             "slide_path": str(entry.path),
             "config_hash": chash,
+            IDENTITY_ATTR: identity.to_attr(),
         }
         n_tiles = 0
 
@@ -300,19 +328,26 @@ class _SlideRunner:
             outcome = embed_slide(
                 self.ctx, entry, bulk, attrs, started, self.progress.tiles, self.summary.stats
             )
+            _check_unchanged(entry, identity)
         except EmbedError as exc:
             self._record(entry, "failed", n_tiles, start, str(exc))
             return
         except Exception as exc:  # one slide's surprise never stops the others
             logger.exception("slide %s failed unexpectedly", entry.slide_id)
-            self._record(entry, "failed", n_tiles, start, f"{type(exc).__name__}: {exc}")
+            self._record(entry, "failed", n_tiles, start, _unexpected(exc))
             return
         with self._lock:
             self.summary.tiles += outcome.n_tiles
-        note = ""
-        if outcome.n_bad:  # accepted with --accept-bad-tiles: said on every run that writes it
-            note = f"{outcome.n_bad} unreadable tiles accepted (--accept-bad-tiles), see bad_coords"
-        self._record(entry, "done", outcome.n_tiles, start, note)
+        self._record(entry, "done", outcome.n_tiles, start, _done_note(why, outcome.n_bad))
+
+    def _fail(self, entry: SlideEntry, start: float, reason: str) -> None:
+        """Records the slide failed; when even that fails, the summary still says so."""
+        try:
+            self._record(entry, "failed", 0, start, reason)
+        except Exception:
+            logger.exception("slide %s: its failure could not be recorded", entry.slide_id)
+            with self._lock:
+                self.summary.failed[entry.slide_id] = reason
 
     def _record(
         self, entry: SlideEntry, status: str, n_tiles: int, start: float, error: str = ""
@@ -333,12 +368,27 @@ class _SlideRunner:
             self.summary.failed[slide_id] = error
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def _check_unchanged(entry: SlideEntry, identity: SlideIdentity) -> None:
+    """SlideError when the slide changed while it was embedded (a copy still running)."""
+    change = identity_difference(identity, slide_identity(entry.path))
+    if change:
+        raise SlideError(
+            f"the slide changed while it was embedded ({change}); its file records the slide "
+            "as it was at the start, so the next run embeds it again: re-run once the slide "
+            "is no longer being written"
+        )
+
+
+def _done_note(why: str, n_bad: int) -> str:
+    """A done slide's status note: why it was embedded again, accepted holes."""
+    notes = [f"re-embedded: {why}"] if why else []
+    if n_bad:  # accepted with --accept-bad-tiles: said on every run that writes it
+        notes.append(f"{n_bad} unreadable tiles accepted (--accept-bad-tiles), see bad_coords")
+    return "; ".join(notes)
+
+
+def _unexpected(exc: Exception) -> str:
+    return f"unexpected error ({type(exc).__name__}: {exc}); the log has the traceback"
 
 
 def _json(data: Mapping[str, Any]) -> str:

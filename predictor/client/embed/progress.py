@@ -10,6 +10,12 @@ are shown as shares of their sum.
 every ``plain_interval_s`` otherwise (a pod's log, a CI job); ``none`` prints
 nothing. Every finished slide gets its own line in every mode but ``none``.
 No third-party dependency: the bar is a ``\\r`` line.
+
+Slide ids, paths and error messages come from outside (file names, the
+manifest, the server): every line goes through
+:func:`~predictor.client.embed.text.printable`, so an escape code, CR or
+newline in them is shown escaped (``\\x1b[2J``) instead of acting on the
+terminal.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import TextIO
 
 from predictor.client.embed.batches import BatchStats
 from predictor.client.embed.config import PROGRESS
+from predictor.client.embed.text import printable
 
 BAR_INTERVAL_S = 0.25
 PLAIN_INTERVAL_S = 10.0
@@ -124,7 +131,7 @@ class Progress:
             self._last_draw = now
         text = self.summary_line()
         if self.mode == "bar":
-            self._stream.write("\r" + text[:160].ljust(160) + "\r")
+            self._stream.write("\r" + printable(text)[:160].ljust(160) + "\r")
             self._stream.flush()
         else:
             self._write_line(text)
@@ -134,5 +141,5 @@ class Progress:
             return
         prefix = "\r" + " " * 160 + "\r" if self.mode == "bar" else ""
         with self._lock:
-            self._stream.write(prefix + line + "\n")
+            self._stream.write(prefix + printable(line) + "\n")
             self._stream.flush()

@@ -20,13 +20,13 @@ built meanwhile never reads half a file.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from predictor.client.embed.atomic import atomic_path
 from predictor.client.embed.grid import TilePlan
 from predictor.client.embed.masks import TissueMap, feature_collection
 
@@ -172,12 +172,9 @@ def _with_caption(picture: Image.Image, text: str) -> Image.Image:
 
 
 def _atomic(path: Path, write: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    """``write(tmp)`` into a fresh temp file, then renamed onto ``path`` (see ``atomic_path``)."""
+    with atomic_path(path) as tmp:
         write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def read_facts(out_dir: Path) -> dict[str, dict[str, Any]]:

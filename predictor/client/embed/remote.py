@@ -28,10 +28,13 @@ import httpx
 from predictor.client.embed.auth import Credentials
 from predictor.client.embed.dispatch import RetryPolicy
 from predictor.client.embed.errors import EmbedError, UsageError
-from predictor.client.embed.transport import RETRY_STATUS, http_client
+from predictor.client.embed.transport import RETRY_STATUS, http_client, server_message
 from predictor.client.retry_after import parse_retry_after
 
 INFO_TIMEOUT_S = 30.0
+
+OutputInfo = tuple[str, tuple[int, ...]]
+"""An output's V2 datatype and shape (``-1`` where any size goes: the batch axis)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,9 @@ class ServerInfo:
         package_sha256: The package digest when the server reports one, else a
             digest of the package metadata it reports (provenance, spec, build facts).
         spec: The spec as the server reports it (JSON-ready).
+        outputs: Output name -> :data:`OutputInfo`, as the server lists them
+            (``outputs`` of the config, or gRPC metadata), else as the spec implies.
+            Every answer is checked against these (:mod:`~predictor.client.embed.answers`).
     """
 
     model: str
@@ -58,6 +64,7 @@ class ServerInfo:
     n_genes: int = 0
     package_sha256: str = ""
     spec: Mapping[str, Any] = field(default_factory=dict)
+    outputs: Mapping[str, OutputInfo] = field(default_factory=dict)
 
     def check_mode(self, mode: str) -> None:
         """UsageError when the model cannot answer ``mode`` (e.g. a segmentation model)."""
@@ -102,9 +109,13 @@ def fetch_server_info(
         name = model or _only_model(getter)
         response = getter.get(f"/v2/models/{name}/config")
         if response.status_code == 404:
-            raise UsageError(f"{base} serves no model {name!r}: {_message(response)}")
-        _check(response, base)
-        return info_from_config(name, response.json())
+            raise UsageError(f"{base} serves no model {name!r}: {getter.message(response)}")
+        getter.check(response)
+        try:
+            config = response.json()
+        except ValueError as exc:
+            raise EmbedError(f"{base}: the config of {name!r} is not JSON") from exc
+        return info_from_config(name, config)
 
 
 def info_from_config(name: str, config: Mapping[str, Any]) -> ServerInfo:
@@ -124,16 +135,40 @@ def info_from_config(name: str, config: Mapping[str, Any]) -> ServerInfo:
             n_genes=len(config.get("genes_in") or ()),
             package_sha256=str(digest),
             spec=spec,
+            outputs=_listed_outputs(config.get("outputs")) or _spec_outputs(spec),
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise EmbedError(f"model {name!r}: unexpected config answer ({exc!r})") from exc
+
+
+def _listed_outputs(listed: Any) -> dict[str, OutputInfo]:
+    """``[{"name", "datatype", "shape"}, ...]`` (config or gRPC metadata) as :data:`OutputInfo`."""
+    return {
+        str(o["name"]): (str(o["datatype"]), tuple(int(d) for d in o["shape"]))
+        for o in listed or ()
+    }
+
+
+def _spec_outputs(spec: Mapping[str, Any]) -> dict[str, OutputInfo]:
+    """What the contract says a family answers, for a server whose config lists no outputs."""
+    family, dim = spec["family"], int(spec.get("embedding_dim") or -1)
+    if family == "segmentation":
+        size = int(spec["tile_size"])
+        return {"mask": ("UINT8", (-1, size, size))}
+    outputs = {"embedding": ("FP32", (-1, dim))}
+    if family == "multimodal":
+        outputs["prediction"] = ("FP32", (-1, -1))
+    return outputs
 
 
 def _only_model(getter: _Getter) -> str:
     base = getter.base
     response = getter.get("/v1/models")
-    _check(response, base)
-    models = response.json().get("models") or []
+    getter.check(response)
+    try:
+        models = [str(m) for m in response.json().get("models") or []]
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise EmbedError(f"{base}/v1/models: not a model list") from exc
     if len(models) != 1:
         raise UsageError(
             f"{base} serves {len(models)} models ({', '.join(models) or 'none'}): pick one with --model"
@@ -153,7 +188,8 @@ class _Getter:
         credentials: Credentials | None = None,
     ):
         self.base, self._retry, self._sleep = base, retry, sleep
-        self._http = http_client(base, timeout_s, credentials or Credentials())
+        self._credentials = credentials or Credentials()
+        self._http = http_client(base, timeout_s, self._credentials)
         self._rng = random.Random()
 
     def __enter__(self) -> _Getter:
@@ -169,11 +205,11 @@ class _Getter:
             try:
                 response = self._http.get(path)
             except httpx.HTTPError as exc:
-                error = f"{type(exc).__name__}: {exc}"
+                error = f"{type(exc).__name__}: {self._credentials.scrub(str(exc))}"
             else:
                 if response.status_code not in RETRY_STATUS:
                     return response
-                error = f"HTTP {response.status_code}: {_message(response)}"
+                error = f"HTTP {response.status_code}: {self.message(response)}"
                 retry_after = parse_retry_after(response.headers.get("retry-after"))
             if attempt < self._retry.max_attempts:
                 self._sleep(self._retry.delay_s(attempt, retry_after, self._rng))
@@ -181,19 +217,17 @@ class _Getter:
             f"cannot reach {self.base}{path} ({self._retry.max_attempts} attempts): {error}"
         )
 
+    def message(self, response: httpx.Response) -> str:
+        """The server's error message, credentials scrubbed out."""
+        return server_message(response, self._credentials)
 
-def _check(response: httpx.Response, base: str) -> None:
-    if response.status_code >= 400:
-        raise EmbedError(
-            f"{base}{response.request.url.path}: HTTP {response.status_code}: {_message(response)}"
-        )
-
-
-def _message(response: httpx.Response) -> str:
-    try:
-        return str(response.json().get("error", response.text))
-    except ValueError:
-        return response.text[:500]
+    def check(self, response: httpx.Response) -> None:
+        """EmbedError for a 4xx/5xx answer, with the server's (scrubbed) message."""
+        if response.status_code >= 400:
+            path = response.request.url.path
+            raise EmbedError(
+                f"{self.base}{path}: HTTP {response.status_code}: {self.message(response)}"
+            )
 
 
 def _grpc_info(
@@ -203,6 +237,13 @@ def _grpc_info(
     from predictor.client.embed.grpc_transport import grpc_metadata
 
     name, inputs, outputs = grpc_metadata(url, model, timeout_s, credentials)
+    return info_from_metadata(url, name, inputs, outputs)
+
+
+def info_from_metadata(
+    url: str, name: str, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]
+) -> ServerInfo:
+    """Builds :class:`ServerInfo` from gRPC ``ModelMetadata`` inputs and outputs."""
     shapes = {i["name"]: i["shape"] for i in inputs}
     if "pixels" not in shapes:
         raise EmbedError(f"{url}: model {name!r} has no 'pixels' input ({sorted(shapes)})")
@@ -221,4 +262,5 @@ def _grpc_info(
         n_genes=int(shapes["bulk_rna"][1]) if "bulk_rna" in shapes else 0,
         package_sha256="grpc-metadata:" + hashlib.sha256(repr(shapes).encode()).hexdigest(),
         spec={"name": name, "family": family, "inputs": inputs, "outputs": outputs},
+        outputs=_listed_outputs(outputs),
     )

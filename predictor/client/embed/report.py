@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from predictor.client.embed.output import read_status
+from predictor.client.embed.atomic import atomic_path
 from predictor.client.embed.qc import QC_DIR, read_facts
+from predictor.client.embed.status import read_status
 
 REPORT_FILE = "report.html"
 TINY_TISSUE_MM2 = 1.0
@@ -75,17 +76,20 @@ def collect_rows(out_dir: Path) -> list[SlideRow]:
 
 
 def write_report(out_dir: Path) -> Path:
-    """Writes ``<out>/report.html`` (atomically) and returns its path."""
+    """Writes ``<out>/report.html`` (atomically, replacing a symlink there) and returns its path.
+
+    Raises:
+        OSError: The folder cannot be written.
+        UsageError: ``status.csv`` is a symlink or not a regular file.
+    """
     out_dir = Path(out_dir)
     rows = collect_rows(out_dir)
     page = render(rows, out_dir)
     path = out_dir / REPORT_FILE
-    tmp = out_dir / f".{REPORT_FILE}.{os.getpid()}.tmp"
-    try:
-        tmp.write_text(page, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_path(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # the file just made
+        with open(fd, "w", encoding="utf-8") as handle:
+            handle.write(page)
     return path
 
 

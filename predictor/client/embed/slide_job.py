@@ -35,11 +35,18 @@ from typing import Any
 
 import numpy as np
 
+from predictor.client.embed.answers import AnswerCheck
 from predictor.client.embed.batches import Assembled, BatchStats, run_batches
 from predictor.client.embed.config import EmbedConfig
 from predictor.client.embed.dispatch import Dispatcher
 from predictor.client.embed.errors import EmbedError
-from predictor.client.embed.grid import TilePlan, plan_tiles, read_tile, read_tiles
+from predictor.client.embed.grid import (
+    TilePlan,
+    interpolation_of,
+    plan_tiles,
+    read_tile,
+    read_tiles,
+)
 from predictor.client.embed.layouts import Layout
 from predictor.client.embed.manifest import SlideEntry
 from predictor.client.embed.masks import TissueMap, find_tissue, mask_file
@@ -126,18 +133,27 @@ def plan_slide(
     """The slide's tile plan, its tissue (fraction of each planned tile), the plan's attributes.
 
     Raises:
-        SlideError: No mpp, upsampling needed, a missing or bad mask file.
+        SlideError: No mpp, larger than glass, too many tiles, upsampling
+            needed, a missing or bad mask file.
     """
     cfg = ctx.config
     mpp = resolve_mpp(reader, cfg.mpp_override, entry.mpp, cfg.mpp_tolerance)
-    plan = plan_tiles(reader, mpp, ctx.target_mpp, ctx.tile_size, cfg.mpp_tolerance)
+    plan = plan_tiles(  # the slide's size and tile count are checked before any pixel is read
+        reader,
+        mpp,
+        ctx.target_mpp,
+        ctx.tile_size,
+        cfg.mpp_tolerance,
+        max_tiles=cfg.max_tiles_per_slide,
+        interpolation=interpolation_of(ctx.info.spec, ctx.info.model),
+    )
     mask_path = mask_file(entry.slide_id, entry.mask, cfg.masks)
 
     def model_mask(r: SlideReader, m: MppInfo) -> tuple[np.ndarray, float]:
         return model_tissue_mask(r, m, ctx.tissue_dispatcher, ctx.tissue_info)
 
     tissue = find_tissue(reader, mpp, plan, cfg.tissue, mask_path, model_mask)
-    attrs = plan_attrs(reader, plan)
+    attrs = {**plan_attrs(reader, plan), "resize_interpolation": plan.interpolation}
     if mask_path is not None:
         attrs.update(tissue="mask", mask=str(mask_path))
     return plan, tissue, attrs
@@ -271,13 +287,14 @@ def _sender(
     ctx: RunContext, bulk_rna: np.ndarray | None
 ) -> Callable[[np.ndarray, slice], dict[str, np.ndarray]]:
     model, mode = ctx.info.model, ctx.config.mode
+    check = AnswerCheck.for_mode(ctx.info, mode)  # a wrong answer is retried, never written
 
     def send(tiles: np.ndarray, rows: slice) -> dict[str, np.ndarray]:
         inputs = {"pixels": tiles}
         if bulk_rna is not None:
             inputs["bulk_rna"] = np.broadcast_to(bulk_rna, (len(tiles), len(bulk_rna)))
         with ctx.in_flight:
-            return ctx.dispatcher.infer(model, inputs, {"mode": mode})
+            return ctx.dispatcher.infer(model, inputs, {"mode": mode}, check=check)
 
     return send
 

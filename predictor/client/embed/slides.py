@@ -35,8 +35,10 @@ import numpy as np
 from predictor.client.embed.errors import SlideError
 
 # Level-0 mpp read from metadata must lie here; outside it the tags are a
-# writer's default (72 dpi is 352.8 um/px), not a microscope's scale.
-PLAUSIBLE_MPP = (0.01, 20.0)
+# writer's default (72 dpi is 352.8 um/px), not a microscope's scale. The same
+# range holds --mpp-override, --target-mpp and the manifest's mpp column.
+from predictor.client.embed.limits import PLAUSIBLE_MPP
+
 _FIX = "give it with --mpp-override X or the manifest's mpp column"
 _BACKENDS = ("openslide", "tiffslide", "czi")
 _TIFF_SUFFIXES = (".tif", ".tiff", ".svs", ".btf", ".tf8", ".qptiff", ".scn", ".ndpi", ".bif")
@@ -115,14 +117,21 @@ class SlideReader:
         self.close()
 
     def bounds(self) -> tuple[int, int, int, int]:
-        """Level-0 ``(x, y, w, h)`` of the scanned area (``*.bounds-*``), else the whole slide."""
+        """Level-0 ``(x, y, w, h)`` of the scanned area (``*.bounds-*``), else the whole slide.
+
+        Bounds are clipped to level 0 (a tile outside it cannot be read); bounds
+        that are missing, partial or not numbers count as none.
+        """
+        width, height = self.dimensions
         for prefix in ("openslide", "tiffslide"):
             keys = [f"{prefix}.bounds-{k}" for k in ("x", "y", "width", "height")]
-            values = [self.properties.get(k) for k in keys]
-            if all(v not in (None, "", "None") for v in values):
-                x, y, w, h = (int(float(v)) for v in values)  # type: ignore[arg-type]
-                return x, y, w, h
-        return 0, 0, self.dimensions[0], self.dimensions[1]
+            values = [_number(self.properties.get(k)) for k in keys]
+            if any(v is None for v in values):
+                continue
+            x, y, w, h = (int(v) for v in values)  # type: ignore[arg-type]
+            x0, y0 = min(max(x, 0), width), min(max(y, 0), height)
+            return x0, y0, max(0, min(x + w, width) - x0), max(0, min(y + h, height) - y0)
+        return 0, 0, width, height
 
     def read_region(
         self, xy_level0: tuple[int, int], level: int, size: tuple[int, int]

@@ -7,13 +7,18 @@ white, which is background), sent over V2 like any other request, and the
 mask of the thumbnail's size. The tissue fraction of each planned tile then
 comes from that mask exactly as for Otsu
 (:func:`~predictor.client.embed.tissue.fractions_from_mask`), so both methods share
-one definition of "fraction".
+one definition of "fraction". Every answer must be one ``mask`` of the model's
+datatype and shape per tile sent
+(:meth:`~predictor.client.embed.answers.AnswerCheck.for_tissue`), else it is a
+failed attempt retried elsewhere: a short answer is never broadcast over the
+batch's tiles.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from predictor.client.embed.answers import AnswerCheck
 from predictor.client.embed.dispatch import Dispatcher
 from predictor.client.embed.grid import TilePlan
 from predictor.client.embed.remote import ServerInfo
@@ -72,7 +77,9 @@ def model_tissue_mask(
     image, image_mpp = thumbnail(reader, mpp, seg.mpp)
     tiles, grid = to_tiles(image, seg.tile_size)
     masks = np.empty((len(tiles), seg.tile_size, seg.tile_size), np.uint8)
+    check = AnswerCheck.for_tissue(seg)  # one mask per tile sent, or the attempt failed
     for start in range(0, len(tiles), MASK_BATCH):
         batch = tiles[start : start + MASK_BATCH]
-        masks[start : start + len(batch)] = dispatcher.infer(seg.model, {"pixels": batch})["mask"]
+        answer = dispatcher.infer(seg.model, {"pixels": batch}, check=check)
+        masks[start : start + len(batch)] = answer["mask"]
     return from_tiles(masks, grid, image.shape[0], image.shape[1]) > 0, image_mpp

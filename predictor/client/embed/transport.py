@@ -195,15 +195,17 @@ class HttpTransport:
             )
         except httpx.HTTPError as exc:
             self._recycler.discard(pool)
-            raise RetryableError(f"{self.url}: {type(exc).__name__}: {exc}") from exc
+            message = self._credentials.scrub(str(exc))
+            raise RetryableError(f"{self.url}: {type(exc).__name__}: {message}") from exc
         finally:
             self._recycler.release(pool)
         if response.status_code >= 400:
-            raise _status_error(self.url, response)
+            raise _status_error(self.url, response, self._credentials)
         try:
             outputs, _ = wire.decode_response(response.content, response.headers.get(wire.HEADER))
         except ValueError as exc:
-            raise RetryableError(f"{self.url}: malformed answer: {exc}") from exc
+            message = self._credentials.scrub(str(exc))
+            raise RetryableError(f"{self.url}: malformed answer: {message}") from exc
         return outputs
 
     def close(self) -> None:
@@ -216,16 +218,22 @@ def http_client(base_url: str, timeout_s: float, credentials: Credentials) -> ht
     return httpx.Client(
         base_url=base_url,
         timeout=timeout_s,
-        headers=credentials.http_headers(),
+        headers=credentials.http_header_bytes(),
         verify=credentials.httpx_verify(),
     )
 
 
-def _status_error(url: str, response: httpx.Response) -> EmbedError:
+def server_message(response: httpx.Response, credentials: Credentials) -> str:
+    """The server's ``{"error": ...}`` (else its text, cut), credentials scrubbed out."""
     try:
         message = str(response.json().get("error", response.text))
-    except ValueError:
+    except (ValueError, AttributeError):  # not JSON, or JSON that is not an object
         message = response.text[:500]
+    return credentials.scrub(message)
+
+
+def _status_error(url: str, response: httpx.Response, credentials: Credentials) -> EmbedError:
+    message = server_message(response, credentials)
     status = f"HTTP {response.status_code}"
     if response.status_code in RETRY_STATUS:
         return RetryableError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from predictor.client.embed.batches import BatchStats, run_batches
+from predictor.client.embed.errors import EmbedError
 
 
 def _read_factory(n_rows: int, batch: int, bad_rows: set[int] = frozenset()):
@@ -144,3 +146,35 @@ def test_empty_slide() -> None:
         0, 10, _read_factory(0, 10), _echo, read_workers=2, concurrency=2, queue_batches=2
     )
     assert out.outputs == {} and out.ok.shape == (0,)
+
+
+def _answer_with(later: dict[str, np.ndarray]):
+    """A sender whose first batch is answered right and every later one with ``later(n)``."""
+
+    def send(tiles: np.ndarray, rows: slice) -> dict[str, np.ndarray]:
+        if rows.start == 0:
+            return {"embedding": np.ones((len(tiles), 6), np.float32)}
+        return later
+
+    return send
+
+
+@pytest.mark.parametrize(
+    ("later", "message"),
+    [
+        ({"embedding": np.ones((1, 6), np.float32)}, "1 rows of 'embedding' for 4 tiles"),
+        ({}, "outputs [], the batches before had ['embedding']"),
+        ({"embeddings": np.ones((4, 6), np.float32)}, "outputs ['embeddings']"),
+        ({"embedding": np.ones((4, 1), np.float32)}, "'embedding' is float32 [4, 1]"),
+        ({"embedding": np.ones((4, 6), np.float64)}, "'embedding' is float64 [4, 6]"),
+    ],
+)
+def test_an_answer_that_does_not_fit_its_batch_is_refused_never_spread(
+    later: dict[str, np.ndarray], message: str
+) -> None:
+    """The last line of defence behind the dispatcher's checks: no broadcast, no zeros left."""
+    with pytest.raises(EmbedError, match=re.escape(message)):
+        run_batches(
+            12, 4, _read_factory(12, 4), _answer_with(later), read_workers=1, concurrency=1,
+            queue_batches=1,
+        )  # fmt: skip

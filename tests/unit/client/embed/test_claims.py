@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from predictor.client.embed.claims import ClaimStore
-from predictor.client.embed.errors import UsageError
+from predictor.client.embed.errors import SlideError, UsageError
 
 REPO = Path(__file__).resolve().parents[4]
 
@@ -120,3 +120,73 @@ def test_two_processes_racing_for_the_same_slides_split_them(tmp_path: Path) -> 
 def test_claims_refuse_unsafe_ids(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="plain file name"):
         ClaimStore(tmp_path).try_claim("../escape")
+
+
+def _victim(tmp_path: Path) -> Path:
+    victim = tmp_path / "outside" / "thesis.txt"
+    victim.parent.mkdir()
+    victim.write_text("a user's file, outside --out\n")
+    return victim
+
+
+def test_a_symlink_planted_at_a_lock_fails_the_slide_and_its_target_is_untouched(
+    tmp_path: Path,
+) -> None:
+    victim, out = _victim(tmp_path), tmp_path / "out"
+    store = ClaimStore(out)
+    lock = out / ".claims" / "S1.lock"
+    lock.symlink_to(victim)
+    with pytest.raises(SlideError, match=r"S1\.lock is a symbolic link.*remove it"):
+        store.try_claim("S1")
+    (out / ".claims" / "S2.lock").symlink_to(tmp_path / "outside" / "new.txt")  # dangling
+    with pytest.raises(SlideError, match="symbolic link"):
+        store.try_claim("S2")
+    assert victim.read_text() == "a user's file, outside --out\n"
+    assert not (tmp_path / "outside" / "new.txt").exists()
+    assert lock.is_symlink()  # left for the user to look at, not removed
+    with store.try_claim("S3") as claim:  # the other slides are claimed as ever
+        assert claim.held
+
+
+def test_a_hard_link_fifo_or_folder_at_a_lock_is_refused(tmp_path: Path) -> None:
+    victim, out = _victim(tmp_path), tmp_path / "out"
+    store = ClaimStore(out)
+    os.link(victim, out / ".claims" / "linked.lock")
+    os.mkfifo(out / ".claims" / "fifo.lock")
+    (out / ".claims" / "folder.lock").mkdir()
+    with pytest.raises(SlideError, match=r"linked\.lock has 2 hard links"):
+        store.try_claim("linked")
+    with pytest.raises(SlideError, match=r"fifo\.lock is not a regular file"):
+        store.try_claim("fifo")
+    with pytest.raises(SlideError, match=r"folder\.lock cannot be opened"):
+        store.try_claim("folder")
+    assert victim.read_text() == "a user's file, outside --out\n"
+
+
+def test_a_claims_folder_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".claims").symlink_to(elsewhere)
+    with pytest.raises(UsageError, match=r"\.claims is a symbolic link"):
+        ClaimStore(out)
+    dangling = tmp_path / "out2"
+    dangling.mkdir()
+    (dangling / ".claims").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(UsageError, match=r"\.claims cannot be created"):
+        ClaimStore(dangling)
+    assert list(elsewhere.iterdir()) == [] and not (tmp_path / "nowhere").exists()
+
+
+def test_a_claims_folder_swapped_for_a_symlink_mid_run_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    store = ClaimStore(tmp_path / "out")
+    held = store.try_claim("S1")
+    (tmp_path / "out" / ".claims").rename(tmp_path / "moved")
+    (tmp_path / "out" / ".claims").symlink_to(elsewhere)
+    with pytest.raises(UsageError, match="symbolic link"):
+        store.try_claim("S2")
+    held.release()  # unlinks its own file, in the folder it was made in
+    assert list(elsewhere.iterdir()) == [] and list((tmp_path / "moved").iterdir()) == []

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import sys
 from pathlib import Path
 
 import pytest
 
 from predictor.cli import main as histoserve_main
-from predictor.client.embed.cli import EXIT_FAILED, EXIT_USAGE, build_parser, config_from_args, main
+from predictor.client.embed.cli import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    _PrintableFormatter,
+    build_parser,
+    config_from_args,
+    main,
+)
 from predictor.client.embed.errors import UsageError
 from predictor.client.embed.pipeline import EmbedSummary, collect_entries
 
@@ -110,3 +119,34 @@ def test_shard_and_duplicates(tmp_path: Path) -> None:
 def test_exit_code_follows_failures() -> None:
     assert EmbedSummary(done=["a"], skipped=["b"]).exit_code == 0
     assert EmbedSummary(done=["a"], failed={"c": "no mpp"}).exit_code == 1
+
+
+def test_control_characters_in_messages_are_shown_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = tmp_path / "mis\x1b[2Jsing\u202e.csv"
+    assert main(["--manifest", str(manifest), *URL, "--out", str(tmp_path)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "mis\\x1b[2Jsing\\u202e.csv" in err and "\x1b" not in err and "\u202e" not in err
+    with pytest.raises(SystemExit) as info:
+        main(["a.svs", *URL, "--out", "o", "--bogus\x1b]0;title\x07"])
+    err = capsys.readouterr().err
+    assert info.value.code == EXIT_USAGE
+    assert "--bogus\\x1b]0;title\\x07" in err and "\x1b" not in err and "\x07" not in err
+
+
+def test_log_lines_escape_control_characters_and_keep_a_tracebacks_lines() -> None:
+    formatter = _PrintableFormatter("%(levelname)s %(name)s: %(message)s")
+    try:
+        raise ValueError("bad\x1b[2J path\nforged line")
+    except ValueError:
+        record = logging.LogRecord(
+            "embed", logging.WARNING, __file__, 1, "slide %s: %s", ("s\x07", "x\ry"), sys.exc_info()
+        )
+    text = formatter.format(record)
+    first, *rest = text.split("\n")
+    assert first == "WARNING embed: slide s\\x07: x\\ry"
+    assert rest[0] == "Traceback (most recent call last):" and len(rest) > 2
+    assert rest[-2].startswith("    raise ValueError(")  # the traceback's own line breaks stay
+    assert rest[-1] == "ValueError: bad\\x1b[2J path\\nforged line"  # the message's do not
+    assert not any(c in text for c in "\x1b\x07\r")

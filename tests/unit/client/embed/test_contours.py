@@ -1,12 +1,16 @@
-"""Masks to pixel-edge polygons and back: exact round trips, holes, corners, QuPath shapes."""
+"""Masks to pixel-edge polygons and back: exact round trips, holes, corners, QuPath shapes;
+rasterising in bounded memory."""
 
 from __future__ import annotations
+
+import tracemalloc
 
 import numpy as np
 import pytest
 from scipy import ndimage
 
-from predictor.client.embed.contours import mask_polygons, rasterize, signed_area
+from predictor.client.embed import contours
+from predictor.client.embed.contours import crossing_count, mask_polygons, rasterize, signed_area
 
 
 def test_random_masks_round_trip_pixel_for_pixel() -> None:
@@ -70,3 +74,53 @@ def test_thin_masks(shape: tuple[int, int]) -> None:
     (polygon,) = mask_polygons(mask)
     assert abs(signed_area(polygon[0])) == mask.size
     assert (rasterize([polygon], shape) == mask).all()
+
+
+def _star(vertices: int, height: int, width: int, seed: int = 0) -> np.ndarray:
+    """A star polygon: random radii at sorted angles, so most edges cross many rows."""
+    rng = np.random.default_rng(seed)
+    angles = np.sort(rng.uniform(0, 2 * np.pi, vertices))
+    radii = rng.uniform(0.05, 0.45, vertices) * height
+    return np.stack([width / 2 + np.cos(angles) * radii, height / 2 + np.sin(angles) * radii], 1)
+
+
+def test_rasterize_in_bands_and_chunks_equals_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(5)
+    cases = []
+    for seed in range(12):
+        h, w = (int(v) for v in rng.integers(5, 300, 2))
+        polygons = [[_star(int(rng.integers(3, 200)), h, w, seed)] for _ in range(3)]
+        polygons[0].append(_star(20, h // 2 + 1, w // 2 + 1, seed + 100))  # a hole
+        cases.append(((h, w), polygons, rasterize(polygons, (h, w))))
+    monkeypatch.setattr(contours, "_BAND_PIXELS", 37)  # a row or two per band
+    monkeypatch.setattr(contours, "_CHUNK_CROSSINGS", 5)  # a few crossings at a time
+    for shape, polygons, whole in cases:
+        assert whole.any() and (rasterize(polygons, shape) == whole).all()
+
+
+def test_rasterize_memory_is_bounded_whatever_the_crossings() -> None:
+    shape = (3000, 4000)  # 12 MB of mask
+    star = _star(25_000, *shape)
+    crossings = crossing_count([[star]], shape[0])
+    assert crossings > 5_000_000  # materialised at once: over 250 MB
+    tracemalloc.start()
+    try:
+        mask = rasterize([[star]], shape)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert 0.05 < mask.mean() < 0.5
+    assert peak < 120 << 20  # the mask, one band of winding counts, one chunk of crossings
+
+
+def test_crossing_count_is_rows_crossed() -> None:
+    square = [[(0.5, 0.5), (4.5, 0.5), (4.5, 7.5), (0.5, 7.5)]]
+    assert crossing_count([square], 10) == 14  # two vertical edges, 7 row centres each
+    assert crossing_count([square], 3) == 6  # clipped to the grid
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 1e300])
+def test_rasterize_refuses_coordinates_it_cannot_place(bad: float) -> None:
+    ring = [(0.0, 0.0), (5.0, 0.0), (5.0, bad), (0.0, 5.0)]
+    with pytest.raises(ValueError, match="finite"):
+        rasterize([[ring]], (8, 8))

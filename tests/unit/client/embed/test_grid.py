@@ -7,21 +7,29 @@ import openslide
 import pytest
 from PIL import Image
 
+from harness.hostile_inputs import hostile_slides
 from harness.slides import GeneratedSlide, expected_coords
 from predictor.client.embed.errors import SlideError
-from predictor.client.embed.grid import choose_level, grid_coords, plan_tiles, read_tile, read_tiles
+from predictor.client.embed.grid import (
+    choose_level,
+    grid_coords,
+    interpolation_of,
+    plan_tiles,
+    read_tile,
+    read_tiles,
+)
 from predictor.client.embed.slides import MppInfo, SlideReader
 
 TOL = 0.05
 
 
 def _independent_tile(path, xy, level, read_size, tile_size) -> np.ndarray:
-    """Read with OpenSlide directly and resize with PIL Lanczos, outside the code under test."""
+    """Read with OpenSlide directly and resize with PIL bicubic (the specs'), outside the code under test."""
     with openslide.OpenSlide(str(path)) as slide:
         image = slide.read_region((int(xy[0]), int(xy[1])), level, (read_size, read_size))
     image = image.convert("RGB")  # fully opaque inside the slide
     if read_size != tile_size:
-        image = image.resize((tile_size, tile_size), Image.Resampling.LANCZOS)
+        image = image.resize((tile_size, tile_size), Image.Resampling.BICUBIC)
     return np.asarray(image)
 
 
@@ -128,3 +136,45 @@ def test_bad_arguments(svs_slide: GeneratedSlide) -> None:
             plan_tiles(reader, mpp, 0.5, 0, TOL)
         with pytest.raises(ValueError, match="tolerance"):
             plan_tiles(reader, mpp, 0.5, 224, -1.0)
+
+
+@pytest.mark.parametrize("name", ["wider_than_glass", "too_many_pixels"])
+def test_a_slide_no_glass_has_fails_before_anything_is_read(tmp_path, name: str) -> None:
+    case = hostile_slides(tmp_path)[name]
+    assert case.path.stat().st_size < 1 << 20  # well under a megabyte, "2^20 px a side"
+    with SlideReader.open(case.path) as reader:
+        assert reader.dimensions == (1 << 20, 1 << 20)
+        mpp = MppInfo(float(reader.properties["openslide.mpp-x"]), "openslide.mpp")
+        with pytest.raises(SlideError, match=case.reason) as caught:
+            plan_tiles(reader, mpp, 0.5, 224, TOL)
+    assert str(caught.value).startswith(f"slide {case.path}: ")
+
+
+def test_too_many_planned_tiles_fail_naming_the_flag(svs_slide: GeneratedSlide) -> None:
+    with SlideReader.open(svs_slide.path) as reader:
+        mpp = MppInfo(0.25, "x")
+        assert len(plan_tiles(reader, mpp, 0.5, 224, TOL, max_tiles=48).coords) == 48
+        with pytest.raises(SlideError, match=r"8 x 6 = 48 tiles .* --max-tiles-per-slide 47"):
+            plan_tiles(reader, mpp, 0.5, 224, TOL, max_tiles=47)
+
+
+def test_the_resize_filter_is_the_specs() -> None:
+    assert interpolation_of({"interpolation": "bicubic"}, "h0-mini") == "bicubic"
+    assert interpolation_of({}, "grpc-only") == "bicubic"  # no spec over gRPC: the specs' own
+    assert interpolation_of({"interpolation": "Lanczos"}, "m") == "lanczos"
+    with pytest.raises(SlideError, match=r"model m: its spec resizes with 'sinc'"):
+        interpolation_of({"interpolation": "sinc"}, "m")
+
+
+def test_tiles_are_resized_with_the_plans_filter(svs_slide: GeneratedSlide) -> None:
+    with SlideReader.open(svs_slide.path) as reader:
+        tiles = {}
+        for name in ("bicubic", "lanczos"):
+            plan = plan_tiles(reader, MppInfo(0.25, "x"), 0.4, 224, TOL, interpolation=name)
+            assert plan.interpolation == name and plan.resized
+            tiles[name] = read_tile(reader, plan, (448, 448))
+        full = reader.read_region((448, 448), 0, (358, 358))
+    for name, tile in tiles.items():
+        method = getattr(Image.Resampling, name.upper())
+        assert np.array_equal(tile, np.asarray(Image.fromarray(full).resize((224, 224), method)))
+    assert not np.array_equal(tiles["bicubic"], tiles["lanczos"])

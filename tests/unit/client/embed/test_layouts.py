@@ -22,14 +22,18 @@ import numpy as np
 import pytest
 
 from harness.slides import GeneratedSlide
+from predictor.client.embed.claims import ClaimStore
 from predictor.client.embed.errors import UsageError
 from predictor.client.embed.grid import plan_tiles
+from predictor.client.embed.identity import IDENTITY_ATTR, SlideIdentity, slide_identity
 from predictor.client.embed.layouts import (
+    SIBLINGS_ATTR,
     Layout,
     slide_id_from_path,
     trident_encoder,
     trident_magnification,
 )
+from predictor.client.embed.manifest import MAX_SLIDE_ID_BYTES, check_slide_id
 from predictor.client.embed.output import SlideResult, config_hash, plan_attrs
 from predictor.client.embed.slides import MppInfo, SlideReader
 
@@ -39,18 +43,25 @@ D = 8
 
 
 @pytest.fixture(scope="module")
-def slide_attrs(svs_slide: GeneratedSlide) -> dict:
+def identity(svs_slide: GeneratedSlide) -> SlideIdentity:
+    """The identity of the slide the results below are "made from"."""
+    return slide_identity(svs_slide.path)
+
+
+@pytest.fixture(scope="module")
+def slide_attrs(svs_slide: GeneratedSlide, identity: SlideIdentity) -> dict:
     """A real plan that resizes: 1 um/px tiles from a 0.25 um/px slide with levels 1/2/8.
 
     No level is at 1 um/px, so 448 px are read at level 1 (2x) and resized to 224.
     """
     with SlideReader.open(svs_slide.path) as reader:
         plan = plan_tiles(reader, MppInfo(0.25, "openslide.mpp"), 1.0, 224, 0.05)
-        return {**plan_attrs(reader, plan), "slide_id": "S1", "config_hash": HASH}
+        attrs = {**plan_attrs(reader, plan), "slide_id": "S1", "config_hash": HASH}
+        return {**attrs, IDENTITY_ATTR: identity.to_attr()}
 
 
-def _result(attrs: dict, n: int = 5) -> SlideResult:
-    rng = np.random.default_rng(1)
+def _result(attrs: dict, n: int = 5, seed: int = 1) -> SlideResult:
+    rng = np.random.default_rng(seed)
     coords = np.stack([np.arange(n) * 448, np.full(n, 896)], axis=1).astype(np.int64)
     return SlideResult(
         features=rng.standard_normal((n, D)).astype(np.float32),
@@ -133,17 +144,123 @@ def test_clam_files_read_as_clam_reads_them(tmp_path: Path, slide_attrs: dict) -
 
 @pytest.mark.parametrize("name", ["flat", "trident", "clam"])
 def test_resume_needs_every_file_complete_with_the_hash(
-    tmp_path: Path, slide_attrs: dict, name: str
+    tmp_path: Path, slide_attrs: dict, identity: SlideIdentity, name: str
 ) -> None:
     layout = _layout(name, tmp_path)
-    assert not layout.is_done("S1", HASH)
+    assert not layout.is_done("S1", HASH, identity)
     layout.write("S1", _result(slide_attrs))
-    assert layout.is_done("S1", HASH)
-    assert not layout.is_done("S1", config_hash({"other": 1}))
+    assert layout.is_done("S1", HASH, identity)
+    assert not layout.is_done("S1", config_hash({"other": 1}), identity)
     assert not list(tmp_path.rglob("*.tmp"))
     first = layout.files("S1")[0]
     first.unlink()
-    assert not layout.is_done("S1", HASH)
+    assert not layout.is_done("S1", HASH, identity)
+
+
+@pytest.mark.parametrize("name", ["flat", "trident", "clam"])
+def test_a_done_file_from_another_slide_is_never_done(
+    tmp_path: Path,
+    slide_attrs: dict,
+    identity: SlideIdentity,
+    tiff_slide: GeneratedSlide,
+    name: str,
+) -> None:
+    layout = _layout(name, tmp_path)
+    layout.write("S1", _result(slide_attrs))
+    other = layout.check_done("S1", HASH, slide_identity(tiff_slide.path))
+    assert not other.done and other.reason.startswith("slide changed since the done file (path ")
+    moved = SlideIdentity("/new/mount/a.svs", identity.size, 7, identity.digest)
+    assert layout.check_done("S1", HASH, moved).done  # moved, not changed
+    older = {k: v for k, v in slide_attrs.items() if k != IDENTITY_ATTR}  # an older histoserve
+    layout.write("S2", _result(older))
+    legacy = layout.check_done("S2", HASH, identity)
+    assert not legacy.done and "records no slide identity" in legacy.reason
+
+
+# A run of settings B killed between its two renames: B's sibling is in place, B's
+# done file is not; the done file there is A's. torch is there for the clam layout.
+_KILLED_COMMIT = """
+import os, signal, sys
+import numpy as np
+from pathlib import Path
+import predictor.client.embed.atomic as atomic
+import predictor.client.embed.output as out
+from predictor.client.embed.layouts import Layout
+renames, replace = [], os.replace
+def replace_then_die(a, b):
+    renames.append(b)
+    if len(renames) == 2:  # the done file's rename: the process dies first
+        os.kill(os.getpid(), signal.SIGKILL)
+    replace(a, b)
+atomic.os.replace = replace_then_die
+name, folder, attrs = sys.argv[1], Path(sys.argv[2]), {"config_hash": "B", "level0_mpp": 0.25,
+    "patch_size_level0": 896, "level0_width": 3584, "level0_height": 2688, "read_downsample": 2.0,
+    "read_level_width": 1792, "read_level_height": 1344, "read_size": 448, "read_level": 1,
+    "tile_size": 224}
+n = 3
+result = out.SlideResult(np.full((n, 8), 7, np.float32), None,
+    np.stack([np.arange(n) * 448, np.zeros(n)], 1).astype(np.int64), np.ones(n, np.float32), attrs)
+Layout(name, folder, 1.0, 224, "h-optimus-0", 8).write("S1", result)
+"""
+
+
+@pytest.mark.parametrize("name", ["trident", "clam"])
+def test_a_pair_torn_by_a_killed_commit_is_never_done(
+    tmp_path: Path, slide_attrs: dict, identity: SlideIdentity, name: str
+) -> None:
+    layout = _layout(name, tmp_path)
+    layout.write("S1", _result(slide_attrs))
+    sibling, done = layout.files("S1")
+    before = sibling.read_bytes(), done.read_bytes()
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_COMMIT, name, str(tmp_path)], cwd=REPO, check=False
+    )
+    assert proc.returncode == -9
+    assert sibling.read_bytes() != before[0] and done.read_bytes() == before[1]  # torn
+    check = layout.check_done("S1", HASH, identity)
+    rel = sibling.relative_to(tmp_path).as_posix()
+    assert not check.done and f"{rel} is not the file its done file recorded" in check.reason
+    assert not layout.is_done("S1", "B", identity)  # nor is B's run: its done file never came
+    layout.write("S1", _result(slide_attrs))  # the slide embedded again: whole
+    assert layout.is_done("S1", HASH, identity)
+
+
+@pytest.mark.parametrize("name", ["trident", "clam"])
+def test_the_done_file_records_its_siblings_digests(
+    tmp_path: Path, slide_attrs: dict, identity: SlideIdentity, name: str
+) -> None:
+    import hashlib
+    import json
+
+    layout = _layout(name, tmp_path)
+    sibling, done = layout.files("S1")
+    layout.write("S1", _result(slide_attrs))
+    with h5py.File(done, "r") as f:
+        recorded = json.loads(f.attrs[SIBLINGS_ATTR])
+    digest = hashlib.sha256(sibling.read_bytes()).hexdigest()
+    assert recorded == {sibling.relative_to(tmp_path).as_posix(): digest}
+    with h5py.File(done, "a") as f:  # an older histoserve's pair: no digests
+        del f.attrs[SIBLINGS_ATTR]
+    check = layout.check_done("S1", HASH, identity)
+    assert not check.done and "records no digest of" in check.reason
+
+
+def test_the_longest_id_fits_every_file_a_slide_gets(
+    tmp_path: Path, slide_attrs: dict, identity: SlideIdentity
+) -> None:
+    """On the real file system: an id of the limit writes everything; one byte more cannot."""
+    longest = check_slide_id("é" * (MAX_SLIDE_ID_BYTES // 2))  # 2 bytes of UTF-8 each
+    assert len(longest.encode()) == MAX_SLIDE_ID_BYTES
+    for name in ("flat", "trident", "clam"):
+        layout = _layout(name, tmp_path / name)
+        layout.write(longest, _result(slide_attrs))
+        assert layout.is_done(longest, HASH, identity)
+    claim = ClaimStore(tmp_path).try_claim(longest)
+    assert claim is not None and claim.held
+    claim.release()
+    job = _layout("trident", tmp_path / "trident").coords_dir
+    with pytest.raises(OSError, match="File name too long"):
+        (job / "patches" / f"{longest}x_patches.h5").write_bytes(b"")
 
 
 @pytest.mark.parametrize("name", ["flat", "trident", "clam"])

@@ -8,7 +8,10 @@ import pytest
 
 from predictor.client.embed.errors import UsageError
 from predictor.client.embed.manifest import (
+    MAX_SLIDE_ID_BYTES,
     SlideEntry,
+    check_slide_id,
+    check_unique,
     entries_from_paths,
     parse_shard,
     read_manifest,
@@ -120,3 +123,85 @@ def test_shards_are_disjoint_cover_everything_and_ignore_input_order() -> None:
     assert sorted(got) == ids and len(got) == len(set(got))
     assert [e.slide_id for e in shards[1]] == ["S01", "S04", "S07", "S10"]
     assert [e.slide_id for e in select_shard(entries, None)] == ids
+
+
+def test_ids_up_to_the_byte_limit_are_taken() -> None:
+    assert 255 - len("_patches.h5") == MAX_SLIDE_ID_BYTES  # every file of a slide fits
+    for text in (
+        "a" * MAX_SLIDE_ID_BYTES,
+        "é" * (MAX_SLIDE_ID_BYTES // 2),
+        "患者-01",
+        "S 1 (re-scan)",
+    ):
+        assert check_slide_id(text) == text
+
+
+@pytest.mark.parametrize(
+    "slide_id",
+    ["x" * (MAX_SLIDE_ID_BYTES + 1), "é" * (MAX_SLIDE_ID_BYTES // 2) + "x", "x" * 256, "é" * 128],
+)
+def test_a_long_id_is_a_usage_error_naming_the_line_and_the_limit(
+    tmp_path: Path, slide_id: str
+) -> None:
+    manifest = _write(tmp_path / "m.csv", f"slide_id,path\nok,a.svs\n{slide_id},b.svs\n")
+    n_bytes = len(slide_id.encode())
+    with pytest.raises(
+        UsageError, match=rf"line 3: slide id .* is {n_bytes} bytes of UTF-8"
+    ) as err:
+        read_manifest(manifest)
+    assert f"limit of {MAX_SLIDE_ID_BYTES}" in str(err.value) and len(str(err.value)) < 400
+
+
+@pytest.mark.parametrize(
+    ("slide_id", "code"),
+    [
+        ("S\n1", "000A"),
+        ("S\r1", "000D"),
+        ("S\t1", "0009"),
+        ("\x1b[31mS1", "001B"),
+        ("S\x7f1", "007F"),
+        ("S\x851", "0085"),
+        ("S\u20281", "2028"),
+        ("S\u20291", "2029"),
+    ],
+)
+def test_control_characters_in_an_id_are_a_usage_error_naming_the_line(
+    tmp_path: Path, slide_id: str, code: str
+) -> None:
+    quoted = '"' + slide_id.replace('"', '""') + '"'
+    manifest = tmp_path / "m.csv"
+    manifest.write_bytes(f"slide_id,path\nok,a.svs\n{quoted},b.svs\n".encode())
+    with pytest.raises(UsageError, match=rf"m\.csv line \d: .*control character U\+{code}") as err:
+        read_manifest(manifest)
+    assert slide_id not in str(err.value)  # shown escaped, never raw
+
+
+def test_an_id_from_a_file_name_that_is_no_utf8_is_a_usage_error() -> None:
+    name = b"S\xff1.svs".decode("utf-8", "surrogateescape")  # as Python reads such a name
+    with pytest.raises(
+        UsageError, match=r"'S\\udcff1\.svs': slide id 'S\\udcff1' is not valid UTF-8"
+    ):
+        entries_from_paths([name])
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("S1", "s1"), ("Straße", "STRASSE"), ("caf\u00e9", "cafe\u0301"), ("ﬁle", "file")],
+)
+def test_ids_differing_only_by_case_or_normalisation_are_a_usage_error_naming_both(
+    tmp_path: Path, first: str, second: str
+) -> None:
+    manifest = _write(
+        tmp_path / "m.csv", f"slide_id,path\n{first},a.svs\nB,b.svs\n{second},c.svs\n"
+    )
+    with pytest.raises(UsageError, match="differ only by case or Unicode normalisation") as err:
+        read_manifest(manifest)
+    message = str(err.value)
+    assert repr(first) in message and repr(second) in message
+    assert "m.csv line 2 and " in message and "m.csv line 4" in message
+
+
+def test_collisions_are_found_across_paths_and_the_manifest() -> None:
+    entries = [SlideEntry("s1", Path("d/s1.svs"), source="d/s1.svs"), SlideEntry("S1", Path("x"))]
+    with pytest.raises(UsageError, match=r"'s1' and 'S1' differ only by case.*d/s1\.svs and x"):
+        check_unique(entries)

@@ -1,17 +1,25 @@
-"""Masks in: QuPath GeoJSON and binary images on real generated slides, and where they are found."""
+"""Masks in: QuPath GeoJSON and binary images on real generated slides, and where they are found.
+
+Hostile files (:mod:`harness.hostile_inputs`) fail with a message that names
+the file and what is wrong, within bounded memory, never a Python exception's name.
+"""
 
 from __future__ import annotations
 
 import json
+import re
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from harness.slides import GeneratedSlide, expected_coords
+from harness.hostile_inputs import Hostile, hostile_masks
+from harness.slides import GeneratedSlide, expected_coords, sparse_tiff
 from predictor.client.embed.errors import SlideError
 from predictor.client.embed.grid import TilePlan, plan_tiles
+from predictor.client.embed.limits import MAX_MASK_CROSSINGS, MAX_THUMB_PIXELS
 from predictor.client.embed.masks import (
     TissueMap,
     feature_collection,
@@ -21,6 +29,7 @@ from predictor.client.embed.masks import (
     read_mask,
 )
 from predictor.client.embed.slides import MppInfo, SlideReader, resolve_mpp
+from predictor.client.embed.tissue import THUMB_MPP, thumbnail_grid
 
 TOL = 0.05
 MIN_TISSUE = 0.25
@@ -110,8 +119,8 @@ def test_bad_mask_files_fail_the_slide_with_the_reason(
     (tmp_path / "m.csv").write_text("x")
     cases = {
         "square.png": "aspect ratio",
-        "bad.geojson": "cannot read it as GeoJSON",
-        "points.geojson": "not GeoJSON polygons",
+        "bad.geojson": r"not JSON \(Expecting property name .* line 1 column 2\)",
+        "points.geojson": r"\$\.coordinates\[0\]\[0\]: the number 1, not an \[x, y\] position",
         "m.csv": "unknown kind",
     }
     with SlideReader.open(svs_slide.path) as reader:
@@ -165,3 +174,71 @@ def test_min_tissue_applies_to_a_mask(
     tissue, _plan = _tissue(svs_slide, _write(tmp_path / "m.geojson", half_a_tile))
     assert tissue.fractions.max() == pytest.approx(0.5)
     assert (tissue.fractions >= min_tissue).sum() == kept
+
+
+# Python exception class names a message must never carry (IndexError, RecursionError, ...).
+PYTHON_NAMES = re.compile(r"\b[A-Z][A-Za-z]*(Error|Exception|Warning)\b")
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Hostile]:
+    return hostile_masks(tmp_path_factory.mktemp("hostile"))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["deep", "not_a_feature", "nan", "inf", "huge", "too_many_bytes", "too_many_vertices",
+     "bomb", "truncated", "not_an_image"],
+)  # fmt: skip
+def test_a_hostile_mask_fails_its_slide_naming_the_file_and_the_fault(
+    svs_slide: GeneratedSlide, hostile: dict[str, Hostile], name: str
+) -> None:
+    case = hostile[name]
+    with SlideReader.open(svs_slide.path) as reader, pytest.raises(SlideError) as caught:
+        mask_file(name, None, case.path.parent)  # where it is found: its size is checked there
+        read_mask(case.path, reader, MppInfo(0.25, "test"))
+    message = str(caught.value)
+    assert message.startswith(f"mask {case.path}: ") and re.search(case.reason, message), message
+    assert not PYTHON_NAMES.search(message), message
+
+
+def test_a_decompression_bomb_is_refused_from_its_header(
+    svs_slide: GeneratedSlide, hostile: dict[str, Hostile]
+) -> None:
+    bomb = hostile["bomb"].path
+    assert bomb.stat().st_size < 30_000  # 15,000 x 11,250 px in under 30 KB
+    with SlideReader.open(svs_slide.path) as reader:
+        tracemalloc.start()
+        try:
+            with pytest.raises(SlideError, match="more than the"):
+                read_mask(bomb, reader, MppInfo(0.25, "test"))
+            _now, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 16 << 20  # decoded it would be 169 MB (8-bit) at the least
+
+
+def _zigzag(vertices: int, width: float, height: float) -> dict[str, object]:
+    """A Polygon whose every edge runs from the top of the slide to the bottom."""
+    xs = np.linspace(0, width, vertices)
+    ys = np.where(np.arange(vertices) % 2, height - 1, 1)
+    ring = np.stack([xs, ys], axis=1).tolist()
+    return {"type": "Polygon", "coordinates": [[*ring, [0, height], ring[0]]]}
+
+
+def test_outlines_too_costly_to_rasterise_are_refused_before_rasterising(tmp_path: Path) -> None:
+    # 50 x 37.5 mm at 0.25 um/px: the tissue grid is as large as the thumbnail budget allows.
+    slide = sparse_tiff(tmp_path / "large.tiff", 200_000, 150_000, mpp=0.25)
+    path = _write(tmp_path / "zigzag.geojson", _zigzag(30_000, 200_000, 150_000))
+    with SlideReader.open(slide) as reader:
+        mpp = MppInfo(0.25, "test")
+        _level, _factor, (rows, cols), _mpp = thumbnail_grid(reader, mpp, THUMB_MPP)
+        assert rows * cols <= MAX_THUMB_PIXELS and 30_000 * (rows - 2) > MAX_MASK_CROSSINGS
+        tracemalloc.start()
+        try:
+            with pytest.raises(SlideError, match=r"cross the \d+x\d+ px tissue grid's rows"):
+                read_mask(path, reader, mpp)
+            _now, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 64 << 20  # rasterised, its crossings alone would take gigabytes

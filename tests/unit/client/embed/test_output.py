@@ -15,15 +15,14 @@ from harness.slides import GeneratedSlide
 from predictor.client.embed.grid import plan_tiles
 from predictor.client.embed.output import (
     SlideResult,
-    StatusLog,
     config_hash,
     final_path,
     is_done,
     plan_attrs,
-    read_status,
     write_slide,
 )
 from predictor.client.embed.slides import MppInfo, SlideReader
+from predictor.client.embed.status import StatusLog, read_status
 
 REPO = Path(__file__).resolve().parents[4]
 HASH = config_hash({"model": "h0-mini", "target_mpp": 0.5})
@@ -119,8 +118,9 @@ def test_a_crash_before_the_rename_leaves_the_old_file_and_a_temp_nobody_trusts(
 import os, signal
 import numpy as np
 from pathlib import Path
+import predictor.client.embed.atomic as atomic
 import predictor.client.embed.output as out
-out.os.replace = lambda a, b: os.kill(os.getpid(), signal.SIGKILL)
+atomic.os.replace = lambda a, b: os.kill(os.getpid(), signal.SIGKILL)
 r = out.SlideResult(np.ones((3, 4), np.float32), None, np.zeros((3, 2), np.int64),
                     np.ones(3, np.float32), {{"config_hash": {HASH!r}}})
 out.write_slide(Path({str(tmp_path)!r}), "S1", r)
@@ -186,7 +186,7 @@ def test_status_log_from_two_processes(tmp_path: Path) -> None:
     code = f"""
 import sys
 from pathlib import Path
-from predictor.client.embed.output import StatusLog
+from predictor.client.embed.status import StatusLog
 log = StatusLog(Path({str(tmp_path)!r}))
 sys.stdin.readline()  # start together
 for i in range(n := {n}):

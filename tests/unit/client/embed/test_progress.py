@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 
@@ -57,3 +58,23 @@ def test_none_prints_nothing() -> None:
     progress.slide_finished("a", "done", 1, 0.1)
     progress.close()
     assert stream.getvalue() == ""
+
+
+HOSTILE = "x\x1b[2J\x1b]0;pwned\x07\rback\x08\n[9/9] fake: done\x9b1m\u202egnp.exe"
+ESCAPED = "x\\x1b[2J\\x1b]0;pwned\\x07\\rback\\x08\\n[9/9] fake: done\\x9b1m\\u202egnp.exe"
+
+
+@pytest.mark.parametrize("stream", [io.StringIO(), _Tty()], ids=["plain", "bar"])
+def test_control_characters_in_ids_and_errors_are_shown_escaped(stream: io.StringIO) -> None:
+    progress = Progress("auto", 1, stream, plain_interval_s=0.0)
+    progress.slide_started(HOSTILE, 4)
+    progress.tiles(4)
+    progress.slide_finished(HOSTILE, "failed", 0, 0.1, f"cannot open /d/{HOSTILE}.svs")
+    progress.close()
+    text = stream.getvalue()
+    assert not any(c in text for c in "\x1b\x07\x08\x9b\u202e")
+    assert f"[1/1] {ESCAPED}: failed (0 tiles, 0.1 s): cannot open /d/{ESCAPED}.svs" in text
+    assert f"| {ESCAPED}" in text  # the status line names the slide in progress, escaped too
+    # Every line (and bar redraw) is one of ours: no forged "[9/9]" line, no overwritten text.
+    parts = [part.strip() for part in re.split(r"[\r\n]", text) if part.strip()]
+    assert parts and all(part.startswith(("[1/1] ", "slides ")) for part in parts)

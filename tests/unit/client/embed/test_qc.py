@@ -11,10 +11,10 @@ from PIL import Image
 from harness.slides import GeneratedSlide
 from predictor.client.embed.grid import plan_tiles
 from predictor.client.embed.masks import find_tissue, read_geojson
-from predictor.client.embed.output import StatusLog
 from predictor.client.embed.qc import read_facts, write_slide_qc
 from predictor.client.embed.report import collect_rows, write_report
 from predictor.client.embed.slides import SlideReader, resolve_mpp
+from predictor.client.embed.status import StatusLog
 
 GREEN, RED = np.array([0, 200, 0]), np.array([230, 20, 20])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from predictor.client.embed.errors import EmbedError, UsageError
-from predictor.client.embed.remote import ServerInfo, info_from_config, info_url
+from predictor.client.embed.remote import ServerInfo, info_from_config, info_from_metadata, info_url
 from predictor.spec import resolve_spec
 
 
@@ -86,3 +86,41 @@ def test_info_fetch_retries_until_the_server_is_ready() -> None:
         httpd.server_close()
     assert info.model == "h0-mini" and info.tile_size == 224
     assert answers == [] and len(sleeps) == 2
+
+
+EMBEDDING = {"name": "embedding", "datatype": "FP32", "shape": [-1, 1536]}
+
+
+def test_outputs_come_from_the_config_else_from_the_spec() -> None:
+    listed = info_from_config("h0-mini", _config("h0-mini", outputs=[EMBEDDING]))
+    assert listed.outputs == {"embedding": ("FP32", (-1, 1536))}
+    assert info_from_config("h0-mini", _config("h0-mini")).outputs == listed.outputs
+    multimodal = info_from_config("m-optimus", _config("m-optimus")).outputs
+    assert multimodal == {"embedding": ("FP32", (-1, 1536)), "prediction": ("FP32", (-1, -1))}
+    seg = info_from_config("tissue-seg", _config("tissue-seg")).outputs
+    assert seg == {"mask": ("UINT8", (-1, 512, 512))}
+
+
+def test_grpc_metadata_gives_the_outputs_too() -> None:
+    pixels = {"name": "pixels", "datatype": "UINT8", "shape": [-1, 224, 224, 3]}
+    info = info_from_metadata("grpc://h:1", "h0-mini", [pixels], [EMBEDDING])
+    assert (info.family, info.tile_size, info.modes) == ("embedding", 224, ("embedding",))
+    assert info.outputs == {"embedding": ("FP32", (-1, 1536))}
+
+
+def test_a_server_quoting_the_token_it_refused_does_not_leak_it() -> None:
+    from harness.bad_server import BadServer
+    from predictor.client.embed.auth import Credentials
+    from predictor.client.embed.dispatch import RetryPolicy
+    from predictor.client.embed.remote import fetch_server_info
+
+    secret = "tok-0123456789abcdef"
+    with BadServer(config={"name": "h0-mini"}, echo_credentials={"GET"}) as fake:
+        with pytest.raises(EmbedError) as info:
+            fetch_server_info(
+                [fake.url], "h0-mini", 5.0, RetryPolicy(max_attempts=1),
+                credentials=Credentials(token=secret),
+            )  # fmt: skip
+        assert fake.seen_headers[0]["Authorization"] == f"Bearer {secret}"  # it was sent
+    assert "HTTP 401: invalid credentials Bearer ***" in str(info.value)
+    assert secret not in str(info.value)

@@ -180,3 +180,19 @@ def test_a_corrupt_tile_region_is_a_slide_error_and_reopen_recovers(
             reader.read_region((600, 600), 0, (10, 10))
         reader.reopen()  # OpenSlide's error is sticky on the old handle
         assert np.array_equal(reader.read_region((0, 0), 0, (64, 64)), good)
+
+
+def test_bounds_are_clipped_to_the_slide_and_bad_bounds_count_as_none(
+    svs_slide: GeneratedSlide,
+) -> None:
+    def bounds(**given: str) -> tuple[int, int, int, int]:
+        props = {f"openslide.bounds-{k}": v for k, v in given.items()}
+        with SlideReader(
+            openslide.OpenSlide(str(svs_slide.path)), svs_slide.path, "openslide", props
+        ) as reader:
+            return reader.bounds()
+
+    assert bounds(x="-100", y="2000", width="1e12", height="900") == (0, 2000, 3584, 688)
+    assert bounds(x="abc", y="0", width="10", height="10") == (0, 0, 3584, 2688)
+    assert bounds(x="0", y="0", width="nan", height="10") == (0, 0, 3584, 2688)
+    assert bounds(x="10", y="20") == (0, 0, 3584, 2688)  # partial: none

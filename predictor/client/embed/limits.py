@@ -1,0 +1,87 @@
+"""What one slide may ask of ``histoserve embed``: every size a user or a file gives, bounded.
+
+A slide, a mask file or a number on the command line decides how much work
+and memory a slide takes; each is checked against a limit here *before* that
+work starts, so a bad input fails its slide (or the command, for a flag) with
+a message naming the input and the limit, never the run, and never after
+hours or gigabytes. One constant per limit, with the figure that justifies it,
+so messages, docs (``docs/cohorts.md``, "Limits") and tests quote one number:
+
+- microns per pixel (flags, manifest, metadata): :data:`PLAUSIBLE_MPP`;
+- a slide: its physical size (:data:`MAX_SLIDE_EDGE_MM`) and level-0 pixels
+  (:data:`MAX_SLIDE_PIXELS`), its planned tiles
+  (``--max-tiles-per-slide``, :data:`DEFAULT_MAX_TILES_PER_SLIDE`), the pixels
+  of its tissue thumbnail (:data:`MAX_THUMB_PIXELS`: coarser, never larger);
+- a mask file: bytes, JSON nesting, vertices, coordinates, the work of
+  rasterising it, decoded pixels (``MAX_MASK_*``).
+
+Pure Python (no numpy): the command line's checks import it before anything else.
+"""
+
+from __future__ import annotations
+
+import math
+
+# Microns per pixel of a real scan lie here: 0.01 um/px is past any optical
+# microscope (the diffraction limit is ~0.2 um); 20 um/px is a 0.5x overview.
+# Outside it a value is a unit slip (mm given for um: 1e-4), a writer's default
+# (72 dpi is 352.8 um/px) or garbage. Flags, the manifest's mpp column and the
+# slide's metadata are all held to it.
+PLAUSIBLE_MPP = (0.01, 20.0)
+
+# The largest glass slides pathology scans are 75 x 50 mm (3 x 2 in, the large
+# format; the standard slide is 75 x 25 mm, ISO 8037-1); whole-mount research
+# slides reach about 5 x 7 in (127 x 178 mm). A slide whose level 0 times its
+# mpp is longer than this on an edge is not a scan of glass: a wrong mpp or a
+# hostile header (2^20 px at 0.5 um/px is 524 mm).
+MAX_SLIDE_EDGE_MM = 250.0
+# Level-0 pixels, whatever the mpp says: the large format at 0.25 um/px (40x)
+# is 300,000 x 200,000 px, 6e10; 2^37 (1.4e11) leaves twice that. Beyond it a
+# slide without a pyramid would take hours just to read its thumbnail.
+MAX_SLIDE_PIXELS = 1 << 37
+
+# Planned tiles (the grid over the scanned area, before tissue is looked at).
+# A 75 x 50 mm slide is 300,000 tiles of 112 um (224 px at 0.5 um/px) and
+# 1.2 million at 0.25 um/px; 2 million leaves margin over any real slide and
+# stops a wrong --target-mpp or tile size before it plans (and reads) more.
+DEFAULT_MAX_TILES_PER_SLIDE = 2_000_000
+
+# The tissue thumbnail (Otsu, the "none" grid, GeoJSON rasterising, QC picture,
+# a served tissue model's input) has at most this many pixels: 2^25 is 96 MiB
+# of RGB and about 500 MB at the tissue mask's peak. At 4 um/px it covers
+# 23 x 23 mm, most slides; a larger slide gets a coarser thumbnail (mpp raised
+# by an integer factor), never a larger one.
+MAX_THUMB_PIXELS = 1 << 25
+
+# Mask files (--masks, the manifest's mask column).
+# Bytes read at most: a 1-million-vertex QuPath export is 20-60 MB (compact
+# or pretty-printed); an image mask is far smaller.
+MAX_MASK_BYTES = 64 << 20
+# GeoJSON nesting (objects and arrays): a FeatureCollection of MultiPolygons
+# with QuPath's properties is 8 deep; Python's JSON parser gives up near 1000.
+MAX_MASK_NESTING = 32
+# Vertices over every feature: tissue annotations have thousands, QuPath's
+# tissue detection on a large slide tens of thousands.
+MAX_MASK_VERTICES = 1_000_000
+# |x| and |y| in level-0 px: no slide is a billion pixels wide (250 mm at
+# 0.25 um/px is 1e6); beyond this a coordinate is garbage, not a position.
+MAX_MASK_COORDINATE = 1e9
+# Work of rasterising (edge-row crossings on the thumbnail grid, each a few
+# tens of ns): real outlines cross about as many rows as their perimeter in
+# thumbnail px (10^5-10^6); this many takes ~10 s and means zig-zag or
+# self-crossing outlines.
+MAX_MASK_CROSSINGS = 100_000_000
+# Decoded pixels of an image mask, read from its header before decoding (a
+# 28 KB PNG can hold 15,000 x 11,250 px): the thumbnail's budget.
+MAX_MASK_PIXELS = MAX_THUMB_PIXELS
+
+
+def mpp_problem(value: float) -> str | None:
+    """Why ``value`` is not a plausible microns per pixel, or None when it is."""
+    low, high = PLAUSIBLE_MPP
+    if not (math.isfinite(value) and low <= value <= high):
+        return (
+            f"{value:g} um/px is outside {low:g}..{high:g} um/px (a unit slip? "
+            "0.25 um/px is 40x, 0.5 um/px is 20x)"
+        )
+    return None

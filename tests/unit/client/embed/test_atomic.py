@@ -1,0 +1,128 @@
+"""Atomic writes (HDF5, QC files, report): temp names no other pod picks, no symlink followed."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from harness.slides import GeneratedSlide
+from predictor.client.embed.atomic import atomic_path, remove_stale_temps, temp_path
+from predictor.client.embed.grid import plan_tiles
+from predictor.client.embed.masks import find_tissue
+from predictor.client.embed.qc import write_slide_qc
+from predictor.client.embed.report import write_report
+from predictor.client.embed.slides import SlideReader, resolve_mpp
+from predictor.client.embed.status import StatusLog
+
+VICTIM_TEXT = "a user's file, outside --out\n"
+
+
+def _victim(tmp_path: Path) -> Path:
+    victim = tmp_path / "victim.txt"
+    victim.write_text(VICTIM_TEXT)
+    return victim
+
+
+def _qc(slide: GeneratedSlide, out: Path, slide_id: str) -> None:
+    with SlideReader.open(slide.path) as reader:
+        mpp = resolve_mpp(reader, None, None, 0.05)
+        plan = plan_tiles(reader, mpp, 0.5, 224, 0.05)
+        tissue = find_tissue(reader, mpp, plan, "otsu")
+    kept = plan.coords[tissue.fractions >= 0.25]
+    write_slide_qc(out, slide_id, (tissue.thumb, tissue.thumb_mpp), plan, tissue, kept)
+
+
+def test_temp_names_carry_a_full_uuid4_not_the_pid(tmp_path: Path) -> None:
+    names = {temp_path(tmp_path / "S1.h5").name for _ in range(1000)}
+    assert len(names) == 1000
+    for name in names:
+        head, tag, tail = name.rsplit(".", 2)
+        assert (head, tail) == (".S1.h5", "tmp") and uuid.UUID(hex=tag).version == 4
+        assert str(os.getpid()) not in name.removeprefix(".S1.h5")
+
+
+def test_a_long_name_still_fits_the_file_name_limit(tmp_path: Path) -> None:
+    final = tmp_path / ("é" * 124 + ".h5")  # 251 bytes of UTF-8: the final name fits
+    assert len(os.fsencode(temp_path(final).name)) <= 255
+    with atomic_path(final) as tmp:
+        tmp.write_text("whole")
+    assert final.read_text() == "whole"
+
+
+def test_a_symlink_at_the_final_name_is_replaced_not_followed(tmp_path: Path) -> None:
+    victim, final = _victim(tmp_path), tmp_path / "out" / "S1.h5"
+    final.parent.mkdir()
+    final.symlink_to(victim)
+    with atomic_path(final) as tmp:
+        tmp.write_text("features")
+    assert not final.is_symlink() and final.read_text() == "features"
+    assert victim.read_text() == VICTIM_TEXT
+
+
+def test_a_temp_file_swapped_for_a_symlink_is_never_renamed_into_place(tmp_path: Path) -> None:
+    victim, final = _victim(tmp_path), tmp_path / "S1.h5"
+    with pytest.raises(OSError), atomic_path(final) as tmp:  # ELOOP, or ours
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(victim)
+    assert not final.exists() and not final.is_symlink()
+    assert victim.read_text() == VICTIM_TEXT and not tmp.is_symlink()
+
+
+def test_qc_files_and_the_report_leave_another_pods_temp_files_alone(
+    svs_slide: GeneratedSlide, tmp_path: Path
+) -> None:
+    """Pods of a Job are all PID 1: a temp name of the PID is another pod's temp name too."""
+    (tmp_path / "qc").mkdir()
+    theirs = [
+        tmp_path / "qc" / f".S1.{ext}.{os.getpid()}.tmp" for ext in ("jpg", "geojson", "json")
+    ]
+    theirs.append(tmp_path / f".report.html.{os.getpid()}.tmp")
+    for path in theirs:
+        path.write_text("another pod, half-way through")
+    _qc(svs_slide, tmp_path, "S1")
+    StatusLog(tmp_path).append("S1", "/d/S1.svs", "done", 8, 1.0)
+    write_report(tmp_path)
+    assert [p.read_text() for p in theirs] == ["another pod, half-way through"] * 4
+    assert (tmp_path / "qc" / "S1.json").is_file() and (tmp_path / "report.html").is_file()
+
+
+def test_qc_files_and_the_report_replace_symlinks_planted_at_their_names(
+    svs_slide: GeneratedSlide, tmp_path: Path
+) -> None:
+    victim = _victim(tmp_path)
+    out = tmp_path / "out"
+    (out / "qc").mkdir(parents=True)
+    planted = [out / "qc" / f"S1.{ext}" for ext in ("jpg", "geojson", "json")]
+    planted.append(out / "report.html")
+    for path in planted:
+        path.symlink_to(victim)
+    _qc(svs_slide, out, "S1")
+    write_report(out)
+    assert victim.read_text() == VICTIM_TEXT
+    assert not any(p.is_symlink() for p in planted) and all(p.stat().st_size > 0 for p in planted)
+    assert sorted(p.name for p in (out / "qc").iterdir()) == ["S1.geojson", "S1.jpg", "S1.json"]
+
+
+def test_a_killed_runs_temp_is_removed_and_no_other_slides(tmp_path: Path) -> None:
+    """Only ``.<name>.<uuid4 hex>.tmp`` of this very file goes; another slide's temp stays."""
+    final = tmp_path / "S1.h5"
+    stale = temp_path(final)
+    stale.write_bytes(b"half a file")
+    long_final = tmp_path / ("L" * 240 + ".h5")  # its temp name is cut to fit 255 bytes
+    long_stale = temp_path(long_final)
+    long_stale.write_bytes(b"x")
+    others = [
+        temp_path(tmp_path / "S1.h5.x.h5"),  # slide "S1.h5.x": same prefix, not ours
+        tmp_path / ".S1.h5.notahex.tmp",
+        tmp_path / "S1.h5",
+    ]
+    for other in others:
+        other.write_bytes(b"keep")
+    (tmp_path / f".S1.h5.{uuid.uuid4().hex}.tmp").symlink_to(tmp_path / "S1.h5")
+    assert remove_stale_temps(final) == 1 and remove_stale_temps(long_final) == 1
+    assert not stale.exists() and not long_stale.exists()
+    assert all(other.read_bytes() == b"keep" for other in others)
+    assert remove_stale_temps(tmp_path / "absent" / "S1.h5") == 0
