@@ -15,6 +15,11 @@ real server behind it, then tampered with:
 - ``dtype``: float outputs as FP64 (others as INT32);
 - ``shape``: the second axis of each output halved (1536 -> 768);
 - ``nan``: three values of each float output NaN;
+- ``model``: the answer names another model (``model_name``);
+- ``package``: the answer names another package (``parameters.package_sha256``;
+  untampered answers name the config's ``package_sha256`` when it has one, as
+  a server reporting its package per answer would): a replica of another
+  package behind the same URL;
 - ``503``: 503 with ``Retry-After: 0`` instead of an answer.
 
 The first ``after`` inference answers are left alone, then at most ``times``
@@ -24,8 +29,11 @@ a test computes every tile's right row from tiles it read independently
 (``source="mask"``: :func:`pixel_mask`, as a tissue model would);
 :class:`Faults` adds random 503s and short answers to it (property tests).
 ``echo_credentials`` answers 401 with the ``Authorization`` header it got in
-the message, as a careless token-checking server would. Every request's
-headers are recorded (``seen_headers``).
+the message, as a careless token-checking server would (``echo_after_chars``:
+as plain text, after that many filler characters: a message longer than a
+client quotes). Every request's headers are recorded (``seen_headers``).
+
+:class:`harness.bad_grpc.BadGrpcServer` is the gRPC counterpart.
 """
 
 from __future__ import annotations
@@ -44,7 +52,9 @@ import numpy as np
 
 from predictor import wire
 
-TAMPERS = ("none", "short", "empty", "rename", "dtype", "shape", "nan", "503")
+TAMPERS = ("none", "short", "empty", "rename", "dtype", "shape", "nan", "model", "package", "503")
+OTHER_PACKAGE = "0" * 64
+"""The digest ``package`` answers name."""
 
 
 def pixel_answer(tiles: np.ndarray, dim: int) -> np.ndarray:
@@ -69,7 +79,7 @@ def pixel_mask(tiles: np.ndarray) -> np.ndarray:
 
 def tamper(kind: str, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``outputs`` changed as ``kind`` says (see the module docstring; not ``503``)."""
-    if kind == "none":
+    if kind in ("none", "model", "package"):  # those change the answer's header only
         return dict(outputs)
     if kind == "short":
         return {k: v[:1] for k, v in outputs.items()}
@@ -119,6 +129,8 @@ class BadServer:
         faults: Random 503s / short answers on top.
         echo_credentials: Methods (``GET``, ``POST``) answered 401 with the
             ``Authorization`` header quoted.
+        echo_after_chars: None: the 401 is JSON; else plain text with that many
+            filler characters before the header.
         dim: Floats per tile of :func:`pixel_answer`.
     """
 
@@ -133,6 +145,7 @@ class BadServer:
         times: int | None = None,
         faults: Faults = Faults(),
         echo_credentials: Collection[str] = (),
+        echo_after_chars: int | None = None,
         dim: int = 1536,
     ):
         if tamper not in TAMPERS or source not in ("upstream", "pixels", "mask"):
@@ -141,6 +154,7 @@ class BadServer:
             tamper, after, times, source, dim,
         )  # fmt: skip
         self.config, self.echo = dict(config or {}), frozenset(echo_credentials)
+        self.echo_after_chars = echo_after_chars
         self.infer_requests = self.tampered = self.faulted = 0
         self.seen_headers: list[dict[str, str]] = []  # every request's headers, in order
         self._rng, self._faults = random.Random(faults.seed), faults
@@ -207,10 +221,18 @@ class BadServer:
                 return up.status_code, {"content-type": "application/json"}, up.content
             outputs, _ = wire.decode_response(up.content, up.headers.get(wire.HEADER))
         entries = [wire.encode_tensor(n, v) for n, v in tamper(kind, outputs).items()]
-        data, out_headers = wire.binary_body(
-            {"outputs": [e for e, _ in entries]}, [raw for _, raw in entries]
-        )
+        header = {**self._identity(kind, path), "outputs": [e for e, _ in entries]}
+        data, out_headers = wire.binary_body(header, [raw for _, raw in entries])
         return 200, out_headers, data
+
+    def _identity(self, kind: str, path: str) -> dict[str, Any]:
+        """The answer's ``model_name`` (and ``parameters.package_sha256``), as ``kind`` says."""
+        name = path.split("/")[3] if path.count("/") >= 4 else ""
+        identity: dict[str, Any] = {"model_name": "another-model" if kind == "model" else name}
+        package = OTHER_PACKAGE if kind == "package" else self.config.get("package_sha256")
+        if package:
+            identity["parameters"] = {"package_sha256": package}
+        return identity
 
     def _decide(self) -> str:
         """What this inference request gets: ``none``, the tamper, or a random fault."""
@@ -276,7 +298,12 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command not in self.fake.echo:
             return False
         token = self.headers.get("authorization", "")
-        self._reply(*_json(401, {"error": f"invalid credentials {token!s}"}))
+        after = self.fake.echo_after_chars
+        if after is None:
+            self._reply(*_json(401, {"error": f"invalid credentials {token!s}"}))
+        else:
+            text = f"{'.' * after}{token} was refused".encode("latin-1")
+            self._reply(401, {"content-type": "text/plain"}, text)
         return True
 
     def do_GET(self) -> None:

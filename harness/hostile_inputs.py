@@ -7,7 +7,7 @@ reasons. Each entry is a :class:`Hostile`: the file, and a regular
 expression the failure message must match (it quotes the limit or says what
 is wrong). Every file is small on disk: a mask over the byte limit is a
 sparse file, a decompression bomb is a 1-bit PNG, a slide of 2^20 x 2^20 px is
-:func:`harness.slides.sparse_tiff`.
+:func:`sparse_tiff` (well under a megabyte).
 
 Masks are made for a slide of :data:`MASK_SLIDE` px (the 4:3 of the
 generated slides), so the image ones pass the aspect check and fail on what
@@ -17,13 +17,14 @@ they are meant to.
 from __future__ import annotations
 
 import json
+import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from harness.slides import sparse_tiff
 from predictor.client.embed.limits import (
     MAX_MASK_BYTES,
     MAX_MASK_NESTING,
@@ -43,6 +44,43 @@ class Hostile:
 
     path: Path
     reason: str
+
+
+def sparse_tiff(path: Path, width: int, height: int, *, mpp: float = 0.5, tile: int = 4096) -> Path:
+    """A small TIFF that claims ``width x height`` px at ``mpp``: every tile is one white tile.
+
+    A hand-written classic TIFF (one level, deflate, RGB, resolution tags in
+    cm) whose tile offsets all point at the same compressed tile, so a file
+    of well under a megabyte says it is 2^20 px a side: what a broken or
+    hostile writer can hand a reader. OpenSlide opens it as a generic TIFF.
+    """
+    tiles = -(-width // tile) * -(-height // tile)
+    data = zlib.compress(np.full((tile, tile, 3), 255, np.uint8).tobytes(), 6)
+    per_cm = round(1e4 / mpp)
+    arrays = [
+        struct.pack("<3H", 8, 8, 8),
+        struct.pack("<2I", per_cm, 1) * 2,
+        struct.pack(f"<{tiles}I", *([8] * tiles)),
+        struct.pack(f"<{tiles}I", *([len(data)] * tiles)),
+    ]
+    at = [8 + len(data)]
+    for blob in arrays[:-1]:
+        at.append(at[-1] + len(blob))
+    bits, res, offsets, counts = at
+    entries = [
+        (256, 4, 1, width), (257, 4, 1, height), (258, 3, 3, bits), (259, 3, 1, 8),
+        (262, 3, 1, 2), (277, 3, 1, 3), (282, 5, 1, res), (283, 5, 1, res + 8),
+        (284, 3, 1, 1), (296, 3, 1, 3), (322, 4, 1, tile), (323, 4, 1, tile),
+        (324, 4, tiles, offsets), (325, 4, tiles, counts),
+    ]  # fmt: skip
+    ifd = at[-1] + len(arrays[-1])
+    body = struct.pack("<H", len(entries)) + b"".join(
+        struct.pack("<HHII", tag, kind, count, value) for tag, kind, count, value in entries
+    )
+    Path(path).write_bytes(
+        b"II*\0" + struct.pack("<I", ifd) + data + b"".join(arrays) + body + b"\0\0\0\0"
+    )
+    return Path(path)
 
 
 def _polygon(*points: object) -> dict[str, object]:

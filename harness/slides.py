@@ -13,7 +13,7 @@ boxes (``SlideSpec.pale_boxes``) are tissue too, drawn with the same tile
 faded toward white (faint eosin, loose stroma: what a saturation threshold
 misses), and glass boxes cut bare glass out of the tissue (a lumen, a tear),
 so tissue detection is measured against a known area
-(:func:`tissue_truth`).
+(:mod:`harness.tissue_truth`).
 
 Tiles are generated on the fly from the box layout (never the whole image in
 memory), so a bench slide of 20,000+ tiles costs a few MB of RAM. Every
@@ -323,91 +323,6 @@ def standard_layout(unit: int) -> dict[str, object]:
     """
     boxes = ((1 * unit, 1 * unit, 3 * unit, 2 * unit), (5 * unit, 3 * unit, 2 * unit, 2 * unit))
     return {"width": 3584, "height": 2688, "boxes": boxes}
-
-
-def tissue_truth(spec: SlideSpec, shape: tuple[int, int], px_level0: float) -> np.ndarray:
-    """Where the tissue is, sampled at pixel centres of a ``shape`` grid of ``px_level0`` px.
-
-    Tissue is every box and pale box, less the glass boxes: bool ``[h, w]``.
-    """
-    h, w = shape
-    ys = (np.arange(h) + 0.5) * px_level0
-    xs = (np.arange(w) + 0.5) * px_level0
-
-    def inside(boxes: Sequence[Box]) -> np.ndarray:
-        out = np.zeros(shape, bool)
-        for x, y, bw, bh in boxes:
-            out |= ((ys >= y) & (ys < y + bh))[:, None] & ((xs >= x) & (xs < x + bw))[None, :]
-        return out
-
-    return inside(spec.boxes + spec.pale_boxes) & ~inside(spec.glass_boxes)
-
-
-def pale_layout(unit: int) -> dict[str, object]:
-    """A slide of pale and stained tissue with a lumen, in multiples of ``unit`` (16 x 12 units).
-
-    Three stained boxes; a large pale region inside the first (bigger than any
-    hole a mask may fill) with a lumen of bare glass in it; a pale
-    band along the second's top edge; a fragment that is pale all through.
-    The lumen is 3 x 3 units (at 112 um a unit, 0.11 mm2: larger than the
-    holes a tissue mask fills).
-    """
-    u = unit
-    return {
-        "width": 16 * u,
-        "height": 12 * u,
-        "boxes": (
-            (1 * u, 1 * u, 7 * u, 5 * u),
-            (10 * u, 1 * u, 5 * u, 4 * u),
-            (1 * u, 7 * u, 4 * u, 4 * u),
-        ),
-        "pale_boxes": (
-            (2 * u, 2 * u, 4 * u, 3 * u),
-            (10 * u, 1 * u, 5 * u, 2 * u),
-            (7 * u, 7 * u, 5 * u, 4 * u),
-        ),
-        "glass_boxes": ((4 * u, 2 * u, 3 * u, 3 * u),),
-    }
-
-
-def sparse_tiff(path: Path, width: int, height: int, *, mpp: float = 0.5, tile: int = 4096) -> Path:
-    """A small TIFF that claims ``width x height`` px at ``mpp``: every tile is one white tile.
-
-    A hand-written classic TIFF (one level, deflate, RGB, resolution tags in
-    cm) whose tile offsets all point at the same compressed tile, so a file
-    of well under a megabyte says it is 2^20 px a side: what a broken or
-    hostile writer can hand a reader. OpenSlide opens it as a generic TIFF.
-    """
-    import struct
-    import zlib
-
-    tiles = -(-width // tile) * -(-height // tile)
-    data = zlib.compress(np.full((tile, tile, 3), WHITE, np.uint8).tobytes(), 6)
-    per_cm = round(1e4 / mpp)
-    arrays = [
-        struct.pack("<3H", 8, 8, 8),
-        struct.pack("<2I", per_cm, 1) * 2,
-        struct.pack(f"<{tiles}I", *([8] * tiles)),
-        struct.pack(f"<{tiles}I", *([len(data)] * tiles)),
-    ]
-    at = [8 + len(data)]
-    for blob in arrays[:-1]:
-        at.append(at[-1] + len(blob))
-    bits, res, offsets, counts = at
-    entries = [
-        (256, 4, 1, width), (257, 4, 1, height), (258, 3, 3, bits), (259, 3, 1, 8),
-        (262, 3, 1, 2), (277, 3, 1, 3), (282, 5, 1, res), (283, 5, 1, res + 8),
-        (284, 3, 1, 1), (296, 3, 1, 3), (322, 4, 1, tile), (323, 4, 1, tile),
-        (324, 4, tiles, offsets), (325, 4, tiles, counts),
-    ]  # fmt: skip
-    ifd = at[-1] + len(arrays[-1])
-    body = struct.pack("<H", len(entries)) + b"".join(
-        struct.pack("<HHII", tag, kind, count, value) for tag, kind, count, value in entries
-    )
-    Path(path).write_bytes(
-        b"II*\0" + struct.pack("<I", ifd) + data + b"".join(arrays) + body + b"\0\0\0\0"
-    )
-    return Path(path)
 
 
 def truncated_copy(src: Path, dst: Path, keep_fraction: float = 0.5) -> Path:

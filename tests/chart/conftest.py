@@ -16,14 +16,13 @@ import pytest
 
 from tests.chart.helpers import (
     HelmError,
-    check_object,
     find_helm,
     helm_template,
-    load_crd_validators,
     missing,
     parse_docs,
     template_key,
 )
+from tests.chart.validators import check_object, load_crd_validators
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +59,7 @@ def render_error(helm_bin: str) -> Callable[..., str]:
 
 @pytest.fixture(scope="session")
 def crd_validators() -> dict:
-    """The KServe kinds' strict CRD validators (:func:`tests.chart.helpers.load_crd_validators`)."""
+    """The KServe kinds' strict CRD validators (:func:`tests.chart.validators.load_crd_validators`)."""
     return load_crd_validators()
 
 

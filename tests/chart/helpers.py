@@ -2,7 +2,8 @@
 
 Everything here runs the real ``helm`` binary (``.tools/bin/helm`` under the
 repository root, else ``helm`` on PATH; ``make helm`` installs it) with no
-cluster, and validates every rendered object: KServe kinds against the CRD
+cluster, and holds the schemas every rendered object is validated against
+(by :func:`tests.chart.validators.check_object`): KServe kinds against the CRD
 schemas in ``../shared/kserve-crds`` (or ``$HISTOSERVE_KSERVE_CRDS``), core kinds
 with ``kubernetes-validate`` in strict mode, Prometheus Operator kinds against a
 structural schema of the fields the chart emits.
@@ -13,7 +14,6 @@ message when ``CI=true`` and skips it with the reason elsewhere.
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
 import re
@@ -213,58 +213,6 @@ def strict_crd_schema(schema: Any) -> Any:
     ):
         node["additionalProperties"] = False
     return node
-
-
-def load_crd_validators() -> dict[str, tuple[str, str, jsonschema.Draft7Validator]]:
-    """``{kind: (apiVersion, scope, strict validator)}`` for the KServe kinds, from the CRD folder.
-
-    A missing folder or file fails in CI and skips elsewhere (:func:`missing`).
-    """
-    directory = crd_dir_path()
-    if not directory.is_dir():
-        missing(
-            f"KServe CRD schemas not found at {directory} "
-            "(set HISTOSERVE_KSERVE_CRDS to the folder holding serving.kserve.io_*.yaml)"
-        )
-    validators = {}
-    for kind, name in CRD_FILES.items():
-        path = directory / name
-        if not path.exists():
-            missing(f"KServe CRD file {path} missing")
-        crd = load_yaml(path.read_text())
-        (version,) = [v for v in crd["spec"]["versions"] if v.get("served", True)][:1]
-        schema = strict_crd_schema(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
-        validators[kind] = (
-            f"{crd['spec']['group']}/{version['name']}",
-            crd["spec"]["scope"],
-            jsonschema.Draft7Validator(schema),
-        )
-    return validators
-
-
-def check_object(obj: dict, crd_validators: dict) -> None:
-    """Validates one rendered object against its schema (:func:`load_crd_validators`' for KServe
-    kinds, a structural one for Prometheus Operator monitors, Kubernetes' strict one else)."""
-    kind = obj.get("kind")
-    assert kind and obj.get("apiVersion"), f"object without kind/apiVersion: {obj}"
-    check_metadata(obj)
-    if kind in crd_validators:
-        api_version, scope, validator = crd_validators[kind]
-        assert obj["apiVersion"] == api_version, f"{kind}: apiVersion {obj['apiVersion']}"
-        if scope == "Cluster":
-            assert "namespace" not in obj["metadata"], f"cluster-scoped {kind} has a namespace"
-        errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
-        lines = [f"  {'.'.join(map(str, e.absolute_path))}: {e.message[:300]}" for e in errors]
-        assert not errors, f"{kind} {obj['metadata']['name']} fails its CRD schema:\n" + "\n".join(
-            lines[:10]
-        )
-        return
-    if kind in MONITOR_SCHEMAS:
-        errors = list(MONITOR_SCHEMAS[kind].iter_errors(obj))
-        assert not errors, f"{kind}: " + "; ".join(e.message for e in errors[:5])
-        return
-    for version in K8S_VERSIONS:
-        k8s_validate(obj, version)
 
 
 # ----------------------------------------------------- Prometheus Operator (structure)

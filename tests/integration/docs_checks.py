@@ -3,7 +3,7 @@
 A check takes the session and the command's exact text: ``run`` checks run
 the text (ports made local) and look at what it wrote; ``render`` checks turn
 ``helm install`` into ``helm template`` with the same arguments and validate
-every object as ``tests/chart`` does (:func:`tests.chart.helpers.check_object`);
+every object as ``tests/chart`` does (:func:`tests.chart.validators.check_object`);
 ``static`` checks look at what can be seen here of a command that cannot run.
 A check that needs another command's result first (the curl calls need the
 JSON bodies, the mask workflow its first run) runs that one when it has not.
@@ -29,15 +29,8 @@ from PIL import Image
 
 from harness import slides
 from harness.docs_session import REPO, DocsSession
-from tests.chart.helpers import (
-    args_of,
-    check_object,
-    find_helm,
-    isvc_container,
-    load_crd_validators,
-    missing,
-    parse_docs,
-)
+from tests.chart.helpers import args_of, find_helm, isvc_container, missing, parse_docs
+from tests.chart.validators import check_object, load_crd_validators
 
 Check = Callable[[DocsSession, str], None]
 Objects = tuple[dict, ...]

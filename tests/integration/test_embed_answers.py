@@ -10,8 +10,12 @@ a good URL beside the bad one the run is done and every row is the good
 server's answer. The fake's ``pixels`` source answers a function of each
 tile's pixels (:func:`harness.bad_server.pixel_answer`), so every row's right
 value is computed here from tiles read independently with OpenSlide; the
-seeded runs at the end are the property test through the CLI: random batch
-sizes, concurrency, URLs, 503s and short answers, every row right.
+seeded runs are the property test through the CLI: random batch sizes,
+concurrency, URLs, 503s and short answers, every row right. Then answers from
+another model package: a second ``--url`` serving one (refused up front), a
+replica of one behind the same URL (its answers name it: the slide fails),
+and a gRPC answer that does not decode (:class:`harness.bad_grpc.BadGrpcServer`:
+retried on the other URL).
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ import numpy as np
 import pytest
 
 from harness import slides
-from harness.bad_server import BadServer, Faults, pixel_answer
+from harness.bad_grpc import BadGrpcServer
+from harness.bad_server import OTHER_PACKAGE, BadServer, Faults, pixel_answer
 from harness.embed import by_status, independent_tiles, read_output, run_embed, status_rows
 from harness.server import Server
+from predictor.spec import resolve_spec
 
 pytestmark = pytest.mark.integration
 DIM = 1536  # h0-mini's embedding, as its config says
@@ -75,6 +81,7 @@ def _pixel_truth(slide: slides.GeneratedSlide, out: dict) -> np.ndarray:
         ("dtype", r"embedding is FP64, expected FP32"),
         ("shape", r"embedding has shape \[[24], 768\], expected \[[24], 1536\]"),
         ("nan", r"embedding has 3 non-finite values"),
+        ("model", r"answered as model 'another-model', not 'h0-mini'"),
     ],
 )
 def test_a_wrong_answer_fails_the_slide_naming_the_server(
@@ -147,3 +154,71 @@ def test_random_batches_concurrency_retries_and_faults_every_row_right(
     written = read_output(out / "s.h5")
     np.testing.assert_array_equal(written["features"], _pixel_truth(slide, written))
     assert sum(s.tampered for s in servers) >= 2  # wrong answers were given, and not used
+
+
+def _package_config(package: str) -> dict:
+    """A config reporting ``package`` as its digest (the fakes below answer with pixels)."""
+    embedding = {"name": "embedding", "datatype": "FP32", "shape": [-1, DIM]}
+    spec = resolve_spec("h0-mini").to_dict()
+    return {"name": "h0-mini", "spec": spec, "package_sha256": package, "outputs": [embedding]}
+
+
+def test_a_second_url_serving_another_package_is_a_usage_error(
+    slide: slides.GeneratedSlide, tmp_path: Path
+) -> None:
+    """Same names and shapes, other weights: its rows would go into the same files."""
+    a, b = "a" * 64, "b" * 64
+    out = tmp_path / "out"
+    with (
+        BadServer(source="pixels", config=_package_config(a)) as first,
+        BadServer(source="pixels", config=_package_config(b)) as other,
+    ):
+        result = _embed(slide, out, first.url, other.url)
+    assert result.returncode == 2, result.stderr
+    assert f"--url {first.url} and --url {other.url} serve different models" in result.stderr
+    assert f"package {a} vs package {b}" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert first.infer_requests == other.infer_requests == 0 and not list(out.rglob("*.h5"))
+
+
+def test_a_replica_of_another_package_behind_one_url_fails_the_slide(
+    slide: slides.GeneratedSlide, tmp_path: Path
+) -> None:
+    """A Service mid-upgrade: answers naming another package than the config are never used."""
+    package, out = "a" * 64, tmp_path / "out"
+    config, flags = _package_config(package), ("--batch-size", "4", "--max-attempts", "2")
+    with BadServer(source="pixels", config=config, tamper="package", after=1) as mixed:
+        result = _embed(slide, out, mixed.url, extra=flags)
+    assert result.returncode == 1, result.stderr
+    (row,) = status_rows(out)
+    assert row["status"] == "failed"
+    wrong = f"answered with package {OTHER_PACKAGE}, not {package}"
+    assert f"{mixed.url}: {wrong}" in row["error"], row["error"]
+    assert not list(out.rglob("*.h5"))
+
+
+def test_a_grpc_answer_that_does_not_decode_is_retried_on_another_url(
+    embedding_server: Server, slide: slides.GeneratedSlide, tmp_path: Path
+) -> None:
+    """Its raw buffer is shorter than its shape: a failed attempt, like a 503."""
+    good = f"grpc://{embedding_server.grpc_url}"
+    flags = ("--model", "h0-mini", "--target-mpp", "0.5", "--batch-size", "4")
+    with BadGrpcServer(embedding_server.grpc_url) as bad:
+        result = _embed(slide, tmp_path / "out", bad.url, good, extra=flags)
+        assert bad.tampered >= 1
+    assert result.returncode == 0, result.stderr
+    assert by_status(status_rows(tmp_path / "out")) == {"done": ["s"]}
+    direct = _embed(slide, tmp_path / "direct", good, extra=flags)
+    assert direct.returncode == 0, direct.stderr
+    got, want = read_output(tmp_path / "out/s.h5"), read_output(tmp_path / "direct/s.h5")
+    np.testing.assert_array_equal(got["features"], want["features"])
+
+
+def test_one_server_over_http_and_grpc_passes_the_same_model_check(
+    embedding_server: Server, slide: slides.GeneratedSlide, tmp_path: Path
+) -> None:
+    """The config's outputs and the gRPC metadata of one real server agree: no false alarm."""
+    grpc = f"grpc://{embedding_server.grpc_url}"
+    result = _embed(slide, tmp_path / "out", embedding_server.base, grpc)
+    assert result.returncode == 0, result.stderr
+    assert by_status(status_rows(tmp_path / "out")) == {"done": ["s"]}

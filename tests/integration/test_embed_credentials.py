@@ -129,6 +129,43 @@ def test_a_password_in_a_url_is_refused_and_never_shown(
     _nowhere(secret, result, out)
 
 
+def test_a_password_in_a_url_with_a_mistyped_scheme_is_never_shown(
+    secret: str, slide: slides.GeneratedSlide, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    result = run_embed(slide.path, "--url", f"http:/alice:{secret}@127.0.0.1:9", "--out", out,
+                       env=_env())  # fmt: skip
+    _usage_error(result, "--url 'http:/***@127.0.0.1:9': a user name or password")
+    _nowhere(secret, result, out)
+    assert "alice" not in result.stderr
+
+
+def test_a_ca_cert_that_is_not_pem_is_a_usage_error_naming_it(
+    slide: slides.GeneratedSlide, tmp_path: Path
+) -> None:
+    ca = tmp_path / "ca.der"
+    ca.write_bytes(b"\x30\x82\x03\x1e DER, not PEM")
+    result = run_embed(slide.path, "--url", "https://127.0.0.1:9", "--out", tmp_path / "out",
+                       "--ca-cert", ca, env=_env())  # fmt: skip
+    _usage_error(result, f"--ca-cert {ca}: not a PEM CA bundle")
+
+
+def test_a_token_straddling_where_a_server_message_is_cut_leaves_no_prefix(
+    secret: str, slide: slides.GeneratedSlide, tmp_path: Path
+) -> None:
+    """The message is scrubbed whole, then cut: no first characters of the token survive."""
+    out = tmp_path / "out"
+    before = 500 - len("Bearer ") - 12  # the client quotes 500 characters: 12 of the token
+    fake = BadServer(config={"name": "h0-mini"}, echo_credentials={"GET"}, echo_after_chars=before)
+    with fake:
+        result = run_embed(slide.path, "--url", fake.url, "--out", out, "--max-attempts", "1",
+                           env=_env(secret))  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "HTTP 401: ....." in result.stderr and "Bearer ***" in result.stderr, result.stderr
+    assert secret[:12] not in result.stderr and secret[:12] not in result.stdout
+    _nowhere(secret, result, out)
+
+
 def test_ca_cert_with_only_plain_urls_is_a_usage_error(
     slide: slides.GeneratedSlide, tmp_path: Path
 ) -> None:

@@ -10,7 +10,10 @@ predictor`` on loopback, the CLI in its own interpreter.
   run's sibling beside the done file) is embedded again, never skipped;
 - a 256-byte id, an id with a newline and ids differing only by case are
   usage errors naming the manifest line; an id of the limit embeds;
-- a slide whose claim cannot be taken fails alone: the others finish.
+- a slide whose claim cannot be taken fails alone: the others finish;
+- a slide that changes while it is embedded (a copy still running) fails and
+  gets no done file; the next run embeds it;
+- a NUL in a manifest's path is a usage error naming the line.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import numpy as np
 import pytest
 
 from harness import slides
+from harness.bad_server import BadServer
 from harness.embed import read_output, run_embed, status_rows
 from harness.server import Server
 from predictor.client.embed.manifest import MAX_SLIDE_ID_BYTES
@@ -146,6 +150,49 @@ def test_a_torn_pair_is_embedded_again_never_skipped(
         import torch
 
         assert tuple(torch.load(a_sibling).shape) == (12, 1536)
+
+
+class _GrowingSlide(BadServer):
+    """A FAKE in front of the real server: the slide grows at the first request, then answers
+    come from the real server. A fake because "the slide changed between its identity and its
+    commit" cannot be timed otherwise; everything else is real (the CLI, the server, the slide).
+    """
+
+    def __init__(self, upstream: str, slide: Path) -> None:
+        super().__init__(upstream)
+        self.slide, self.grown = slide, False
+
+    def infer(self, path: str, body: bytes, headers) -> tuple[int, dict[str, str], bytes]:
+        if not self.grown:
+            self.grown = True
+            with open(self.slide, "ab") as handle:  # a copy still running
+                handle.write(b"\0" * 4096)
+        return super().infer(path, body, headers)
+
+
+def test_a_slide_changed_while_embedded_gets_no_done_file_and_the_next_run_embeds_it(
+    embedding_server: Server, two_slides: tuple[Path, Path], tmp_path: Path
+) -> None:
+    slide = tmp_path / "cohort" / "S1.svs"
+    slide.parent.mkdir()
+    shutil.copyfile(two_slides[0], slide)
+    manifest = _manifest(tmp_path / "m.csv", [("S1", slide)])
+    out = tmp_path / "out"
+    with _GrowingSlide(embedding_server.base, slide) as fake:
+        result = run_embed("--manifest", manifest, "--url", fake.url, "--out", out, *RUN)
+    assert not (out / "S1.h5").exists() and not list(out.rglob("*.h5"))
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    [row] = status_rows(out)
+    assert row["status"] == "failed" and "changed while it was embedded" in row["error"]
+    assert "no done file was written" in row["error"]
+    again = _embed(embedding_server.base, manifest, out)["S1"]
+    assert again["status"] == "done" and again["error"] == ""
+
+
+def test_a_nul_in_a_manifest_path_is_a_usage_error_naming_the_line(tmp_path: Path) -> None:
+    stderr = _usage_error(tmp_path, "slide_id,path\nS0,a.svs\nS1,a\0b.svs\n")
+    assert "m.csv line 3: path 'a\\x00b.svs' has the control character U+0000" in stderr
 
 
 def _usage_error(tmp_path: Path, text: str) -> str:

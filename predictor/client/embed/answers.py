@@ -17,9 +17,16 @@ tiles must be:
 - the datatype and the trailing shape the server's model config (or gRPC
   metadata) lists for that output;
 - only finite values in float outputs (embeddings and predictions are
-  promised finite).
+  promised finite);
+- when the answer names its model (V2's ``model_name``), the model asked;
+  when it names its package (``parameters.package_sha256``), the package the
+  run's config reported: replicas behind one URL (a Service) mid-upgrade
+  must not mix two packages' features in one slide. (The histoserve server
+  does not put its digest in answers yet; every URL's config is compared up
+  front by :func:`~predictor.client.embed.remote.fetch_server_info`.)
 
-Anything else raises :class:`BadAnswer`, a
+Anything else raises :class:`~predictor.client.embed.transport.BadAnswer`
+(importable from here too), a
 :class:`~predictor.client.embed.transport.RetryableError`: the dispatcher
 treats it as a failed attempt, exactly like a 503 (retried, preferably on
 another URL), and when attempts run out the slide fails with the URL and
@@ -35,7 +42,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from predictor import wire
-from predictor.client.embed.transport import RetryableError
+from predictor.client.embed.transport import BadAnswer
 
 if TYPE_CHECKING:
     from predictor.client.embed.remote import ServerInfo
@@ -48,10 +55,6 @@ MODE_OUTPUTS: Mapping[str, tuple[str, ...]] = {
 """The outputs each mode asks for."""
 TISSUE_OUTPUTS = ("mask",)
 _FLOATS = frozenset({"FP16", "FP32", "FP64", "BF16"})
-
-
-class BadAnswer(RetryableError):
-    """An answer that does not fit its request: a failed attempt, retried elsewhere like a 503."""
 
 
 @dataclass(frozen=True)
@@ -77,20 +80,27 @@ class AnswerCheck:
     Attributes:
         outputs: The outputs asked for, each with its datatype and shape.
         mode: What asked for them, for messages (``mode 'embedding'``, ``the tissue model``).
+        model: The model asked ("": not checked): an answer naming another fails.
+        package_sha256: The package the config reported ("": not checked): an
+            answer naming another package fails.
     """
 
     outputs: tuple[Expected, ...]
     mode: str = ""
+    model: str = ""
+    package_sha256: str = ""
 
     @classmethod
     def for_mode(cls, info: ServerInfo, mode: str) -> AnswerCheck:
         """The check for ``mode`` requests to the model ``info`` describes."""
-        return cls(_expected(info, MODE_OUTPUTS[mode]), f"mode {mode!r}")
+        expected = _expected(info, MODE_OUTPUTS[mode])
+        return cls(expected, f"mode {mode!r}", info.model, info.reported_sha256)
 
     @classmethod
     def for_tissue(cls, info: ServerInfo) -> AnswerCheck:
         """The check for requests to a tissue-segmentation model (``mask``)."""
-        return cls(_expected(info, TISSUE_OUTPUTS), f"tissue model {info.model!r}")
+        expected = _expected(info, TISSUE_OUTPUTS)
+        return cls(expected, f"tissue model {info.model!r}", info.model, info.reported_sha256)
 
     def verify(self, answer: Mapping[str, object], n_tiles: int, url: str) -> None:
         """Returns when ``answer`` fits a request of ``n_tiles`` tiles.
@@ -104,6 +114,9 @@ class AnswerCheck:
 
     def problem(self, answer: Mapping[str, object], n_tiles: int) -> str | None:
         """What is wrong with ``answer`` to ``n_tiles`` tiles, or None."""
+        problem = self._identity_problem(getattr(answer, "identity", None) or {})
+        if problem is not None:
+            return problem
         wanted = [e.name for e in self.outputs]
         got = sorted(answer)
         for name in wanted:
@@ -118,6 +131,22 @@ class AnswerCheck:
             problem = _output_problem(expected, answer[expected.name], n_tiles)
             if problem is not None:
                 return problem
+        return None
+
+    def _identity_problem(self, identity: Mapping[str, object]) -> str | None:
+        """An answer from another model or package (see the module docstring), or None."""
+        name = identity.get("model_name")
+        if self.model and name and str(name) != self.model:
+            return (
+                f"answered as model {str(name)[:80]!r}, not {self.model!r} (another model there?)"
+            )
+        parameters = identity.get("parameters")
+        digest = parameters.get("package_sha256") if isinstance(parameters, Mapping) else None
+        if self.package_sha256 and digest and str(digest) != self.package_sha256:
+            return (
+                f"answered with package {str(digest)[:80]}, not {self.package_sha256} as its "
+                "config said (replicas of two packages behind one URL, mid-upgrade?)"
+            )
         return None
 
 

@@ -16,9 +16,13 @@ invisible U+200B pasted with a token is the usual case), at most
 :data:`MAX_VALUE_BYTES`, and printable ASCII only when a ``grpc(s)://`` URL
 will carry it (gRPC's rule for metadata). :class:`Credentials` keeps the
 token and header values out of its ``repr``; :meth:`Credentials.scrub`
-takes them out of any server message shown; URLs with user-info
-(``http://user:pass@host``) are refused (:func:`check_url`), so no URL shown
-anywhere (messages, ``requests_per_url``, progress) can carry a password.
+takes them out of any server message shown (the whole message first, then
+it is cut: a secret straddling the cut leaves no prefix behind); URLs with
+user-info (``http://user:pass@host``, or an ``@`` anywhere, whatever the
+scheme) are refused (:func:`check_url`) and shown redacted (:func:`redact_url`),
+so no URL shown anywhere (messages, ``requests_per_url``, progress) can carry a
+password. ``--ca-cert`` is loaded once, when the credentials are: a file that
+is not a PEM CA bundle is a usage error naming it.
 Credentials sent over plain ``http://``/``grpc://`` give one warning per run
 (:func:`warn_if_plaintext`).
 """
@@ -26,6 +30,7 @@ Credentials sent over plain ``http://``/``grpc://`` give one warning per run
 from __future__ import annotations
 
 import logging
+import re
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +47,9 @@ _FORBIDDEN = frozenset(
 _PLAIN = ("http://", "grpc://")
 _TLS = ("https://", "grpcs://")
 _SCRUB_MIN_CHARS = 4  # shorter values are not hidden in server messages (they would garble them)
+MESSAGE_MAX_CHARS = 500
+"""Longest server message quoted (an HTML error page would drown the reason)."""
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/+")  # ``http://``, and typos such as ``http:/``
 logger = logging.getLogger("histoserve.embed")
 
 
@@ -67,6 +75,7 @@ class Credentials:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "headers", tuple(tuple(h) for h in self.headers))
+        object.__setattr__(self, "_ssl_context", None)  # built once, by httpx_verify
         for name, value in self.headers:
             _check_name(name)
             _check_value(value, f"--header {name!r}", grpc=False)
@@ -93,24 +102,39 @@ class Credentials:
         return {k.lower(): v for k, v in self.http_headers().items()}
 
     def httpx_verify(self) -> ssl.SSLContext | bool:
-        """``verify=`` for httpx: a context trusting ``ca_cert``, else True (system CAs)."""
+        """``verify=`` for httpx: a context trusting ``ca_cert``, else True (system CAs).
+
+        The context is built on the first call and shared by every client after it.
+
+        Raises:
+            UsageError: ``ca_cert`` cannot be read or holds no PEM certificate.
+        """
         if self.ca_cert is None:
             return True
-        return ssl.create_default_context(cafile=str(self.ca_cert))
+        context = getattr(self, "_ssl_context", None)
+        if context is None:
+            context = _ca_context(self.ca_cert)
+            object.__setattr__(self, "_ssl_context", context)
+        return context
 
     def check_urls(self, urls: Sequence[str]) -> None:
         """What depends on where the credentials go: gRPC's stricter rule, ``--ca-cert``'s use.
 
+        ``--ca-cert`` is loaded here, once (:meth:`httpx_verify`), so that a bad
+        file stops the run before any work.
+
         Raises:
             UsageError: A value that is not printable ASCII when a ``grpc(s)://``
-                URL carries it, a header name gRPC reserves, or ``--ca-cert``
-                without any ``https://``/``grpcs://`` URL to verify.
+                URL carries it, a header name gRPC reserves, ``--ca-cert``
+                without any ``https://``/``grpcs://`` URL to verify, or a
+                ``--ca-cert`` file that is not a PEM CA bundle.
         """
         if self.ca_cert is not None and not any(u.startswith(_TLS) for u in urls):
             raise UsageError(
                 f"--ca-cert {self.ca_cert}: no https:// or grpcs:// URL to verify with it; "
                 "use https:// (or grpcs://) URLs, or drop --ca-cert"
             )
+        self.httpx_verify()
         if not any(u.startswith(("grpc://", "grpcs://")) for u in urls):
             return
         for name, value in self.headers:
@@ -124,17 +148,35 @@ class Credentials:
         if self.token is not None:
             _check_value(self.token, self.token_source, grpc=True)
 
-    def scrub(self, text: str) -> str:
-        """``text`` with every token and header value replaced by ``***``.
+    def scrub(self, text: str, max_chars: int | None = None) -> str:
+        """``text`` with every token and header value replaced by ``***``, then cut.
 
         For messages that quote what a server said: a server (or proxy) that
         echoes the credentials it refused must not put them in ``status.csv``.
+        The whole text is scrubbed before it is cut to ``max_chars`` (None: not
+        cut), so a secret straddling the cut leaves no prefix behind.
         """
         secrets = [self.token or "", *(v for _, v in self.headers)]
         for secret in sorted(secrets, key=len, reverse=True):
             if len(secret) >= _SCRUB_MIN_CHARS:
                 text = text.replace(secret, "***")
+        if max_chars is not None and len(text) > max_chars:
+            text = text[:max_chars] + f"... ({len(text) - max_chars} more characters)"
         return text
+
+
+def _ca_context(ca_cert: Path) -> ssl.SSLContext:
+    """An SSL context trusting the PEM bundle ``ca_cert``; UsageError naming it otherwise."""
+    try:
+        return ssl.create_default_context(cafile=str(ca_cert))
+    except ssl.SSLError as exc:
+        raise UsageError(
+            f"--ca-cert {ca_cert}: not a PEM CA bundle ({exc.reason or exc}); give the CA's "
+            "certificate(s) as PEM text ('-----BEGIN CERTIFICATE-----'; convert a DER "
+            "file with: openssl x509 -inform der -in CA.der -out ca.pem)"
+        ) from exc
+    except OSError as exc:
+        raise UsageError(f"--ca-cert {ca_cert}: cannot read it ({exc.strerror})") from exc
 
 
 def _check_name(name: str) -> None:
@@ -229,27 +271,30 @@ def load_credentials(
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any user-info (``user:pass@``), query and fragment replaced by ``***``."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "", url
-    cut = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
-    rest = rest[:cut] + ("***" if cut < len(rest) else "")
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        authority = "***@" + authority.rsplit("@", 1)[1]
-    return f"{scheme}{sep}{authority}{slash}{path}"
+    """``url`` with any user-info, query and fragment replaced by ``***``.
+
+    User-info is everything from the scheme (``http://``, or a typo such as
+    ``http:/``; none: the start) to the last ``@``, wherever that ``@`` is, so
+    ``http:/alice:pw@host`` and ``http://alice:p/w@host`` show no password. It
+    goes first: a password holding ``?`` or ``#`` is not half kept by the cut.
+    """
+    at = url.rfind("@")
+    if at >= 0:
+        scheme = _SCHEME.match(url)
+        start = scheme.end() if scheme is not None and scheme.end() <= at else 0
+        url = url[:start] + "***" + url[at:]
+    cut = min((i for i in (url.find("?"), url.find("#")) if i >= 0), default=len(url))
+    return url[:cut] + ("***" if cut < len(url) else "")
 
 
 def check_url(url: str, flag: str = "--url") -> None:
-    """UsageError for a URL that would carry a secret: user-info, a query, a fragment.
+    """UsageError for a URL that would carry a secret: user-info (any ``@``), a query, a fragment.
 
-    The message shows the URL with those parts as ``***``. Credentials go in
-    ``--token-file``/``$HISTOSERVE_TOKEN`` or ``--header``, never in a URL, so
-    that no URL shown anywhere can carry one.
+    The message shows the URL with those parts as ``***`` (:func:`redact_url`).
+    Credentials go in ``--token-file``/``$HISTOSERVE_TOKEN`` or ``--header``,
+    never in a URL, so that no URL shown anywhere can carry one.
     """
-    authority = url.partition("://")[2].split("/", 1)[0]
-    if "@" in authority:
+    if "@" in url:
         raise UsageError(
             f"{flag} {redact_url(url)!r}: a user name or password in a URL is not "
             "supported (it would show wherever the URL is shown); pass a token with "

@@ -13,6 +13,13 @@ fractions, hence the same tiles.
 
 Coordinates are ``(x, y)`` in mask pixels with ``(0, 0)`` the top-left corner
 of pixel ``(row 0, col 0)``; callers scale them to level-0 pixels.
+
+Rasterising a user's GeoJSON must not cost what its outlines ask: every
+edge crosses one row centre per row it spans, and a zig-zag of long edges
+on a large grid has 10^8 such crossings (held at once, gigabytes).
+:func:`rasterize` sums them a band of rows and a chunk of crossings at a
+time, so memory stays bounded; :func:`crossing_count` (cheap) is the work,
+which callers bound before calling it (``limits.MAX_MASK_CROSSINGS``).
 """
 
 from __future__ import annotations
@@ -147,6 +154,25 @@ def mask_polygons(mask: np.ndarray) -> list[Polygon]:
         polygons.append([_closed(found[0]), *(_closed(h) for h in holes_of)])
         polygons.extend([_closed(extra)] for extra in found[1:])
     return polygons
+
+
+def boundary_edge_count(mask: np.ndarray) -> int:
+    """Pixel sides between tissue and background or the mask's edge: what :func:`mask_polygons`
+    traces (its memory is about 200 bytes a side)."""
+    m = np.asarray(mask, dtype=bool)
+    if m.size == 0:
+        return 0
+    inner = np.count_nonzero(m[:, 1:] != m[:, :-1]) + np.count_nonzero(m[1:] != m[:-1])
+    return int(inner + m[0].sum() + m[-1].sum() + m[:, 0].sum() + m[:, -1].sum())
+
+
+def coarsened(mask: np.ndarray, factor: int) -> np.ndarray:
+    """``mask`` pooled by ``factor`` a side (a block is tissue when any pixel of it is)."""
+    h, w = mask.shape
+    rows, cols = -(-h // factor), -(-w // factor)
+    padded = np.zeros((rows * factor, cols * factor), bool)
+    padded[:h, :w] = mask
+    return padded.reshape(rows, factor, cols, factor).any(axis=(1, 3))
 
 
 def rasterize(polygons: Sequence[Sequence[RingLike]], shape: tuple[int, int]) -> np.ndarray:

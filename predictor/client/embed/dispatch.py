@@ -189,16 +189,9 @@ class Dispatcher:
         for attempt in range(1, self._retry.max_attempts + 1):
             slot = self._pick(avoid)
             try:
-                answer = slot.transport.infer(model, inputs, parameters or {})
-                if check is not None:
-                    check.verify(answer, n_tiles, slot.transport.url)
-                return answer
-            except ServerRefused as exc:
-                raise RequestFailed(f"{slot.transport.url} refused the request: {exc}") from exc
+                return self._attempt(slot, model, inputs, parameters or {}, check, n_tiles)
             except RetryableError as exc:
                 last, avoid = exc, slot
-            finally:
-                self._done(slot)
             self._count_failure(slot, last.retry_after_s)
             if attempt < self._retry.max_attempts:
                 with self._lock:
@@ -207,6 +200,27 @@ class Dispatcher:
         raise RequestFailed(
             f"request failed {self._retry.max_attempts} times; last error: {last}"
         ) from last
+
+    def _attempt(
+        self,
+        slot: _Slot,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        parameters: Mapping[str, Any],
+        check: Check | None,
+        n_tiles: int,
+    ) -> dict[str, np.ndarray]:
+        """One attempt on ``slot``: its checked answer, or a RetryableError (4xx: RequestFailed)."""
+        url = slot.transport.url
+        try:
+            answer = slot.transport.infer(model, inputs, parameters)
+            if check is not None:
+                check.verify(answer, n_tiles, url)
+            return answer
+        except ServerRefused as exc:
+            raise RequestFailed(f"{url} refused the request: {exc}") from exc
+        finally:
+            self._done(slot)
 
     def _pick(self, avoid: _Slot | None) -> _Slot:
         with self._lock:

@@ -13,8 +13,9 @@ SlideError, never a silent guess.
 Before anything is read, the slide must be a size glass can have (level 0
 times its mpp within ``limits.MAX_SLIDE_EDGE_MM`` an edge, and at most
 ``limits.MAX_SLIDE_PIXELS`` level-0 pixels whatever the mpp) and its grid
-must hold at most ``--max-tiles-per-slide`` tiles: a hostile header or a
-wrong mpp fails its slide at once, not after hours.
+must hold at most ``--max-tiles-per-slide`` tiles, each read as a square of
+at most ``limits.MAX_READ_PX``: a hostile header or a wrong mpp fails its
+slide at once, not after hours or gigabytes.
 
 The grid covers the scanned bounds (``openslide.bounds-*``, which MRXS needs)
 with non-overlapping tiles that lie wholly inside them, starting at the
@@ -35,6 +36,7 @@ from PIL import Image
 from predictor.client.embed.errors import SlideError
 from predictor.client.embed.limits import (
     DEFAULT_MAX_TILES_PER_SLIDE,
+    MAX_READ_PX,
     MAX_SLIDE_EDGE_MM,
     MAX_SLIDE_PIXELS,
 )
@@ -138,28 +140,12 @@ def plan_tiles(
         ValueError: A non-positive ``target_mpp`` or ``tile_size``, a negative
             ``tolerance``, or an unknown ``interpolation``.
         SlideError: The slide is larger than glass, its grid has more than
-            ``max_tiles`` tiles, or the target needs upsampling (see :func:`choose_level`).
+            ``max_tiles`` tiles, a tile's read square is over ``MAX_READ_PX``, or
+            the target needs upsampling (see :func:`choose_level`).
     """
-    if not (math.isfinite(target_mpp) and target_mpp > 0):
-        raise ValueError(f"target_mpp must be a positive number, got {target_mpp}")
-    if tile_size < 1:
-        raise ValueError(f"tile_size must be at least 1, got {tile_size}")
-    if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise ValueError(f"tolerance must be >= 0, got {tolerance}")
-    if interpolation not in INTERPOLATIONS:
-        raise ValueError(
-            f"interpolation must be one of {sorted(INTERPOLATIONS)}, got {interpolation!r}"
-        )
+    _check_arguments(target_mpp, tile_size, tolerance, interpolation)
     check_physical_size(reader, mpp)
-    downsamples = reader.level_downsamples
-    level = choose_level(tuple(mpp.mpp * d for d in downsamples), target_mpp, tolerance)
-    downsample = downsamples[level]
-    if abs(mpp.mpp * downsample - target_mpp) <= tolerance * target_mpp:
-        read_size = tile_size
-        patch = round(tile_size * downsample)
-    else:
-        patch = round(tile_size * target_mpp / mpp.mpp)
-        read_size = max(1, round(patch / downsample))
+    level, read_size, patch = _read_geometry(reader, mpp, target_mpp, tile_size, tolerance)
     bounds = reader.bounds()
     _check_tile_count(reader, bounds, patch, max_tiles)
     width, height = reader.dimensions
@@ -176,6 +162,43 @@ def plan_tiles(
         level0_height=height,
         interpolation=interpolation,
     )
+
+
+def _read_geometry(
+    reader: SlideReader, mpp: MppInfo, target_mpp: float, tile_size: int, tolerance: float
+) -> tuple[int, int, int]:
+    """``(level, read_size, patch_size_level0)``; a read square over ``MAX_READ_PX`` is refused."""
+    downsamples = reader.level_downsamples
+    level = choose_level(tuple(mpp.mpp * d for d in downsamples), target_mpp, tolerance)
+    downsample = downsamples[level]
+    if abs(mpp.mpp * downsample - target_mpp) <= tolerance * target_mpp:
+        read_size, patch = tile_size, round(tile_size * downsample)
+    else:
+        patch = round(tile_size * target_mpp / mpp.mpp)
+        read_size = max(1, round(patch / downsample))
+    if read_size > MAX_READ_PX:
+        raise SlideError(
+            f"slide {reader.path}: a {tile_size} px tile at {target_mpp:g} um/px would be read "
+            f"as a {read_size} px square at level {level} ({mpp.mpp * downsample:g} um/px), "
+            f"more than {MAX_READ_PX} px; use a --target-mpp nearer the slide's levels, a "
+            "smaller --tile-size, or a slide with a pyramid"
+        )
+    return level, read_size, patch
+
+
+def _check_arguments(
+    target_mpp: float, tile_size: int, tolerance: float, interpolation: str
+) -> None:
+    if not (math.isfinite(target_mpp) and target_mpp > 0):
+        raise ValueError(f"target_mpp must be a positive number, got {target_mpp}")
+    if tile_size < 1:
+        raise ValueError(f"tile_size must be at least 1, got {tile_size}")
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(
+            f"interpolation must be one of {sorted(INTERPOLATIONS)}, got {interpolation!r}"
+        )
 
 
 def check_physical_size(reader: SlideReader, mpp: MppInfo) -> None:

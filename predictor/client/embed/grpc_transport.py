@@ -7,7 +7,10 @@ map like HTTP statuses (see :mod:`predictor.client.embed.transport`): ``UNAVAILA
 before dispatch), ``DEADLINE_EXCEEDED``, ``ABORTED`` and ``INTERNAL`` are
 retried; anything else (``INVALID_ARGUMENT``, ``NOT_FOUND``, ...) fails the slide.
 gRPC carries no ``Retry-After``, so retries back off with jitter. Channels are
-recycled like HTTP pools, so new replicas behind a Service get traffic.
+recycled like HTTP pools, so new replicas behind a Service get traffic. An
+answer whose tensors cannot be decoded (a raw buffer shorter than its shape)
+is a :class:`~predictor.client.embed.transport.BadAnswer`: retried, preferably
+on another URL, like a wrong answer over HTTP.
 """
 
 from __future__ import annotations
@@ -17,9 +20,17 @@ from typing import Any
 
 import numpy as np
 
-from predictor.client.embed.auth import Credentials
+from predictor.client.embed.auth import MESSAGE_MAX_CHARS, Credentials
 from predictor.client.embed.errors import EmbedError, UsageError
-from predictor.client.embed.transport import RecyclePolicy, Recycler, RetryableError, ServerRefused
+from predictor.client.embed.transport import (
+    DECODE_ERRORS,
+    Answer,
+    BadAnswer,
+    RecyclePolicy,
+    Recycler,
+    RetryableError,
+    ServerRefused,
+)
 
 RETRY_CODES = frozenset(
     {
@@ -65,7 +76,7 @@ def _status(exc: Exception) -> str:
 def _wrap(url: str, exc: Exception, credentials: Credentials) -> EmbedError:
     code = _status(exc)
     message = exc.message() if hasattr(exc, "message") else str(exc)
-    message = credentials.scrub(str(message))
+    message = credentials.scrub(str(message), MESSAGE_MAX_CHARS)
     if code in RETRY_CODES or not code:
         return RetryableError(f"{url}: gRPC {code or 'error'}: {message}")
     return ServerRefused(f"gRPC {code}", message)
@@ -100,7 +111,7 @@ class GrpcTransport:
 
     def infer(
         self, model: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
-    ) -> dict[str, np.ndarray]:
+    ) -> Answer:
         """Sends one call; returns ``{output: array}`` (same errors as HTTP)."""
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
@@ -127,7 +138,25 @@ class GrpcTransport:
             raise error from exc
         finally:
             self._recycler.release(pool)
-        return {out.name: result.as_numpy(out.name) for out in result.get_response().outputs}
+        return self._decode(result)
+
+    def _decode(self, result: Any) -> Answer:
+        """The outputs and identity of an ``InferResult``; BadAnswer when they do not decode."""
+        try:
+            response = result.get_response()
+            outputs = {out.name: result.as_numpy(out.name) for out in response.outputs}
+            identity = {
+                "model_name": response.model_name,
+                "model_version": response.model_version,
+                "parameters": {
+                    k: getattr(v, v.WhichOneof("parameter_choice") or "string_param")
+                    for k, v in response.parameters.items()
+                },
+            }
+        except DECODE_ERRORS as exc:
+            message = self._credentials.scrub(str(exc), MESSAGE_MAX_CHARS)
+            raise BadAnswer(f"{self.url}: malformed answer: {message}") from exc
+        return Answer(outputs, identity)
 
     def close(self) -> None:
         """Closes the channel."""
@@ -157,7 +186,7 @@ def grpc_metadata(
             client_timeout=timeout_s,
         )
     except InferenceServerException as exc:
-        message = credentials.scrub(str(exc))
+        message = credentials.scrub(str(exc), MESSAGE_MAX_CHARS)
         raise EmbedError(f"{url}: model metadata for {model!r}: {message}") from exc
     finally:
         client.close()

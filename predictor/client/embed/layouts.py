@@ -25,19 +25,26 @@ the file that says "done" (the flat file, TRIDENT's features file, CLAM's
 ``h5_files`` file) is renamed last and carries ``complete``, ``config_hash``
 and the slide's identity (``slide_identity``,
 :mod:`~predictor.client.embed.identity`) as file attributes, so resume,
-claims and shards behave the same in every layout. Two files are two
-renames: the done file also records the SHA-256 of the other one
-(``sibling_sha256``, JSON, keyed by its path under ``--out``), and
-:meth:`Layout.check_done` checks it, so a pair torn by a run killed between
-its renames (one run's coordinates or ``.pt`` beside another run's done file)
-is never done: the slide is embedded again. An empty slide has ``features``
-of shape ``(0, D)``.
+claims and shards behave the same in every layout. A run's check that the
+slide is unchanged (``before_commit``) runs right before that last rename: a
+slide changed meanwhile never gets a done file. Two files are two renames:
+the done file also records the other one (:mod:`~predictor.client.embed.siblings`),
+and :meth:`Layout.check_done` checks it, so a pair torn by a run killed
+between its renames (one run's coordinates or ``.pt`` beside another run's
+done file) is never done: the slide is embedded again. An empty slide has
+``features`` of shape ``(0, D)``.
+
+No folder inside ``--out`` is written through a symlink: :meth:`Layout.check_folders`
+refuses one before the run (UsageError), and every write, unlink and temp
+clean-up reaches its folder without following one
+(:func:`~predictor.client.embed.atomic.open_folder`; one planted during the
+run fails that slide).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,23 +52,24 @@ from typing import Any
 import numpy as np
 
 from predictor.client.embed import output
-from predictor.client.embed.atomic import atomic_path, remove_stale_temps
-from predictor.client.embed.errors import UsageError
-from predictor.client.embed.identity import (
-    IDENTITY_ATTR,
-    SlideIdentity,
-    file_sha256,
-    identity_change,
+from predictor.client.embed.atomic import (
+    UnsafeFolder,
+    atomic_path,
+    check_folders,
+    remove_stale_temps,
 )
+from predictor.client.embed.errors import SlideError, UsageError
+from predictor.client.embed.identity import IDENTITY_ATTR, SlideIdentity, identity_change
+from predictor.client.embed.siblings import sibling_problem, sibling_record
 
 LAYOUTS = ("flat", "trident", "clam")
-SIBLINGS_ATTR = "sibling_sha256"  # the done file's record of the slide's other files
 # TRIDENT's compound extensions (trident/IO.py): x.ome.tiff is slide "x" there.
 _COMPOUND_SUFFIXES = (".ome.tif", ".ome.tiff", ".ome.zarr")
 # TRIDENT's encoder names (trident/patch_encoder_models/load.py) by normalised model name.
 _TRIDENT_ENCODERS = {"hoptimus0": "hoptimus0", "hoptimus1": "hoptimus1", "h0mini": "h0-mini"}
 # TRIDENT's level-0 magnification bins (WSI._fetch_magnification): mpp upper bound -> mag.
 _MAG_BINS = ((0.16, 80), (0.2, 60), (0.3, 40), (0.6, 20), (1.2, 10), (2.4, 5))
+_Hook = Callable[[], None] | None  # a layout's before_commit: called before the last rename
 
 
 def slide_id_from_path(path: str | Path, layout: str) -> str:
@@ -164,11 +172,33 @@ class Layout:
             return self.out_dir / "pt_files" / f"{slide_id}.pt", self.done_file(slide_id)
         return (self.done_file(slide_id),)
 
+    def check_folders(self, *extra: str) -> None:
+        """UsageError when a folder the run writes in inside ``out_dir`` is a symlink or no folder.
+
+        The layout's folders, ``incomplete`` and ``extra`` (``qc``); ``out_dir``
+        itself may be a symlink.
+        """
+        folders = {p.parent for p in self.files("_")} | {output.incomplete_dir(self.out_dir)}
+        try:
+            check_folders(self.out_dir, sorted(folders | {self.out_dir / e for e in extra}))
+        except UnsafeFolder as exc:
+            raise UsageError(str(exc)) from exc
+
     def remove_stale_temps(self, slide_id: str) -> None:
-        """Removes temp files of the slide's files left by killed runs (hold its claim)."""
+        """Removes temp files of the slide's files left by killed runs (hold its claim).
+
+        Raises:
+            SlideError: One of its folders became a symlink.
+        """
         incomplete = output.incomplete_dir(self.out_dir) / f"{slide_id}.h5"
-        for path in (*self.files(slide_id), incomplete):
-            remove_stale_temps(path)
+        with _per_slide():
+            for path in (*self.files(slide_id), incomplete):
+                remove_stale_temps(path, root=self.out_dir)
+
+    def discard_incomplete(self, slide_id: str) -> None:
+        """Removes an earlier ``incomplete/<id>.h5`` (SlideError: ``incomplete`` is a symlink)."""
+        with _per_slide():
+            output.discard_incomplete(self.out_dir, slide_id)
 
     def check_done(
         self, slide_id: str, config_hash: str, identity: SlideIdentity, max_bad_tiles: int = 0
@@ -179,7 +209,8 @@ class Layout:
         ``max_bad_tiles`` accepted unreadable tiles, ``--accept-bad-tiles``),
         was made from a slide with the content of ``identity``
         (:func:`~predictor.client.embed.identity.identity_change`), and every
-        other file of the slide has the SHA-256 the done file recorded.
+        other file of the slide is the one the done file recorded
+        (:func:`~predictor.client.embed.siblings.sibling_problem`).
         """
         attrs = output.done_attrs(self.done_file(slide_id), config_hash, max_bad_tiles)
         if attrs is None:
@@ -198,60 +229,60 @@ class Layout:
 
     def _torn(self, slide_id: str, attrs: Mapping[str, Any]) -> str:
         """Why the slide's other files are not the ones its done file recorded (``""``: they are)."""
-        try:
-            recorded = json.loads(attrs.get(SIBLINGS_ATTR) or "{}")
-        except (TypeError, ValueError):
-            recorded = None
         for path in self.files(slide_id)[:-1]:
-            name = path.relative_to(self.out_dir).as_posix()
-            if not isinstance(recorded, dict) or name not in recorded:
-                return f"the done file records no digest of {name} (an older histoserve wrote it)"
-            try:
-                digest = file_sha256(path)
-            except OSError as exc:
-                return f"{name} cannot be read ({exc.strerror or exc})"
-            if digest != recorded[name]:
-                return (
-                    f"{name} is not the file its done file recorded "
-                    "(a run stopped between writing the two, or the file was replaced)"
-                )
+            if problem := sibling_problem(self.out_dir, path, attrs):
+                return problem
         return ""
 
-    def write(self, slide_id: str, result: output.SlideResult) -> Path:
+    def write(self, slide_id: str, result: output.SlideResult, before_commit: _Hook = None) -> Path:
         """Writes the slide's files (the done file last); returns the done file.
+
+        ``before_commit`` is called right before the done file's rename; what
+        it raises leaves no done file (the slide is not done).
 
         Raises:
             ValueError: Arrays of different lengths.
+            SlideError: A folder of the slide's files is a symlink.
             OSError: A folder cannot be written.
         """
         result = _with_dim(result, self.embedding_dim)
-        if self.name == "flat":
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            return output.write_slide(self.out_dir, slide_id, result)
-        if result.features is None:
+        if self.name != "flat" and result.features is None:
             raise UsageError(f"--layout {self.name} needs features: use an embedding mode")
-        if self.name == "trident":
-            return self._write_trident(slide_id, result)
-        return self._write_clam(slide_id, result)
+        with _per_slide():
+            if self.name == "flat":
+                return output.write_slide(
+                    self.out_dir, slide_id, result, root=self.out_dir, before_commit=before_commit
+                )
+            if self.name == "trident":
+                return self._write_trident(slide_id, result, before_commit)
+            return self._write_clam(slide_id, result, before_commit)
 
-    def _write_trident(self, slide_id: str, result: output.SlideResult) -> Path:
+    def write_incomplete(
+        self, slide_id: str, result: output.SlideResult, before_commit: _Hook = None
+    ) -> Path:
+        """Writes ``incomplete/<id>.h5`` (``complete=False``), as :meth:`write` its done file."""
+        folder, root = output.incomplete_dir(self.out_dir), self.out_dir
+        with _per_slide():
+            return output.write_slide(
+                folder, slide_id, result, complete=False, root=root, before_commit=before_commit
+            )
+
+    def _write_trident(
+        self, slide_id: str, result: output.SlideResult, before_commit: _Hook
+    ) -> Path:
         patches, final = self.files(slide_id)
         coords_attrs = self._trident_coords_attrs(slide_id, result.attrs)
-        _write_h5(patches, {"coords": result.coords}, {"coords": coords_attrs}, {})
-        siblings = self._digests(patches)
+        _write_h5(patches, {"coords": result.coords}, {"coords": coords_attrs}, {}, self.out_dir)
+        siblings = sibling_record(self.out_dir, patches)
         feature_attrs = {
             "name": slide_id,
             "savetodir": str(final.parent),
             "encoder": trident_encoder(self.model),
         }
-        datasets = _datasets(result)
+        datasets = output.checked_arrays(result)
         attrs = {"features": feature_attrs, "coords": coords_attrs}
-        return _write_h5(final, datasets, attrs, {**_file_attrs(result), **siblings})
-
-    def _digests(self, *siblings: Path) -> dict[str, str]:
-        """The done file's record of its siblings, as written: ``{SIBLINGS_ATTR: JSON}``."""
-        names = {p.relative_to(self.out_dir).as_posix(): file_sha256(p) for p in siblings}
-        return {SIBLINGS_ATTR: json.dumps(names, sort_keys=True)}
+        file_attrs = {**output.file_attrs(result.attrs), **siblings}
+        return _write_h5(final, datasets, attrs, file_attrs, self.out_dir, before_commit)
 
     def _trident_coords_attrs(self, slide_id: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
         level0 = trident_magnification(float(attrs["level0_mpp"]))
@@ -268,14 +299,24 @@ class Layout:
             "level0_height": int(attrs["level0_height"]),
         }
 
-    def _write_clam(self, slide_id: str, result: output.SlideResult) -> Path:
+    def _write_clam(self, slide_id: str, result: output.SlideResult, before_commit: _Hook) -> Path:
         pt_file, final = self.files(slide_id)
-        _write_pt(pt_file, np.asarray(result.features, np.float32))
-        siblings = self._digests(pt_file)
+        _write_pt(pt_file, np.asarray(result.features, np.float32), self.out_dir)
+        siblings = sibling_record(self.out_dir, pt_file)
         coords_attrs = clam_coords_attrs(slide_id, result.attrs, self.out_dir)
-        datasets = _datasets(result)
-        file_attrs = {**_file_attrs(result), **siblings}
-        return _write_h5(final, datasets, {"coords": coords_attrs}, file_attrs)
+        datasets = output.checked_arrays(result)
+        file_attrs = {**output.file_attrs(result.attrs), **siblings}
+        attrs = {"coords": coords_attrs}
+        return _write_h5(final, datasets, attrs, file_attrs, self.out_dir, before_commit)
+
+
+@contextlib.contextmanager
+def _per_slide() -> Iterator[None]:
+    """A folder swapped for a symlink during the run fails the slide writing there."""
+    try:
+        yield
+    except UnsafeFolder as exc:
+        raise SlideError(str(exc)) from exc
 
 
 def clam_coords_attrs(slide_id: str, attrs: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
@@ -316,43 +357,18 @@ def _with_dim(result: output.SlideResult, dim: int) -> output.SlideResult:
     )
 
 
-def _datasets(result: output.SlideResult) -> dict[str, np.ndarray]:
-    out = {
-        "features": np.asarray(result.features, np.float32),
-        "coords": np.asarray(result.coords, np.int64).reshape(-1, 2),
-        "tissue_fraction": np.asarray(result.tissue_fraction, np.float32),
-    }
-    if result.predictions is not None:
-        out["predictions"] = np.asarray(result.predictions, np.float32)
-    n = len(out["coords"])
-    for name, array in out.items():
-        if array.shape[0] != n:
-            raise ValueError(f"{name} has {array.shape[0]} rows but coords has {n}")
-    return out
-
-
-def _file_attrs(result: output.SlideResult) -> dict[str, Any]:
-    """The run's facts as HDF5 attributes (dicts and lists as JSON text, as the flat file)."""
-    out = {}
-    for key, value in result.attrs.items():
-        if isinstance(value, Mapping | list | tuple):
-            value = json.dumps(value, sort_keys=True, default=str)
-        elif isinstance(value, Path):
-            value = str(value)
-        if value is not None:
-            out[key] = value
-    return out
-
-
 def _write_h5(
     final: Path,
     datasets: Mapping[str, np.ndarray],
     dataset_attrs: Mapping[str, Mapping[str, Any]],
     file_attrs: Mapping[str, Any],
+    root: Path,
+    before_commit: _Hook = None,
 ) -> Path:
     import h5py
 
-    with atomic_path(final) as tmp, h5py.File(tmp, "w") as f:
+    commit = atomic_path(final, root=root, before_replace=before_commit)
+    with commit as tmp, h5py.File(tmp, "w") as f:
         for name, array in datasets.items():
             f.create_dataset(name, data=array)
             for key, value in dataset_attrs.get(name, {}).items():
@@ -364,9 +380,9 @@ def _write_h5(
     return final
 
 
-def _write_pt(final: Path, features: np.ndarray) -> Path:
+def _write_pt(final: Path, features: np.ndarray, root: Path) -> Path:
     import torch  # only the clam layout needs it
 
-    with atomic_path(final) as tmp:
+    with atomic_path(final, root=root) as tmp:
         torch.save(torch.from_numpy(np.ascontiguousarray(features)), tmp)
     return final

@@ -10,10 +10,12 @@ so messages, docs (``docs/cohorts.md``, "Limits") and tests quote one number:
 - microns per pixel (flags, manifest, metadata): :data:`PLAUSIBLE_MPP`;
 - a slide: its physical size (:data:`MAX_SLIDE_EDGE_MM`) and level-0 pixels
   (:data:`MAX_SLIDE_PIXELS`), its planned tiles
-  (``--max-tiles-per-slide``, :data:`DEFAULT_MAX_TILES_PER_SLIDE`), the pixels
+  (``--max-tiles-per-slide``, :data:`DEFAULT_MAX_TILES_PER_SLIDE`), the square
+  read for one tile (:data:`MAX_READ_PX`), the pixels
   of its tissue thumbnail (:data:`MAX_THUMB_PIXELS`: coarser, never larger);
 - a mask file: bytes, JSON nesting, vertices, coordinates, the work of
-  rasterising it, decoded pixels (``MAX_MASK_*``).
+  rasterising it, decoded pixels (``MAX_MASK_*``); a mask's QC contours
+  (:data:`MAX_CONTOUR_EDGES`).
 
 Pure Python (no numpy): the command line's checks import it before anything else.
 """
@@ -46,6 +48,12 @@ MAX_SLIDE_PIXELS = 1 << 37
 # stops a wrong --target-mpp or tile size before it plans (and reads) more.
 DEFAULT_MAX_TILES_PER_SLIDE = 2_000_000
 
+# Edge of the square read for one tile (px at the read level): a target mpp
+# far coarser than any level of the slide (20 um/px from a 0.25 um/px slide
+# without a pyramid is 17,920 px, 1.3 GB a tile) is refused; 4096 px (64 MB
+# of RGBA) is 18 times the tile, more than a pyramid's 4x steps ever need.
+MAX_READ_PX = 4096
+
 # The tissue thumbnail (Otsu, the "none" grid, GeoJSON rasterising, QC picture,
 # a served tissue model's input) has at most this many pixels: 2^25 is 96 MiB
 # of RGB and about 500 MB at the tissue mask's peak. At 4 um/px it covers
@@ -68,12 +76,16 @@ MAX_MASK_VERTICES = 1_000_000
 MAX_MASK_COORDINATE = 1e9
 # Work of rasterising (edge-row crossings on the thumbnail grid, each a few
 # tens of ns): real outlines cross about as many rows as their perimeter in
-# thumbnail px (10^5-10^6); this many takes ~10 s and means zig-zag or
+# thumbnail px (10^5-10^6); this many takes ~6 s and means zig-zag or
 # self-crossing outlines.
 MAX_MASK_CROSSINGS = 100_000_000
 # Decoded pixels of an image mask, read from its header before decoding (a
 # 28 KB PNG can hold 15,000 x 11,250 px): the thumbnail's budget.
 MAX_MASK_PIXELS = MAX_THUMB_PIXELS
+# Boundary sides a tissue mask may have for its QC contours (about 200 bytes
+# each while traced): a real slide's outlines have 10^4-10^5; a noisy mask
+# (an image mask of speckle, a served model's noise) is traced coarser.
+MAX_CONTOUR_EDGES = 1 << 20
 
 
 def mpp_problem(value: float) -> str | None:

@@ -191,22 +191,35 @@ def _row_entry(row: Mapping[str, str | None], folder: Path, where: str) -> Slide
     path_text = (row.get("path") or "").strip()
     if not slide_id or not path_text:
         raise UsageError(f"{where}: slide_id and path must not be empty")
+    for column in ("path", "bulk_rna", "mask"):
+        _check_path_text(row.get(column) or "", column, where)
     path = Path(path_text)
     bulk_text = (row.get("bulk_rna") or "").strip()
     bulk = Path(bulk_text) if bulk_text else None
     mask_text = (row.get("mask") or "").strip()
     mask = Path(mask_text) if mask_text else None
+    mpp = _parse_mpp(row.get("mpp") or "", where)  # its errors name the line already
     try:
         return SlideEntry(
             slide_id=slide_id,
             path=path if path.is_absolute() else folder / path,
-            mpp=_parse_mpp(row.get("mpp") or "", where),
+            mpp=mpp,
             bulk_rna=None if bulk is None else bulk if bulk.is_absolute() else folder / bulk,
             mask=None if mask is None else mask if mask.is_absolute() else folder / mask,
             source=where,
         )
     except UsageError as exc:
         raise UsageError(f"{where}: {exc}") from exc
+
+
+def _check_path_text(text: str, column: str, where: str) -> None:
+    """UsageError naming the line when a path cell holds a NUL or another control character."""
+    control = next((c for c in text if unicodedata.category(c) in _CONTROL_CATEGORIES), None)
+    if control is not None:
+        raise UsageError(
+            f"{where}: {column} {shown_id(text)} has the control character U+{ord(control):04X} "
+            "(paths with control characters are refused: a stray byte?); fix that cell"
+        )
 
 
 def read_manifest(path: Path) -> list[SlideEntry]:
@@ -235,10 +248,29 @@ def read_manifest(path: Path) -> list[SlideEntry]:
         raise UsageError(f"cannot read manifest {path}: {exc}") from exc
     except csv.Error as exc:
         raise UsageError(f"manifest {path} is not valid CSV: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path) from exc
     if not entries:
         raise UsageError(f"manifest {path} lists no slides")
     check_unique(entries)
     return entries
+
+
+def _not_utf8(path: Path) -> UsageError:
+    """The UsageError for a manifest that is not UTF-8, naming its first bad byte's line."""
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8")  # a byte-order mark is valid UTF-8: offsets are the file's own
+    except UnicodeDecodeError as exc:
+        line, byte = raw.count(b"\n", 0, exc.start) + 1, raw[exc.start]
+        where = f"line {line}: byte 0x{byte:02x} (byte {exc.start + 1} of the file)"
+    else:
+        where = "a byte"
+    return UsageError(
+        f"manifest {path} is not UTF-8 text: {where} is not UTF-8 (a file saved as "
+        "latin-1 or Windows-1252, as Excel's plain 'CSV' does); re-save it as UTF-8 "
+        "(Excel: 'CSV UTF-8 (Comma delimited)')"
+    )
 
 
 def _check_columns(columns: Sequence[str], path: Path) -> None:

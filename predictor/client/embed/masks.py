@@ -37,10 +37,22 @@ from typing import Any
 
 import numpy as np
 
-from predictor.client.embed.contours import Polygon, crossing_count, mask_polygons, rasterize
+from predictor.client.embed.contours import (
+    Polygon,
+    boundary_edge_count,
+    coarsened,
+    crossing_count,
+    mask_polygons,
+    rasterize,
+)
 from predictor.client.embed.errors import SlideError
 from predictor.client.embed.grid import TilePlan
-from predictor.client.embed.limits import MAX_MASK_BYTES, MAX_MASK_CROSSINGS, MAX_MASK_PIXELS
+from predictor.client.embed.limits import (
+    MAX_CONTOUR_EDGES,
+    MAX_MASK_BYTES,
+    MAX_MASK_CROSSINGS,
+    MAX_MASK_PIXELS,
+)
 from predictor.client.embed.mask_geojson import read_bounded, read_geojson
 from predictor.client.embed.slides import MppInfo, SlideReader
 from predictor.client.embed.tissue import (
@@ -84,11 +96,21 @@ class TissueMap:
         return float(self.mask.sum()) * (self.mask_mpp / 1000.0) ** 2
 
     def polygons_level0(self, level0_mpp: float) -> list[Polygon]:
-        """The mask's contours (:func:`~predictor.client.embed.contours.mask_polygons`) in level-0 px."""
-        scale = self.mask_mpp / level0_mpp
+        """The mask's contours (:func:`~predictor.client.embed.contours.mask_polygons`) in level-0 px.
+
+        A mask with more than ``limits.MAX_CONTOUR_EDGES`` boundary sides (noise,
+        a served model's speckle) is traced on a grid coarsened by powers of two
+        until it has fewer, so QC stays bounded; its contours then only outline
+        the mask (the exact round trip holds for every other mask).
+        """
+        mask, factor = self.mask, 1
+        while boundary_edge_count(mask) > MAX_CONTOUR_EDGES:
+            factor *= 2
+            mask = coarsened(self.mask, factor)
+        scale = self.mask_mpp * factor / level0_mpp
         return [
             [[(x * scale, y * scale) for x, y in ring] for ring in polygon]
-            for polygon in mask_polygons(self.mask)
+            for polygon in mask_polygons(mask)
         ]
 
 

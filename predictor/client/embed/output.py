@@ -20,7 +20,9 @@ fsynced and ``os.replace``d to its final name, so a crash leaves either the
 old state or a temp file that :func:`is_done` never looks at. A finished file
 also carries ``complete = True``, written last, and the identity of the slide
 it was made from (``slide_identity``, :mod:`~predictor.client.embed.identity`),
-which a run compares with the slide before it skips one.
+which a run compares with the slide before it skips one. A done file is
+read only when it is a regular file (not a symlink, FIFO or folder: those are
+not done, and are replaced when the slide is written).
 
 A slide with unreadable tiles is written to ``<out>/incomplete/<slide_id>.h5``
 with ``complete = False`` (:func:`incomplete_dir`), never to the final name,
@@ -35,14 +37,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from predictor.client.embed.atomic import atomic_path
+from predictor.client.embed.atomic import atomic_path, open_regular, remove_file
 from predictor.client.embed.grid import TilePlan
 from predictor.client.embed.slides import SlideReader
 
@@ -72,8 +74,12 @@ def incomplete_dir(out_dir: Path) -> Path:
 
 
 def discard_incomplete(out_dir: Path, slide_id: str) -> None:
-    """Removes an earlier incomplete file of the slide (it is now written whole)."""
-    (incomplete_dir(out_dir) / f"{slide_id}.h5").unlink(missing_ok=True)
+    """Removes an earlier incomplete file of the slide (it is now written whole).
+
+    Raises:
+        UnsafeFolder: ``incomplete`` is a symlink (nothing is deleted through it).
+    """
+    remove_file(incomplete_dir(out_dir) / f"{slide_id}.h5", root=Path(out_dir))
 
 
 def is_done(out_dir: Path, slide_id: str, config_hash: str, max_bad_tiles: int = 0) -> bool:
@@ -97,12 +103,17 @@ def h5_is_complete(path: Path, config_hash: str, max_bad_tiles: int = 0) -> bool
 def done_attrs(path: Path, config_hash: str, max_bad_tiles: int = 0) -> dict[str, Any] | None:
     """The file attributes of a complete HDF5 file with ``config_hash``, else None.
 
-    None for any doubt, as :func:`is_done` says (a missing file included).
+    None for any doubt, as :func:`is_done` says (a missing file included, and
+    anything but a regular file: opened without blocking or following a symlink).
     """
     import h5py
 
     try:
-        with h5py.File(path, "r") as f:
+        fd = open_regular(path)
+    except OSError:
+        return None
+    try:
+        with open(fd, "rb") as handle, h5py.File(handle, "r") as f:
             attrs = dict(f.attrs)
             if not bool(attrs.get(COMPLETE_ATTR, False)):
                 return None
@@ -190,6 +201,11 @@ def magnification(mpp: float) -> int:
     return round(10.0 / mpp)
 
 
+def file_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's facts as HDF5 attributes: dicts and lists as JSON text, paths as text, no None."""
+    return {key: _attr_value(value) for key, value in attrs.items() if value is not None}
+
+
 def _attr_value(value: Any) -> Any:
     if isinstance(value, Mapping | list | tuple):
         return json.dumps(value, sort_keys=True, default=str)
@@ -198,7 +214,9 @@ def _attr_value(value: Any) -> Any:
     return value
 
 
-def _checked_arrays(result: SlideResult) -> dict[str, np.ndarray]:
+def checked_arrays(result: SlideResult) -> dict[str, np.ndarray]:
+    """The result's datasets as written (float32, int64 ``[N, 2]`` coords); ValueError when
+    their lengths differ."""
     coords = np.asarray(result.coords, dtype=np.int64).reshape(-1, 2)
     n = len(coords)
     arrays = {"coords": coords, "tissue_fraction": np.asarray(result.tissue_fraction, np.float32)}
@@ -213,12 +231,21 @@ def _checked_arrays(result: SlideResult) -> dict[str, np.ndarray]:
 
 
 def write_slide(
-    out_dir: Path, slide_id: str, result: SlideResult, *, complete: bool = True
+    out_dir: Path,
+    slide_id: str,
+    result: SlideResult,
+    *,
+    complete: bool = True,
+    root: Path | None = None,
+    before_commit: Callable[[], None] | None = None,
 ) -> Path:
     """Write ``result`` to ``out_dir/<slide_id>.h5`` atomically; return the final path.
 
     ``complete=False`` (a slide with holes, see :func:`incomplete_dir`) marks
-    the file so; the folder is created when missing.
+    the file so; the folder is created when missing. ``root``: the run's
+    ``--out`` when ``out_dir`` is a folder in it (no symlink followed below
+    it); ``before_commit``: called right before the rename (what it raises
+    writes nothing; see :func:`~predictor.client.embed.atomic.atomic_path`).
 
     Raises:
         ValueError: Arrays of different lengths.
@@ -227,14 +254,15 @@ def write_slide(
     import h5py
 
     out_dir = Path(out_dir)
-    arrays = _checked_arrays(result)
-    with atomic_path(final_path(out_dir, slide_id)) as tmp, h5py.File(tmp, "w") as f:
+    arrays = checked_arrays(result)
+    final = final_path(out_dir, slide_id)
+    commit = atomic_path(final, root=root, before_replace=before_commit)
+    with commit as tmp, h5py.File(tmp, "w") as f:
         for name, array in arrays.items():
             f.create_dataset(name, data=array)
         for key, value in coords_attrs(result.attrs, slide_id, out_dir).items():
             f["coords"].attrs[key] = value
-        for key, value in result.attrs.items():
-            if value is not None:
-                f.attrs[key] = _attr_value(value)
+        for key, value in file_attrs(result.attrs).items():
+            f.attrs[key] = value
         f.attrs[COMPLETE_ATTR] = complete
-    return final_path(out_dir, slide_id)
+    return final

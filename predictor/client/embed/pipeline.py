@@ -22,15 +22,19 @@
 4. ``<out>/report.html`` over every slide of the folder (``--no-qc``: none).
 
 A slide that fails (missing, unreadable, no mpp, corrupt tiles, a 4xx,
-retries used up, a bad claim file, changed while it was embedded, or any
+retries used up, a bad claim file, changed while it was embedded: checked
+right before its done file is renamed into place, so it gets none; or any
 unexpected error in its resume check, claim or status line) fails alone: the
 others go on. Usage errors (bad ids, two ids one file on a case-insensitive
-volume) stop the run before any slide.
+volume, a folder inside ``--out`` the run writes in that is a symlink) stop
+the run before any slide. The report never ends a run: what stops it is a
+warning.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -49,11 +53,12 @@ from predictor.client.embed.claims import ClaimStore
 from predictor.client.embed.config import EmbedConfig
 from predictor.client.embed.dispatch import Dispatcher, RetryPolicy
 from predictor.client.embed.errors import EmbedError, SlideError, UsageError
+from predictor.client.embed.grid import interpolation_of
 from predictor.client.embed.identity import (
     IDENTITY_ATTR,
     SlideIdentity,
+    check_unchanged,
     file_sha256,
-    identity_difference,
     slide_identity,
 )
 from predictor.client.embed.layouts import DoneCheck, Layout, slide_id_from_path
@@ -68,10 +73,12 @@ from predictor.client.embed.masks import mask_file
 from predictor.client.embed.memory import large_buffers_use_mmap
 from predictor.client.embed.output import config_hash
 from predictor.client.embed.progress import Progress
+from predictor.client.embed.qc import QC_DIR
 from predictor.client.embed.remote import ServerInfo, fetch_server_info
 from predictor.client.embed.report import write_report
 from predictor.client.embed.slide_job import RunContext, embed_slide
 from predictor.client.embed.status import StatusLog
+from predictor.client.embed.tissue import OTSU_VERSION
 from predictor.client.embed.transport import RecyclePolicy
 
 logger = logging.getLogger("histoserve.embed")
@@ -185,8 +192,11 @@ def slide_settings(ctx: RunContext, entry: SlideEntry) -> dict[str, Any]:
         "mpp_tolerance": cfg.mpp_tolerance,
         "manifest_mpp": entry.mpp,
         "bulk_rna_sha256": file_sha256(entry.bulk_rna) if entry.bulk_rna else "",
+        "resize_interpolation": interpolation_of(ctx.info.spec, ctx.info.model),
         **({"layout": cfg.layout} if cfg.layout != "flat" else {}),
     }
+    if cfg.tissue == "otsu" and mask is None:
+        settings["tissue_algorithm"] = OTSU_VERSION
     if mask is not None:  # only then: hashes of runs without masks stay as they were
         settings["mask_sha256"] = file_sha256(mask)
     return settings
@@ -252,8 +262,9 @@ def _run(
     if config.qc:
         try:
             write_report(config.out_dir)
-        except OSError as exc:
-            logger.warning("report.html not written: %s", exc)
+        except Exception as exc:  # the report is for people: it never ends a run
+            debug = logger.isEnabledFor(logging.DEBUG)
+            logger.warning("report.html not written: %s", exc, exc_info=debug)
 
 
 class _SlideRunner:
@@ -262,6 +273,7 @@ class _SlideRunner:
     def __init__(self, ctx: RunContext, progress: Progress, summary: EmbedSummary):
         self.ctx, self.progress, self.summary = ctx, progress, summary
         out = ctx.config.out_dir
+        ctx.layout.check_folders(*((QC_DIR,) if ctx.config.qc else ()))  # UsageError: a symlink
         self.status, self.claims = StatusLog(out), ClaimStore(out)
         self._lock = threading.Lock()
 
@@ -279,7 +291,7 @@ class _SlideRunner:
     def _run(self, entry: SlideEntry, start: float) -> None:
         try:
             chash = config_hash(slide_settings(self.ctx, entry))
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in a path (the Python API)
             raise SlideError(f"bulk RNA or mask file: {exc}") from exc
         identity = slide_identity(entry.path)
         if self._check(entry, chash, identity).done:
@@ -325,10 +337,9 @@ class _SlideRunner:
             bulk = None
             if entry.bulk_rna is not None:
                 bulk = read_bulk_rna(entry.bulk_rna, self.ctx.info.n_genes)
-            outcome = embed_slide(
-                self.ctx, entry, bulk, attrs, started, self.progress.tiles, self.summary.stats
-            )
-            _check_unchanged(entry, identity)
+            unchanged = functools.partial(check_unchanged, entry.path, identity)
+            tiles, stats = self.progress.tiles, self.summary.stats
+            outcome = embed_slide(self.ctx, entry, bulk, attrs, started, tiles, stats, unchanged)
         except EmbedError as exc:
             self._record(entry, "failed", n_tiles, start, str(exc))
             return
@@ -366,17 +377,6 @@ class _SlideRunner:
             self.summary.skipped.append(slide_id)
         else:
             self.summary.failed[slide_id] = error
-
-
-def _check_unchanged(entry: SlideEntry, identity: SlideIdentity) -> None:
-    """SlideError when the slide changed while it was embedded (a copy still running)."""
-    change = identity_difference(identity, slide_identity(entry.path))
-    if change:
-        raise SlideError(
-            f"the slide changed while it was embedded ({change}); its file records the slide "
-            "as it was at the start, so the next run embeds it again: re-run once the slide "
-            "is no longer being written"
-        )
 
 
 def _done_note(why: str, n_bad: int) -> str:

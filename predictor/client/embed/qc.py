@@ -14,19 +14,26 @@ For every slide that gets as far as its tile plan, ``<out>/qc/`` holds
   kept and unreadable.
 
 Files are written whole under a temporary name and renamed, so a report
-built meanwhile never reads half a file.
+built meanwhile never reads half a file; ``qc`` must be a real folder, not a
+symlink (:func:`~predictor.client.embed.atomic.open_folder`). Reading them
+back (:func:`read_facts`) takes regular files only (never blocking on a
+FIFO) whose facts have the types the report needs; any other is left out
+with one warning naming it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from predictor.client.embed.atomic import atomic_path
+from predictor.client.embed.atomic import atomic_path, open_folder, read_regular
 from predictor.client.embed.grid import TilePlan
 from predictor.client.embed.masks import TissueMap, feature_collection
 
@@ -38,6 +45,14 @@ TILE = (30, 90, 255, 210)
 BAD = (230, 20, 20, 255)
 BAD_FILL = (230, 20, 20, 90)
 CAPTION_PX = 18
+FACTS_MAX_BYTES = 1 << 20  # a facts file is about 1 KB
+# The facts the report reads, and their JSON types (numbers: finite, never a bool).
+_FACT_TYPES = {
+    "slide_id": str, "level0_mpp": float, "mpp_source": str, "tile_size": int,
+    "read_level": int, "read_size": int, "resized": bool, "tissue_area_mm2": float,
+    "n_kept": int, "n_bad": int,
+}  # fmt: skip
+logger = logging.getLogger("histoserve.embed")
 
 
 def qc_dir(out_dir: Path) -> Path:
@@ -172,19 +187,49 @@ def _with_caption(picture: Image.Image, text: str) -> Image.Image:
 
 
 def _atomic(path: Path, write: Any) -> None:
-    """``write(tmp)`` into a fresh temp file, then renamed onto ``path`` (see ``atomic_path``)."""
-    with atomic_path(path) as tmp:
+    """``write(tmp)`` into a fresh temp file, then renamed onto ``path`` (see ``atomic_path``).
+
+    ``path`` is ``<out>/qc/<name>``: ``qc`` is reached without following a symlink.
+    """
+    with atomic_path(path, root=path.parent.parent) as tmp:
         write(tmp)
 
 
 def read_facts(out_dir: Path) -> dict[str, dict[str, Any]]:
-    """Every ``qc/<id>.json`` of a folder, by slide id (unreadable ones left out)."""
-    facts = {}
-    for path in sorted(qc_dir(out_dir).glob("*.json")):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and "slide_id" in data:
-            facts[str(data["slide_id"])] = data
+    """Every valid ``qc/<id>.json`` of a folder, by slide id.
+
+    One that cannot be read (a FIFO, a symlink, not JSON) or whose facts have
+    other types than the report needs is left out, with one warning naming it.
+    """
+    facts: dict[str, dict[str, Any]] = {}
+    with open_folder(out_dir, qc_dir(out_dir), create=False) as fd:
+        names = sorted(n for n in os.listdir(fd) if n.endswith(".json")) if fd is not None else []
+        for name in names:
+            try:
+                data = json.loads(read_regular(Path(name), FACTS_MAX_BYTES, dir_fd=fd))
+                problem = _facts_problem(data)
+            except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSON errors too
+                problem = f"unreadable ({exc})"
+            if problem:
+                logger.warning("%s left out of the report: %s", qc_dir(out_dir) / name, problem)
+            else:
+                facts[data["slide_id"]] = data
     return facts
+
+
+def _facts_problem(data: Any) -> str:
+    """What makes ``data`` no facts the report can show (``""``: nothing)."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    for key, kind in _FACT_TYPES.items():
+        if not _fits(data.get(key), kind):
+            return f"{key} is {json.dumps(data.get(key))[:40]}, not {kind.__name__}"
+    return ""
+
+
+def _fits(value: Any, kind: type) -> bool:
+    if kind in (str, bool):
+        return isinstance(value, kind)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return isinstance(value, int) if kind is int else math.isfinite(value)

@@ -11,10 +11,19 @@ Credentials (CA bundle, token, headers) go with these requests as with
 inference requests. A ``grpc://`` URL has no config endpoint: the info then comes from the first
 HTTP URL given, else from gRPC model metadata (tile size, gene count), and the
 target mpp must be given with ``--target-mpp``.
+
+Every URL is asked, not only the first: requests go to all of them, so a
+second URL serving another package (same shapes, other weights) would put
+its features into the same files. Every HTTP(S) URL's config must report the
+first one's package digest and spec; a gRPC URL's metadata gives no digest,
+so only its tile size, gene count and output names, datatypes and shapes are
+compared (:func:`check_same_model`). Any difference is a usage error naming
+both URLs and what differs, before any slide is read.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -25,13 +34,17 @@ from typing import Any
 
 import httpx
 
-from predictor.client.embed.auth import Credentials
+from predictor.client.embed.auth import MESSAGE_MAX_CHARS, Credentials
 from predictor.client.embed.dispatch import RetryPolicy
 from predictor.client.embed.errors import EmbedError, UsageError
 from predictor.client.embed.transport import RETRY_STATUS, http_client, server_message
 from predictor.client.retry_after import parse_retry_after
 
 INFO_TIMEOUT_S = 30.0
+GRPC_DIGEST = "grpc-metadata:"
+"""How :attr:`ServerInfo.package_sha256` starts when it comes from gRPC metadata (no digest)."""
+METADATA_DIGEST = "metadata:"
+"""How it starts when made up from a config that reports no digest."""
 
 OutputInfo = tuple[str, tuple[int, ...]]
 """An output's V2 datatype and shape (``-1`` where any size goes: the batch axis)."""
@@ -66,6 +79,12 @@ class ServerInfo:
     spec: Mapping[str, Any] = field(default_factory=dict)
     outputs: Mapping[str, OutputInfo] = field(default_factory=dict)
 
+    @property
+    def reported_sha256(self) -> str:
+        """The package digest as the server reported it; "" when made up here from metadata."""
+        made_up = self.package_sha256.startswith((GRPC_DIGEST, METADATA_DIGEST))
+        return "" if made_up else self.package_sha256
+
     def check_mode(self, mode: str) -> None:
         """UsageError when the model cannot answer ``mode`` (e.g. a segmentation model)."""
         if self.family == "segmentation":
@@ -93,29 +112,125 @@ def fetch_server_info(
 ) -> ServerInfo:
     """The model's :class:`ServerInfo`, from the first HTTP URL or else over gRPC.
 
-    Connection errors, 5xx and 429 are retried like inference requests (a Job's
-    pod may start before its InferenceService is ready, or while it scales up).
+    Every other URL is asked too and must serve the same model package
+    (:func:`check_same_model`). Connection errors, 5xx and 429 are retried
+    like inference requests (a Job's pod may start before its
+    InferenceService is ready, or while it scales up).
 
     Raises:
-        UsageError: No model named and the server serves several (or none), or an unknown model.
-        EmbedError: The server cannot be reached or answers something unexpected.
+        UsageError: No model named and the server serves several (or none), an
+            unknown model, or two URLs serving different packages.
+        EmbedError: A server cannot be reached or answers something unexpected.
     """
-    url = info_url(urls)
-    if url is None:
-        return _grpc_info(urls[0], model, timeout_s, credentials)
-    base = url.rstrip("/")
-    getter = _Getter(base, timeout_s, retry or RetryPolicy(), sleep, credentials)
-    with getter:
-        name = model or _only_model(getter)
-        response = getter.get(f"/v2/models/{name}/config")
-        if response.status_code == 404:
-            raise UsageError(f"{base} serves no model {name!r}: {getter.message(response)}")
-        getter.check(response)
-        try:
-            config = response.json()
-        except ValueError as exc:
-            raise EmbedError(f"{base}: the config of {name!r} is not JSON") from exc
-        return info_from_config(name, config)
+    urls = list(dict.fromkeys(u.rstrip("/") for u in urls))
+    first = info_url(urls) or urls[0]
+    ask = functools.partial(
+        _ask,
+        timeout_s=timeout_s,
+        retry=retry or RetryPolicy(),
+        sleep=sleep,
+        credentials=credentials,
+    )
+    reference = ask(first, model)
+    others = [(u, _ask_another(ask, u, reference.model, first)) for u in urls if u != first]
+    check_same_model([(first, reference), *others])
+    return reference
+
+
+def _ask(
+    url: str,
+    name: str | None,
+    *,
+    timeout_s: float,
+    retry: RetryPolicy,
+    sleep: Callable[[float], Any],
+    credentials: Credentials | None,
+) -> ServerInfo:
+    """One URL's description: its config over HTTP(S), its metadata over gRPC."""
+    if not url.startswith(("http://", "https://")):
+        return _grpc_info(url, name, timeout_s, credentials)
+    with _Getter(url, timeout_s, retry, sleep, credentials) as getter:
+        return _http_info(getter, name)
+
+
+def _ask_another(ask: Callable[..., ServerInfo], url: str, name: str, first: str) -> ServerInfo:
+    """:func:`_ask` for a URL beside the first; an unreachable one says why it was asked."""
+    try:
+        return ask(url, name)
+    except UsageError:
+        raise
+    except EmbedError as exc:
+        raise EmbedError(
+            f"{exc}; every --url is asked before any slide whether it serves the same "
+            f"model package as {first}: drop this one, or run again when it is up"
+        ) from exc
+
+
+def _http_info(getter: _Getter, model: str | None) -> ServerInfo:
+    """``model``'s (else the only model's) info from one HTTP URL's config endpoint."""
+    name = model or _only_model(getter)
+    response = getter.get(f"/v2/models/{name}/config")
+    if response.status_code == 404:
+        raise UsageError(f"{getter.base} serves no model {name!r}: {getter.message(response)}")
+    getter.check(response)
+    try:
+        config = response.json()
+    except ValueError as exc:
+        raise EmbedError(f"{getter.base}: the config of {name!r} is not JSON") from exc
+    return info_from_config(name, config)
+
+
+def check_same_model(infos: Sequence[tuple[str, ServerInfo]]) -> None:
+    """UsageError unless every ``(url, info)`` describes the first one's model package.
+
+    Two configs (HTTP) must agree on the package digest and the spec. Where
+    one side is gRPC metadata (no digest, no spec), the tile size, the gene
+    count and the outputs (names, datatypes, shapes; ``-1`` matches any size)
+    must agree: that is all gRPC can tell.
+    """
+    (first_url, first), *others = infos
+    for url, info in others:
+        problem = _difference(first, info)
+        if problem is not None:
+            raise UsageError(
+                f"--url {first_url} and --url {url} serve different models: {problem}. Every "
+                "--url must serve the same model package (an upgrade under way? wait until "
+                "every server runs one package, or give only the URLs of one)"
+            )
+
+
+def _difference(a: ServerInfo, b: ServerInfo) -> str | None:
+    """How two servers' model descriptions differ, or None."""
+    grpc = [i.package_sha256.startswith(GRPC_DIGEST) for i in (a, b)]
+    if not any(grpc):
+        if a.package_sha256 != b.package_sha256:
+            return f"package {a.package_sha256} vs package {b.package_sha256}"
+        keys = sorted(k for k in {*a.spec, *b.spec} if a.spec.get(k) != b.spec.get(k))
+        if keys:
+            return f"one package {a.package_sha256}, but specs differing in {', '.join(keys)}"
+        return None
+    digests = " vs ".join(
+        "gRPC metadata (no package digest: only shapes compared)" if g else i.package_sha256
+        for g, i in zip(grpc, (a, b), strict=True)
+    )
+    for what, x, y in (
+        ("tile size", a.tile_size, b.tile_size),
+        ("gene count", a.n_genes, b.n_genes),
+        ("outputs", sorted(a.outputs), sorted(b.outputs)),
+    ):
+        if x != y:
+            return f"{what} {x} vs {y} ({digests})"
+    for name, (dtype, shape) in a.outputs.items():
+        other_dtype, other_shape = b.outputs[name]
+        fits = len(shape) == len(other_shape) and all(
+            -1 in (d, e) or d == e for d, e in zip(shape, other_shape, strict=True)
+        )
+        if dtype != other_dtype or not fits:
+            return (
+                f"output {name!r} {dtype} {list(shape)} vs {other_dtype} "
+                f"{list(other_shape)} ({digests})"
+            )
+    return None
 
 
 def info_from_config(name: str, config: Mapping[str, Any]) -> ServerInfo:
@@ -125,7 +240,7 @@ def info_from_config(name: str, config: Mapping[str, Any]) -> ServerInfo:
         digest = config.get("package_sha256") or config.get("sha256")
         if not digest:
             blob = json.dumps(config.get("package_metadata", {}), sort_keys=True).encode()
-            digest = "metadata:" + hashlib.sha256(blob).hexdigest()
+            digest = METADATA_DIGEST + hashlib.sha256(blob).hexdigest()
         return ServerInfo(
             model=name,
             family=str(spec["family"]),
@@ -205,7 +320,9 @@ class _Getter:
             try:
                 response = self._http.get(path)
             except httpx.HTTPError as exc:
-                error = f"{type(exc).__name__}: {self._credentials.scrub(str(exc))}"
+                error = (
+                    f"{type(exc).__name__}: {self._credentials.scrub(str(exc), MESSAGE_MAX_CHARS)}"
+                )
             else:
                 if response.status_code not in RETRY_STATUS:
                     return response
@@ -260,7 +377,7 @@ def info_from_metadata(
         mpp=None,
         modes=modes,
         n_genes=int(shapes["bulk_rna"][1]) if "bulk_rna" in shapes else 0,
-        package_sha256="grpc-metadata:" + hashlib.sha256(repr(shapes).encode()).hexdigest(),
+        package_sha256=GRPC_DIGEST + hashlib.sha256(repr(shapes).encode()).hexdigest(),
         spec={"name": name, "family": family, "inputs": inputs, "outputs": outputs},
         outputs=_listed_outputs(outputs),
     )

@@ -11,12 +11,16 @@ picture. Rows are sorted by how suspicious the slide is, in this order:
 ``tiny tissue`` (under :data:`TINY_TISSUE_MM2`), ``resized`` (no pyramid level
 at the model's mpp: tiles were read larger and resized), then the rest.
 A slide that failed before its tile plan (unreadable file, no mpp) has no
-picture but has its row and reason.
+picture but has its row and reason. What is malformed in the folder (a
+``status.csv`` line cut short by a full disk, a ``qc/<id>.json`` of other
+types) is left out with one warning naming the file, never a crash: the
+report shows the rest.
 """
 
 from __future__ import annotations
 
 import html
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -26,11 +30,12 @@ from urllib.parse import quote
 
 from predictor.client.embed.atomic import atomic_path
 from predictor.client.embed.qc import QC_DIR, read_facts
-from predictor.client.embed.status import read_status
+from predictor.client.embed.status import STATUS_FILE, read_status_checked
 
 REPORT_FILE = "report.html"
 TINY_TISSUE_MM2 = 1.0
 FLAGS = ("failed", "no tissue", "unreadable tiles", "tiny tissue", "resized")
+logger = logging.getLogger("histoserve.embed")
 
 
 @dataclass
@@ -66,7 +71,19 @@ class SlideRow:
 def collect_rows(out_dir: Path) -> list[SlideRow]:
     """Every slide named in ``status.csv`` or ``qc/``, most suspicious first."""
     rows: dict[str, SlideRow] = {}
-    for line in read_status(out_dir):
+    lines, bad = read_status_checked(out_dir)
+    if bad:
+        shown = ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else "")
+        lines_word = "line" if len(bad) == 1 else "lines"
+        path = Path(out_dir) / STATUS_FILE
+        logger.warning(
+            "%s: %d malformed %s left out of the report (line %s)",
+            path,
+            len(bad),
+            lines_word,
+            shown,
+        )
+    for line in lines:
         row = rows.setdefault(line["slide_id"], SlideRow(line["slide_id"]))
         if line["status"] != "skipped" or not row.status:
             row.status = line

@@ -50,13 +50,7 @@ from predictor.client.embed.grid import (
 from predictor.client.embed.layouts import Layout
 from predictor.client.embed.manifest import SlideEntry
 from predictor.client.embed.masks import TissueMap, find_tissue, mask_file
-from predictor.client.embed.output import (
-    SlideResult,
-    discard_incomplete,
-    incomplete_dir,
-    plan_attrs,
-    write_slide,
-)
+from predictor.client.embed.output import SlideResult, plan_attrs
 from predictor.client.embed.qc import write_slide_qc
 from predictor.client.embed.remote import ServerInfo
 from predictor.client.embed.slides import MppInfo, SlideReader, resolve_mpp
@@ -167,8 +161,9 @@ def embed_slide(
     on_started: Callable[[int], None],
     on_batch: Callable[[int], None],
     stats: BatchStats,
+    before_commit: Callable[[], None] | None = None,
 ) -> SlideOutcome:
-    """Embeds one slide and writes its file.
+    """Embeds one slide and writes its file; ``before_commit`` runs right before its last rename.
 
     Raises:
         SlideError: Unreadable slide, no mpp, ...
@@ -198,7 +193,7 @@ def embed_slide(
     finally:
         readers.close()
     all_attrs = {**attrs, **slide_attrs}
-    return _write(ctx, entry, coords, fractions, assembled, all_attrs, write_qc)
+    return _write(ctx, entry, coords, fractions, assembled, all_attrs, write_qc, before_commit)
 
 
 def _qc_writer(
@@ -235,9 +230,12 @@ def _write(
     assembled: Assembled,
     attrs: dict[str, Any],
     write_qc: Callable[[np.ndarray | None], None],
+    before_commit: Callable[[], None] | None = None,
 ) -> SlideOutcome:
     """Writes the readable rows; raises :class:`CorruptTiles` after writing when some were not
-    (more than ``--accept-bad-tiles``)."""
+    (more than ``--accept-bad-tiles``). ``before_commit`` (the slide unchanged?) is called
+    right before the done (or incomplete) file is renamed into place: what it raises writes
+    neither."""
     ok = assembled.ok
     features_name, predictions_name = _MODE_OUTPUTS[ctx.config.mode]
     bad = coords[~ok]
@@ -252,10 +250,10 @@ def _write(
     if len(bad):
         write_qc(bad)  # the QC picture shows them in red
     if len(bad) <= accept:
-        path = ctx.layout.write(entry.slide_id, result)
-        discard_incomplete(out_dir, entry.slide_id)
+        path = ctx.layout.write(entry.slide_id, result, before_commit)
+        ctx.layout.discard_incomplete(entry.slide_id)
         return SlideOutcome(path, int(ok.sum()), len(bad), bad)
-    path = write_slide(incomplete_dir(out_dir), entry.slide_id, result, complete=False)
+    path = ctx.layout.write_incomplete(entry.slide_id, result, before_commit)
     where = "; ".join(f"{x},{y}" for x, y in bad[:5].tolist()) + ("; ..." if len(bad) > 5 else "")
     raise CorruptTiles(
         f"{len(bad)} of {len(coords)} tiles unreadable even on a fresh handle "

@@ -5,7 +5,9 @@ seconds,error``), appended under ``fcntl.flock`` so lines from several
 processes never interleave; the header is written once, by whoever creates
 the file. It is never opened through a symlink, and every cell a spreadsheet
 would take for a formula is neutralised (:mod:`~predictor.client.embed.text`);
-:func:`read_status` gives the original text back.
+:func:`read_status` gives the original text back, and leaves out lines that
+are no status line (a short row a full disk left, a stray edit):
+:func:`read_status_checked` says which.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from predictor.client.embed.errors import UsageError
 from predictor.client.embed.text import csv_cell, csv_text
@@ -124,14 +127,42 @@ def read_status(out_dir: Path) -> list[dict[str, str]]:
     """The rows of ``out_dir/status.csv`` as written (empty when there is none).
 
     Cells come back as :class:`StatusLog` was given them (the ``'`` that
-    neutralises a formula-like cell removed).
+    neutralises a formula-like cell removed); malformed lines are left out
+    (:func:`read_status_checked`).
 
     Raises:
         UsageError: ``status.csv`` is a symlink or not a regular file.
     """
+    return read_status_checked(out_dir)[0]
+
+
+def read_status_checked(out_dir: Path) -> tuple[list[dict[str, str]], list[int]]:
+    """The well-formed rows of ``out_dir/status.csv`` and the line numbers of the others.
+
+    Well-formed: every column and no more, a slide id, a known status.
+
+    Raises:
+        UsageError: ``status.csv`` is a symlink or not a regular file.
+    """
+    rows, bad = [], []
     try:
         with _open_status(Path(out_dir) / STATUS_FILE, _READ_FLAGS, "r") as handle:
-            rows = list(csv.DictReader(handle))
+            reader = csv.DictReader(handle)
+            for raw in reader:
+                row = _status_row(raw)
+                if row is None:
+                    bad.append(reader.line_num)
+                else:
+                    rows.append(row)
     except FileNotFoundError:
-        return []
-    return [{k: csv_text(v) if isinstance(v, str) else v for k, v in row.items()} for row in rows]
+        return [], []
+    return rows, bad
+
+
+def _status_row(raw: dict[str | None, Any]) -> dict[str, str] | None:
+    """A line's cells by column (the ``'`` taken off), or None when it is no status line."""
+    cells = [raw.get(name) for name in STATUS_COLUMNS]
+    if None in raw or not all(isinstance(cell, str) for cell in cells):
+        return None  # too many cells, or too few
+    row = {name: csv_text(cell) for name, cell in zip(STATUS_COLUMNS, cells, strict=True)}
+    return row if row["slide_id"] and row["status"] in STATUSES else None

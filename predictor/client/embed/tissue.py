@@ -5,14 +5,17 @@ saturation of each pixel (stained tissue is coloured, glass and background are
 grey or white), then a mask that keeps pale tissue as well as stained
 (:func:`otsu_mask`), in the steps CLAM's ``segmentTissue`` takes (threshold
 the saturation, close, fill holes, drop specks) with two changes measured on
-slides whose tissue is known (``docs/cohorts.md``, "Tissue detection"):
+slides whose tissue is known (``docs/cohorts.md``, "Tissue detection and
+scale"):
 
 1. two thresholds, not one: pixels above the glass's own saturation plus a
-   margin (``PALE_FLOOR`` at least: CLAM's TCGA preset thresholds at 8) are
-   candidate tissue, and a candidate region is kept when it holds pixels above
-   the seed threshold (Otsu's, refined, floored at ``MIN_SATURATION``, and no
-   more than ``SEED_MARGIN`` above the pale one): faint eosin and loose stroma
-   joined to (or holding) stained tissue stay, glass noise does not;
+   margin (the wider of ``GLASS_MARGIN`` and ``GLASS_SPREADS`` half widths of
+   the glass's peak; ``PALE_FLOOR`` at least: CLAM's TCGA preset thresholds at
+   8) are candidate tissue, and a candidate region is kept when it holds a
+   ``SEED_PX`` square above the seed threshold (Otsu's, refined, floored at
+   ``MIN_SATURATION``, and no more than ``SEED_MARGIN`` above the pale one):
+   faint eosin and loose stroma joined to (or holding) stained tissue stay,
+   noise on the glass does not;
 2. no median blur (seconds per slide at 4 um/px); the closing
    (``CLOSE_UM``, a square) bridges the white gaps between fibres instead.
 
@@ -40,6 +43,8 @@ from predictor.client.embed.limits import MAX_THUMB_PIXELS
 from predictor.client.embed.slides import MppInfo, SlideReader
 
 THUMB_MPP = 4.0
+# Changes whenever the Otsu mask would keep other tiles: part of the resume hash.
+OTSU_VERSION = "otsu-pale-2"
 # Saturation (0..255) a seed pixel must pass, whatever Otsu says: a blank
 # slide's JPEG noise stays below it.
 MIN_SATURATION = 20

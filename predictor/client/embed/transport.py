@@ -11,6 +11,13 @@ raises one of two errors the dispatcher acts on:
   tile, a wrong gene count); retrying cannot help, and the slide fails with
   the server's message.
 
+An answer is an :class:`Answer`: the outputs, plus what the answer says about
+who answered (``model_name``, ``model_version``, ``parameters``), checked by
+:class:`~predictor.client.embed.answers.AnswerCheck`. An answer that cannot
+be decoded at all is a :class:`RetryableError` too (another URL may answer
+right). Server messages quoted in errors are scrubbed of credentials, whole,
+then cut to :data:`~predictor.client.embed.auth.MESSAGE_MAX_CHARS`.
+
 Keep-alive connections are recycled every ``recycle_requests`` requests or
 ``recycle_s`` seconds: a new connection pool is opened for new requests and
 the old one is closed once its last request is answered. A Kubernetes Service
@@ -30,11 +37,27 @@ import httpx
 import numpy as np
 
 from predictor import wire
-from predictor.client.embed.auth import Credentials
+from predictor.client.embed.auth import MESSAGE_MAX_CHARS, Credentials
 from predictor.client.embed.errors import EmbedError
 from predictor.client.retry_after import parse_retry_after
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+DECODE_ERRORS = (ValueError, TypeError, ArithmeticError, LookupError, AttributeError)
+"""What decoding a hostile answer can raise (bad JSON, ragged data, 300 as UINT8, ...)."""
+_IDENTITY_KEYS = ("model_name", "model_version", "parameters")
+
+
+class Answer(dict):
+    """``{output: array}`` as answered, plus the answer's ``identity``.
+
+    Attributes:
+        identity: What the answer says about who answered: ``model_name``,
+            ``model_version`` and ``parameters``, those it carries.
+    """
+
+    def __init__(self, outputs: Mapping[str, np.ndarray], identity: Mapping[str, Any] = ()):
+        super().__init__(outputs)
+        self.identity = dict(identity)
 
 
 class RetryableError(EmbedError):
@@ -43,6 +66,11 @@ class RetryableError(EmbedError):
     def __init__(self, message: str, retry_after_s: float | None = None):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class BadAnswer(RetryableError):
+    """An answer that does not fit its request (:mod:`~predictor.client.embed.answers`) or
+    does not decode: a failed attempt, retried elsewhere like a 503."""
 
 
 class ServerRefused(EmbedError):
@@ -174,11 +202,12 @@ class HttpTransport:
 
     def infer(
         self, model: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
-    ) -> dict[str, np.ndarray]:
-        """Sends one request; returns ``{output: array}``.
+    ) -> Answer:
+        """Sends one request; returns ``{output: array}`` (an :class:`Answer`).
 
         Raises:
-            RetryableError: 5xx/429/408, connection errors, timeouts.
+            RetryableError: 5xx/429/408, connection errors, timeouts, an
+                answer that cannot be decoded.
             ServerRefused: Any other 4xx, with the server's message.
         """
         body, headers = wire.encode_request(inputs, parameters=parameters)
@@ -195,22 +224,36 @@ class HttpTransport:
             )
         except httpx.HTTPError as exc:
             self._recycler.discard(pool)
-            message = self._credentials.scrub(str(exc))
+            message = self._credentials.scrub(str(exc), MESSAGE_MAX_CHARS)
             raise RetryableError(f"{self.url}: {type(exc).__name__}: {message}") from exc
         finally:
             self._recycler.release(pool)
         if response.status_code >= 400:
             raise _status_error(self.url, response, self._credentials)
-        try:
-            outputs, _ = wire.decode_response(response.content, response.headers.get(wire.HEADER))
-        except ValueError as exc:
-            message = self._credentials.scrub(str(exc))
-            raise RetryableError(f"{self.url}: malformed answer: {message}") from exc
-        return outputs
+        return decode_answer(
+            self.url, response.content, response.headers.get(wire.HEADER), self._credentials
+        )
 
     def close(self) -> None:
         """Closes the connections."""
         self._recycler.close()
+
+
+def decode_answer(
+    url: str, body: bytes, header_length: str | None, credentials: Credentials
+) -> Answer:
+    """A V2 REST answer's outputs and identity.
+
+    Raises:
+        RetryableError: ``"<url>: malformed answer: ..."`` for anything that
+            does not decode (another URL may answer right).
+    """
+    try:
+        outputs, header = wire.decode_response(body, header_length)
+    except DECODE_ERRORS as exc:
+        message = credentials.scrub(str(exc), MESSAGE_MAX_CHARS)
+        raise RetryableError(f"{url}: malformed answer: {message}") from exc
+    return Answer(outputs, {k: header[k] for k in _IDENTITY_KEYS if k in header})
 
 
 def http_client(base_url: str, timeout_s: float, credentials: Credentials) -> httpx.Client:
@@ -224,12 +267,12 @@ def http_client(base_url: str, timeout_s: float, credentials: Credentials) -> ht
 
 
 def server_message(response: httpx.Response, credentials: Credentials) -> str:
-    """The server's ``{"error": ...}`` (else its text, cut), credentials scrubbed out."""
+    """The server's ``{"error": ...}`` (else its text), credentials scrubbed out, then cut."""
     try:
         message = str(response.json().get("error", response.text))
     except (ValueError, AttributeError):  # not JSON, or JSON that is not an object
-        message = response.text[:500]
-    return credentials.scrub(message)
+        message = response.text
+    return credentials.scrub(message, MESSAGE_MAX_CHARS)
 
 
 def _status_error(url: str, response: httpx.Response, credentials: Credentials) -> EmbedError:

@@ -237,3 +237,23 @@ def test_every_row_is_the_servers_answer_for_its_tile(
     if good.any():
         expected = pixel_answer(_tiles(0, n_rows)[good], DIM)
         np.testing.assert_array_equal(out.outputs["embedding"][good], expected)
+
+
+def test_an_answer_naming_another_model_or_package_is_refused() -> None:
+    """Replicas of two packages behind one URL (mid-upgrade) must not mix in one slide."""
+    from predictor.client.embed.transport import Answer
+
+    served = _config("h0-mini", [{"name": "embedding", "datatype": "FP32", "shape": [-1, 1536]}])
+    info = info_from_config("h0-mini", {**served, "package_sha256": "a" * 64})
+    check = AnswerCheck.for_mode(info, "embedding")
+    same = {"model_name": "h0-mini", "parameters": {"package_sha256": "a" * 64}}
+    assert check.problem(Answer(_good(2), same), 2) is None
+    assert (
+        check.problem(Answer(_good(2), {"model_name": "h0-mini", "model_version": None}), 2) is None
+    )
+    other = Answer(_good(2), {**same, "parameters": {"package_sha256": "b" * 64}})
+    assert check.problem(other, 2).startswith(f"answered with package {'b' * 64}, not {'a' * 64}")
+    renamed = Answer(_good(2), {**same, "model_name": "h1"})
+    assert check.problem(renamed, 2).startswith("answered as model 'h1', not 'h0-mini'")
+    made_up = AnswerCheck.for_mode(H0_MINI, "embedding")  # no digest reported: names only
+    assert made_up.problem(other, 2) is None and made_up.problem(renamed, 2) is not None

@@ -1,4 +1,5 @@
-"""Atomic writes (HDF5, QC files, report): temp names no other pod picks, no symlink followed."""
+"""Atomic writes (HDF5, QC files, report): temp names no other pod picks, no symlink followed,
+no folder inside ``--out`` written through a symlink, no FIFO opened blocking."""
 
 from __future__ import annotations
 
@@ -9,7 +10,17 @@ from pathlib import Path
 import pytest
 
 from harness.slides import GeneratedSlide
-from predictor.client.embed.atomic import atomic_path, remove_stale_temps, temp_path
+from predictor.client.embed.atomic import (
+    NotRegularFile,
+    UnsafeFolder,
+    atomic_path,
+    check_folders,
+    open_regular,
+    read_regular,
+    remove_file,
+    remove_stale_temps,
+    temp_path,
+)
 from predictor.client.embed.grid import plan_tiles
 from predictor.client.embed.masks import find_tissue
 from predictor.client.embed.qc import write_slide_qc
@@ -126,3 +137,78 @@ def test_a_killed_runs_temp_is_removed_and_no_other_slides(tmp_path: Path) -> No
     assert not stale.exists() and not long_stale.exists()
     assert all(other.read_bytes() == b"keep" for other in others)
     assert remove_stale_temps(tmp_path / "absent" / "S1.h5") == 0
+
+
+def test_long_names_sharing_their_start_get_their_own_temp_prefixes(tmp_path: Path) -> None:
+    """A cut temp name ends in a hash of the full name: A's clean-up never takes B's live temp."""
+    common = "S" * 230
+    final_a, final_b = tmp_path / f"{common}_A.h5", tmp_path / f"{common}_B.h5"
+    live_b = temp_path(final_b)
+    live_b.write_bytes(b"B, being written by another slide's thread")
+    stale_a = temp_path(final_a)
+    stale_a.write_bytes(b"A, left by a killed run")
+    assert len(os.fsencode(live_b.name)) <= 255 and len(os.fsencode(stale_a.name)) <= 255
+    assert remove_stale_temps(final_a) == 1
+    assert not stale_a.exists() and live_b.read_bytes().startswith(b"B, being written")
+    assert remove_stale_temps(final_b) == 1 and not live_b.exists()
+
+
+def test_a_symlinked_folder_below_the_root_is_refused_the_root_itself_followed(
+    tmp_path: Path,
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "S1.pt").write_text(VICTIM_TEXT)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    out = tmp_path / "out"
+    out.symlink_to(disk)  # --out itself a symlink: users do that on purpose
+    (out / "pt_files").symlink_to(elsewhere)
+    pt_file = out / "pt_files" / "S1.pt"
+    with (
+        pytest.raises(UnsafeFolder, match=r"out/pt_files is a symbolic link"),
+        atomic_path(pt_file, root=out) as tmp,
+    ):
+        tmp.write_text("features")
+    with pytest.raises(UnsafeFolder, match=r"out/pt_files is a symbolic link"):
+        remove_file(out / "pt_files" / "S1.pt", root=out)
+    with pytest.raises(UnsafeFolder):
+        remove_stale_temps(out / "pt_files" / "S1.pt", root=out)
+    with pytest.raises(UnsafeFolder):
+        check_folders(out, [out / "pt_files"])
+    assert [p.name for p in elsewhere.iterdir()] == ["S1.pt"]
+    assert (elsewhere / "S1.pt").read_text() == VICTIM_TEXT
+    with atomic_path(out / "h5_files" / "S1.h5", root=out) as tmp:  # made as a real folder
+        tmp.write_text("features")
+    assert (disk / "h5_files" / "S1.h5").read_text() == "features"
+    assert not (disk / "h5_files").is_symlink()
+
+
+def test_a_folder_swapped_for_a_symlink_while_written_renames_nothing(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    swapped = pytest.raises(UnsafeFolder, match="was replaced while a file was written")
+    with swapped, atomic_path(out / "qc" / "S1.json", root=out) as tmp:
+        (out / "qc").rename(tmp_path / "moved")
+        (out / "qc").symlink_to(elsewhere)
+        tmp.write_text("facts")  # by path: into the folder the symlink names
+    assert not (tmp_path / "moved" / "S1.json").exists()
+    assert not list((tmp_path / "moved").iterdir())  # our temp removed, nothing renamed
+    assert not (elsewhere / "S1.json").exists()
+
+
+def test_a_fifo_is_refused_at_once_never_opened_blocking(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "a.h5")
+    with pytest.raises(NotRegularFile, match=r"a\.h5 is a FIFO, not a regular file"):
+        open_regular(tmp_path / "a.h5")
+    with pytest.raises(NotRegularFile):
+        read_regular(tmp_path / "a.h5", 1024)
+    (tmp_path / "link").symlink_to(tmp_path / "a.h5")
+    with pytest.raises(NotRegularFile, match="is a symbolic link"):
+        open_regular(tmp_path / "link")
+    with pytest.raises(NotRegularFile, match="is a FIFO"):
+        open_regular(tmp_path / "link", follow_symlinks=True)
+    (tmp_path / "big.json").write_bytes(b"x" * 2048)
+    with pytest.raises(OSError, match="over 1,024 bytes"):
+        read_regular(tmp_path / "big.json", 1024)

@@ -146,8 +146,10 @@ def test_grpc_needs_printable_ascii_and_its_own_names() -> None:
 
 
 def test_ca_cert_needs_a_tls_url(tmp_path: Path) -> None:
-    ca = tmp_path / "ca.pem"
-    with pytest.raises(UsageError, match=r"--ca-cert .*ca.pem: no https:// or grpcs:// URL"):
+    from harness.tls import make_pki
+
+    ca = make_pki(tmp_path).ca_cert
+    with pytest.raises(UsageError, match=r"--ca-cert .*\.pem: no https:// or grpcs:// URL"):
         _urls_config(("http://h:1", "grpc://h:2"), Credentials(ca_cert=ca))
     _urls_config(("http://h:1", "grpcs://h:2"), Credentials(ca_cert=ca))
     _urls_config(("http://h:1",), Credentials(ca_cert=ca), tissue_urls=("https://seg:3",))
@@ -161,6 +163,11 @@ def test_ca_cert_needs_a_tls_url(tmp_path: Path) -> None:
         (f"https://h:443/?token={SECRET}", "'https://h:443/***'"),
         (f"http://h:1#{SECRET}", "'http://h:1***'"),
         (f"user:{SECRET}@h:8080", "'***@h:8080'"),  # no scheme: refused, still redacted
+        (f"http:/alice:{SECRET}@h:8000", "'http:/***@h:8000'"),  # a mistyped scheme
+        (f"htp://alice:{SECRET}@h:8000", "'htp://***@h:8000'"),
+        (f"http:alice:{SECRET}@h:8000", "'***@h:8000'"),
+        (f"http://alice:a/{SECRET}@h:8000", "'http://***@h:8000'"),  # a '/' in the password
+        (f"http://alice:a?{SECRET}@h:8000", "'http://***@h:8000'"),  # a '?' in the password
     ],
 )
 def test_urls_carrying_secrets_are_refused_redacted(url: str, shown: str) -> None:
@@ -170,6 +177,19 @@ def test_urls_carrying_secrets_are_refused_redacted(url: str, shown: str) -> Non
             _urls_config(urls["urls"], Credentials(), tissue_urls=urls["tissue_urls"])
         assert shown in str(info.value) and SECRET not in str(info.value)
         assert ("--tissue-url" if field == "tissue_urls" else "--url ") in str(info.value)
+
+
+def test_a_ca_cert_that_is_not_pem_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    from harness.tls import make_pki
+
+    bad = tmp_path / "ca.der"
+    bad.write_bytes(b"\x30\x82\x01\x0a not PEM at all")
+    with pytest.raises(UsageError) as info:
+        _urls_config(("https://h:1",), load_credentials(bad, None, [], {}))
+    assert f"--ca-cert {bad}: not a PEM CA bundle" in str(info.value)
+    good = load_credentials(make_pki(tmp_path / "pki").ca_cert, None, [], {})
+    _urls_config(("https://h:1",), good)
+    assert good.httpx_verify() is good.httpx_verify()  # built once, shared by every client
 
 
 def test_server_messages_are_scrubbed_of_every_secret() -> None:

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from harness.hostile_inputs import hostile_slides
-from harness.slides import GeneratedSlide, expected_coords
+from harness.slides import GeneratedSlide, expected_coords, generic_tiff
 from predictor.client.embed.errors import SlideError
 from predictor.client.embed.grid import (
     choose_level,
@@ -178,3 +178,14 @@ def test_tiles_are_resized_with_the_plans_filter(svs_slide: GeneratedSlide) -> N
         method = getattr(Image.Resampling, name.upper())
         assert np.array_equal(tile, np.asarray(Image.fromarray(full).resize((224, 224), method)))
     assert not np.array_equal(tiles["bicubic"], tiles["lanczos"])
+
+
+def test_a_read_square_far_larger_than_the_tile_is_refused(tmp_path) -> None:
+    flat = generic_tiff(tmp_path / "flat.tiff", mpp=0.25, downsamples=(1,))  # no pyramid
+    with SlideReader.open(flat.path) as reader:
+        mpp = MppInfo(0.25, "x")
+        assert plan_tiles(reader, mpp, 4.0, 224, TOL).read_size == 3584  # 16x: still read
+        with pytest.raises(SlideError, match=r"read as a 17920 px square at level 0 .* 4096"):
+            plan_tiles(reader, mpp, 20.0, 224, TOL)
+        with pytest.raises(SlideError, match=r"a 22400 px tile at 0.25 um/px .* 4096 px"):
+            plan_tiles(reader, mpp, 0.25, 22_400, TOL)  # a --tile-size typo

@@ -23,11 +23,10 @@ import pytest
 
 from harness.slides import GeneratedSlide
 from predictor.client.embed.claims import ClaimStore
-from predictor.client.embed.errors import UsageError
+from predictor.client.embed.errors import SlideError, UsageError
 from predictor.client.embed.grid import plan_tiles
 from predictor.client.embed.identity import IDENTITY_ATTR, SlideIdentity, slide_identity
 from predictor.client.embed.layouts import (
-    SIBLINGS_ATTR,
     Layout,
     slide_id_from_path,
     trident_encoder,
@@ -35,6 +34,7 @@ from predictor.client.embed.layouts import (
 )
 from predictor.client.embed.manifest import MAX_SLIDE_ID_BYTES, check_slide_id
 from predictor.client.embed.output import SlideResult, config_hash, plan_attrs
+from predictor.client.embed.siblings import SIBLINGS_ATTR
 from predictor.client.embed.slides import MppInfo, SlideReader
 
 REPO = Path(__file__).resolve().parents[3]
@@ -187,11 +187,11 @@ import predictor.client.embed.atomic as atomic
 import predictor.client.embed.output as out
 from predictor.client.embed.layouts import Layout
 renames, replace = [], os.replace
-def replace_then_die(a, b):
+def replace_then_die(a, b, **dir_fds):
     renames.append(b)
     if len(renames) == 2:  # the done file's rename: the process dies first
         os.kill(os.getpid(), signal.SIGKILL)
-    replace(a, b)
+    replace(a, b, **dir_fds)
 atomic.os.replace = replace_then_die
 name, folder, attrs = sys.argv[1], Path(sys.argv[2]), {"config_hash": "B", "level0_mpp": 0.25,
     "patch_size_level0": 896, "level0_width": 3584, "level0_height": 2688, "read_downsample": 2.0,
@@ -237,12 +237,75 @@ def test_the_done_file_records_its_siblings_digests(
     layout.write("S1", _result(slide_attrs))
     with h5py.File(done, "r") as f:
         recorded = json.loads(f.attrs[SIBLINGS_ATTR])
-    digest = hashlib.sha256(sibling.read_bytes()).hexdigest()
-    assert recorded == {sibling.relative_to(tmp_path).as_posix(): digest}
+    st = sibling.stat()
+    assert recorded == {
+        sibling.relative_to(tmp_path).as_posix(): {
+            "sha256": hashlib.sha256(sibling.read_bytes()).hexdigest(),
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns,
+            "ino": st.st_ino,
+        }
+    }
     with h5py.File(done, "a") as f:  # an older histoserve's pair: no digests
         del f.attrs[SIBLINGS_ATTR]
     check = layout.check_done("S1", HASH, identity)
     assert not check.done and "records no digest of" in check.reason
+
+
+@pytest.mark.parametrize("name", ["flat", "trident", "clam"])
+def test_a_failing_check_before_the_commit_leaves_no_done_file(
+    tmp_path: Path, slide_attrs: dict, identity: SlideIdentity, name: str
+) -> None:
+    """The run's "slide unchanged?" runs before the done file's rename: its error leaves none."""
+    layout = _layout(name, tmp_path)
+    calls = []
+
+    def changed() -> None:
+        calls.append(sorted(p.name for p in tmp_path.rglob("*") if p.is_file()))
+        raise SlideError("the slide changed while it was embedded")
+
+    with pytest.raises(SlideError, match="changed while it was embedded"):
+        layout.write("S1", _result(slide_attrs), changed)
+    assert len(calls) == 1 and "S1.h5" not in calls[0]  # called once, before the rename
+    assert not layout.is_done("S1", HASH, identity) and not list(tmp_path.rglob("*.tmp"))
+    with pytest.raises(SlideError):
+        layout.write_incomplete("S1", _result(slide_attrs), changed)
+    assert not (tmp_path / "incomplete" / "S1.h5").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "folder"), [("clam", "pt_files"), ("flat", "incomplete"), ("trident", "")]
+)
+def test_a_symlinked_folder_inside_out_is_refused_and_its_target_kept(
+    tmp_path: Path, slide_attrs: dict, name: str, folder: str
+) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    kept = dict.fromkeys(("S1.pt", "S1.h5", "S1_patches.h5"), "a user's file")
+    for file, text in kept.items():
+        (victim / file).write_text(text)
+    out = tmp_path / "out"
+    layout = _layout(name, out)
+    folder = folder or layout.coords_dir.name  # trident's job folder
+    out.mkdir()
+    (out / folder).symlink_to(victim)
+    with pytest.raises(UsageError, match=rf"out/{folder} is a symbolic link.*remove it"):
+        layout.check_folders()
+    with pytest.raises(SlideError, match=rf"{folder} is a symbolic link"):  # planted mid-run
+        layout.write("S1", _result(slide_attrs))
+        layout.discard_incomplete("S1")
+    with pytest.raises(SlideError, match=rf"{folder} is a symbolic link"):
+        layout.remove_stale_temps("S1")
+    assert {p.name: p.read_text() for p in victim.iterdir()} == kept
+
+
+def test_a_symlinked_qc_folder_is_refused_when_the_run_writes_qc(tmp_path: Path) -> None:
+    (tmp_path / "qc").symlink_to(tmp_path)
+    layout = _layout("flat", tmp_path)
+    layout.check_folders()  # --no-qc: qc is never written
+    with pytest.raises(UsageError, match=r"qc is a symbolic link"):
+        layout.check_folders("qc")
 
 
 def test_the_longest_id_fits_every_file_a_slide_gets(

@@ -38,8 +38,11 @@ def test_an_implausible_mpp_flag_is_a_usage_error(flag: str, field: str, value: 
 def test_a_manifest_mpp_slip_is_a_usage_error_naming_the_line(tmp_path: Path) -> None:
     manifest = tmp_path / "slides.csv"
     manifest.write_text("slide_id,path,mpp\nA,a.svs,0.25\nB,b.svs,0.00025\n")
-    with pytest.raises(UsageError, match=r"line 3.*mpp '0.00025': .* outside 0.01..20 um/px"):
+    with pytest.raises(
+        UsageError, match=r"line 3.*mpp '0.00025': .* outside 0.01..20 um/px"
+    ) as err:
         read_manifest(manifest)
+    assert str(err.value).count("line 3") == 1, err.value  # named once, not once per layer
 
 
 def test_max_tiles_per_slide_flag(tmp_path: Path) -> None:

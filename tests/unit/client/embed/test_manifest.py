@@ -84,6 +84,19 @@ def test_missing_manifest_is_a_usage_error(tmp_path: Path) -> None:
         read_manifest(tmp_path / "absent.csv")
 
 
+def test_a_manifest_saved_as_latin1_is_a_usage_error_naming_line_and_byte(
+    tmp_path: Path,
+) -> None:
+    """Excel's plain 'CSV' on Windows writes cp1252: say where, and how to re-save."""
+    manifest = tmp_path / "m.csv"
+    manifest.write_bytes("slide_id,path\nA,a.svs\nCafé,b.svs\n".encode("cp1252"))
+    with pytest.raises(UsageError) as info:
+        read_manifest(manifest)
+    message = str(info.value)
+    assert f"manifest {manifest} is not UTF-8 text: line 3: byte 0xe9 (byte 26" in message
+    assert "re-save it as UTF-8" in message
+
+
 @pytest.mark.parametrize(
     ("text", "env", "expected"),
     [
@@ -205,3 +218,23 @@ def test_collisions_are_found_across_paths_and_the_manifest() -> None:
     entries = [SlideEntry("s1", Path("d/s1.svs"), source="d/s1.svs"), SlideEntry("S1", Path("x"))]
     with pytest.raises(UsageError, match=r"'s1' and 'S1' differ only by case.*d/s1\.svs and x"):
         check_unique(entries)
+
+
+@pytest.mark.parametrize(
+    ("row", "column", "code"),
+    [
+        ("A,a\0b.svs", "path", "0000"),
+        ("A,a.svs,,counts\0.csv", "bulk_rna", "0000"),
+        ('A,a.svs,,,"mask\x1b[2J.geojson"', "mask", "001B"),
+    ],
+)
+def test_control_characters_in_a_path_are_a_usage_error_naming_the_line(
+    tmp_path: Path, row: str, column: str, code: str
+) -> None:
+    """A NUL in a path gave a traceback (``ValueError: embedded null byte``) before."""
+    manifest = tmp_path / "m.csv"
+    manifest.write_bytes(f"slide_id,path,mpp,bulk_rna,mask\nok,a.svs,,,\n{row}\n".encode())
+    pattern = rf"m\.csv line 3: {column} .* has the control character U\+{code}"
+    with pytest.raises(UsageError, match=pattern) as err:
+        read_manifest(manifest)
+    assert "\0" not in str(err.value) and "\x1b" not in str(err.value)  # shown escaped

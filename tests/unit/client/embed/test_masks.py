@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from harness.hostile_inputs import Hostile, hostile_masks
-from harness.slides import GeneratedSlide, expected_coords, sparse_tiff
+from harness.hostile_inputs import Hostile, hostile_masks, sparse_tiff
+from harness.slides import GeneratedSlide, expected_coords
 from predictor.client.embed.errors import SlideError
 from predictor.client.embed.grid import TilePlan, plan_tiles
 from predictor.client.embed.limits import MAX_MASK_CROSSINGS, MAX_THUMB_PIXELS
@@ -242,3 +242,18 @@ def test_outlines_too_costly_to_rasterise_are_refused_before_rasterising(tmp_pat
         finally:
             tracemalloc.stop()
     assert peak < 64 << 20  # rasterised, its crossings alone would take gigabytes
+
+
+def test_qc_contours_of_a_noisy_mask_stay_bounded() -> None:
+    rng = np.random.default_rng(2)
+    noise = rng.random((2048, 2048)) < 0.5  # speckle: about 4 million boundary sides
+    tissue = TissueMap(noise, 4.0, "mask", np.zeros(0, np.float32))
+    tracemalloc.start()
+    try:
+        polygons = tissue.polygons_level0(0.25)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert polygons and peak < 300 << 20  # traced as it is: about 800 MB
+    xs = np.array([x for polygon in polygons for x, _ in polygon[0]])
+    assert xs.min() >= 0 and xs.max() <= 2048 * 16  # still level-0 px of the whole slide

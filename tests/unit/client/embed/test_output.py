@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from predictor.client.embed.grid import plan_tiles
 from predictor.client.embed.output import (
     SlideResult,
     config_hash,
+    done_attrs,
     final_path,
     is_done,
     plan_attrs,
@@ -109,6 +111,18 @@ def test_is_done_needs_the_same_hash_and_a_complete_file(tmp_path: Path) -> None
     assert not is_done(tmp_path, "S4", HASH)
 
 
+def test_a_fifo_or_symlink_at_the_done_name_is_not_done_and_is_replaced(tmp_path: Path) -> None:
+    """Never opened blocking: a FIFO planted at ``<out>/<id>.h5`` hung every run before."""
+    os.mkfifo(tmp_path / "S1.h5")
+    assert done_attrs(tmp_path / "S1.h5", HASH) is None  # at once, not a hang
+    assert not is_done(tmp_path, "S1", HASH)
+    write_slide(tmp_path / "elsewhere", "S2", _result())
+    (tmp_path / "S2.h5").symlink_to(tmp_path / "elsewhere" / "S2.h5")
+    assert is_done(tmp_path / "elsewhere", "S2", HASH) and not is_done(tmp_path, "S2", HASH)
+    write_slide(tmp_path, "S1", _result())  # the slide written: the FIFO replaced
+    assert is_done(tmp_path, "S1", HASH) and (tmp_path / "S1.h5").is_file()
+
+
 def test_a_crash_before_the_rename_leaves_the_old_file_and_a_temp_nobody_trusts(
     tmp_path: Path,
 ) -> None:
@@ -120,7 +134,7 @@ import numpy as np
 from pathlib import Path
 import predictor.client.embed.atomic as atomic
 import predictor.client.embed.output as out
-atomic.os.replace = lambda a, b: os.kill(os.getpid(), signal.SIGKILL)
+atomic.os.replace = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 r = out.SlideResult(np.ones((3, 4), np.float32), None, np.zeros((3, 2), np.int64),
                     np.ones(3, np.float32), {{"config_hash": {HASH!r}}})
 out.write_slide(Path({str(tmp_path)!r}), "S1", r)

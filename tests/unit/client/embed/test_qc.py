@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from harness.slides import GeneratedSlide
@@ -74,3 +77,38 @@ def test_report_lists_every_slide_suspicious_first(
     assert "cannot open" in page and "1 of 10 tiles unreadable" in page
     assert "538 → 224 px (resized)" not in page and "269 → 224 px (resized)" in page
     assert json.loads((tmp_path / "qc" / "blank.geojson").read_text())["features"] == []
+
+
+def test_malformed_facts_and_status_lines_are_left_out_with_one_warning_each(
+    svs_slide: GeneratedSlide, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One bad file in ``--out`` crashed every run's report with a TypeError before."""
+    _qc(svs_slide, tmp_path, "good")
+    qc = tmp_path / "qc"
+    facts = json.loads((qc / "good.json").read_text())
+    (qc / "typed.json").write_text(
+        json.dumps({**facts, "slide_id": "old", "tissue_area_mm2": "2.0"})
+    )
+    (qc / "nan.json").write_text(json.dumps({**facts, "slide_id": "nan", "level0_mpp": None}))
+    (qc / "list.json").write_text("[1, 2]")
+    (qc / "half.json").write_text('{"slide_id": "half", "n_')
+    os.mkfifo(qc / "fifo.json")  # never opened blocking
+    (qc / "link.json").symlink_to(qc / "good.json")
+    log = StatusLog(tmp_path)
+    log.append("good", "/s/good.svs", "done", 3, 1.5)
+    with open(tmp_path / "status.csv", "a", encoding="utf-8") as handle:
+        handle.write("B\n,,,,,\nC,/s/c.svs,weird,1,1.0,\nD,/s/d.svs,done,1,1.0,,extra\n")
+    log.append("after", "/s/after.svs", "failed", 0, 0.1, "cannot open")
+    with caplog.at_level(logging.WARNING, logger="histoserve.embed"):
+        page = write_report(tmp_path).read_text()
+    warnings = [r.getMessage() for r in caplog.records]
+    assert [r.slide_id for r in collect_rows(tmp_path)] == ["after", "good"]
+    assert "<td>good<br>" in page and "<td>after<br>" in page and "<td>old<br>" not in page
+    for name in ("typed", "nan", "list", "half", "fifo", "link"):
+        assert sum(f"qc/{name}.json left out of the report" in w for w in warnings) == 1
+    assert any('tissue_area_mm2 is "2.0", not float' in w for w in warnings)
+    assert any("FIFO" in w for w in warnings)
+    assert any(
+        "status.csv: 4 malformed lines left out of the report (line 3, 4, 5, 6)" in w
+        for w in warnings
+    )

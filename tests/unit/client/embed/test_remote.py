@@ -124,3 +124,58 @@ def test_a_server_quoting_the_token_it_refused_does_not_leak_it() -> None:
         assert fake.seen_headers[0]["Authorization"] == f"Bearer {secret}"  # it was sent
     assert "HTTP 401: invalid credentials Bearer ***" in str(info.value)
     assert secret not in str(info.value)
+
+
+def _served(package: str, **spec_changes: object) -> dict:
+    spec = {**resolve_spec("h0-mini").to_dict(), **spec_changes}
+    return {"name": "h0-mini", "spec": spec, "package_sha256": package, "outputs": [EMBEDDING]}
+
+
+def test_every_http_url_is_asked_and_must_serve_the_first_ones_package() -> None:
+    """Requests go to every URL: one serving another package would mix its features in."""
+    from harness.bad_server import BadServer
+    from predictor.client.embed.dispatch import RetryPolicy
+    from predictor.client.embed.remote import fetch_server_info
+
+    one = RetryPolicy(max_attempts=1)
+    a, b = "a" * 64, "b" * 64
+    with (
+        BadServer(config=_served(a)) as first,
+        BadServer(config=_served(a)) as same,
+        BadServer(config=_served(b)) as other,
+        BadServer(config=_served(a, mpp=0.25)) as respec,
+    ):
+        info = fetch_server_info([first.url, same.url + "/"], None, 5.0, one)
+        assert info.package_sha256 == a and len(same.seen_headers) == 1  # asked too
+        with pytest.raises(UsageError) as error:
+            fetch_server_info([first.url, same.url, other.url], "h0-mini", 5.0, one)
+        message = str(error.value)
+        assert f"--url {first.url} and --url {other.url} serve different models" in message
+        assert f"package {a} vs package {b}" in message
+        with pytest.raises(UsageError, match=f"one package {a}, but specs differing in mpp"):
+            fetch_server_info([first.url, respec.url], None, 5.0, one)
+        with pytest.raises(EmbedError, match="every --url is asked before any slide") as down:
+            fetch_server_info([first.url, "http://127.0.0.1:9"], None, 5.0, one)
+        assert not isinstance(down.value, UsageError)  # exit 1: may be up on the next try
+
+
+def test_grpc_metadata_is_compared_by_shapes_only() -> None:
+    from predictor.client.embed.remote import check_same_model
+
+    pixels = {"name": "pixels", "datatype": "UINT8", "shape": [-1, 224, 224, 3]}
+    http = info_from_config("h0-mini", _served("a" * 64))
+    grpc = info_from_metadata("grpc://h:1", "h0-mini", [pixels], [EMBEDDING])
+    check_same_model([("http://h:2", http), ("grpc://h:1", grpc)])
+    check_same_model([("grpc://h:1", grpc), ("grpc://h:3", grpc)])
+    wide = {**EMBEDDING, "shape": [-1, 768]}
+    other = info_from_metadata("grpc://h:3", "h0-mini", [pixels], [wide])
+    with pytest.raises(UsageError) as error:
+        check_same_model([("http://h:2", http), ("grpc://h:3", other)])
+    assert "--url http://h:2 and --url grpc://h:3 serve different models" in str(error.value)
+    assert "output 'embedding' FP32 [-1, 1536] vs FP32 [-1, 768]" in str(error.value)
+    assert "gRPC metadata (no package digest: only shapes compared)" in str(error.value)
+    big = {**pixels, "shape": [-1, 448, 448, 3]}
+    with pytest.raises(UsageError, match="tile size 224 vs 448"):
+        check_same_model(
+            [("grpc://h:1", grpc), ("grpc://h:4", info_from_metadata("g", "m", [big], [EMBEDDING]))]
+        )

@@ -9,16 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.slides import (
-    GeneratedSlide,
-    SlideSpec,
-    expected_coords,
-    pale_layout,
-    render_region,
-    sparse_tiff,
-    tissue_truth,
-    write_slide,
-)
+from harness.hostile_inputs import sparse_tiff
+from harness.slides import GeneratedSlide, SlideSpec, expected_coords, render_region, write_slide
+from harness.tissue_truth import pale_layout, tissue_truth
 from predictor.client.embed.grid import TilePlan, plan_tiles
 from predictor.client.embed.limits import MAX_THUMB_PIXELS
 from predictor.client.embed.masks import find_tissue
