@@ -196,7 +196,7 @@ def _dicom_header(path: Path) -> DicomFile | None:
 def _read_dicom_header(path: str, key: tuple[int, ...]) -> DicomFile | None:
     try:
         with open(open_regular(Path(path), follow_symlinks=True), "rb") as handle:
-            return read_series(handle.fileno())
+            return read_series(handle)
     except OSError:
         return None
 
