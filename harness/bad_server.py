@@ -44,12 +44,13 @@ import socket
 import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import httpx
 import numpy as np
 
+from harness.loopback import LoopbackHTTP
 from predictor import wire
 
 TAMPERS = ("none", "short", "empty", "rename", "dtype", "shape", "nan", "model", "package", "503")
@@ -161,15 +162,12 @@ class BadServer:
         self._lock = threading.Lock()
         self._client = httpx.Client(base_url=upstream, timeout=120) if upstream else None
         handler = type("Handler", (_Handler,), {"fake": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-        self._thread.start()
+        self._http = LoopbackHTTP(handler)
 
     @property
     def url(self) -> str:
         """``http://127.0.0.1:<port>``."""
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        return self._http.url
 
     def set_faults(self, faults: Faults) -> None:
         """Random faults from now on (their own seeded stream), e.g. per property-test example."""
@@ -178,8 +176,7 @@ class BadServer:
 
     def stop(self) -> None:
         """Stops serving; closes the upstream client."""
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._http.stop()
         if self._client is not None:
             self._client.close()
 

@@ -119,23 +119,19 @@ def test_grpc_metadata_must_be_printable_ascii(
     _nowhere(secret, result, out)
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://alice:{secret}@127.0.0.1:9", "http://***@127.0.0.1:9"),
+        ("http:/alice:{secret}@127.0.0.1:9", "http:/***@127.0.0.1:9"),  # a mistyped scheme
+    ],
+)
 def test_a_password_in_a_url_is_refused_and_never_shown(
-    secret: str, slide: slides.GeneratedSlide, tmp_path: Path
+    url: str, shown: str, secret: str, slide: slides.GeneratedSlide, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    result = run_embed(slide.path, "--url", f"http://lab:{secret}@127.0.0.1:9", "--out", out,
-                       env=_env())  # fmt: skip
-    _usage_error(result, "--url 'http://***@127.0.0.1:9': a user name or password")
-    _nowhere(secret, result, out)
-
-
-def test_a_password_in_a_url_with_a_mistyped_scheme_is_never_shown(
-    secret: str, slide: slides.GeneratedSlide, tmp_path: Path
-) -> None:
-    out = tmp_path / "out"
-    result = run_embed(slide.path, "--url", f"http:/alice:{secret}@127.0.0.1:9", "--out", out,
-                       env=_env())  # fmt: skip
-    _usage_error(result, "--url 'http:/***@127.0.0.1:9': a user name or password")
+    result = run_embed(slide.path, "--url", url.format(secret=secret), "--out", out, env=_env())
+    _usage_error(result, f"--url '{shown}': a user name or password")
     _nowhere(secret, result, out)
     assert "alice" not in result.stderr
 

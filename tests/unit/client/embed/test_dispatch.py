@@ -16,11 +16,12 @@ import socket
 import struct
 import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import numpy as np
 import pytest
 
+from harness.loopback import LoopbackHTTP
 from predictor import wire
 from predictor.client.embed.dispatch import Dispatcher, RequestFailed, RetryPolicy
 from predictor.client.embed.transport import HttpTransport, RecyclePolicy
@@ -40,14 +41,11 @@ class Scripted:
         self.hold: threading.Event | None = None
         self.arrived = threading.Event()
         handler = type("H", (_Handler,), {"scripted": self})
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        self.http = LoopbackHTTP(handler)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        return self.http.url
 
     def next_action(self, peer: int) -> str:
         with self.lock:
@@ -57,8 +55,7 @@ class Scripted:
             return action
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.http.stop()
 
 
 class _Handler(BaseHTTPRequestHandler):
