@@ -36,6 +36,7 @@ from torch import nn
 
 from predictor.errors import CheckpointError, HistoserveError, SpecError
 from predictor.export import sources as export_sources
+from predictor.export.cache_lock import inductor_cache_lock
 from predictor.families import build_demo_model, demo_example_inputs, model_class_for
 from predictor.package import genes, host
 from predictor.package.demo_models import PRESETS
@@ -46,6 +47,7 @@ from predictor.package.metadata import (
     INPUTS_KEY,
     OUTPUTS_KEY,
     PROVENANCE_KEY,
+    read_metadata,
 )
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec
 
@@ -240,11 +242,13 @@ def _compile(
     with tempfile.TemporaryDirectory(dir=output.parent, prefix=".export-") as tmp:
         staged = Path(tmp) / output.name
         try:
-            torch._inductor.aoti_compile_and_package(
-                program, package_path=str(staged), inductor_configs=configs
-            )
+            with inductor_cache_lock():
+                torch._inductor.aoti_compile_and_package(
+                    program, package_path=str(staged), inductor_configs=configs
+                )
         except Exception as exc:
             raise CheckpointError(f"AOTInductor compilation failed: {exc}") from exc
+        read_metadata(staged)  # the package as written loads: never rename a broken one in
         os.replace(staged, output)
 
 
