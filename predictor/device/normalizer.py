@@ -10,7 +10,7 @@ overlaps the launch. Each device worker has its own :class:`Normalizer`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -45,6 +45,8 @@ class Normalizer:
         self._host: torch.Tensor | None = None
         self._out: torch.Tensor | None = None  # CPU only: the reused float32 batch
         self._capacity = 0  # tiles the staging buffer is sized for when first allocated
+        self.handoff: Callable[[torch.Tensor], None] | None = None
+        """Called with each staged batch before it is normalised (a pipelined lane's turn)."""
 
     @property
     def host_buffer(self) -> torch.Tensor | None:
@@ -57,6 +59,7 @@ class Normalizer:
         twin.scale, twin.shift = self.scale.clone(), self.shift.clone()
         twin.device, twin.dtype, twin._host, twin._out = self.device, self.dtype, None, None
         twin._capacity, twin._planes = self._capacity, self._planes  # read only: shared
+        twin.handoff = None
         return twin
 
     def reserve(self, max_batch: int) -> None:
@@ -132,7 +135,11 @@ class Normalizer:
         return self._out[:rows]
 
     def __call__(self, tiles_hwc: Sequence[np.ndarray]) -> torch.Tensor:
-        return self.normalise(self.stage(tiles_hwc))
+        """Stages, hands over (:attr:`handoff`, when set), then normalises one batch."""
+        staged = self.stage(tiles_hwc)
+        if self.handoff is not None:
+            self.handoff(staged)
+        return self.normalise(staged)
 
 
 def unshared(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -8,6 +8,7 @@ from typing import Protocol
 import torch
 
 from predictor.device.normalizer import Normalizer
+from predictor.device.pipeline import Lane
 from predictor.device.streams import StreamLike
 from predictor.spec import ModelSpec
 
@@ -37,12 +38,15 @@ class DeviceSlot:
     one device share the package (its container holds one model copy per
     instance and hands each concurrent run its own); nothing else mutable is
     shared. ``stream`` is ``None`` off CUDA and for the lone worker (which
-    runs on the default stream).
+    runs on the default stream). ``lane`` is set for a pipelined CUDA
+    worker (:mod:`predictor.device.pipeline`): its ``stream`` is then the
+    instance's compute stream, shared with the other lane.
     """
 
     package: DevicePackage
     normalizer: Normalizer
     stream: StreamLike | None = None
+    lane: Lane | None = None
 
 
 def build_normalizer(package: DevicePackage, spec: ModelSpec) -> Normalizer:

@@ -53,6 +53,19 @@ class WorkerStream:
         """Blocks the calling thread (GIL released) until this stream's work is done."""
         self.stream.synchronize()
 
+    def record(self) -> torch.cuda.Event:
+        """An event recorded now on this stream (marks the work queued so far)."""
+        return self.stream.record_event()
+
+    def wait(self, event: Any) -> None:
+        """Work queued on this stream from now on waits for ``event`` (no host wait)."""
+        self.stream.wait_event(event)
+
+    def keep(self, tensor: torch.Tensor) -> None:
+        """Tells the allocator ``tensor`` (made on another stream) is used on this one."""
+        if tensor.is_cuda:
+            tensor.record_stream(self.stream)
+
 
 def worker_stream(device: torch.device) -> StreamLike | None:
     """A new stream for one worker on ``device``; ``None`` off CUDA (no streams there)."""

@@ -233,9 +233,13 @@ def _compile(
 ) -> None:
     configs: dict[str, Any] = {
         "aot_inductor.metadata": dict(metadata),  # torch adds to it in place
-        "aot_inductor.check_lowerbound": False,
         **CPU_TARGETS[cpu_target],
     }
+    from torch._inductor import config as inductor_config
+
+    if hasattr(inductor_config.aot_inductor, "check_lowerbound"):
+        # Not in every torch: an unknown inductor option fails the whole compile.
+        configs["aot_inductor.check_lowerbound"] = False
     output.parent.mkdir(parents=True, exist_ok=True)
     # Compile under a temp dir beside the output, then rename: readers never see
     # a half-written package, and the archive's inner folder keeps the final name.

@@ -47,27 +47,106 @@ class ViTConfig:
         width: Token width (embed dim).
         depth: Number of transformer blocks.
         heads: Attention heads (must divide ``width``).
-        mlp_ratio: Hidden width of the MLP over ``width``.
+        mlp_ratio: Hidden width of the MLP over ``width`` (timm's meaning:
+            for SwiGLU the packed ``fc1`` width, half of it reaches ``fc2``).
+        mlp: ``gelu`` (Linear, GELU, Linear) or ``swiglu`` (timm's
+            ``SwiGLUPacked``: ``silu(a) * b`` of ``fc1``'s two halves).
+        registers: Register tokens after CLS (DINOv2 ``reg4``), excluded
+            from the patch mean.
+        layer_scale: LayerScale's initial value on each block's two branches
+            (``None``: no LayerScale). Random weights with a large value make
+            every block change the output, so fidelity checks exercise them.
+        pool: ``cls+mean`` (CLS then the patch-token mean, H0-mini) or
+            ``cls`` (CLS only, H-optimus-0).
     """
 
     width: int
     depth: int
     heads: int
     mlp_ratio: float = 4.0
+    mlp: str = "gelu"
+    registers: int = 0
+    layer_scale: float | None = None
+    pool: str = "cls+mean"
 
+    def hidden(self) -> int:
+        """The MLP's hidden width (``fc1``'s output), as timm sizes it."""
+        return int(self.width * self.mlp_ratio)
+
+    def flops_per_tile(self, tile_size: int, patch_size: int, prefix_tokens: int = 1) -> float:
+        """Floating-point operations (2 per multiply-add) of one tile's forward.
+
+        The patch embedding, every block's matmuls (QKV, attention scores and
+        values, projection, MLP) and the head; norms, softmax and activations
+        are left out (a few per cent).
+        """
+        patches = (tile_size // patch_size) ** 2
+        tokens = patches + max(prefix_tokens, 1) + self.registers
+        w, hidden = self.width, self.hidden()
+        fc2_in = hidden // 2 if self.mlp == "swiglu" else hidden
+        per_token = 4 * w * w + w * hidden + fc2_in * w + 2 * tokens * w
+        embed = patches * 3 * patch_size * patch_size * w
+        return 2.0 * (embed + self.depth * tokens * per_token)
+
+
+REAL_LAYER_SCALE = 0.5
+"""LayerScale of the real-geometry presets: large enough that every block counts."""
 
 PRESETS: Mapping[str, ViTConfig] = {
     "tiny": ViTConfig(width=96, depth=2, heads=4),
     "vit-s": ViTConfig(width=384, depth=12, heads=6),
-    "vit-g": ViTConfig(width=1536, depth=40, heads=24),
-}
+    # H0-mini: ViT-B/14, 4 registers, SwiGLU, CLS + patch mean = 1536 out.
+    "vit-b": ViTConfig(
+        width=768, depth=12, heads=12, mlp_ratio=5.33334, mlp="swiglu", registers=4,
+        layer_scale=REAL_LAYER_SCALE,
+    ),
+    # H-optimus-0: ViT-g/14, 4 registers, SwiGLU, CLS = 1536 out (~1.1B parameters).
+    "vit-g": ViTConfig(
+        width=1536, depth=40, heads=24, mlp_ratio=5.33334, mlp="swiglu", registers=4,
+        layer_scale=REAL_LAYER_SCALE, pool="cls",
+    ),
+}  # fmt: skip
 
 SEGMENTER_CHANNELS: Mapping[str, int] = {"tiny": 8, "vit-s": 16, "vit-g": 32}
 """Segmentation presets only scale the conv width."""
 
 
+class _SwiGLU(nn.Module):
+    """timm's ``SwiGLUPacked``: ``fc2(silu(a) * b)`` where ``a, b`` are ``fc1``'s two halves."""
+
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(width, hidden)
+        self.fc2 = nn.Linear(hidden // 2, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.fc1(x).chunk(2, dim=-1)
+        return self.fc2(F.silu(a) * b)
+
+
+class _LayerScale(nn.Module):
+    """A learned per-channel scale on a residual branch (DINOv2's LayerScale)."""
+
+    def __init__(self, width: int, value: float):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((width,), value))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+def _mlp(cfg: ViTConfig) -> nn.Module:
+    if cfg.mlp == "swiglu":
+        return _SwiGLU(cfg.width, cfg.hidden())
+    if cfg.mlp != "gelu":
+        raise SpecError(f"unknown ViT mlp {cfg.mlp!r}; expected gelu or swiglu")
+    return nn.Sequential(
+        nn.Linear(cfg.width, cfg.hidden()), nn.GELU(), nn.Linear(cfg.hidden(), cfg.width)
+    )
+
+
 class _Block(nn.Module):
-    """Pre-norm transformer block (attention + GELU MLP)."""
+    """Pre-norm transformer block (attention + MLP), each branch LayerScaled when configured."""
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
@@ -76,26 +155,26 @@ class _Block(nn.Module):
         self.qkv = nn.Linear(cfg.width, 3 * cfg.width)
         self.proj = nn.Linear(cfg.width, cfg.width)
         self.norm2 = nn.LayerNorm(cfg.width)
-        hidden = int(cfg.width * cfg.mlp_ratio)
-        self.mlp = nn.Sequential(
-            nn.Linear(cfg.width, hidden), nn.GELU(), nn.Linear(hidden, cfg.width)
-        )
+        self.mlp = _mlp(cfg)
+        scaled = cfg.layer_scale is not None
+        self.ls1 = _LayerScale(cfg.width, cfg.layer_scale) if scaled else nn.Identity()
+        self.ls2 = _LayerScale(cfg.width, cfg.layer_scale) if scaled else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
         qkv = self.qkv(self.norm1(x)).reshape(b, n, 3, self.heads, c // self.heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         attn = F.scaled_dot_product_attention(q, k, v)
-        x = x + self.proj(attn.transpose(1, 2).reshape(b, n, c))
-        return x + self.mlp(self.norm2(x))
+        x = x + self.ls1(self.proj(attn.transpose(1, 2).reshape(b, n, c)))
+        return x + self.ls2(self.mlp(self.norm2(x)))
 
 
 class DemoViT(nn.Module):
     """ViT/14 tile encoder: ``[B, 3, T, T]`` normalised float -> ``[B, out_dim]``.
 
     The output is CLS concatenated with the mean of the patch tokens (register
-    tokens excluded), then a linear projection to ``out_dim`` when ``2 * width``
-    differs from it.
+    tokens excluded; ``cfg.pool == "cls"``: CLS alone), then a linear
+    projection to ``out_dim`` when the pooled width differs from it.
     """
 
     def __init__(
@@ -106,20 +185,25 @@ class DemoViT(nn.Module):
             raise SpecError(f"ViT width {cfg.width} is not divisible by heads {cfg.heads}")
         if tile_size % patch_size:
             raise SpecError(f"tile_size {tile_size} is not a multiple of patch_size {patch_size}")
-        self.prefix_tokens = max(prefix_tokens, 1)
+        if cfg.pool not in ("cls", "cls+mean"):
+            raise SpecError(f"unknown ViT pool {cfg.pool!r}; expected cls or cls+mean")
+        self.pool = cfg.pool
+        self.prefix_tokens = max(prefix_tokens, 1) + cfg.registers
         n_patches = (tile_size // patch_size) ** 2
         self.patch_embed = nn.Conv2d(3, cfg.width, patch_size, stride=patch_size)
         self.prefix = nn.Parameter(torch.randn(1, self.prefix_tokens, cfg.width) * 0.02)
         self.pos_embed = nn.Parameter(torch.randn(1, n_patches, cfg.width) * 0.02)
         self.blocks = nn.Sequential(*(_Block(cfg) for _ in range(cfg.depth)))
         self.norm = nn.LayerNorm(cfg.width)
-        pooled = 2 * cfg.width
+        pooled = cfg.width if cfg.pool == "cls" else 2 * cfg.width
         self.head = nn.Identity() if pooled == out_dim else nn.Linear(pooled, out_dim)
 
     def forward(self, tiles: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(tiles).flatten(2).transpose(1, 2) + self.pos_embed
         x = torch.cat([self.prefix.expand(x.shape[0], -1, -1), x], dim=1)
         x = self.norm(self.blocks(x))
+        if self.pool == "cls":
+            return self.head(x[:, 0])
         pooled = torch.cat([x[:, 0], x[:, self.prefix_tokens :].mean(dim=1)], dim=-1)
         return self.head(pooled)
 
@@ -187,7 +271,8 @@ class DemoSegmenter(nn.Module):
 def _vit_config(preset: str, opts: dict[str, Any]) -> ViTConfig:
     if preset not in PRESETS:
         raise SpecError(f"unknown demo preset {preset!r}; expected one of {sorted(PRESETS)}")
-    overrides = {k: opts.pop(k) for k in ("width", "depth", "heads", "mlp_ratio") if k in opts}
+    keys = ("width", "depth", "heads", "mlp_ratio", "mlp", "registers", "layer_scale", "pool")
+    overrides = {k: opts.pop(k) for k in keys if k in opts}
     return replace(PRESETS[preset], **overrides)
 
 

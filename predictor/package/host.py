@@ -300,14 +300,15 @@ def apply_gpu_settings(device: torch.device, input_dtype: torch.dtype, *, allow_
 
     TF32 (``--allow_tf32``) applies to the matmuls and convolutions a package
     hands to cuBLAS/cuDNN at run time; Triton kernels compiled into the
-    package chose their precision at export. bf16/fp16 packages and the CPU
-    are left alone.
+    package chose their precision at export. On CUDA both switches follow
+    the flag (cuDNN's is on in torch by default, so ``--allow_tf32 false``
+    must switch it off); the CPU is left alone.
 
     Returns:
         True when TF32 was switched on.
     """
     enabled = allow_tf32 and device.type == "cuda" and input_dtype == torch.float32
-    if enabled:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
     return enabled

@@ -39,7 +39,7 @@ from predictor.device.slot import DeviceSlot
 from predictor.device.workers import DeviceWorkers
 from predictor.errors import InvalidInput, ModelNotReady
 from predictor.package.loader import LoadedPackage
-from predictor.package.probe import probe_outputs
+from predictor.package.probe import expected_inputs, probe_outputs
 from predictor.serving.family import PackageFamily, check_shapes
 from predictor.serving.options import ServingOptions
 from predictor.spec import ModelSpec
@@ -68,7 +68,8 @@ class TileHooks(PackageFamily):
         self._fault_hook = fault_hook
         self._package = package
         self._normalizer: Normalizer | None = None  # the first device's, built by load
-        self._devices = DeviceWorkers()  # the further devices' slots, and each worker's
+        # the further devices' slots, and each worker's (warmed up on CUDA)
+        self._devices = DeviceWorkers(warm_up=self.warm_worker)
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -131,6 +132,22 @@ class TileHooks(PackageFamily):
 
     def warm_up(self, package: LoadedPackage) -> None:
         """Runs before the first request; nothing by default beyond the probe's two forwards."""
+
+    def warm_worker(self, slot: DeviceSlot, batch: int) -> None:
+        """One forward of ``batch`` blank tiles with a worker's slot (its staging, its stream).
+
+        Called once per device worker before the first request
+        (:meth:`~predictor.device.workers.DeviceWorkers.warm`, at
+        ``max_batch_size``); inputs after the tiles are zeros of the
+        package's own shapes, as the probe's.
+        """
+        size = self._spec.tile_size
+        tile = np.zeros((size, size, 3), dtype=np.uint8)
+        x = slot.normalizer([tile] * batch)
+        package = slot.package
+        more = expected_inputs(package, self._spec, self.extra_input_shapes(package))[1:]
+        extra = [torch.zeros((batch, *d.shape[1:]), dtype=d.dtype, device=x.device) for d in more]
+        package(x, *extra)
 
     # -- stage 1 ----------------------------------------------------------------------------
     def prepare_sample(self, request: ModelRequest) -> PreparedSample:

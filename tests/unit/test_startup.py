@@ -224,6 +224,9 @@ def test_tf32_is_for_fp32_packages_on_cuda_when_asked() -> None:
         assert not matmul.allow_tf32 and not cudnn.allow_tf32
         assert apply_gpu_settings(cuda, torch.float32, allow_tf32=True)
         assert matmul.allow_tf32 and cudnn.allow_tf32
+        cudnn.allow_tf32 = True  # torch's own default: --allow_tf32 false switches it off
+        assert not apply_gpu_settings(cuda, torch.float32, allow_tf32=False)
+        assert not matmul.allow_tf32 and not cudnn.allow_tf32
     finally:
         matmul.allow_tf32, cudnn.allow_tf32 = saved
     assert configs_from_args(build_parser().parse_args(["--allow_tf32", "true"]))[0].allow_tf32

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from predictor.device.failures import classify_error, counting_ooms
+from predictor.device.failures import OomCounter, classify_error, counting_ooms
 from predictor.device.normalizer import Normalizer
 from predictor.errors import DeviceLost, ErrorKind, ForwardError, InvalidInput, forward_failure
 from predictor.package.dtypes import dtype_from_name
@@ -141,26 +141,33 @@ class FakeAllocatorStats:
 def test_a_package_failure_during_which_the_allocator_counted_an_oom_is_an_oom(message):
     """Only a GPU's allocator can count a real OOM; the counter is injected (the GPU check forces one)."""
     stats, device = FakeAllocatorStats(), torch.device("cuda", 1)
+    counter = OomCounter(stats)
+    counter.prime(device)  # when the worker is built
     assert classify_error(RuntimeError(message)) is ErrorKind.BATCH  # the text alone says nothing
-    with pytest.raises(torch.OutOfMemoryError) as caught, counting_ooms(device, stats):
+    with counting_ooms(device, counter):
+        pass  # a forward that succeeds reads nothing
+    assert stats.devices == [device]
+    with pytest.raises(torch.OutOfMemoryError) as caught, counting_ooms(device, counter):
         stats.num_ooms += 1  # the allocator failed inside the package
         raise RuntimeError(message)
     assert classify_error(caught.value) is ErrorKind.OOM
     assert message in str(caught.value) and isinstance(caught.value.__cause__, RuntimeError)
-    assert stats.devices == [device, device]  # read before, and after the failure
+    assert stats.devices == [device, device]  # read at start, then after the failure only
 
 
 def test_a_failure_without_an_oom_count_stays_what_it_was():
     stats = FakeAllocatorStats()
-    with pytest.raises(RuntimeError) as caught, counting_ooms(torch.device("cuda", 0), stats):
+    counter = OomCounter(stats)
+    counter.prime(torch.device("cuda", 0))
+    with pytest.raises(RuntimeError) as caught, counting_ooms(torch.device("cuda", 0), counter):
         raise RuntimeError(SHIM_FAILURE)
     assert type(caught.value) is RuntimeError and classify_error(caught.value) is ErrorKind.BATCH
     sticky = RuntimeError("CUDA error: an illegal memory access was encountered")
-    with pytest.raises(RuntimeError) as caught, counting_ooms(torch.device("cuda", 0), stats):
+    with pytest.raises(RuntimeError) as caught, counting_ooms(torch.device("cuda", 0), counter):
         stats.num_ooms += 1  # a sticky error stays fatal even if an OOM was counted
         raise sticky
     assert caught.value is sticky
-    with counting_ooms(torch.device("cpu"), lambda d: {}):  # no counters: nothing to read
+    with counting_ooms(torch.device("cpu"), OomCounter(lambda d: {})):  # no counters
         pass
 
 
