@@ -17,6 +17,14 @@ from tests.chart.helpers import (
 )
 
 MATRIX = ci_values_files() + preset_files()
+# A preset that scales out is installed with a claim every node can mount (as the
+# docs do): the chart refuses its own ReadWriteOnce PVC with maxReplicas > 1.
+PRESET_STORAGE = {"storage.pvc.existingClaim": "histo-models"}
+
+
+def _sets(values: str | None) -> dict:
+    return PRESET_STORAGE if values and "/presets/" in values else {}
+
 
 # The matrix the issue asks for must stay covered (renaming a file must not drop a case).
 REQUIRED_CASES = {
@@ -52,13 +60,17 @@ def test_lint_strict_defaults(helm_bin):
 
 @pytest.mark.parametrize("values", MATRIX)
 def test_lint_strict_ci_values(helm_bin, values):
-    proc = lint(helm_bin, "--values", str(CI_VALUES / values) if "/" not in values else values)
+    path = str(CI_VALUES / values) if "/" not in values else values
+    sets = [f"--set={k}={v}" for k, v in _sets(values).items()]
+    proc = lint(helm_bin, "--values", path, *sets)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("values", [None, *MATRIX])
 def test_every_rendered_object_validates(render, validate_object, values):
-    objs = render(values=[values] if values else [], api_versions=[MONITORING_API])
+    objs = render(
+        values=[values] if values else [], set_json=_sets(values), api_versions=[MONITORING_API]
+    )
     kinds = [o["kind"] for o in objs]
     assert kinds.count("InferenceService") == 1, kinds
     for obj in objs:
@@ -68,7 +80,9 @@ def test_every_rendered_object_validates(render, validate_object, values):
 @pytest.mark.parametrize("values", [None, *MATRIX])
 def test_predictor_pod_is_consistent(render, values):
     """What the CRD schema cannot see: mounts name existing volumes, port names are legal."""
-    objs = render(values=[values] if values else [], api_versions=[MONITORING_API])
+    objs = render(
+        values=[values] if values else [], set_json=_sets(values), api_versions=[MONITORING_API]
+    )
     pred = one(objs, "InferenceService")["spec"]["predictor"]
     volumes = {v["name"] for v in pred.get("volumes", [])}
     runtimes = by_kind(objs, "ClusterServingRuntime") + by_kind(objs, "ServingRuntime")
@@ -94,7 +108,9 @@ def test_predictor_pod_is_consistent(render, values):
 @pytest.mark.parametrize("values", [None, *MATRIX])
 def test_selectors_match_predictor_pods(render, values):
     """PDB, NetworkPolicy and monitors select the labels KServe puts on predictor pods."""
-    objs = render(values=[values] if values else [], api_versions=[MONITORING_API])
+    objs = render(
+        values=[values] if values else [], set_json=_sets(values), api_versions=[MONITORING_API]
+    )
     isvc = one(objs, "InferenceService")
     kserve_pod_labels = {
         "serving.kserve.io/inferenceservice": isvc["metadata"]["name"],

@@ -46,7 +46,7 @@ def test_network_policy_restricted(render):
     assert gateway["namespaceSelector"]["matchLabels"] == {
         "kubernetes.io/metadata.name": "istio-system"
     }
-    assert ingress_ports(metrics) == [8080]
+    assert ingress_ports(metrics) == [8082]  # the metrics port alone, not the model's
     assert (
         metrics["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
         == "monitoring"
@@ -55,9 +55,11 @@ def test_network_policy_restricted(render):
 
 def test_network_policy_knative_and_batcher_ports(render):
     np_ = one(render(values=["knative-kpa-scale-to-zero-values.yaml"]), "NetworkPolicy")
-    (serving,) = np_["spec"]["ingress"]
-    assert ingress_ports(serving) == [8012, 8013, 8080, 8081, 9088, 9091]
+    serving, knative, metrics = np_["spec"]["ingress"]
+    assert ingress_ports(serving) == [8012, 8013, 8080, 8081]
     assert "from" not in serving  # allowExternal
+    assert ingress_ports(knative) == [8012, 8013, 9090]  # activator, autoscaler
+    assert ingress_ports(metrics) == [8082, 9088, 9091] and "from" not in metrics
     np_ = one(render(values=["batcher-values.yaml"]), "NetworkPolicy")
     assert 9081 in ingress_ports(np_["spec"]["ingress"][0])
 
@@ -67,7 +69,7 @@ def test_pod_monitor_gated_on_monitoring_api(render):
     assert not by_kind(render(values=values), "PodMonitor")
     pm = one(render(values=values, api_versions=[MONITORING_API]), "PodMonitor")
     (ep,) = pm["spec"]["podMetricsEndpoints"]
-    assert ep["port"] == "http1" and ep["path"] == "/metrics"
+    assert ep["port"] == "metrics" and ep["path"] == "/metrics"
     assert pm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     forced = one(render(values=values, set_json={"metrics.skipApiCheck": True}), "PodMonitor")
     assert forced["spec"] == pm["spec"]
@@ -80,7 +82,7 @@ def test_pod_monitor_knative_scrapes_aggregated_port(render):
 
 def test_service_monitor(render):
     sm = one(render(values=["standard-hpa-values.yaml"]), "ServiceMonitor")
-    assert sm["spec"]["endpoints"][0]["port"] == "http1"
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
     assert sm["spec"]["endpoints"][0]["interval"] == "15s"
     objs = render(set_json={"metrics.serviceMonitor.enabled": True})
     assert not by_kind(objs, "ServiceMonitor")  # API not present
@@ -88,13 +90,13 @@ def test_service_monitor(render):
 
 def test_scrape_annotations(render):
     ann = pred(render())["annotations"]
-    assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"] == "8080"
+    assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"] == "8082"
     assert ann["prometheus.io/path"] == "/metrics"
     assert ann["serving.kserve.io/enable-prometheus-scraping"] == "false"
     ann = pred(render(values=["knative-kpa-scale-to-zero-values.yaml"]))["annotations"]
     assert ann["serving.kserve.io/enable-prometheus-scraping"] == "true"
     assert ann["serving.kserve.io/enable-metric-aggregation"] == "true"
-    assert ann["prometheus.kserve.io/port"] == "8080"
+    assert ann["prometheus.kserve.io/port"] == "8082"
     assert "prometheus.io/port" not in ann
     assert "annotations" not in pred(render(set_json={"metrics.scrapeAnnotations": False}))
 
@@ -118,7 +120,10 @@ def test_cluster_serving_runtime(render):
     p = pred(objs)
     assert "containers" not in p
     assert p["model"]["modelFormat"] == {"name": "pt2"} and p["model"]["runtime"] == "histoserve"
-    assert p["storageUris"] == [{"uri": "pvc://histo-models/h0-mini", "mountPath": "/opt/ml/model"}]
+    # pvc:// is the chart's own volume (KServe's storageUris would drop the path)
+    assert "storageUris" not in p
+    assert volumes_of(objs)["model-store"]["persistentVolumeClaim"]["claimName"] == "histo-models"
+    assert mounts_of(p["model"])["/opt/ml/model"]["subPath"] == "h0-mini"
     # the InferenceService's args follow the runtime's, so its --model_dir wins
     assert args_of(p["model"])["model_dir"] == "/opt/ml/model"
 
@@ -281,7 +286,7 @@ def test_network_policy_admits_named_namespaces_and_embed_jobs(render):
             }
         }
     }
-    assert ingress_ports(metrics) == [8080]
+    assert ingress_ports(metrics) == [8082]
     # allowExternal wins: the shortcuts only narrow a restricted policy.
     open_np = one(
         render(set_json={"networkPolicy.enabled": True, "networkPolicy.allowedNamespaces": ["a"]}),

@@ -60,7 +60,8 @@ def test_kserve_container_name_ports_and_image(render):
     c = isvc_container(render())
     assert c["name"] == "kserve-container"
     assert c["image"] == "ghcr.io/histoserve/histoserve:0.1.0"  # appVersion
-    assert [(p["name"], p["containerPort"]) for p in c["ports"]] == [("http1", 8080), ("h2c", 8081)]
+    ports = [(p["name"], p["containerPort"]) for p in c["ports"]]
+    assert ports == [("http1", 8080), ("h2c", 8081), ("metrics", 8082)]
     args = args_of(c)
     assert args["http_port"] == "8080" and args["grpc_port"] == "8081"
 

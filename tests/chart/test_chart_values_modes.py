@@ -15,6 +15,10 @@ from tests.chart.helpers import (
 )
 from tests.chart.rendered import isvc, pred
 
+# Several replicas need a claim several nodes can mount (the chart refuses its own
+# ReadWriteOnce PVC with maxReplicas > 1).
+SHARED = {"storage.pvc.existingClaim": "histo-models"}
+
 # ------------------------------------------------------------ deployment modes
 
 
@@ -109,7 +113,7 @@ def test_standard_hpa_cpu(render):
     objs = render(values=["standard-hpa-values.yaml"])
     assert isvc(objs)["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == "hpa"
     p = pred(objs)
-    assert p["minReplicas"] == 1 and p["maxReplicas"] == 4
+    assert p["minReplicas"] == 2 and p["maxReplicas"] == 4
     assert p["autoScaling"]["metrics"] == [
         {
             "type": "Resource",
@@ -123,7 +127,9 @@ def test_standard_hpa_cpu(render):
 
 
 def test_standard_hpa_memory_default_target(render):
-    p = pred(render(set_json={"autoscaling.maxReplicas": 3, "autoscaling.metric": "memory"}))
+    p = pred(
+        render(set_json={**SHARED, "autoscaling.maxReplicas": 3, "autoscaling.metric": "memory"})
+    )
     (metric,) = p["autoScaling"]["metrics"]
     assert metric["resource"] == {
         "name": "memory",
@@ -141,7 +147,8 @@ def test_standard_keda_gpu_utilisation(render):
     assert ext["metric"]["backend"] == "prometheus"
     assert ext["metric"]["serverAddress"] == "http://prometheus-operated.monitoring.svc:9090"
     assert ext["metric"]["query"] == (
-        f'sum(DCGM_FI_DEV_GPU_UTIL{{exported_namespace="{NAMESPACE}", exported_pod=~"{PREDICTOR}-.*"}})'
+        "sum(max by (exported_pod, gpu) (DCGM_FI_DEV_GPU_UTIL"
+        f'{{exported_namespace="{NAMESPACE}", exported_pod=~"{PREDICTOR}-.*"}}))'
     )
     assert ext["target"] == {"type": "Value", "value": "75"}
     assert p["autoScaling"]["behavior"] == {"scaleDown": {"stabilizationWindowSeconds": 600}}
@@ -151,14 +158,15 @@ def test_standard_keda_gpu_utilisation(render):
 def test_keda_gpu_utilisation_is_per_replica_with_several_gpus(render):
     p = pred(render(values=["standard-keda-gpu-values.yaml"], set_json={"gpu.count": 4}))
     query = p["autoScaling"]["metrics"][0]["external"]["metric"]["query"]
-    assert query.startswith("sum(DCGM_FI_DEV_GPU_UTIL{") and query.endswith("}) / 4")
+    assert query.startswith("sum(max by (exported_pod, gpu) (DCGM_FI_DEV_GPU_UTIL{")
+    assert query.endswith("})) / 4")
 
 
 def test_standard_keda_queue_depth(render):
     p = pred(render(values=["standard-keda-queue-depth-values.yaml"]))
     ext = p["autoScaling"]["metrics"][0]["external"]
     assert ext["metric"]["query"] == (
-        f'sum(histoserve_queue_depth{{namespace="{NAMESPACE}", pod=~"{PREDICTOR}-.*"}})'
+        f'sum(max by (pod) (histoserve_queue_depth{{namespace="{NAMESPACE}", pod=~"{PREDICTOR}-.*"}}))'
     )
     assert ext["target"]["value"] == "128"
     assert ext["authenticationRef"] == {
@@ -173,6 +181,7 @@ def test_standard_keda_custom_query(render):
     p = pred(
         render(
             set_json={
+                **SHARED,
                 "autoscaling.maxReplicas": 5,
                 "autoscaling.metric": "prometheus",
                 "autoscaling.target": 0.5,
@@ -185,18 +194,20 @@ def test_standard_keda_custom_query(render):
 
 
 def test_fixed_replicas_when_min_equals_max(render):
-    objs = render(set_json={"autoscaling.minReplicas": 3, "autoscaling.maxReplicas": 3})
+    objs = render(set_json={**SHARED, "autoscaling.minReplicas": 3, "autoscaling.maxReplicas": 3})
     assert isvc(objs)["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == "none"
     p = pred(objs)
     assert p["minReplicas"] == 3 and "autoScaling" not in p and "maxReplicas" not in p
 
 
 def test_unset_class_with_a_range_picks_hpa(render):
-    objs = render(set_json={"autoscaling.maxReplicas": 3})
+    objs = render(set_json={**SHARED, "autoscaling.maxReplicas": 3})
     assert isvc(objs)["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == "hpa"
 
 
 def test_external_class(render):
-    objs = render(set_json={"autoscaling.class": "external", "autoscaling.maxReplicas": 3})
+    objs = render(
+        set_json={**SHARED, "autoscaling.class": "external", "autoscaling.maxReplicas": 3}
+    )
     assert isvc(objs)["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == "external"
     assert "autoScaling" not in pred(objs)

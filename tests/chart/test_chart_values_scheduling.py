@@ -85,8 +85,10 @@ def test_batching_values_reach_server_flags(render):
 
 def test_batching_defaults_leave_the_server_its_defaults(render):
     args = args_of(isvc_container(render()))
-    for flag in ("max_batch_size", "max_latency_ms", "max_queue_size", "preprocess_workers"):
+    for flag in ("max_batch_size", "max_latency_ms", "max_queue_size"):
         assert flag not in args
+    # decode threads: the CPU request, not the server's default (every CPU of the node)
+    assert args["preprocess_workers"] == "4"
 
 
 def test_server_values(render):

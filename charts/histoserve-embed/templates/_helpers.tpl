@@ -156,6 +156,93 @@ protocol).
 {{- end }}
 {{- end -}}
 
+{{/* sidecar.istio.io/inject as a label (Istio's preferred form; the Job also
+carries it as an annotation for older Istio): "false" unless istio.sidecar native. */}}
+{{- define "embed.istioInject" -}}
+sidecar.istio.io/inject: {{ ternary "true" "false" (eq .Values.istio.sidecar "native") | quote }}
+{{- end -}}
+
+{{- define "embed.prepareContainerName" -}}prepare-output{{- end -}}
+
+{{/*
+The init container making sure output.mountPath is writable by the pods' user
+(output.prepare). fsGroup is not applied to ReadWriteMany CSI volumes under the
+default fsGroupPolicy, and NFS ignores it: without this the first write of every
+pod fails, one retry after another. check: a probe file as the pods' user, else
+exit 2 (the podFailurePolicy fails the Job). chown: first, as root with
+CAP_CHOWN only, chown the folder itself to runAsUser:runAsGroup.
+*/}}
+{{- define "embed.prepareContainer" -}}
+{{- $mode := .Values.output.prepare -}}
+{{- if ne $mode "none" -}}
+{{- $psc := .Values.podSecurityContext | default dict -}}
+{{- $uid := int (dig "runAsUser" 10001 $psc) -}}
+{{- $gid := int (dig "runAsGroup" 10001 $psc) -}}
+{{- $out := .Values.output.mountPath -}}
+{{- if eq $mode "chown" }}
+- name: chown-output
+  image: {{ include "embed.image" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command: [chown, "{{ $uid }}:{{ $gid }}", {{ $out | quote }}]
+  securityContext:
+    runAsUser: 0
+    runAsGroup: 0
+    runAsNonRoot: false
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities:
+      drop: [ALL]
+      add: [CHOWN]
+  {{- with .Values.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    {{- include "embed.outputMount" . | nindent 4 }}
+{{- end }}
+- name: {{ include "embed.prepareContainerName" . }}
+  image: {{ include "embed.image" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command:
+    - python
+    - -c
+    - |
+      import os, sys, tempfile
+      out = sys.argv[1]
+      try:
+          tempfile.NamedTemporaryFile(dir=out, prefix=".write-check-").close()
+      except OSError as exc:
+          print(f"histoserve-embed: {out} is not writable by uid {os.getuid()} gid {os.getgid()} "
+                f"groups {os.getgroups()}: {exc}. fsGroup does not apply to NFS or ReadWriteMany CSI "
+                "volumes: chown the folder to that uid (or set output.prepare=chown), or set "
+                "podSecurityContext.runAsUser/runAsGroup/supplementalGroups to its owner", file=sys.stderr)
+          sys.exit(2)
+    - {{ $out }}
+  env:
+    - name: PYTHONDONTWRITEBYTECODE
+      value: "1"
+  {{- with .Values.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    {{- include "embed.outputMount" . | nindent 4 }}
+{{- end -}}
+{{- end -}}
+
+{{/* The output volume's mount (the Job's container and its init containers). */}}
+{{- define "embed.outputMount" -}}
+- name: output
+  mountPath: {{ .Values.output.mountPath }}
+  {{- with .Values.output.pvc.subPath }}
+  subPath: {{ . }}
+  {{- end }}
+{{- end -}}
+
 {{/* Checks the schema cannot express. */}}
 {{- define "embed.validate" -}}
 {{- $i := .Values.inferenceService -}}

@@ -169,12 +169,15 @@ predictor's pods; KEDA divides by the target (AverageValue) to get replicas.
 {{- $k := .Values.autoscaling.keda -}}
 {{- $metric := include "histoserve.autoscalerMetric" . -}}
 {{- $sel := printf "%s=%q, %s=~%q" $k.namespaceLabel .Release.Namespace $k.podLabel (printf "%s-.*" (include "histoserve.predictorName" .)) -}}
+{{- /* max by pod (and GPU) first: a pod scraped by two jobs (PodMonitor and
+       ServiceMonitor, or annotations) has two series, and a plain sum would
+       double the load and the replicas. */ -}}
 {{- if eq $metric "gpu-utilization" -}}
 {{- /* per replica, i.e. averaged over a replica's GPUs */ -}}
 {{- $gpus := int .Values.gpu.count -}}
-{{- printf "sum(DCGM_FI_DEV_GPU_UTIL{%s})%s" $sel (ternary (printf " / %d" $gpus) "" (gt $gpus 1)) -}}
+{{- printf "sum(max by (%s, gpu) (DCGM_FI_DEV_GPU_UTIL{%s}))%s" $k.podLabel $sel (ternary (printf " / %d" $gpus) "" (gt $gpus 1)) -}}
 {{- else if eq $metric "queue-depth" -}}
-{{- printf "sum(histoserve_queue_depth{%s})" $sel -}}
+{{- printf "sum(max by (%s) (histoserve_queue_depth{%s}))" $k.podLabel $sel -}}
 {{- else -}}
 {{- $k.query -}}
 {{- end -}}
@@ -182,26 +185,74 @@ predictor's pods; KEDA divides by the target (AverageValue) to get replicas.
 
 {{/* Where the server reads checkpoints (--model_dir). */}}
 {{- define "histoserve.modelDir" -}}
-{{- if and .Values.storage.storageUri (eq .Values.storage.storageUriMode "env") -}}
+{{- if and (include "histoserve.storageUri" .) (eq .Values.storage.storageUriMode "env") -}}
 /mnt/models
 {{- else -}}
 {{- .Values.storage.mountPath -}}
 {{- end -}}
 {{- end -}}
 
+{{/*
+The storage URI handed to KServe's storage initializer: storage.storageUri,
+except a pvc:// one. KServe mounts a pvc:// entry of storageUris by its claim
+alone (the path is dropped: the claim's root would land at the model dir and
+the loader find no *.pt2), so the chart mounts such a claim itself, its path
+as the subPath (histoserve.pvcUri).
+*/}}
+{{- define "histoserve.storageUri" -}}
+{{- if not (hasPrefix "pvc://" .Values.storage.storageUri) -}}
+{{- .Values.storage.storageUri -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A pvc://claim[/path] storageUri as "claim" and "path" (empty dict otherwise). */}}
+{{- define "histoserve.pvcUri" -}}
+{{- if hasPrefix "pvc://" .Values.storage.storageUri -}}
+{{- $parts := splitn "/" 2 (trimPrefix "pvc://" .Values.storage.storageUri) -}}
+{{- toJson (dict "claim" $parts._0 "path" (trimSuffix "/" (default "" $parts._1))) -}}
+{{- else -}}
+{}
+{{- end -}}
+{{- end -}}
+
 {{- define "histoserve.pvcName" -}}
-{{- if .Values.storage.pvc.existingClaim -}}
+{{- $uri := include "histoserve.pvcUri" . | fromJson -}}
+{{- if $uri.claim -}}
+{{- $uri.claim -}}
+{{- else if .Values.storage.pvc.existingClaim -}}
 {{- .Values.storage.pvc.existingClaim -}}
 {{- else -}}
 {{- default (printf "%s-models" (include "histoserve.fullname" .)) .Values.storage.pvc.name -}}
 {{- end -}}
 {{- end -}}
 
+{{/* subPath of the model-store mount: a pvc:// URI's path, else storage.pvc.subPath. */}}
+{{- define "histoserve.pvcSubPath" -}}
+{{- $uri := include "histoserve.pvcUri" . | fromJson -}}
+{{- if $uri.claim -}}
+{{- $uri.path -}}
+{{- else -}}
+{{- .Values.storage.pvc.subPath -}}
+{{- end -}}
+{{- end -}}
+
 {{/* True ("true") when checkpoints come from a PVC volume the chart mounts. */}}
 {{- define "histoserve.usesPvc" -}}
-{{- if and (not .Values.storage.storageUri) (or .Values.storage.pvc.existingClaim .Values.storage.pvc.create) -}}
+{{- if hasPrefix "pvc://" .Values.storage.storageUri -}}
+true
+{{- else if and (not .Values.storage.storageUri) (or .Values.storage.pvc.existingClaim .Values.storage.pvc.create) -}}
 true
 {{- end -}}
+{{- end -}}
+
+{{/* The model-store volume mount (read-only, with its subPath). */}}
+{{- define "histoserve.modelStoreMount" -}}
+- name: model-store
+  mountPath: {{ .Values.storage.mountPath }}
+  readOnly: true
+  {{- with include "histoserve.pvcSubPath" . }}
+  subPath: {{ . }}
+  {{- end }}
 {{- end -}}
 
 {{/* Container port the HTTP endpoint listens on, and gRPC. */}}
@@ -231,7 +282,64 @@ the h2c one with appProtocol kubernetes.io/h2c).
 - name: h2c
   containerPort: {{ include "histoserve.grpcPort" . }}
   protocol: TCP
+{{- include "histoserve.metricsContainerPort" . }}
 {{- end }}
+{{- end -}}
+
+{{/* The metrics listener's container port (Standard; KServe adds it to the Service). */}}
+{{- define "histoserve.metricsContainerPort" -}}
+{{- if gt (int .Values.metrics.port) 0 }}
+- name: metrics
+  containerPort: {{ int .Values.metrics.port }}
+  protocol: TCP
+{{- end }}
+{{- end -}}
+
+{{/* Port the server's /metrics is scraped on: metrics.port, else the HTTP port. */}}
+{{- define "histoserve.metricsPort" -}}
+{{- if gt (int .Values.metrics.port) 0 -}}
+{{- int .Values.metrics.port -}}
+{{- else -}}
+{{- include "histoserve.httpPort" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Whole CPUs of resources.requests.cpu, rounded up ("4", 4, "2.5", "500m"); 0 when
+no CPU is requested. What sizes the decode threads and OpenMP: no CPU limit is
+set, so the server would otherwise count every CPU of the node.
+*/}}
+{{- define "histoserve.cpuCores" -}}
+{{- $cpu := toString (dig "requests" "cpu" "0" (.Values.resources | default dict)) -}}
+{{- if hasSuffix "m" $cpu -}}
+{{- div (add (atoi (trimSuffix "m" $cpu)) 999) 1000 -}}
+{{- else -}}
+{{- ceil (float64 $cpu) | int -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+OMP_NUM_THREADS and MKL_NUM_THREADS from the CPU request (torch sizes its
+intra-op pool from them), split between the CPU device workers when the model
+runs on the CPU; left out when there is no CPU request or server.extraEnv sets them.
+*/}}
+{{- define "histoserve.threadEnv" -}}
+{{- $cores := include "histoserve.cpuCores" . | int -}}
+{{- $user := list -}}
+{{- range .Values.server.extraEnv }}{{ $user = append $user .name }}{{ end -}}
+{{- if gt $cores 0 -}}
+{{- $threads := $cores -}}
+{{- if eq .Values.model.device "cpu" -}}
+{{- $instances := .Values.batching.instancesPerDevice | default 2 | int -}}
+{{- $threads = max 1 (div $cores $instances) -}}
+{{- end -}}
+{{- range list "OMP_NUM_THREADS" "MKL_NUM_THREADS" }}
+{{- if not (has . $user) }}
+- name: {{ . }}
+  value: {{ $threads | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
 {{- end -}}
 
 {{/* Server flags that do not depend on the model (shared with the ServingRuntime). */}}
@@ -240,6 +348,9 @@ the h2c one with appProtocol kubernetes.io/h2c).
 - --grpc_port={{ include "histoserve.grpcPort" . }}
 - --drain_timeout_s={{ .Values.server.drainTimeoutSeconds }}
 - --grpc_max_receive_message_length={{ int64 .Values.server.grpcMaxMessageBytes }}
+{{- if gt (int .Values.metrics.port) 0 }}
+- --metrics_port={{ int .Values.metrics.port }}
+{{- end }}
 {{- with .Values.server.maxTilesPerRequest }}
 - --max_tiles_per_request={{ int64 . }}
 {{- end }}
@@ -274,6 +385,8 @@ the h2c one with appProtocol kubernetes.io/h2c).
 {{- end }}
 {{- if ne $b.preprocessWorkers nil }}
 - --preprocess_workers={{ $b.preprocessWorkers }}
+{{- else if gt (include "histoserve.cpuCores" . | int) 0 }}
+- --preprocess_workers={{ include "histoserve.cpuCores" . }}
 {{- end }}
 {{- if ne $b.instancesPerDevice nil }}
 - --instances_per_device={{ $b.instancesPerDevice }}
@@ -373,18 +486,49 @@ TORCHINDUCTOR_CACHE_DIR; Triton and the CUDA JIT cache go under the cache dir.
 {{- end }}
 {{- end -}}
 
-{{/* Resources with the GPU merged into requests and limits. */}}
+{{/*
+Resources with the GPU merged into requests and limits, and an ephemeral-storage
+request for the on-disk scratch volumes unless one is given.
+*/}}
 {{- define "histoserve.resources" -}}
 {{- $res := deepCopy (default dict .Values.resources) -}}
-{{- if gt (int .Values.gpu.count) 0 -}}
 {{- $req := deepCopy (default dict $res.requests) -}}
 {{- $lim := deepCopy (default dict $res.limits) -}}
+{{- if gt (int .Values.gpu.count) 0 -}}
 {{- $_ := set $req .Values.gpu.resourceName (int .Values.gpu.count) -}}
 {{- $_ := set $lim .Values.gpu.resourceName (int .Values.gpu.count) -}}
-{{- $_ := set $res "requests" $req -}}
-{{- $_ := set $res "limits" $lim -}}
 {{- end -}}
+{{- if not (hasKey $req "ephemeral-storage") -}}
+{{- $_ := set $req "ephemeral-storage" (printf "%dMi" (include "histoserve.scratchDiskMi" . | int)) -}}
+{{- end -}}
+{{- $_ := set $res "requests" $req -}}
+{{- if $lim }}{{ $_ := set $res "limits" $lim }}{{ end -}}
 {{- toYaml $res -}}
+{{- end -}}
+
+{{/* MiB the on-disk emptyDirs may fill (their sizeLimits; a Memory /tmp counts as memory). */}}
+{{- define "histoserve.scratchDiskMi" -}}
+{{- $sizes := list .Values.scratch.cache.sizeLimit .Values.scratch.home.sizeLimit -}}
+{{- if ne .Values.scratch.tmp.medium "Memory" }}{{ $sizes = append $sizes .Values.scratch.tmp.sizeLimit }}{{ end -}}
+{{- $total := 0 -}}
+{{- range $sizes }}{{ $total = add $total (include "histoserve.quantityMi" . | int) }}{{ end -}}
+{{- $total -}}
+{{- end -}}
+
+{{/* A storage quantity (Ki, Mi, Gi, Ti, k, M, G, T or bytes) in MiB, rounded up. */}}
+{{- define "histoserve.quantityMi" -}}
+{{- $q := toString . -}}
+{{- $units := list (list "Ki" 1024) (list "Mi" 1048576) (list "Gi" 1073741824) (list "Ti" 1099511627776) (list "k" 1000) (list "M" 1000000) (list "G" 1000000000) (list "T" 1000000000000) -}}
+{{- $bytes := 0 -}}
+{{- $found := false -}}
+{{- range $units -}}
+{{- if and (not $found) (hasSuffix (index . 0) $q) -}}
+{{- $bytes = mul (int64 (trimSuffix (index . 0) $q)) (index . 1) -}}
+{{- $found = true -}}
+{{- end -}}
+{{- end -}}
+{{- if not $found }}{{ $bytes = int64 $q }}{{ end -}}
+{{- div (add $bytes 1048575) 1048576 -}}
 {{- end -}}
 
 {{/* Readiness path on the HTTP port. */}}
@@ -414,13 +558,32 @@ readinessProbe:
 {{- end }}
 {{- if $p.liveness.enabled }}
 livenessProbe:
+  {{- if and (eq .Values.deploymentMode "Knative") (eq .Values.knative.protocol "grpc") }}
+  {{- include "histoserve.execLiveness" . | nindent 2 }}
+  {{- else }}
   httpGet:
     path: /v2/health/live
     port: {{ include "histoserve.httpPort" . }}
+  {{- end }}
   periodSeconds: {{ $p.liveness.periodSeconds }}
   failureThreshold: {{ $p.liveness.failureThreshold }}
   timeoutSeconds: {{ $p.liveness.timeoutSeconds }}
 {{- end }}
+{{- end -}}
+
+{{/*
+Liveness that no port rewrite can move: Knative rewrites an httpGet (or
+tcpSocket) liveness probe to its one serving port (unconditionally up to 1.21;
+1.22+ keeps a custom port only with multi-container-probing), which for gRPC is
+the gRPC port; an exec probe runs inside the container, where the HTTP server
+still listens on 8080. A 503 (device lost) or no answer exits non-zero.
+*/}}
+{{- define "histoserve.execLiveness" -}}
+exec:
+  command:
+    - python
+    - -c
+    - import urllib.request as u; u.urlopen('http://127.0.0.1:{{ include "histoserve.httpPort" . }}/v2/health/live', timeout={{ max 1 (sub (int .Values.probes.liveness.timeoutSeconds) 1) }})
 {{- end -}}
 
 {{/* Knative rejects lifecycle hooks (its queue-proxy drains the pod itself). */}}
@@ -445,6 +608,20 @@ feature flag): fsGroupChangePolicy and the rest are dropped in that mode.
 {{- end -}}
 {{- if $psc -}}
 {{- toYaml $psc -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Container security context. Knative before 1.17 refuses the privileged key
+(even false): dropped in Knative mode (privileged true is refused by validate).
+*/}}
+{{- define "histoserve.securityContext" -}}
+{{- $sc := deepCopy (default dict .Values.securityContext) -}}
+{{- if eq .Values.deploymentMode "Knative" -}}
+{{- $sc = omit $sc "privileged" -}}
+{{- end -}}
+{{- if $sc -}}
+{{- toYaml $sc -}}
 {{- end -}}
 {{- end -}}
 
@@ -518,5 +695,68 @@ Checks the schema cannot express (it cannot compare two values).
 {{- end -}}
 {{- if and (gt (int .Values.gpu.count) 1) (ne .Values.model.device "auto") -}}
 {{- fail (printf "gpu.count %d but model.device %q serves one GPU: use model.device auto (one worker per GPU)" (int .Values.gpu.count) .Values.model.device) -}}
+{{- end -}}
+{{- include "histoserve.validateCluster" . -}}
+{{- end -}}
+
+{{/*
+What a cluster would refuse or break on, though every object is valid:
+checks of values against each other and against the live object.
+*/}}
+{{- define "histoserve.validateCluster" -}}
+{{- $a := .Values.autoscaling -}}
+{{- $knative := eq .Values.deploymentMode "Knative" -}}
+{{- if and $knative (dig "privileged" false (.Values.securityContext | default dict)) -}}
+{{- fail "securityContext.privileged true: Knative never admits a privileged container (and before 1.17 refuses the key at all)" -}}
+{{- end -}}
+{{- $timeout := .Values.knative.timeoutSeconds -}}
+{{- if and $knative (ne $timeout nil) (gt (int $timeout) (int .Values.knative.maxRevisionTimeoutSeconds)) -}}
+{{- fail (printf "knative.timeoutSeconds %d > knative.maxRevisionTimeoutSeconds %d: Knative refuses it; raise max-revision-timeout-seconds in knative-serving's config-defaults and set knative.maxRevisionTimeoutSeconds to match" (int $timeout) (int .Values.knative.maxRevisionTimeoutSeconds)) -}}
+{{- end -}}
+{{- $pvc := .Values.storage.pvc -}}
+{{- $created := and (not .Values.storage.storageUri) (not $pvc.existingClaim) $pvc.create -}}
+{{- $oneNode := not (or (has "ReadOnlyMany" $pvc.accessModes) (has "ReadWriteMany" $pvc.accessModes)) -}}
+{{- if and $created $oneNode (gt (int $a.maxReplicas) 1) -}}
+{{- fail (printf "storage.pvc.accessModes %v with autoscaling.maxReplicas %d: a ReadWriteOnce volume attaches to one node, replicas elsewhere fail with Multi-Attach errors; use ReadOnlyMany or ReadWriteMany, an existingClaim that several nodes can mount, or storageUri" $pvc.accessModes (int $a.maxReplicas)) -}}
+{{- end -}}
+{{- if and (hasPrefix "pvc://" .Values.storage.storageUri) (not (include "histoserve.pvcUri" . | fromJson).claim) -}}
+{{- fail (printf "storage.storageUri %q names no claim: use pvc://<claim>/<path>" .Values.storage.storageUri) -}}
+{{- end -}}
+{{- $np := .Values.networkPolicy -}}
+{{- if and $np.enabled (not $np.allowExternal) (not $np.metricsFrom) (eq (int .Values.metrics.port) 0) -}}
+{{- fail "networkPolicy: metrics.port 0 serves /metrics on the inference port 8080, so an empty metricsFrom (scrapers from anywhere) would open the model to anyone despite allowExternal false: set metrics.port (e.g. 8082) or networkPolicy.metricsFrom" -}}
+{{- end -}}
+{{- include "histoserve.validatePdb" . -}}
+{{- include "histoserve.validateUpgrade" . -}}
+{{- end -}}
+
+{{/* A PDB that allows no eviction at minReplicas blocks every node drain. */}}
+{{- define "histoserve.validatePdb" -}}
+{{- $pdb := .Values.podDisruptionBudget -}}
+{{- $min := int .Values.autoscaling.minReplicas -}}
+{{- if $pdb.enabled -}}
+{{- $blocks := false -}}
+{{- if ne $pdb.minAvailable nil -}}
+{{- $blocks = or (eq (toString $pdb.minAvailable) "100%") (and (kindIs "float64" $pdb.minAvailable) (ge (int $pdb.minAvailable) $min)) (and (kindIs "int64" $pdb.minAvailable) (ge (int $pdb.minAvailable) $min)) -}}
+{{- else -}}
+{{- $blocks = has (toString $pdb.maxUnavailable) (list "0" "0%") -}}
+{{- end -}}
+{{- if $blocks -}}
+{{- fail (printf "podDisruptionBudget (minAvailable %v, maxUnavailable %v) with autoscaling.minReplicas %d allows no eviction at minReplicas: node drains would block. Use maxUnavailable: 1, or a minAvailable below minReplicas" $pdb.minAvailable $pdb.maxUnavailable $min) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+KServe's webhook refuses to change an InferenceService's deploymentMode
+("update rejected: deploymentMode cannot be changed"): say so before the
+upgrade half-applies. lookup finds nothing under `helm template`.
+*/}}
+{{- define "histoserve.validateUpgrade" -}}
+{{- $old := lookup "serving.kserve.io/v1beta1" "InferenceService" .Release.Namespace (include "histoserve.fullname" .) -}}
+{{- $was := dig "status" "deploymentMode" "" ($old | default dict) -}}
+{{- $was = get (dict "RawDeployment" "Standard" "Serverless" "Knative") $was | default $was -}}
+{{- if and $was (ne $was .Values.deploymentMode) -}}
+{{- fail (printf "deploymentMode %s, but InferenceService %s runs as %s and KServe refuses to change it: keep %s, or helm uninstall and install again" .Values.deploymentMode (include "histoserve.fullname" .) $was $was) -}}
 {{- end -}}
 {{- end -}}
