@@ -6,10 +6,12 @@ owner, learns the model (spec, class, name, description: the package is
 never loaded here), attaches its slab and serves the model with a
 :class:`~predictor.frontends.proxy.BatcherProxy` as its batcher. Everything
 a request costs in Python happens here: framing, JSON, base64, decoding,
-validation (the 400s), encoding the answer, metrics. The HTTP port is bound
-with ``SO_REUSEPORT`` (gRPC's server sets it itself), so the kernel spreads
-connections over the front ends; ``/metrics`` sums every process's series
-(Prometheus multiprocess mode).
+validation (the 400s), encoding the answer, metrics. It serves the HTTP
+socket the supervisor bound and it inherited (the kernel spreads connections
+over the front ends accepting on it) and binds gRPC beside the supervisor's
+reservation (:mod:`predictor.server.listeners`); once both listen it tells
+the owner it serves. ``/metrics`` sums every process's series (Prometheus
+multiprocess mode).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +37,6 @@ from predictor.families import load_model_class
 from predictor.frontends.messages import recv_blocking, send_blocking
 from predictor.frontends.proxy import BatcherProxy
 from predictor.frontends.shm import Slab, SlotLayout
-from predictor.kserve_compat import serve_on_socket
 from predictor.server.app import HistoModelServer
 from predictor.serving.metrics import create_metrics
 from predictor.serving.model import BaseServerModel
@@ -54,9 +56,12 @@ class FrontendServer(HistoModelServer):
         **kwargs: :class:`HistoModelServer`'s arguments.
     """
 
-    def __init__(self, *, owner_metadata: dict[str, Any], **kwargs: Any) -> None:
+    def __init__(
+        self, *, owner_metadata: dict[str, Any], on_listening: Callable[[], None], **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self._owner_metadata = owner_metadata
+        self._on_listening = on_listening
 
     def _configure_app(self, app: FastAPI) -> None:
         super()._configure_app(app)
@@ -67,8 +72,8 @@ class FrontendServer(HistoModelServer):
         await super()._model_config(model_name)  # 404 for another name
         return self._owner_metadata
 
-    def _start_rest(self) -> Any:
-        return serve_on_socket(self._http, reuse_port_socket(self.http_port, self._bind_address))
+    def _listening(self) -> None:
+        self._on_listening()
 
 
 async def summed_metrics(request: Request) -> Response:
@@ -77,27 +82,6 @@ async def summed_metrics(request: Request) -> Response:
     multiprocess.MultiProcessCollector(registry)
     encoder, content_type = exposition.choose_encoder(request.headers.get("accept"))
     return Response(encoder(registry), headers={"content-type": content_type})
-
-
-def reuse_port_socket(port: int, host: str | None = None) -> socket.socket:
-    """A listening TCP socket on ``host:port`` that other front ends share (``SO_REUSEPORT``).
-
-    ``host`` is ``--bind_address``; ``None`` listens on every IPv4 interface
-    (``0.0.0.0``, as the one-process server's uvicorn does).
-
-    Created with an explicit ``IPPROTO_TCP``: asyncio sets ``TCP_NODELAY`` on
-    an accepted connection only when its socket says so, and without it a
-    response written in two parts waits on the client's delayed ACK (~40 ms).
-    """
-    host = "0.0.0.0" if host is None else host
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
 
 
 def connect(socket_path: str, index: int) -> tuple[socket.socket, dict[str, Any]]:
@@ -134,14 +118,18 @@ def build_frontend_model(
         instances_per_device=config.instances_per_device or 1,  # the owner's workers
     )
     slab = Slab.attach(info["slab"], SlotLayout(*info["layout"]))
+    metrics = create_metrics(name)
+    proxy = BatcherProxy(
+        sock, slab, name, batching.retry_after_s, _exit_later, on_reject=metrics.on_reject
+    )
     model = cls(
         spec,
         info["checkpoint"],
         device="cpu",
         model_root=Path(info["model_root"]),
         options=options,
-        metrics=create_metrics(name),
-        batcher=BatcherProxy(sock, slab, name, batching.retry_after_s, _exit_later),
+        metrics=metrics,
+        batcher=proxy,
     )
     model.load()
     return model
@@ -150,8 +138,8 @@ def build_frontend_model(
 def _exit_later() -> None:
     """Drains and exits ``OWNER_GONE_EXIT_S`` after the owner went away (liveness fails meanwhile).
 
-    In a container the owner is the main process, whose death ends the
-    container; elsewhere this keeps front ends from outliving their owner.
+    The supervisor's death kills the front end outright (``PR_SET_PDEATHSIG``);
+    this covers an owner that closed the connection while its process lives.
     """
     loop = asyncio.get_running_loop()
     loop.call_later(OWNER_GONE_EXIT_S, os.kill, os.getpid(), signal.SIGTERM)
@@ -170,6 +158,9 @@ def build_frontend(
     """
     sock, info = connect(args.frontend_socket, args.frontend_index)
     model = build_frontend_model(info, sock, *configs)
-    server = FrontendServer(owner_metadata=info["metadata"], **server_kwargs)
+    proxy = model.batcher
+    server = FrontendServer(
+        owner_metadata=info["metadata"], on_listening=proxy.tell_serving, **server_kwargs
+    )
     logger.info("front end %d serving %s", args.frontend_index, model.name)
     return server, model

@@ -11,32 +11,41 @@ request's tiles are settled writes their outputs into the same slots and
 answers with one outcome per tile: the result's descriptors, or the error
 (the batch's failure, the queue bound, the drain).
 
-When the device becomes unusable (a sticky error took out every worker),
-every front end is told at once (``("state", depth, live)``), not only the
-one whose request saw the failure: liveness and readiness then fail on
-whichever front end the kubelet's probe reaches. A front end that goes away
-is forgotten once its tiles still in the batcher are settled; its slab is
-unlinked then. Nothing here knows HTTP or gRPC.
+The owner is the one admission authority. Every answer carries its queue
+depth and liveness, and every :data:`STATE_REFRESH_S` each front end whose
+last word from the owner is out of date is told the fresh ``("state", depth,
+live)``: a front end that refused on a full queue sees the room again within
+that time, and a lost device fails liveness on every front end, whichever one
+the kubelet's probe reaches.
+
+Every submit is answered exactly once: whatever goes wrong on the answer path
+(a sample that cannot be viewed, outputs that cannot be written) becomes that
+request's failure, never a missing answer. The slabs are made before the front
+ends start (one per index, allocated whole); a front end started again gets
+its index's slab once its predecessor's tiles are settled. Nothing here knows
+HTTP or gRPC.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
 from predictor.errors import ForwardError, ModelNotReady
 from predictor.frontends.messages import FrameWriter, error_outcome, frame, read_frame
-from predictor.frontends.shm import Slab, SlotLayout
+from predictor.frontends.shm import Slab
 from predictor.serving.forward import BatchItem
 from predictor.serving.model import BaseServerModel
 
 logger = logging.getLogger("histoserve")
 
-LIVENESS_POLL_S = 0.25
+STATE_REFRESH_S = 0.05
+"""Longest a front end's view of the queue depth and liveness lags the owner's."""
 
 
 class DeviceOwner:
@@ -44,39 +53,38 @@ class DeviceOwner:
 
     Args:
         model: The loaded model whose batcher runs in this process's loop.
-        layout: The slot layout of every front end's slab.
+        slabs: One slab per front-end index (created, allocated).
         socket_path: Where to listen (a private folder's Unix socket).
         info: What a front end needs to serve the model without loading it
             (see :func:`predictor.frontends.supervisor.frontend_info`).
+        on_ready: Told the pid of each front end that says it serves (its
+            ports bound, its model built).
     """
 
     def __init__(
         self,
         model: BaseServerModel,
-        layout: SlotLayout,
+        slabs: Sequence[Slab],
         socket_path: Path,
         info: Mapping[str, Any],
+        on_ready: Callable[[int], None] = lambda pid: None,
     ) -> None:
         self._model = model
-        self._layout = layout
+        self._on_ready = on_ready
+        self._slabs = list(slabs)
         self._socket_path = socket_path
         self._info = dict(info)
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[None]] = set()
-        self._links: set[_Link] = set()
-        self._live = True
+        self._links: dict[int, _Link] = {}
         self._watcher: asyncio.Task[None] | None = None
-        self.hellos: asyncio.Queue[int] = asyncio.Queue()
-        """The pid of each front end that connected (the supervisor's start-up wait)."""
-        self.connected: set[int] = set()
-        """Every front end's pid that ever connected."""
 
     async def start(self) -> None:
         """Listens on the socket (the model's batcher must be started)."""
         self._server = await asyncio.start_unix_server(
             self._accept, path=str(self._socket_path), limit=1 << 20
         )
-        self._watcher = asyncio.get_running_loop().create_task(self._watch_liveness())
+        self._watcher = asyncio.get_running_loop().create_task(self._refresh_states())
 
     async def close(self) -> None:
         """Stops listening and waits for every connection's tiles to be settled."""
@@ -86,6 +94,8 @@ class DeviceOwner:
             self._watcher.cancel()
         if self._connections:
             await asyncio.wait(set(self._connections))
+        for slab in self._slabs:
+            slab.close()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -101,41 +111,42 @@ class DeviceOwner:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         hello = await read_frame(reader)
-        if hello is None or hello[0] != "hello":
+        if hello is None or hello[0] != "hello" or not 0 <= hello[1] < len(self._slabs):
             return
         _, index, pid = hello
-        link = _Link(
-            self._model, Slab.create(self._layout), FrameWriter(writer), self.tell_liveness
-        )
-        layout = (self._layout.input_bytes, self._layout.output_bytes, self._layout.slots)
-        writer.write(frame(("welcome", {**self._info, "slab": link.slab.name, "layout": layout})))
-        logger.info("front end %d (pid %d) connected; slab %s", index, pid, link.slab.name)
-        self.connected.add(pid)
-        self.hellos.put_nowait(pid)
-        self._links.add(link)
+        previous = self._links.get(index)
+        if previous is not None:  # its tiles still in the batcher view this slab
+            await previous.idle.wait()
+        slab = self._slabs[index]
+        link = _Link(self._model, slab, FrameWriter(writer), self._state)
+        self._links[index] = link
+        layout = slab.layout
+        welcome = {**self._info, "slab": slab.name, "layout": dataclasses.astuple(layout)}
+        writer.write(frame(("welcome", welcome)))
+        logger.info("front end %d (pid %d) connected; slab %s", index, pid, slab.name)
         try:
             while (message := await read_frame(reader)) is not None:
                 if message[0] == "submit":
                     link.submit(*message[1:])
+                elif message[0] == "ready":
+                    self._on_ready(pid)
         finally:
-            self._links.discard(link)
-            await link.idle.wait()  # its tiles still in the batcher view the slab
-            link.slab.close()
+            link.closed = True
+            await link.idle.wait()
             logger.info("front end %d (pid %d) disconnected", index, pid)
 
-    def tell_liveness(self) -> None:
-        """Tells every front end the model's liveness if it changed since last told."""
-        live = self._model.live
-        if live != self._live:
-            self._live = live
-            for link in self._links:
-                link.send_state()
+    def _state(self) -> tuple[int, bool]:
+        batcher = self._model.batcher
+        return (batcher.queue_depth if batcher is not None else 0), self._model.live
 
-    async def _watch_liveness(self) -> None:
-        """Catches a change no answer carried (the batcher failing with nothing queued)."""
+    async def _refresh_states(self) -> None:
+        """Tells each front end the depth and liveness when its last word is out of date."""
         while True:
-            await asyncio.sleep(LIVENESS_POLL_S)
-            self.tell_liveness()
+            await asyncio.sleep(STATE_REFRESH_S)
+            state = self._state()
+            for link in list(self._links.values()):
+                if link.told != state and not link.closed:
+                    link.send_state(state)
 
 
 class _Link:
@@ -146,30 +157,28 @@ class _Link:
         model: BaseServerModel,
         slab: Slab,
         writer: FrameWriter,
-        after_reply: Callable[[], None],
+        state: Callable[[], tuple[int, bool]],
     ) -> None:
         self._model = model
         self.slab = slab
         self._writer = writer
-        self._after_reply = after_reply
+        self._state = state
         self._outstanding = 0
+        self.told: tuple[int, bool] | None = None
+        """The depth and liveness this front end last heard."""
+        self.closed = False
         self.idle = asyncio.Event()
         self.idle.set()
 
     def submit(self, rid: int, mode: str, items: list[tuple[Any, ...]]) -> None:
-        """Enqueues one request's samples; answers once all its futures are settled."""
-        slab = self.slab
-        samples = [
-            PreparedSample(slab.view(descs[0]), {d[0]: slab.view(d) for d in descs[1:]})
-            for _, _, descs in items
-        ]
-        requests = [ModelRequest(index=index) for _, index, _ in items]
-        batcher = self._model.batcher
+        """Enqueues one request's samples; answers once all its futures are settled.
+
+        A request refused as a whole (queue full, draining, device lost) or
+        whose samples cannot be read from the slab is answered at once.
+        """
         try:
-            if batcher is None:
-                raise ModelNotReady(f"model {self._model.name!r} has no running batcher")
-            futures = batcher.submit(list(map(BatchItem, samples, requests)), key=mode)
-        except Exception as exc:  # refused as a whole: queue full, draining, device lost
+            futures = self._enqueue(mode, items)
+        except Exception as exc:
             self._reply(rid, [error_outcome(exc)] * len(items))
             return
         slots = [slot for slot, _, _ in items]
@@ -186,34 +195,54 @@ class _Link:
         for future in futures:
             future.add_done_callback(settled)
 
+    def _enqueue(self, mode: str, items: list[tuple[Any, ...]]) -> list[asyncio.Future[Any]]:
+        batcher = self._model.batcher
+        if batcher is None:
+            raise ModelNotReady(f"model {self._model.name!r} has no running batcher")
+        view = self.slab.view
+        samples = [
+            PreparedSample(view(descs[0]), {d[0]: view(d) for d in descs[1:]})
+            for _, _, descs in items
+        ]
+        requests = [ModelRequest(index=index) for _, index, _ in items]
+        return batcher.submit(list(map(BatchItem, samples, requests)), key=mode)
+
     def _answer(
         self, rid: int, futures: list[asyncio.Future[ModelResponse]], slots: list[int]
     ) -> None:
-        outcomes: list[tuple[Any, ...]] = []
-        for slot, future in zip(slots, futures, strict=True):
-            error = ModelNotReady("cancelled") if future.cancelled() else future.exception()
-            if error is None:
-                try:
-                    outcomes.append(("ok", self.slab.write_outputs(slot, future.result().outputs)))
-                    continue
-                except ForwardError as exc:  # outputs larger than the model declared
-                    error = exc
-            outcomes.append(error_outcome(error))
+        try:
+            outcomes = [self._outcome(slot, f) for slot, f in zip(slots, futures, strict=True)]
+        except Exception as exc:  # a bug here must not leave the request unanswered
+            logger.exception("answering a front end's request failed")
+            outcomes = [error_outcome(ForwardError(f"answer failed: {exc}"))] * len(futures)
         self._reply(rid, outcomes)
         self._outstanding -= 1
         if self._outstanding == 0:
             self.idle.set()
 
-    def _reply(self, rid: int, outcomes: list[Any]) -> None:
-        if not self._writer.closing:
-            self._writer.send(("done", rid, *self._state(), outcomes))
-        self._after_reply()
+    def _outcome(self, slot: int, future: asyncio.Future[ModelResponse]) -> tuple[Any, ...]:
+        error = ModelNotReady("cancelled") if future.cancelled() else future.exception()
+        if error is not None:
+            return error_outcome(error)
+        try:
+            return ("ok", self.slab.write_outputs(slot, future.result().outputs))
+        except Exception as exc:  # outputs that outgrow or do not fit what the model declared
+            return error_outcome(exc if isinstance(exc, ForwardError) else ForwardError(str(exc)))
 
-    def send_state(self) -> None:
+    def _reply(self, rid: int, outcomes: list[Any]) -> None:
+        if self._writer.closing:
+            return
+        state = self._state()
+        try:
+            self._writer.send(("done", rid, *state, outcomes))
+        except Exception as exc:  # an outcome that does not pickle: the request still fails
+            logger.exception("sending a front end's answer failed")
+            failed = error_outcome(ForwardError(f"answer failed: {exc}"))
+            self._writer.send(("done", rid, *state, [failed] * len(outcomes)))
+        self.told = state
+
+    def send_state(self, state: tuple[int, bool]) -> None:
         """Sends the owner's queue depth and liveness without an answer."""
         if not self._writer.closing:
-            self._writer.send(("state", *self._state()))
-
-    def _state(self) -> tuple[int, bool]:
-        batcher = self._model.batcher
-        return (batcher.queue_depth if batcher is not None else 0), self._model.live
+            self._writer.send(("state", *state))
+            self.told = state

@@ -61,3 +61,23 @@ def tag_log_lines(tag: str) -> None:
         return record
 
     logging.setLogRecordFactory(tagged)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int | None) -> None:
+    """Asks the kernel to SIGKILL this front end when its supervisor dies (``PR_SET_PDEATHSIG``).
+
+    A front end that outlived its supervisor would hold the inherited port
+    with no device owner behind it. If the supervisor ``parent_pid`` is
+    already gone (it died before the request was made), exits at once.
+    """
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from predictor.codecs.samples import ModelResponse
-from predictor.errors import ModelNotReady, Overloaded
+from predictor.errors import ForwardError, ModelNotReady, Overloaded
 from predictor.frontends.messages import FrameWriter, read_frame, rebuild_error
 from predictor.frontends.shm import ArrayDesc, Slab
 
@@ -39,6 +39,8 @@ class BatcherProxy:
         name: The model's name, for messages.
         retry_after_s: ``Retry-After`` of a refusal for want of a free slot.
         on_owner_gone: Called once if the owner goes away while serving.
+        on_reject: Told the tiles of a refusal for want of a free slot (the
+            metrics' ``rejected``, as the real batcher's observer is told).
     """
 
     def __init__(
@@ -48,8 +50,10 @@ class BatcherProxy:
         name: str,
         retry_after_s: float,
         on_owner_gone: Callable[[], None] = lambda: None,
+        on_reject: Callable[[int], None] = lambda n: None,
     ) -> None:
         self._sock = sock
+        self._on_reject = on_reject
         self._on_owner_gone = on_owner_gone
         self._slab = slab
         self._name = name
@@ -87,6 +91,11 @@ class BatcherProxy:
         self._connected = True
         self._reader_task = asyncio.get_running_loop().create_task(self._read(reader))
 
+    def tell_serving(self) -> None:
+        """Tells the device owner this front end serves (its ports listen, its model is built)."""
+        if self._writer is not None:
+            self._writer.send(("ready",))
+
     def submit(self, items: Sequence[Any], key: Hashable = None) -> list[asyncio.Future[Any]]:
         """Sends ``items`` (all or none) to the device owner; one future per item, in order.
 
@@ -100,6 +109,7 @@ class BatcherProxy:
             return []
         slots = self._slab.take(len(items))
         if slots is None:
+            self._on_reject(len(items))
             raise Overloaded(
                 f"{self._name}: queue full ({len(items)} tiles do not fit this front end's "
                 f"shared memory, {self._slab.free_slots} slots free)",
@@ -168,7 +178,7 @@ class BatcherProxy:
     async def _read(self, reader: asyncio.StreamReader) -> None:
         while (message := await read_frame(reader)) is not None:
             if message[0] == "done":
-                self._settle(*message[1:])
+                self._settle_safely(*message[1:])
             elif message[0] == "state":
                 self._owner_depth, self._owner_live = message[1:]
         self._connected = False
@@ -183,16 +193,30 @@ class BatcherProxy:
         self._pending.clear()
         self._idle.set()
 
+    def _settle_safely(self, rid: int, *answer: Any) -> None:
+        """:meth:`_settle`, and if reading the answer fails, that request fails (a 503)."""
+        try:
+            self._settle(rid, *answer)
+        except Exception as exc:
+            logger.exception("%s: reading the device owner's answer failed", self._name)
+            futures, slots = self._pending.pop(rid, ([], []))
+            failed = ForwardError(f"{self._name}: the answer could not be read: {exc}")
+            for future in futures:
+                if not future.done():
+                    future.set_exception(failed)
+            self._slab.give_back(slots)
+            if not self._pending:
+                self._idle.set()
+
     def _settle(self, rid: int, depth: int, live: bool, outcomes: list[tuple[Any, ...]]) -> None:
         self._owner_depth = depth
         self._owner_live = live
-        futures, slots = self._pending.pop(rid)
-        for future, outcome in zip(futures, outcomes, strict=True):
-            result: Any
-            if outcome[0] == "ok":
-                result = ModelResponse({d[0]: self._copy_out(d) for d in outcome[1]})
-            else:
-                result = rebuild_error(*outcome[1:])
+        futures, slots = self._pending[rid]
+        results = [self._result(outcome) for outcome in outcomes]
+        if len(results) != len(futures):
+            raise ValueError(f"{len(results)} outcomes for {len(futures)} tiles")
+        del self._pending[rid]
+        for future, result in zip(futures, results, strict=True):
             if future.done():  # cancelled by its caller: nothing to settle
                 continue
             if isinstance(result, Exception):
@@ -202,6 +226,11 @@ class BatcherProxy:
         self._slab.give_back(slots)
         if not self._pending:
             self._idle.set()
+
+    def _result(self, outcome: tuple[Any, ...]) -> ModelResponse | Exception:
+        if outcome[0] == "ok":
+            return ModelResponse({d[0]: self._copy_out(d) for d in outcome[1]})
+        return rebuild_error(*outcome[1:])
 
     def _copy_out(self, desc: ArrayDesc) -> np.ndarray:
         return self._slab.view(desc).copy()

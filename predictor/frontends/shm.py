@@ -9,26 +9,29 @@ never pickled), the owner views it as numpy arrays for the batch, writes the
 outputs into the same slot and the front end copies them out (a few kB per
 tile) before freeing the slot.
 
-Slots are handed out last-freed first, so the pages a quiet slab touches stay
-few: a slab is sized for the worst case but only used pages cost memory
-(``/dev/shm`` is a tmpfs).
+Only plain numbers cross (:data:`NUMERIC_KINDS`): an array of Python objects
+would cross as raw pointers into another process's heap. A segment is
+allocated whole when it is created (:mod:`predictor.frontends.segments`), so a
+``/dev/shm`` too small is a start-up error, never a SIGBUS mid-request.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from multiprocessing import resource_tracker
-from multiprocessing.shared_memory import SharedMemory
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from predictor.errors import ForwardError
+from predictor.frontends.segments import SHM_DIR, Segment
 
 ALIGN = 64
 """Every array in a slot starts at a multiple of this (cache lines, SIMD loads)."""
+
+NUMERIC_KINDS = frozenset("biufc")
+"""numpy dtype kinds that may cross: bool, signed, unsigned, float, complex."""
 
 ArrayDesc = tuple[str, str, tuple[int, ...], int]
 """``(name, dtype string, shape, offset in the slab)`` of one array in a slot."""
@@ -89,41 +92,44 @@ class Slab:
     """One front end's shared-memory slab, seen from either side.
 
     Args:
-        shm: The mapped segment.
+        segment: The mapped segment.
         layout: How it is cut into slots.
         owner: True in the device owner, which unlinks the segment on close.
     """
 
-    def __init__(self, shm: SharedMemory, layout: SlotLayout, *, owner: bool) -> None:
-        self._shm = shm
+    def __init__(self, segment: Segment, layout: SlotLayout, *, owner: bool) -> None:
+        self._segment = segment
         self.layout = layout
         self._owner = owner
         self._free = list(range(layout.slots - 1, -1, -1))  # pop() hands out slot 0 first
 
     @classmethod
-    def create(cls, layout: SlotLayout) -> Slab:
-        """A new slab (in the device owner)."""
-        return cls(SharedMemory(create=True, size=layout.slab_bytes), layout, owner=True)
+    def create(cls, layout: SlotLayout, folder: Path = SHM_DIR) -> Slab:
+        """A new slab, every page allocated (in the device owner).
+
+        Raises:
+            ShmTooSmall: ``folder`` cannot hold it.
+        """
+        return cls(Segment.create(layout.slab_bytes, folder), layout, owner=True)
 
     @classmethod
-    def attach(cls, name: str, layout: SlotLayout, *, untrack: bool = True) -> Slab:
+    def attach(cls, name: str, layout: SlotLayout, folder: Path = SHM_DIR) -> Slab:
         """The owner's slab ``name`` (in a front end, which never unlinks it).
 
-        ``untrack=False`` only where the creating slab lives in this same
-        process (a test), whose resource tracker must keep the one entry.
+        Raises:
+            ValueError: The segment is not one of ours or smaller than ``layout``.
+            OSError: It does not exist.
         """
-        shm = SharedMemory(name=name)
-        if untrack:
-            # Python < 3.13 registers an attached segment with this process's
-            # resource tracker, which would unlink it when this process exits.
-            # It registered the POSIX name, which is the public one with its leading slash.
-            resource_tracker.unregister(f"/{shm.name}", "shared_memory")
-        return cls(shm, layout, owner=False)
+        segment = Segment.attach(name, folder)
+        if len(segment.buf) < layout.slab_bytes:
+            segment.close(unlink=False)
+            raise ValueError(f"segment {name} is smaller than its layout")
+        return cls(segment, layout, owner=False)
 
     @property
     def name(self) -> str:
         """The segment's name (what the other side attaches)."""
-        return self._shm.name
+        return self._segment.name
 
     @property
     def free_slots(self) -> int:
@@ -164,13 +170,14 @@ class Slab:
         offset = start
         for name, value in arrays:
             array = value if isinstance(value, np.ndarray) else np.asarray(value)
+            _check_numeric(name, array.dtype)
             end = offset + array.nbytes
             if end > start + room:
                 raise ForwardError(
                     f"{name or 'tile'} of {array.nbytes} bytes does not fit the shared-memory slot "
                     f"({room} bytes): the model's inputs or outputs outgrow what it declared"
                 )
-            target = np.ndarray(array.shape, array.dtype, buffer=self._shm.buf, offset=offset)
+            target = np.ndarray(array.shape, array.dtype, buffer=self._segment.buf, offset=offset)
             target[...] = array
             descs.append((name, array.dtype.str, tuple(array.shape), offset))
             offset = _aligned(end)
@@ -178,18 +185,30 @@ class Slab:
 
     # -- either side: views ------------------------------------------------------------------
     def view(self, desc: ArrayDesc) -> np.ndarray:
-        """The array ``desc`` describes, as a view into the slab (no copy)."""
-        _, dtype, shape, offset = desc
-        return np.ndarray(shape, np.dtype(dtype), buffer=self._shm.buf, offset=offset)
+        """The array ``desc`` describes, as a view into the slab (no copy).
+
+        Raises:
+            ForwardError: A dtype that is not a plain number, or a view outside the slab.
+        """
+        name, dtype, shape, offset = desc
+        kind = np.dtype(dtype)
+        _check_numeric(name, kind)
+        try:
+            return np.ndarray(shape, kind, buffer=self._segment.buf, offset=offset)
+        except (TypeError, ValueError) as exc:
+            raise ForwardError(f"{name or 'tile'}: not a view of this slab: {exc}") from exc
 
     def close(self) -> None:
-        """Unmaps the slab (and, in the owner, unlinks it).
+        """Unmaps the slab (and, in the owner, unlinks it and drops its lock).
 
         A view still alive somewhere keeps the mapping (closing it then would
         pull the memory from under that view); the name is unlinked anyway.
         """
-        with contextlib.suppress(BufferError):
-            self._shm.close()
-        if self._owner:
-            with contextlib.suppress(FileNotFoundError):
-                self._shm.unlink()
+        self._segment.close(unlink=self._owner)
+
+
+def _check_numeric(name: str, dtype: np.dtype) -> None:
+    if dtype.kind not in NUMERIC_KINDS:
+        raise ForwardError(
+            f"{name or 'tile'} has dtype {dtype}: only numbers cross between processes"
+        )

@@ -1,24 +1,27 @@
 """The parent process under ``--frontends N`` (N > 1): the device owner and its front ends' keeper.
 
-It loads the model as one process does (fail-fast), starts the model's
-batcher and the :class:`~predictor.frontends.owner.DeviceOwner` on a Unix
-socket in a private folder, then starts N front ends
-(:mod:`predictor.frontends.frontend`: ``python -m predictor`` with the same
-flags) and waits until each has connected before the pod can turn ready.
+:meth:`Supervisor.prepare` runs before any front end exists, and every
+problem it finds stops the pod at start-up with one line (exit 2): outputs
+that cannot cross processes (:func:`check_crossable`), stale segments of an
+earlier container swept, one slab per front end allocated whole (a
+``/dev/shm`` too small). The ports were bound by the CLI already
+(:mod:`predictor.server.listeners`); each front end inherits the HTTP socket.
 
+Then :meth:`Supervisor.run` starts the model's batcher, the
+:class:`~predictor.frontends.owner.DeviceOwner` on a Unix socket in a private
+folder, and N front ends (``python -m predictor`` with the same flags), and
+waits until each says it serves (its ports bound, its model built).
+
+- Children: one waiter in the event loop (a ``pidfd`` per child, reaped with
+  ``waitpid``: no thread per child). A front end that exits before it said
+  it serves stops the pod (exit 2: it would only fail again); one that dies
+  while serving is started again after a backoff (:data:`RESTARTS`); restarts beyond its budget stop the pod (exit 1). Front ends die with the
+  supervisor (``PR_SET_PDEATHSIG``, :func:`~predictor.frontends.process.die_with_parent`).
 - SIGTERM/SIGINT: forwarded to every front end, which drains as one process
-  does (readiness false, admitted requests finish); once all have exited,
-  the batcher drains what is left, the owner stops, and the process exits 0
-  (1 if a front end did not exit 0).
-- A front end that dies while serving is started again (same index; its
-  tiles still in the batcher are settled and dropped, its slab unlinked);
-  one that dies before it ever connected stops the pod (exit 2): it would
-  only die again.
-- Metrics: every process writes to ``PROMETHEUS_MULTIPROC_DIR``
-  (:func:`prepare_metrics_dir`, before ``prometheus_client`` is imported);
-  each front end's ``/metrics`` sums them.
-- Logs: children inherit stderr; every line carries its process's tag
-  (:func:`tag_log_lines`).
+  does; once all have exited, the batcher drains what is left, the owner
+  stops, and the process exits 0 (1 if a front end did not exit 0).
+- Metrics: every process writes to ``PROMETHEUS_MULTIPROC_DIR``; each front
+  end's ``/metrics`` sums them. Logs: children inherit stderr, tagged.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ import logging
 import math
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,40 +39,68 @@ from pathlib import Path
 from typing import Any
 
 from predictor.config import BatchingConfig
+from predictor.errors import StartupError
+from predictor.frontends.children import Child, Children, RestartPolicy
 from predictor.frontends.owner import DeviceOwner
 from predictor.frontends.process import MULTIPROC_ENV
-from predictor.frontends.shm import SlotLayout, layout_for
+from predictor.frontends.segments import remove_stale_segments
+from predictor.frontends.shm import Slab, SlotLayout, layout_for
 from predictor.serving.model import BaseServerModel
 
 logger = logging.getLogger("histoserve")
 
-HELLO_TIMEOUT_S = 120.0
-"""Longest a front end may take from its start to its connection (imports, no package)."""
+READY_TIMEOUT_S = 120.0
+"""Longest a front end may take from its start to serving (imports, no package)."""
+RESTARTS = RestartPolicy()
+"""At most 5 restarts in 60 s, after 0.5 s doubling to 8 s."""
 _ELEMENT_BYTES = 8
 """Room per element of an extra input or output in a slot (float64 fits)."""
+_TILE_INPUTS = frozenset({"tiles", "pixels", "image_data"})
+_NUMERIC = frozenset(
+    {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"}
+    | {"FP16", "FP32", "FP64", "BF16"}
+)
+
+
+def check_crossable(model: BaseServerModel) -> None:
+    """Refuses a model whose answers cannot cross processes in fixed slots.
+
+    Raises:
+        StartupError: An output that is not a number (``BYTES``), or an extra
+            input or output with a dynamic dimension besides the batch axis.
+    """
+    types = model.output_datatypes()
+    shapes = dict(model.output_shapes())
+    for name in shapes:
+        if types.get(name, "BYTES") not in _NUMERIC:
+            raise StartupError(
+                f"--frontends > 1: output {name!r} is {types.get(name)}; only numeric "
+                "outputs cross between processes (serve it with --frontends 1)"
+            )
+    extras = {i["name"]: i["shape"] for i in model.get_input_types()}
+    for name, shape in {**extras, **shapes}.items():
+        if name not in _TILE_INPUTS and any(d < 0 for d in shape[1:]):
+            raise StartupError(
+                f"--frontends > 1: {name!r} has shape {shape}, dynamic beyond the batch axis; "
+                "its shared-memory slot cannot be sized (serve it with --frontends 1)"
+            )
 
 
 def slot_layout(model: BaseServerModel, batching: BatchingConfig, workers: int) -> SlotLayout:
     """Slots for the most tiles one front end can have in flight, sized from the model's description.
 
     A front end holds at most ``max_queue_size`` tiles staged or queued
-    (counted against the owner's queue depth at its last answer, which may
-    lag: twice that here), plus the running batches'. Pages of the slab
-    are only used as slots are, last-freed first.
+    (its view of the owner's depth may lag by :data:`~predictor.frontends.owner.STATE_REFRESH_S`:
+    twice that here), plus the running batches'.
     """
-    tile_inputs = {"tiles", "pixels", "image_data"}
     extra = sum(
-        _elements(i["shape"]) for i in model.get_input_types() if i["name"] not in tile_inputs
+        math.prod(i["shape"][1:]) for i in model.get_input_types() if i["name"] not in _TILE_INPUTS
     )
-    outputs = sum(_elements(shape) for shape in model.output_shapes().values())
+    outputs = sum(math.prod(shape[1:]) for shape in model.output_shapes().values())
     slots = 2 * (batching.max_queue_size + batching.max_batch_size * max(1, workers))
     return layout_for(
         model.model_spec.tile_size, extra * _ELEMENT_BYTES, outputs * _ELEMENT_BYTES, slots
     )
-
-
-def _elements(shape: Sequence[int]) -> int:
-    return math.prod(max(1, d) for d in shape[1:])
 
 
 def frontend_info(model: BaseServerModel) -> dict[str, Any]:
@@ -88,140 +118,164 @@ def frontend_info(model: BaseServerModel) -> dict[str, Any]:
     }
 
 
+def make_slabs(layout: SlotLayout, count: int) -> list[Slab]:
+    """Sweeps stale segments, then allocates ``count`` slabs whole.
+
+    Raises:
+        StartupError: ``/dev/shm`` cannot hold them (the message names the size).
+    """
+    for name in remove_stale_segments():
+        logger.info("removed the stale shared-memory segment %s", name)
+    slabs: list[Slab] = []
+    try:
+        for _ in range(count):
+            slabs.append(Slab.create(layout))
+    except StartupError as exc:
+        for slab in slabs:
+            slab.close()
+        total = layout.slab_bytes * count
+        raise StartupError(f"{exc} [{count} front ends need {total / 2**20:.0f} MiB]") from exc
+    return slabs
+
+
 class Supervisor:
-    """Runs the device owner and keeps N front ends.
+    """Runs the device owner and keeps N front ends (build it with :meth:`prepare`).
 
     Args:
         model: The loaded model (its batcher not yet started).
-        count: Front ends to run.
         argv: The command line's flags, handed to each front end.
-        layout: Every front end's slab layout.
-        drain_timeout_s: The front ends' drain deadline (``--drain_timeout_s``).
+        slabs: One allocated slab per front end.
+        listeners: The bound HTTP socket (inherited by the front ends) and
+            the gRPC reservation (held for the pod's life).
     """
 
     def __init__(
         self,
         model: BaseServerModel,
-        count: int,
         argv: Sequence[str],
-        layout: SlotLayout,
-        drain_timeout_s: float,
+        slabs: Sequence[Slab],
+        listeners: tuple[Any, Any],
     ) -> None:
         self._model = model
-        self._count = count
         self._argv = list(argv)
-        self._layout = layout
-        self._drain_timeout_s = drain_timeout_s
-        self._children: dict[int, subprocess.Popen] = {}
-        self._exit_codes: list[int] = []
-        self._connected: set[int] = set()  # pids that said hello
-        self._owner: DeviceOwner | None = None
-        self._failed = False
+        self._slabs = list(slabs)
+        self._http, self._grpc_reservation = listeners
+        self._children: Children | None = None
+        self._ready: set[int] = set()
+        self._all_ready = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._exit_code = 0
         self._socket_path = Path()
 
-    def run(self) -> int:
+    @classmethod
+    def prepare(
+        cls,
+        model: BaseServerModel,
+        count: int,
+        argv: Sequence[str],
+        sizing: tuple[BatchingConfig, int],
+        listeners: tuple[Any, Any],
+    ) -> Supervisor:
+        """Checks the model can cross processes and allocates the slabs.
+
+        Args:
+            sizing: The batching config and the device workers (slots in flight).
+
+        Raises:
+            StartupError: Outputs that cannot cross, or a ``/dev/shm`` too small.
+        """
+        check_crossable(model)
+        layout = slot_layout(model, *sizing)
+        return cls(model, argv, make_slabs(layout, count), listeners)
+
+    def run(self, drain_timeout_s: float) -> int:
         """Serves until SIGTERM and every process's drain; the exit code."""
         with tempfile.TemporaryDirectory(prefix="histoserve-owner-") as folder:
             self._socket_path = Path(folder) / "owner.sock"
-            return asyncio.run(self._run())
+            return asyncio.run(self._run(drain_timeout_s))
 
-    async def _run(self) -> int:
+    async def _run(self, drain_timeout_s: float) -> int:
         await self._model.start_batching()
-        owner = DeviceOwner(
-            self._model, self._layout, self._socket_path, frontend_info(self._model)
-        )
+        info = frontend_info(self._model)
+        owner = DeviceOwner(self._model, self._slabs, self._socket_path, info, self._on_ready)
         await owner.start()
-        self._owner = owner
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
-        for index in range(self._count):
-            self._spawn(index)
-        if not await self._wait_connected(owner):
-            self._stopping.set()
-            await self._stop_frontends()
-            await owner.close()
-            self._model.stop()
-            return 2
-        logger.info("%d front ends connected", self._count)
-        await self._stopping.wait()
+        children = Children(self._command, [self._http.fileno()], self._on_exit, RESTARTS)
+        self._children = children
+        for index in range(len(self._slabs)):
+            children.spawn(index)
+        if await self._wait_ready():
+            logger.info("%d front ends serving", len(self._slabs))
+            await self._stopping.wait()
         stopped_at = time.monotonic()
-        await self._stop_frontends()
+        codes = await children.stop_all(drain_timeout_s + 15.0)
+        if any(code not in (0, -signal.SIGTERM) for code in codes):
+            self._exit_code = self._exit_code or 1
         # What the front ends gave up on at their deadline still runs here: not for long.
-        left_s = max(0.0, self._drain_timeout_s - (time.monotonic() - stopped_at))
+        left_s = max(0.0, drain_timeout_s - (time.monotonic() - stopped_at))
         drained = await self._model.drain(left_s)
         await owner.close()
         self._model.stop()
         logger.info("device owner stopped (%s)", "drained" if drained else "drain deadline passed")
-        return 0 if all(code == 0 for code in self._exit_codes) else 1
+        return self._exit_code
 
-    def _spawn(self, index: int) -> None:
-        command = [
+    def _command(self, index: int) -> list[str]:
+        return [
             sys.executable, "-m", "predictor", *self._argv,
             "--frontend_socket", str(self._socket_path), "--frontend_index", str(index),
+            "--frontend_http_fd", str(self._http.fileno()), "--frontend_parent", str(os.getpid()),
         ]  # fmt: skip
-        proc = subprocess.Popen(command)  # inherits stdout, stderr and the metrics folder
-        self._children[index] = proc
-        asyncio.get_running_loop().create_task(self._watch(index, proc))
 
-    async def _watch(self, index: int, proc: subprocess.Popen) -> None:
-        code = await asyncio.to_thread(proc.wait)
-        _mark_dead(proc.pid)
+    async def _wait_ready(self) -> bool:
+        """Whether every front end serves before one failed, SIGTERM or the time ran out."""
+        ready = asyncio.ensure_future(self._all_ready.wait())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait(
+            {ready, stopping}, timeout=READY_TIMEOUT_S, return_when="FIRST_COMPLETED"
+        )
+        ready.cancel()
+        stopping.cancel()
+        if not self._all_ready.is_set() and not self._stopping.is_set():
+            logger.error("a front end did not start serving within %.0f s", READY_TIMEOUT_S)
+            self._fail(2)
+        return self._all_ready.is_set() and not self._stopping.is_set()
+
+    def _on_ready(self, pid: int) -> None:
+        self._ready.add(pid)
+        if len(self._ready) >= len(self._slabs):
+            self._all_ready.set()
+
+    def _on_exit(self, child: Child, code: int) -> None:
+        _mark_dead(child.proc.pid)
         if self._stopping.is_set():
             return
-        if self._owner is None or proc.pid not in self._owner.connected:
-            logger.error(
-                "front end %d (pid %d) exited %d before it connected", index, proc.pid, code
-            )
-            self._failed = True
-            self._stopping.set()
+        pid, index = child.proc.pid, child.index
+        if pid not in self._ready:
+            logger.error("front end %d (pid %d) exited %d before it served", index, pid, code)
+            self._fail(2)
             return
-        logger.error("front end %d (pid %d) exited %d; starting it again", index, proc.pid, code)
-        self._spawn(index)
+        self._ready.discard(pid)
+        assert self._children is not None
+        delay = self._children.restart_delay()
+        if delay is None:
+            logger.error(
+                "front end %d (pid %d) exited %d: more than %d restarts in %.0f s; stopping",
+                index, pid, code, RESTARTS.max_restarts, RESTARTS.window_s,
+            )  # fmt: skip
+            self._fail(1)
+            return
+        logger.error("front end %d (pid %d) exited %d; again in %.1f s", index, pid, code, delay)
+        asyncio.get_running_loop().call_later(delay, self._restart, index)
 
-    async def _wait_connected(self, owner: DeviceOwner) -> bool:
-        """Whether every front end connected before one exited, SIGTERM or the time ran out."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + HELLO_TIMEOUT_S
-        stopping = loop.create_task(self._stopping.wait())
-        try:
-            while len(self._connected) < self._count and not self._stopping.is_set():
-                hello = loop.create_task(owner.hellos.get())
-                await asyncio.wait(
-                    {hello, stopping},
-                    timeout=max(0.0, deadline - loop.time()),
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                if not hello.done():
-                    hello.cancel()
-                    break
-                self._connected.add(hello.result())
-        finally:
-            stopping.cancel()
-        if len(self._connected) < self._count and not self._stopping.is_set():
-            logger.error("a front end did not connect within %.0f s", HELLO_TIMEOUT_S)
-        return len(self._connected) == self._count and not self._failed
+    def _restart(self, index: int) -> None:
+        if not self._stopping.is_set() and self._children is not None:
+            self._children.spawn(index)
 
-    async def _stop_frontends(self) -> None:
-        """SIGTERM to every front end; waits for their drains (then kills what is left).
-
-        A front end ended *by* the signal was still starting: it installs its
-        handler before it listens, so it never admitted a request and lost
-        nothing (a clean exit). One that serves drains and exits 0 itself.
-        """
-        live = [p for p in self._children.values() if p.poll() is None]
-        for proc in live:
-            proc.send_signal(signal.SIGTERM)
-        deadline = self._drain_timeout_s + 15.0
-        for proc in live:
-            try:
-                code = await asyncio.wait_for(asyncio.to_thread(proc.wait), deadline)
-            except asyncio.TimeoutError:
-                logger.error("front end pid %d did not exit after its drain; killing it", proc.pid)
-                proc.kill()
-                code = -signal.SIGKILL
-            self._exit_codes.append(0 if code == -signal.SIGTERM else code)
+    def _fail(self, code: int) -> None:
+        self._exit_code = code
+        self._stopping.set()
 
 
 def _mark_dead(pid: int) -> None:

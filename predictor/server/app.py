@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,7 @@ from predictor.kserve_compat import (
     fastapi_app,
     register_models,
     request_exit,
+    serve_on_socket,
     serve_without_signal_capture,
     set_listen_host,
 )
@@ -178,6 +180,10 @@ class HistoModelServer(ModelServer):
             of FastAPI's route (same answers, less CPU per request).
         bind_address: The address HTTP and gRPC listen on; ``None``: every
             interface (``0.0.0.0`` for HTTP, ``[::]`` for gRPC, as KServe).
+        http_socket: The HTTP listening socket, already bound
+            (:mod:`predictor.server.listeners`); ``None``: uvicorn binds it.
+        grpc_reuse_port: Bind gRPC with ``SO_REUSEPORT`` (front ends of one
+            pod only; see :class:`~predictor.server.grpc_server.GrpcServer`).
         **kwargs: KServe ``ModelServer`` arguments (ports, workers, ...).
     """
 
@@ -190,9 +196,13 @@ class HistoModelServer(ModelServer):
         grpc_max_send_bytes: int | None = None,
         rest_fast_path: bool = True,
         bind_address: str | None = None,
+        http_socket: socket.socket | None = None,
+        grpc_reuse_port: bool = False,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        self._http_socket = http_socket
+        self._grpc_reuse_port = grpc_reuse_port
         if self.workers != 1:
             raise ConfigError(
                 f"--workers must be 1 (one batcher owns the device), got {self.workers}"
@@ -238,6 +248,7 @@ class HistoModelServer(ModelServer):
                 max_receive_bytes=self._grpc_max_receive_bytes,
                 max_send_bytes=self._grpc_max_send_bytes,
                 host=self._bind_address,
+                reuse_port=self._grpc_reuse_port,
             )
             if self.enable_grpc
             else None
@@ -291,11 +302,18 @@ class HistoModelServer(ModelServer):
             loop.add_signal_handler(sig, lambda s=sig: asyncio.ensure_future(self.shutdown(s)))
         servers = [self._start_rest()]
         if self._grpc is not None:
-            servers.append(self._grpc.start(self.max_threads))
+            self._grpc.bind(self.max_threads)  # a taken port: StartupError, before serving
+            servers.append(self._grpc.serve())
+        self._listening()
         await asyncio.gather(*servers)
 
+    def _listening(self) -> None:
+        """Called once every port is bound, just before serving (a hook; nothing here)."""
+
     def _start_rest(self) -> Any:
-        """The REST server's serving coroutine (a front end serves a shared socket instead)."""
+        """The REST server's serving coroutine: on ``http_socket`` when given (bound already)."""
+        if self._http_socket is not None:
+            return serve_on_socket(self._http, self._http_socket)
         return self._http.start()
 
     async def shutdown(self, sig: int | None = None) -> None:

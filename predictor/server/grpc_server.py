@@ -7,6 +7,7 @@ from typing import Any
 
 from grpc import aio
 
+from predictor.errors import StartupError
 from predictor.kserve_compat import add_inference_service
 from predictor.server.edge import GrpcErrorInterceptor
 
@@ -21,7 +22,12 @@ def listen_address(host: str | None, port: int) -> str:
 class GrpcServer:
     """KServe's V2 gRPC service with our interceptor and message-size limits.
 
-    ``host`` is the listen address (``None``: every interface).
+    ``host`` is the listen address (``None``: every interface). ``reuse_port``
+    is for the front ends of one pod only: gRPC cannot serve an inherited
+    listening socket, so each front end binds the port itself with
+    ``SO_REUSEPORT`` beside the supervisor's exclusive reservation
+    (:func:`predictor.server.listeners.reserve_shared_port`); everywhere else
+    the port is bound exclusively (gRPC's own default would share it).
     """
 
     def __init__(
@@ -34,6 +40,7 @@ class GrpcServer:
         max_receive_bytes: int,
         max_send_bytes: int,
         host: str | None = None,
+        reuse_port: bool = False,
     ):
         self._address = listen_address(host, port)
         self._dataplane = dataplane
@@ -42,18 +49,31 @@ class GrpcServer:
         self.options = [
             ("grpc.max_send_message_length", max_send_bytes),
             ("grpc.max_receive_message_length", max_receive_bytes),
+            ("grpc.so_reuseport", int(reuse_port)),
         ]
         """The channel options the server is created with (message-size limits)."""
         self._server: aio.Server | None = None
 
-    async def start(self, max_workers: int) -> None:
+    def bind(self, max_workers: int) -> None:
+        """Creates the server and binds its port (inside the running loop).
+
+        Raises:
+            StartupError: The port cannot be bound (in use, or no such address).
+        """
         self._server = aio.server(
             futures.ThreadPoolExecutor(max_workers=max_workers),
             interceptors=(GrpcErrorInterceptor(),),
             options=self.options,
         )
         add_inference_service(self._server, self._dataplane, self._repository)
-        self._server.add_insecure_port(self._address)
+        try:
+            self._server.add_insecure_port(self._address)
+        except RuntimeError as exc:
+            raise StartupError(f"gRPC cannot listen on {self._address}: in use?") from exc
+
+    async def serve(self) -> None:
+        """Serves until stopped (:meth:`bind` first)."""
+        assert self._server is not None, "bind() first"
         await self._server.start()
         await self._server.wait_for_termination()
 

@@ -42,7 +42,7 @@ from predictor.codecs.v2 import V2Codec
 from predictor.device.failures import classify_error
 from predictor.device.faults import FaultHook
 from predictor.device.slot import build_normalizer, build_slot
-from predictor.errors import InvalidInput, ModelNotReady
+from predictor.errors import InvalidInput, ModelNotReady, Overloaded
 from predictor.kserve_compat import InferenceVerb
 from predictor.package.loader import LoadedPackage, StartupPhases, inspect_package, open_package
 from predictor.serving.admission import Admission
@@ -326,6 +326,8 @@ class BaseServerModel(TileHooks, Model):
         futures = self._batcher.submit(list(items), key=payload.mode)
         try:
             results = await asyncio.gather(*futures)
+        except Overloaded:  # refused by the device owner's batcher: counted there, once
+            raise
         except Exception:
             self._count("failed", len(payload.samples))
             raise

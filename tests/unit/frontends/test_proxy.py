@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import socket
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
-from predictor.errors import ModelNotReady
+from predictor.errors import ForwardError, ModelNotReady, Overloaded
+from predictor.frontends.messages import frame
 from predictor.frontends.proxy import BatcherProxy
 from predictor.frontends.shm import Slab, layout_for
 
@@ -56,3 +58,34 @@ def test_close_nowait_after_the_loop_closed_only_closes_the_socket():
     finally:
         other.close()
         slab.close()
+
+
+async def _answered_badly_then_well() -> tuple[list[BaseException | None], list[Any], int]:
+    layout = layout_for(tile_size=8, extra_bytes=0, output_bytes=16, slots=4)
+    slab = Slab.create(layout)
+    ours, owner_end = socket.socketpair()
+    rejected: list[int] = []
+    proxy = BatcherProxy(ours, slab, "m", 1.0, on_reject=rejected.append)
+    try:
+        await proxy.start()
+        first = proxy.submit([_item(1), _item(2)])
+        second = proxy.submit([_item(3)])
+        with pytest.raises(Overloaded):
+            proxy.submit([_item(4), _item(5)])  # one slot left: refused for want of slots
+        _, writer = await asyncio.open_unix_connection(sock=owner_end)
+        pointer = ("embedding", "|O", (2,), 0)
+        writer.write(frame(("done", 0, 0, True, [("ok", [pointer]), ("ok", [pointer])])))
+        out = slab.write_outputs(3, {"embedding": np.arange(4, dtype=np.float32)})
+        writer.write(frame(("done", 1, 0, True, [("ok", out)])))
+        results = await asyncio.gather(*first, *second, return_exceptions=True)
+        writer.close()
+        return results[:2], [results[2]], slab.free_slots + sum(rejected)
+    finally:
+        slab.close()
+
+
+def test_an_answer_that_cannot_be_read_fails_its_request_and_the_reader_goes_on():
+    failed, served, slots_and_rejected = asyncio.run(_answered_badly_then_well())
+    assert all(isinstance(e, ForwardError) for e in failed)
+    assert np.array_equal(served[0].outputs["embedding"], np.arange(4, dtype=np.float32))
+    assert slots_and_rejected == 4 + 2  # every slot given back; the refused tiles counted

@@ -1,18 +1,17 @@
 """Shared-memory slabs: samples in, outputs out, slots reused, between two real mappings.
 
 Both sides here are this process (the owner's creating mapping and a front
-end's attached one are separate ``SharedMemory`` objects on the same
-segment), so what one writes the other must read, byte for byte.
+end's attached one are separate mappings of the same segment), so what one
+writes the other must read, byte for byte.
 """
 
 from __future__ import annotations
-
-from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 import pytest
 
 from predictor.errors import ForwardError
+from predictor.frontends.segments import SHM_DIR
 from predictor.frontends.shm import ALIGN, Slab, layout_for
 
 
@@ -20,7 +19,7 @@ from predictor.frontends.shm import ALIGN, Slab, layout_for
 def slabs():
     layout = layout_for(tile_size=8, extra_bytes=16 * 4, output_bytes=32 * 4, slots=3)
     owner = Slab.create(layout)
-    frontend = Slab.attach(owner.name, layout, untrack=False)
+    frontend = Slab.attach(owner.name, layout)
     yield owner, frontend
     frontend.close()
     owner.close()
@@ -73,9 +72,26 @@ def test_what_outgrows_its_slot_is_a_forward_error(slabs):
 def test_the_owner_unlinks_and_the_front_end_does_not():
     layout = layout_for(tile_size=4, extra_bytes=0, output_bytes=16, slots=1)
     owner = Slab.create(layout)
-    frontend = Slab.attach(owner.name, layout, untrack=False)
+    frontend = Slab.attach(owner.name, layout)
     frontend.close()
-    SharedMemory(name=owner.name).close()  # still there
+    assert (SHM_DIR / owner.name).exists()
     owner.close()
+    assert not (SHM_DIR / owner.name).exists()
     with pytest.raises(FileNotFoundError):
-        SharedMemory(name=owner.name)
+        Slab.attach(owner.name, layout)
+
+
+@pytest.mark.parametrize("value", [np.array(["a", None], dtype=object), np.array(["ab"])])
+def test_only_numbers_cross_never_object_pointers(slabs, value):
+    owner, frontend = slabs
+    (slot,) = frontend.take(1)
+    with pytest.raises(ForwardError, match="only numbers cross"):
+        owner.write_outputs(slot, {"labels": value})
+    with pytest.raises(ForwardError, match="only numbers cross"):  # a descriptor naming one
+        frontend.view(("labels", "|O", (2,), 0))
+
+
+def test_a_view_outside_the_slab_is_refused(slabs):
+    owner, _ = slabs
+    with pytest.raises(ForwardError, match="not a view of this slab"):
+        owner.view(("embedding", "<f4", (1 << 20,), 0))

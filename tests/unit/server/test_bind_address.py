@@ -18,8 +18,8 @@ from kserve.protocol.dataplane import DataPlane
 from predictor import kserve_compat
 from predictor.cli import build_parser, server_kwargs
 from predictor.config import LimitsConfig
-from predictor.frontends.frontend import reuse_port_socket
 from predictor.server.grpc_server import listen_address
+from predictor.server.listeners import bind_http
 
 
 def test_unset_is_every_interface_and_a_value_reaches_the_server() -> None:
@@ -46,11 +46,11 @@ def test_the_rest_listener_takes_the_address() -> None:
 
 
 @pytest.mark.parametrize(("host", "bound"), [(None, "0.0.0.0"), ("127.0.0.1", "127.0.0.1")])
-def test_a_front_end_socket_binds_the_address(host: str | None, bound: str) -> None:
+def test_the_http_socket_binds_the_address(host: str | None, bound: str) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    sock = reuse_port_socket(port, host)
+    sock = bind_http(host, port)
     try:
         assert sock.getsockname() == (bound, port)
     finally:

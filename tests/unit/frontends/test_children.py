@@ -1,0 +1,70 @@
+"""The front ends' keeper: one waiter for every child, exit codes as they are, a restart budget."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import threading
+
+from predictor.frontends.children import Child, Children, RestartPolicy
+
+SLEEPER = "import time; print('up', flush=True); time.sleep(60)"
+
+
+def _python(script: str) -> list[str]:
+    return [sys.executable, "-c", script]
+
+
+async def _run_many(n: int) -> tuple[dict[int, int], int]:
+    seen: dict[int, int] = {}
+    children = Children(
+        lambda i: ["/bin/sh", "-c", f"exit {i % 7}"],
+        [],
+        lambda c, code: seen.setdefault(c.index, code),
+    )
+    threads_before = threading.active_count()
+    spawned = [children.spawn(i) for i in range(n)]
+    threads_during = threading.active_count() - threads_before
+    await asyncio.wait([c.exited for c in spawned], timeout=30)
+    return seen, threads_during
+
+
+def test_one_waiter_reaps_more_children_than_the_default_executor_has_threads() -> None:
+    seen, extra_threads = asyncio.run(_run_many(40))  # default executor: min(32, CPUs + 4)
+    assert seen == {i: i % 7 for i in range(40)}
+    assert extra_threads == 0  # no thread per child
+
+
+async def _stop(script: str) -> list[int]:
+    children = Children(lambda i: _python(script), [], lambda c, code: None)
+    child: Child = children.spawn(0)
+    assert child.proc.stdout is None
+    await asyncio.sleep(0.5)  # the script's handler is set by then
+    return await children.stop_all(timeout_s=10)
+
+
+def test_stop_reports_each_exit_code_as_it_is() -> None:
+    assert asyncio.run(_stop(SLEEPER)) == [-signal.SIGTERM]
+    failing = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\ntime.sleep(60)"
+    assert asyncio.run(_stop(failing)) == [3]
+
+
+def test_stop_kills_a_child_that_ignores_sigterm() -> None:
+    stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)"
+
+    async def run() -> list[int]:
+        children = Children(lambda i: _python(stubborn), [], lambda c, code: None)
+        children.spawn(0)
+        await asyncio.sleep(0.5)
+        return await children.stop_all(timeout_s=0.5)
+
+    assert asyncio.run(run()) == [-signal.SIGKILL]
+
+
+def test_restarts_back_off_and_stop_past_the_budget() -> None:
+    async def delays() -> list[float | None]:
+        children = Children(lambda i: [], [], lambda c, code: None, RestartPolicy(max_restarts=5))
+        return [children.restart_delay() for _ in range(7)]
+
+    assert asyncio.run(delays()) == [0.5, 1.0, 2.0, 4.0, 8.0, None, None]

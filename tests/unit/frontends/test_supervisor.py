@@ -1,0 +1,43 @@
+"""What the supervisor refuses before any front end starts: answers that cannot cross in a slot."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from predictor.errors import StartupError
+from predictor.frontends.supervisor import check_crossable
+
+
+def _model(outputs: dict[str, tuple[str, list[int]]], extras: list[dict[str, Any]] = ()) -> Any:
+    inputs = [{"name": "pixels", "datatype": "UINT8", "shape": [-1, 224, 224, 3]}, *extras]
+    return SimpleNamespace(
+        output_datatypes=lambda: {n: t for n, (t, _) in outputs.items()},
+        output_shapes=lambda: {n: s for n, (_, s) in outputs.items()},
+        get_input_types=lambda: inputs,
+    )
+
+
+def test_numeric_fixed_outputs_cross() -> None:
+    check_crossable(_model({"embedding": ("FP32", [-1, 1536]), "mask": ("UINT8", [-1, 8, 8])}))
+
+
+def test_a_bytes_output_is_refused_at_start_naming_it() -> None:
+    """An object array would cross as raw pointers: the reading front end died with SIGSEGV."""
+    with pytest.raises(StartupError, match="output 'labels' is BYTES"):
+        check_crossable(_model({"embedding": ("FP32", [-1, 8]), "labels": ("BYTES", [-1])}))
+
+
+@pytest.mark.parametrize(
+    ("outputs", "extras", "name"),
+    [
+        ({"tokens": ("FP32", [-1, -1, 768])}, [], "tokens"),
+        ({"embedding": ("FP32", [-1, 8])}, [{"name": "rna", "shape": [-1, -1]}], "rna"),
+    ],
+)
+def test_a_dynamic_dimension_beyond_the_batch_is_refused(outputs, extras, name) -> None:
+    """It was sized as one element: every request to such a model was a 503."""
+    with pytest.raises(StartupError, match=f"'{name}' has shape .* dynamic beyond the batch axis"):
+        check_crossable(_model(outputs, extras))
