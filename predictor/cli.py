@@ -128,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="address the HTTP and gRPC ports listen on (127.0.0.1: this machine only, as "
         "make serve does); unset: every interface",
     )
+    add(
+        "--metrics_port",
+        type=int,
+        default=0,
+        help="also serve GET /metrics on this port alone (a NetworkPolicy can then admit "
+        "Prometheus to the metrics only); 0: /metrics on the HTTP port only",
+    )
     add("--fault_injection", default=None, help=argparse.SUPPRESS)
     add("--frontend_socket", default=None, help=argparse.SUPPRESS)  # set for a front end
     add("--frontend_index", type=int, default=0, help=argparse.SUPPRESS)
@@ -279,6 +286,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        start_metrics_port(args, index)
         model_config, batching, limits = configs_from_args(args)
         server, model = build_serving(args, index, (model_config, batching, limits))
         configure_trace_logging(args.enable_latency_logging)
@@ -319,6 +327,18 @@ def build_serving(
 
     server = build_server(args, limits)
     return server, build_model(model_config, batching, limits)
+
+
+def start_metrics_port(args: argparse.Namespace, frontend_index: int | None) -> None:
+    """``--metrics_port``'s listener, in the owner's (or only) process: front ends never bind it.
+
+    Started before the model loads, so a port that cannot be bound fails at
+    once (:class:`~predictor.errors.ConfigError`, exit 2).
+    """
+    if frontend_index is None:
+        from predictor.server.metrics_port import maybe_start
+
+        maybe_start(args.metrics_port, args.bind_address)
 
 
 def set_up_process(frontend_index: int | None) -> None:
