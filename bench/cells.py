@@ -33,6 +33,7 @@ class Cell:
     concurrency: int
     tiles: int
     target: bool = False  # a target cell: longer window, never skipped
+    pace_rps: float | None = None  # offered load (requests/s over all clients); None: closed loop
 
 
 class LoadClient:
@@ -133,6 +134,7 @@ def run_cell(
         "timeout_s": windows.timeout_s,
         "server_pid": server.pid,
         "metrics": server.kind != "naive",
+        "pace_rps": cell.pace_rps,
         **timing(cell, speed_tps, windows),
     }
     result = client.run(job)

@@ -12,7 +12,9 @@ and V2 JSON base64 JPEG (real H&E, quality 90; Triton takes the first two
 only), in turn, ``--rounds`` times. Reported: requests/s, server CPU per
 request (the whole process tree: device owner and front ends), p50/p99, and
 the cores the load client and everything else used meanwhile; then the
-ratios the issue's targets name, each marked met or missed.
+ratios the issue's targets name, each marked met or missed. Then, on the
+same servers, the cost of crossing processes (:mod:`bench.crossing`): CPU per
+request at one offered load, and one process's batched ceiling per core.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import crossing
 from bench.cells import Cell, LoadClient, run_alone, with_cpu_per_request
 from bench.config import Profile
 from bench.markdown import target_rows
@@ -85,6 +88,12 @@ def measure(
     from bench import triton
 
     started = start(frontends, log_dir, profile.device, triton.wanted(profile) is None)
+
+    def run(client: LoadClient, server: Any, cell: Cell) -> dict[str, Any]:
+        return triton.run_cell_counted(
+            client, server, cell, tile_size=224, speed_tps=EXPECTED_RPS, windows=profile.windows
+        )
+
     cells = []
     try:
         for _ in range(rounds):
@@ -92,19 +101,20 @@ def measure(
                 for name, server in started.items():
                     if name == "triton" and protocol not in TRITON_PROTOCOLS:
                         continue
-                    result = triton.run_cell_counted(
-                        client, server, Cell(name, protocol, CLIENTS, 1, target=True),
-                        tile_size=224, speed_tps=EXPECTED_RPS, windows=profile.windows,
-                    )  # fmt: skip
-                    with_cpu_per_request(result)
+                    result = with_cpu_per_request(
+                        run(client, server, Cell(name, protocol, CLIENTS, 1, target=True))
+                    )
                     log("  " + _line(result))
                     cells.append(result)
+        names = (ONE, frontends_name(frontends))
+        crossed = crossing.measure(client, started, names, run, log)
     finally:
         for server in started.values():
             server.stop()
     part: dict[str, Any] = {"frontends": frontends, "clients": CLIENTS, "cells": cells}
+    part["crossing"] = crossed
     part["means"] = means(cells)
-    part["targets"] = targets(part["means"], frontends)
+    part["targets"] = targets(part["means"], frontends) + crossed["ratios"]
     return part
 
 
@@ -169,6 +179,7 @@ def section(part: dict[str, Any] | None) -> list[str]:
         "| --- | --- | ---: | ---: | ---: | ---: | --- |",
         *(_line(c) for c in part["cells"]),
         "",
+        *crossing.section(part.get("crossing")),
         *target_rows(part["targets"]),
         "",
     ]

@@ -58,6 +58,8 @@ class Job:
     timeout_s: float
     server_pid: int | None = None
     metrics: bool = True
+    pace_rps: float | None = None
+    """Offered load: the clients together send at most this many requests/s (None: closed loop)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -103,8 +105,18 @@ def _grpc_sender(channel: Any, payload: payloads.Payload, timeout_s: float) -> S
 
 
 async def _client(send: Sender, job: Job, deadline: float, records: list[Record]) -> None:
-    """One closed-loop client: send, await, repeat until the deadline or the count."""
+    """One client: send, await, repeat until the deadline or the count.
+
+    With ``job.pace_rps`` each client sends on its own schedule of
+    ``concurrency / pace_rps`` seconds a request (never faster; late when the
+    server is slower): the same offered load for every server of a comparison.
+    """
+    interval = job.concurrency / job.pace_rps if job.pace_rps else 0.0
+    next_at = time.monotonic() + interval * np.random.default_rng().random()
     while time.monotonic() < deadline and len(records) < job.max_requests:
+        if interval:
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            next_at = max(next_at + interval, time.monotonic() - interval)
         start = time.monotonic()
         try:
             status, _, _ = await send()

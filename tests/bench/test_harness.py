@@ -127,6 +127,7 @@ def test_cold_start_stage_ran_last_on_the_demo_package(tiny_results: tuple[Path,
 @pytest.mark.integration
 def test_front_ends_and_defaults_stages_ran(tiny_results: tuple[Path, dict]) -> None:
     from bench import triton
+    from bench.crossing import PACED_PROTOCOLS
     from bench.frontends import PROTOCOLS as FE_PROTOCOLS
     from bench.frontends import TRITON_PROTOCOLS
 
@@ -144,6 +145,16 @@ def test_front_ends_and_defaults_stages_ran(tiny_results: tuple[Path, dict]) -> 
         "V2 JSON JPEG CPU per request vs V1's",
     }
     assert all(t["ratio"] > 0 and isinstance(t["met"], bool) for t in fe["targets"])
+    crossed = fe["crossing"]
+    assert {(c["server"], c["protocol"]) for c in crossed["paced"]} == {
+        (s, p) for s in ("histoserve", "histoserve --frontends 2") for p in PACED_PROTOCOLS
+    }
+    assert all(c["cpu_ms_per_request"] > 0 and not c["errors"] for c in crossed["paced"])
+    assert len(crossed["ratios"]) == len(PACED_PROTOCOLS)
+    assert {t["target"] for t in crossed["ratios"]} <= {t["target"] for t in fe["targets"]}
+    for cell in crossed["ceiling"]:
+        assert cell["output_shape"] == [32, 1536] and not cell["errors"], cell
+        assert cell["tiles_per_s_per_core"] > 0 and cell["cores_for_gpu"] > 0, cell
     demo = tiny_results[1]["defaults"]
     assert {(c["protocol"], c["concurrency"], c["tiles"]) for c in demo["cells"]} == {
         ("v2-pixels", 64, 1), ("v2-grpc", 64, 1), ("v2-pixels", 16, 32)
@@ -153,4 +164,5 @@ def test_front_ends_and_defaults_stages_ran(tiny_results: tuple[Path, dict]) -> 
     assert len(of_limit) == 1 and of_limit[0]["limit_tps"] > 0
     markdown = (tiny_results[0] / "results.md").read_text()
     assert "## Null model at each server's defaults" in markdown
+    assert "### One process's batched ceiling" in markdown
     assert "## Demo package, each server at its defaults" in markdown

@@ -171,3 +171,23 @@ def test_target_rows_mark_each_goal_and_p99() -> None:
     )
     assert rows[2] == "| a (p99 254 vs 266 ms) | 1.30 | >= 1.25 | yes |"
     assert rows[3] == "| b | 1.10 | <= 1.00 | no |"
+
+
+def test_crossing_ratios_and_per_core_figures() -> None:
+    from bench import crossing
+
+    paced = [
+        {"server": "one", "protocol": "v2-pixels", "cpu_ms_per_request": 0.50},
+        {"server": "two", "protocol": "v2-pixels", "cpu_ms_per_request": 0.55},
+        {"server": "one", "protocol": "v2-grpc", "cpu_ms_per_request": 0.40},
+        {"server": "two", "protocol": "v2-grpc", "cpu_ms_per_request": 0.60},
+        {"server": "one", "protocol": "v1-jpeg", "cpu_ms_per_request": None},
+    ]
+    ratios = crossing.cpu_ratios(paced, "one", "two")
+    assert [round(r["ratio"], 2) for r in ratios] == [1.1, 1.5]
+    assert [r["met"] for r in ratios] == [True, False] and all(r["at_most"] for r in ratios)
+    cell = crossing.per_core({"throughput": 4000.0, "server_cores": 2.0})
+    assert cell["tiles_per_s_per_core"] == 2000.0
+    assert cell["mb_per_s_per_core"] == 2000.0 * 224 * 224 * 3 / 1e6
+    assert cell["cores_for_gpu"] == crossing.GPU_TILES_PER_S / 2000.0
+    assert "cores_for_gpu" not in crossing.per_core({"throughput": 10.0, "server_cores": 0.0})
