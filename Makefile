@@ -77,9 +77,10 @@ bench: $(STAMP) $(TRITON_VENV)/.installed
 	$(BIN)/python -m bench.run --out bench/results
 
 # The GPU check (bench/gpu_check.py, bench/README.md "GPU check"): on a lent GPU
-# machine (CUDA torch preinstalled, no network; `make wheelhouse` brings the
-# rest), or on the CPU with DRY_RUN=1 (what `make test` runs). Results as
-# JSON and a table in $(OUT), written stage by stage.
+# machine it is `python3 -m bench.gpu_check --out $OUT` (no make needed there;
+# the wheels of `make wheelhouse` are unpacked by the check itself), or on the
+# CPU with DRY_RUN=1 (what `make test` runs). Results as JSON and a table in
+# $(OUT), written stage by stage.
 CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 OUT ?= bench/results-gpu
 gpu-check:
@@ -87,11 +88,12 @@ gpu-check:
 
 # Wheels for what the GPU machine lacks (Python 3.12, x86_64; it has torch, timm,
 # numpy, pillow, grpcio, h5py): KServe and its web stack, tritonclient[grpc] for
-# the gRPC load, and the real H&E tile of the dry run's crops. Ignored by git;
-# carried with the tree (64 MiB in all).
+# the gRPC load with the grpcio it needs (the machine's may be older), and the
+# real H&E tile of the dry run's crops. Ignored by git; carried with the tree
+# (64 MiB in all).
 WHEELHOUSE := .gpu-wheels
 WHEEL_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64 any
-PREINSTALLED := numpy-* pillow-* grpcio-1* setuptools-* cryptography-* cffi-* pycparser-*
+PREINSTALLED := numpy-* pillow-* setuptools-* cryptography-* cffi-* pycparser-*
 wheelhouse:
 	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
 	$(CHECK_PYTHON) -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \

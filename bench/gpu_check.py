@@ -1,27 +1,24 @@
-"""``make gpu-check``: the GPU path checked and measured on a lent GPU, in one command, under 8 minutes.
+"""``python3 -m bench.gpu_check``: the GPU path checked and measured on a lent GPU, in one command, under 9 minutes.
 
-``python -m bench.gpu_check --out DIR [--dry_run] [--budget_s 450] [--window_s 6] [--vit_g]``
+``python3 -m bench.gpu_check [--out DIR] [--dry_run] [--deadline_s 530] [--window_s 4] [--only STAGE ...]``
 
-Made for a GPU machine with Python 3.12, a preinstalled CUDA torch, timm,
-numpy, pillow and grpcio, no network: what is missing there (KServe and its
-web stack, tritonclient for the gRPC load) comes as wheels in
-``.gpu-wheels/`` (``make wheelhouse``; see ``bench/README.md``). It exports
-its packages there (:mod:`bench.gpu_packages`: a ``.pt2`` is tied to the
-torch that exported it), then runs the stages below in order and, after
-each, rewrites ``DIR/gpu-check.json`` and ``DIR/gpu-check.md``, so a timeout
-loses nothing already measured. A stage that fails is recorded with its
-error and the next one runs; a stage is skipped once the time budget is
-spent. Exit 0 when every stage ran and passed.
+Made for a GPU machine with Python 3.12, a preinstalled CUDA torch, numpy,
+pillow and grpcio, no network and no ``make``: what is missing there
+(KServe and its web stack, tritonclient, a newer grpcio) comes as wheels in
+``.gpu-wheels/`` (``make wheelhouse``), unpacked by the check itself
+(:mod:`bench.gpu_env`). It exports its packages there from the project's
+own ViT builder (:mod:`bench.gpu_packages`: ViT-g first, each export with
+its own compile threads and deadline), then runs the stages of
+:data:`STAGES` in order, the most valuable figures first, each only if its
+budget still fits the total deadline; after each it rewrites
+``DIR/gpu-check.json`` and ``DIR/gpu-check.md``, so a timeout loses nothing
+already measured. ``DIR`` also gets ``nvidia-smi -q``, ``pip list`` and
+every export and server log (``DIR/logs``). A stage that fails is recorded
+with its error and the next one runs; a missing package fails every stage
+that needs it (never a fallback). Exit 0 when every stage ran and passed.
 
-Correctness (:mod:`bench.gpu_stages`): served == direct (fp32 within 1e-4,
-bf16 bit-equal), bf16 vs fp32 cosine on real H&E crops, bf16 multimodal
-(every mode) and tissue-seg, a forced OOM split and answered. Timings
-(:mod:`bench.gpu_timing`): tiles/s for 64 single-tile clients (binary REST,
-gRPC, V1 base64 JPEG) and 16 x 64 tiles against the in-process limit, 1 vs 2
-instances, copy vs compute, and the event loop's progress during a forward.
-
-``--dry_run`` runs every stage on the CPU with the tiny packages (the tests'
-cache), in one to two minutes here: ``tests/bench/test_gpu_script.py`` runs it in
+``--dry_run`` runs every stage on the CPU, the real geometries at depth 1
+(the tests' package cache): ``tests/bench/test_gpu_script.py`` runs it in
 ``make test``, so the script a GPU machine runs is never run first there.
 """
 
@@ -35,6 +32,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,57 +41,79 @@ from bench.markdown import number
 ALLOC_CONF = "expandable_segments:True"
 """The CUDA allocator setting the image and the chart set (``PYTORCH_CUDA_ALLOC_CONF``)."""
 
-
-def _stages() -> list[tuple[str, Callable[[Any], dict[str, Any]]]]:
-    from bench import gpu_stages, gpu_timing
-
-    return [
-        ("served_equals_direct", gpu_stages.served_equals_direct),
-        ("bf16_vs_fp32", gpu_stages.bf16_vs_fp32),
-        ("bf16_families", gpu_stages.bf16_families),
-        ("oom_split", gpu_stages.oom_split),
-        ("throughput", gpu_timing.throughput),
-        ("instances", gpu_timing.instances),
-        ("copy_vs_compute", gpu_timing.copy_vs_compute),
-        ("event_loop", gpu_timing.event_loop),
-    ]
+TOTAL_S = 540.0
+"""The device call's plan: 9 minutes, start-up of the machine aside."""
+DEADLINE_S = 530.0
+"""The check's own total deadline (``--deadline_s``): inside the plan, with a margin."""
+DRY_DEADLINE_S = 1500.0
+"""The dry run's: its exports share one inductor cache on two cores (cold: minutes)."""
+BOOTSTRAP_S = 20.0
+"""Unpacking the wheels and starting again (measured: ~10 s for 50 MiB)."""
+FACTS_S = 10.0
+"""The environment stage: torch's view of the GPU, ``nvidia-smi -q``, ``pip list``."""
 
 
-def environment(device: str) -> dict[str, Any]:
-    """Python, torch, CUDA, the GPU and its architecture."""
+@dataclass(frozen=True)
+class Stage:
+    """One stage: its name, its function (``module:function`` in ``bench``) and its budget."""
+
+    name: str
+    target: str
+    budget_s: float
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("matmul_rate", "gpu_sweep:matmul_rate", 8),
+    Stage("sweep", "gpu_sweep:sweep", 60),
+    Stage("served", "gpu_served:served", 75),
+    Stage("served_equals_direct", "gpu_stages:served_equals_direct", 20),
+    Stage("overlap", "gpu_served:overlap", 20),
+    Stage("oom_split", "gpu_stages:oom_split", 12),
+    Stage("bf16_families", "gpu_stages:bf16_families", 12),
+    Stage("bf16_vs_fp32", "gpu_stages:bf16_vs_fp32", 8),
+    Stage("copy_vs_compute", "gpu_timing:copy_vs_compute", 8),
+    Stage("throughput", "gpu_timing:throughput", 30),
+    Stage("event_loop", "gpu_timing:event_loop", 6),
+)
+"""Every stage after the export, most valuable first; a stage starts only if its budget fits."""
+
+
+def planned_seconds() -> float:
+    """The plan's own accounting: bootstrap, facts, the longest export deadline, every stage."""
+    from bench.gpu_packages import PLAN
+
+    exports = max(e.deadline_s for e in PLAN)
+    return BOOTSTRAP_S + FACTS_S + exports + sum(s.budget_s for s in STAGES)
+
+
+def _function(target: str) -> Callable[[Any], dict[str, Any]]:
+    import importlib
+
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(f"bench.{module}"), name)
+
+
+def environment(device: str, out: Path) -> dict[str, Any]:
+    """Python, torch, CUDA, the GPU and its architecture; ``nvidia-smi -q`` and ``pip list`` beside."""
     import platform
 
     import torch
 
-    out: dict[str, Any] = {
+    from bench.gpu_env import machine_facts
+
+    facts: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "device": device,
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        "cpus": os.cpu_count(),
     }
     if device == "cuda":
         major, minor = torch.cuda.get_device_capability(0)
-        out.update(gpu=torch.cuda.get_device_name(0), sm=f"{major}{minor}")
-        out["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
-    return out
-
-
-def _wanted_packages(device: str, vit_g: bool) -> list[str]:
-    from bench.gpu_packages import PACKAGES
-
-    names = ["tiny-fp32", "tiny-bf16", "m-optimus-bf16", "tissue-seg-bf16"]
-    if device == "cuda" and _has_timm():
-        names += ["h0-mini-fp32", "h0-mini-bf16"]
-    if device == "cuda" and vit_g:
-        names.append("vit-g-bf16")
-    return [n for n in names if n in PACKAGES]
-
-
-def _has_timm() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("timm") is not None
+        facts.update(gpu=torch.cuda.get_device_name(0), sm=f"{major}{minor}")
+        facts["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+    return {**facts, **machine_facts(out)}
 
 
 class Report:
@@ -108,6 +128,7 @@ class Report:
         self.data[stage] = result
         (self.out / "gpu-check.json").write_text(json.dumps(self.data, indent=2, default=str))
         (self.out / "gpu-check.md").write_text("\n".join(self.table()) + "\n")
+        print(f"gpu-check: {stage}: {status(result)}", file=sys.stderr, flush=True)
 
     def table(self) -> list[str]:
         """One row per stage: its status, seconds and a few figures."""
@@ -147,36 +168,48 @@ def _figures(result: dict[str, Any], limit: int = 6) -> str:
     return "; ".join(pairs[:limit]).replace("|", "/")
 
 
-def run(args: argparse.Namespace) -> Report:
-    """Exports the packages, then every stage in order within the budget."""
-    from bench.gpu_packages import export_all
-    from bench.gpu_stages import Context
+def _export(args: argparse.Namespace, report: Report, logs: Path) -> dict[str, Path]:
+    """The export stage: every planned package; a failed one is recorded, never replaced."""
+    from bench.gpu_packages import PLAN, export_all
 
     started = time.monotonic()
-    device = "cpu" if args.dry_run else "cuda"
-    report = Report(args.out)
-    report.add("environment", environment(device))
-    work = args.work
-    exported = export_all(_wanted_packages(device, args.vit_g), device, timeout_s=args.budget_s / 2)
-    packages = {n: p for n, p in exported.items() if isinstance(p, Path)}
+    exported = export_all([e.name for e in PLAN], args.dry_run, args.work, logs)
     report.add(
         "export",
         {
             "seconds": time.monotonic() - started,
-            "ok": len(packages) == len(exported),
-            **{n: str(p) if isinstance(p, Path) else p for n, p in exported.items()},
+            "ok": all("path" in v for v in exported.values()),
+            **exported,
         },
     )
-    window_s = args.window_s if args.window_s else (0.5 if args.dry_run else 6.0)
-    ctx = Context(args.dry_run, device, work, window_s, packages)
-    for name, stage in _stages():
-        if args.only and name not in args.only:
-            continue
-        if time.monotonic() - started > args.budget_s:
-            report.add(name, {"skipped": f"the {args.budget_s:.0f} s budget is spent"})
-            continue
-        report.add(name, _timed(stage, ctx))
-        print(f"gpu-check: {name}: {status(report.data[name])}", file=sys.stderr, flush=True)
+    return {n: Path(v["path"]) for n, v in exported.items() if "path" in v}
+
+
+def run(args: argparse.Namespace) -> Report:
+    """The environment, the exports, then every stage whose budget still fits the deadline."""
+    from bench.gpu_env import Deadline
+    from bench.gpu_stages import Context
+
+    deadline = Deadline(args.deadline_s)
+    device = "cpu" if args.dry_run else "cuda"
+    report = Report(args.out)
+    logs = args.out / "logs"
+    deadline.arm()
+    try:
+        report.add("environment", _timed(lambda _: environment(device, args.out), None))
+        packages = _export(args, report, logs)
+        window_s = args.window_s if args.window_s else (0.5 if args.dry_run else 4.0)
+        ctx = Context(args.dry_run, device, args.work, window_s, packages, logs=logs)
+        for stage in STAGES:
+            if args.only and stage.name not in args.only:
+                continue
+            if deadline.left() < stage.budget_s:
+                left = f"{deadline.left():.0f} s left of {args.deadline_s:.0f}"
+                report.add(stage.name, {"skipped": f"{left}, budget {stage.budget_s:.0f} s"})
+                continue
+            report.add(stage.name, _timed(_function(stage.target), ctx))
+    finally:
+        deadline.disarm()
     return report
 
 
@@ -192,27 +225,32 @@ def _timed(stage: Callable[[Any], dict[str, Any]], ctx: Any) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the check; 0 when every stage ran and passed."""
-    parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("bench/results-gpu"))
+    parser = argparse.ArgumentParser(prog="python3 -m bench.gpu_check", description=__doc__)
     parser.add_argument(
-        "--dry_run", action="store_true", help="every stage on the CPU, tiny packages"
+        "--out", type=Path, default=Path(os.environ.get("OUT", "bench/results-gpu"))
     )
-    parser.add_argument("--budget_s", type=float, default=450.0, help="stop starting stages after")
+    parser.add_argument("--dry_run", action="store_true", help="every stage on the CPU, depth 1")
     parser.add_argument(
-        "--window_s", type=float, default=0.0, help="load window (default 6, dry 0.5)"
+        "--deadline_s", type=float, default=None, help=f"the whole limit ({DEADLINE_S:.0f})"
     )
-    parser.add_argument("--vit_g", action="store_true", help="also export the ViT-g/14 geometry")
-    parser.add_argument("--only", nargs="*", help="run only these stages")
+    parser.add_argument("--window_s", type=float, default=0.0, help="load window (4; dry 0.5)")
+    parser.add_argument("--only", nargs="*", help="run only these stages (after the export)")
     parser.add_argument(
         "--work",
         type=Path,
         default=Path(tempfile.gettempdir()) / "histoserve-gpu-check",
-        help="server logs and (off the dry run) the exported packages; kept out of --out",
+        help="unpacked wheels, inductor caches and (off the dry run) the exported packages",
     )
-    args = parser.parse_args(argv)
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)  # before torch is imported
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(raw)
+    if args.deadline_s is None:
+        args.deadline_s = DRY_DEADLINE_S if args.dry_run else DEADLINE_S
     if not args.dry_run:
+        from bench.gpu_env import bootstrap
+
+        bootstrap(raw, args.work)  # returns only when nothing is missing
         os.environ.setdefault("HISTOSERVE_TEST_PACKAGE_CACHE", str(args.work / "packages"))
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)  # before torch is imported
     report = run(args)
     print("\n".join(report.table()))
     failed = [s for s, r in report.data.items() if status(r) in ("FAIL", "error", "skipped")]

@@ -1,16 +1,21 @@
 """The GPU check's packages, exported on the machine that runs them, and its real H&E crops.
 
 A ``.pt2`` is tied to the torch that exported it, so ``make gpu-check``
-exports everything where it runs: the tiny demo ViT (``h0-mini`` geometry) in
-fp32 and bf16, the bf16 demos of ``m-optimus`` and ``tissue-seg``, and, where
-timm is importable, the real ``h0-mini`` architecture (timm's
-``vit_base_patch14_reg4_dinov2``, SwiGLU, 224 px, CLS + mean of the patch
-tokens) with random weights (:func:`h0_mini_random`) in fp32 and bf16; with
-``--vit_g`` also the H-optimus-0 geometry (ViT-g/14, bf16). Each export runs
-in its own process, all at once (:func:`export_all`), through
-:mod:`harness.packages`' cache (``HISTOSERVE_TEST_PACKAGE_CACHE``), so a
-second run reuses them. ``python -m bench.gpu_packages NAME DEVICE`` exports
-one and prints its path.
+exports everything where it runs, from the project's own ViT builder
+(:mod:`predictor.package.demo_models`, no timm): H-optimus-0's ViT-g/14
+(``vit-g``: 4 registers, SwiGLU, CLS out) and H0-mini's ViT-B/14 (``vit-b``:
+4 registers, SwiGLU, CLS + patch mean), both 224 px, 1536 out, bf16, random
+weights with a LayerScale that lets every block count; the tiny demo ViT in
+fp32 and bf16 (the bf16 vs fp32 check) and the bf16 ``m-optimus`` and
+``tissue-seg`` demos. On the dry run the two real geometries are built at
+depth 1 (the same code, CPU seconds).
+
+:data:`PLAN` is the export plan: ViT-g first, every export in its own
+process at once with a bounded number of compile threads and a deadline of
+its own, its own inductor cache on a GPU (one compilation at a time per
+cache), its log under ``$OUT/logs``, and its seconds recorded.
+``python -m bench.gpu_packages NAME DEVICE [DEPTH]`` exports one and prints
+its path.
 """
 
 from __future__ import annotations
@@ -19,88 +24,131 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-H0_MINI_FACTORY = "bench.gpu_packages:h0_mini_random"
-
-# name: (spec, source, options); source "demo:PRESET" or "module:TARGET".
-PACKAGES: dict[str, tuple[str, str, dict[str, str]]] = {
-    "tiny-fp32": ("h0-mini", "demo:tiny", {}),
-    "tiny-bf16": ("h0-mini", "demo:tiny", {"dtype": "bf16"}),
-    "m-optimus-bf16": ("m-optimus", "demo:tiny", {"dtype": "bf16"}),
-    "tissue-seg-bf16": ("tissue-seg", "demo:tiny", {"dtype": "bf16"}),
-    "h0-mini-fp32": ("h0-mini", f"module:{H0_MINI_FACTORY}", {}),
-    "h0-mini-bf16": ("h0-mini", f"module:{H0_MINI_FACTORY}", {"dtype": "bf16"}),
-    "vit-g-bf16": ("h0", "demo:vit-g", {"dtype": "bf16", "max_batch": "64"}),
-}
-"""Every package the check knows; which it exports depends on timm and ``--vit_g``."""
 
 
-def h0_mini_random() -> Any:
-    """H0-mini's architecture through timm with random weights (seeded: fp32 and bf16 agree)."""
-    import timm
-    import torch
+@dataclass(frozen=True)
+class Export:
+    """One package of the plan.
 
-    from predictor.export.sources import _ClsMeanPool
+    Attributes:
+        name: The package's name in the check (``vit-g-bf16``).
+        spec: Built-in spec it is exported for.
+        preset: Demo preset of :mod:`predictor.package.demo_models`.
+        dtype: ``fp32`` or ``bf16``.
+        deadline_s: The export is killed (a failed stage) past this.
+        threads: Compile threads (``TORCHINDUCTOR_COMPILE_THREADS``, OpenMP) on a GPU machine.
+        dry_depth: Depth on the CPU dry run (``None``: the preset's).
+    """
 
-    torch.manual_seed(0)
-    model = timm.create_model(
-        "vit_base_patch14_reg4_dinov2",
-        pretrained=False,
-        num_classes=0,
-        img_size=224,
-        mlp_layer=timm.layers.SwiGLUPacked,
-        act_layer=torch.nn.SiLU,
-    )
-    return _ClsMeanPool(model, int(model.num_prefix_tokens)).eval()
+    name: str
+    spec: str
+    preset: str
+    dtype: str
+    deadline_s: float
+    threads: int
+    dry_depth: int | None = None
 
 
-def export_one(name: str, device: str) -> Path:
+PLAN: tuple[Export, ...] = (
+    Export("vit-g-bf16", "h0", "vit-g", "bf16", 240.0, 8, dry_depth=1),
+    Export("vit-b-bf16", "h0-mini", "vit-b", "bf16", 180.0, 4, dry_depth=1),
+    Export("tiny-fp32", "h0-mini", "tiny", "fp32", 120.0, 1),
+    Export("tiny-bf16", "h0-mini", "tiny", "bf16", 120.0, 1),
+    Export("m-optimus-bf16", "m-optimus", "tiny", "bf16", 120.0, 1),
+    Export("tissue-seg-bf16", "tissue-seg", "tiny", "bf16", 120.0, 1),
+)
+"""Every package, in start order (the longest first); 16 compile threads in all."""
+
+MAX_BATCH = 256
+"""The packages' largest batch: the sweep's."""
+
+DRY_DEADLINE_S = 1200.0
+"""Each export's deadline on the CPU dry run: there the exports share one
+inductor cache (one compilation at a time) on two cores."""
+
+
+def planned(name: str) -> Export:
+    """The plan's entry ``name``."""
+    return next(e for e in PLAN if e.name == name)
+
+
+def export_one(name: str, device: str, depth: int | None = None) -> Path:
     """The cached package ``name`` exported for ``device`` (``cpu`` or ``cuda``)."""
-    from harness.packages import demo_package, module_package
+    from harness.packages import demo_package
 
-    spec, source, opts = PACKAGES[name]
-    opts = dict(opts, device=device) if device != "cpu" else dict(opts)
-    kind, _, target = source.partition(":")
-    if kind == "demo":
-        return demo_package(spec, target, **opts)
-    flags = [item for key, value in sorted(opts.items()) for item in (f"--{key}", value)]
-    return module_package(spec, target, *flags)
+    entry = planned(name)
+    opts: dict[str, Any] = {"max_batch": MAX_BATCH}
+    if entry.dtype != "fp32":
+        opts["dtype"] = entry.dtype
+    if device != "cpu":
+        opts["device"] = device
+    if depth is not None:
+        opts["depth"] = depth
+    return demo_package(entry.spec, entry.preset, **opts)
 
 
-def export_all(names: list[str], device: str, timeout_s: float) -> dict[str, Any]:
-    """Exports ``names`` in parallel processes; name to path, or to the error."""
+def _env(entry: Export, dry_run: bool, work: Path) -> dict[str, str]:
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    if not dry_run:
+        threads = str(entry.threads)
+        env.update(TORCHINDUCTOR_COMPILE_THREADS=threads, OMP_NUM_THREADS=threads)
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(work / "inductor" / entry.name)
+    return env
+
+
+def export_all(names: list[str], dry_run: bool, work: Path, logs: Path) -> dict[str, Any]:
+    """Exports ``names`` (in :data:`PLAN`'s order), each in its own process, all at once.
+
+    Returns:
+        Name to ``{"path", "seconds"}``, or to ``{"error", "seconds"}`` for an
+        export that failed or ran past its deadline (killed).
+    """
+    device = "cpu" if dry_run else "cuda"
+    logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    procs = {
-        name: subprocess.Popen(
-            [sys.executable, "-m", "bench.gpu_packages", name, device],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ, PYTHONWARNINGS="ignore"),
-        )
-        for name in names
-    }
+    running: dict[str, tuple[Export, subprocess.Popen[str], Any]] = {}
+    for entry in (e for e in PLAN if e.name in names):
+        depth = [str(entry.dry_depth)] if dry_run and entry.dry_depth else []
+        log = (logs / f"export-{entry.name}.log").open("w")
+        argv = [sys.executable, "-m", "bench.gpu_packages", entry.name, device, *depth]
+        proc = subprocess.Popen(
+            argv, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True,
+            env=_env(entry, dry_run, work),
+        )  # fmt: skip
+        running[entry.name] = (entry, proc, log)
     out: dict[str, Any] = {}
-    for name, proc in procs.items():
-        left = max(1.0, timeout_s - (time.monotonic() - started))
-        try:
-            stdout, stderr = proc.communicate(timeout=left)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out[name] = {"error": f"export took over {timeout_s:.0f} s"}
-            continue
-        lines = stdout.strip().splitlines()
-        if proc.returncode == 0 and lines:
-            out[name] = Path(lines[-1])
-        else:
-            out[name] = {"error": (stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    for name, (entry, proc, log) in running.items():
+        deadline_s = DRY_DEADLINE_S if dry_run else entry.deadline_s
+        out[name] = _finish(entry, proc, log, started, deadline_s)
     return out
+
+
+def _finish(
+    entry: Export, proc: subprocess.Popen[str], log: Any, started: float, deadline_s: float
+) -> dict[str, Any]:
+    """Waits for one export until its deadline (counted from the start of all)."""
+    left = max(1.0, deadline_s - (time.monotonic() - started))
+    try:
+        stdout, _ = proc.communicate(timeout=left)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        log.close()
+        return {"error": f"export took over its {deadline_s:.0f} s", "seconds": None}
+    seconds = time.monotonic() - started
+    log.close()
+    lines = stdout.strip().splitlines()
+    if proc.returncode == 0 and lines:
+        return {"path": lines[-1], "seconds": seconds}
+    tail = Path(log.name).read_text(errors="replace").strip().splitlines() or ["no output"]
+    return {"error": tail[-1][:300], "seconds": seconds}
 
 
 def he_crops(n: int, size: int = 224) -> np.ndarray:
@@ -135,4 +183,4 @@ def he_crops(n: int, size: int = 224) -> np.ndarray:
 
 
 if __name__ == "__main__":
-    print(export_one(sys.argv[1], sys.argv[2]))
+    print(export_one(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None))

@@ -28,13 +28,20 @@ SHIM_FAILURE = (
 
 @dataclass
 class Context:
-    """What every stage shares: the device, the packages, where logs go, how long to measure."""
+    """What every stage shares: the device, the packages, where logs go, how long to measure.
+
+    ``figures`` carries measurements later stages read (the matmul rate),
+    ``best`` each real model's best batch from the sweep.
+    """
 
     dry_run: bool
     device: str  # "cuda" or "cpu"
     work: Path
     window_s: float
     packages: dict[str, Path] = field(default_factory=dict)
+    logs: Path | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+    best: dict[str, int] = field(default_factory=dict)
 
     @property
     def batch(self) -> int:
@@ -46,12 +53,23 @@ class Context:
         """The device one server or model runs on (``cuda:0`` or ``cpu``)."""
         return "cuda:0" if self.device == "cuda" else "cpu"
 
-    def package(self, *names: str) -> tuple[str, Path]:
-        """The first of ``names`` that was exported (the real architecture, else the tiny demo)."""
-        for name in names:
-            if name in self.packages:
-                return name, self.packages[name]
-        raise RuntimeError(f"none of the packages {names} was exported")
+    @property
+    def log_dir(self) -> Path:
+        """Where server logs go (``$OUT/logs`` in the check)."""
+        return self.logs or self.work / "logs"
+
+    def require(self, name: str) -> Path:
+        """Package ``name``; a stage that needs a package that was not exported fails, loudly.
+
+        Never a fallback to another package: figures of the tiny demo
+        standing in for ViT-B would pass and mean nothing.
+
+        Raises:
+            RuntimeError: ``name`` was not exported (see the export stage).
+        """
+        if name not in self.packages:
+            raise RuntimeError(f"package {name} was not exported (see the export stage)")
+        return self.packages[name]
 
 
 @contextmanager
@@ -63,7 +81,7 @@ def servers(ctx: Context, packages: dict[str, Path], *flags: str) -> Iterator[di
         name: start_histoserve(
             path, model=name, device=ctx.first, max_batch_size=64, max_latency_ms=2,
             max_queue_size=4096, workers=2 if ctx.dry_run else 8,
-            threads=2 if ctx.dry_run else 4, log_dir=ctx.work / "logs",
+            threads=2 if ctx.dry_run else 4, log_dir=ctx.log_dir,
         )
         for name, path in packages.items()
     }  # fmt: skip
@@ -109,12 +127,10 @@ def direct(path: Path, device: str, tiles: np.ndarray, *extra: Any) -> list[np.n
 
 def served_equals_direct(ctx: Context) -> dict[str, Any]:
     """Each embedding package served vs run directly on the same 16 H&E crops, one batch."""
-    names = [
-        n for n in ("tiny-fp32", "tiny-bf16", "h0-mini-fp32", "h0-mini-bf16") if n in ctx.packages
-    ]
+    names = ("vit-b-bf16", "vit-g-bf16", "tiny-fp32", "tiny-bf16")
     tiles = he_crops(16)
     out: dict[str, Any] = {}
-    with servers(ctx, {n: ctx.packages[n] for n in names}) as running:
+    with servers(ctx, {n: ctx.require(n) for n in names}) as running:
         for name in names:
             served = infer(running[name], {"pixels": tiles})["embedding"]
             (own,) = direct(ctx.packages[name], ctx.first, tiles)
@@ -133,11 +149,9 @@ def bf16_vs_fp32(ctx: Context) -> dict[str, Any]:
     """Cosine between the fp32 and bf16 packages' embeddings (same weights) of 64 H&E crops."""
     tiles = he_crops(64)
     out: dict[str, Any] = {}
-    for model in ("tiny", "h0-mini"):
-        if f"{model}-fp32" not in ctx.packages or f"{model}-bf16" not in ctx.packages:
-            continue
-        (fp32,) = direct(ctx.packages[f"{model}-fp32"], ctx.first, tiles)
-        (bf16,) = direct(ctx.packages[f"{model}-bf16"], ctx.first, tiles)
+    for model in ("tiny",):  # no fp32 ViT-B: its export would not fit the plan
+        (fp32,) = direct(ctx.require(f"{model}-fp32"), ctx.first, tiles)
+        (bf16,) = direct(ctx.require(f"{model}-bf16"), ctx.first, tiles)
         cos = _cosines(fp32, bf16)
         out[model] = {"min_cosine": float(cos.min()), "mean_cosine": float(cos.mean())}
     out["ok"] = all(v["min_cosine"] > 0.99 for v in out.values() if isinstance(v, dict))
@@ -148,7 +162,7 @@ def bf16_families(ctx: Context) -> dict[str, Any]:
     """bf16 m-optimus (every mode, with and without bulk RNA) and tissue-seg, served vs direct."""
     from predictor.package.genes import read_gene_ids
 
-    packages = {n: ctx.packages[n] for n in ("m-optimus-bf16", "tissue-seg-bf16")}
+    packages = {n: ctx.require(n) for n in ("m-optimus-bf16", "tissue-seg-bf16")}
     out: dict[str, Any] = {}
     with servers(ctx, packages) as running:
         mm = packages["m-optimus-bf16"]
@@ -214,7 +228,8 @@ def oom_split(ctx: Context) -> dict[str, Any]:
     """
     from bench.gpu_parts import _items, build
 
-    name, path = ctx.package("h0-mini-bf16", "tiny-bf16")
+    name = "vit-b-bf16"
+    path = ctx.require(name)
     samples = _items(64, 224)  # batch items: prepared sample and request
     model = build(path, ctx.first, 64)
     try:
@@ -233,6 +248,8 @@ def oom_split(ctx: Context) -> dict[str, Any]:
 
 
 def _fake_oom(model: Any, above: int) -> None:
+    from predictor.device.failures import OomCounter
+
     counter = {"num_ooms": 0}
     runner = model._package.runner
 
@@ -243,7 +260,7 @@ def _fake_oom(model: Any, above: int) -> None:
         return runner(*inputs)
 
     object.__setattr__(model._package, "runner", failing)
-    model._devices._memory_stats = lambda device: dict(counter)
+    model._devices._ooms = OomCounter(lambda device: dict(counter))
 
 
 def _split(items: Sequence[Any]) -> tuple[list[Any], list[Any]]:

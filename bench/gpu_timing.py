@@ -31,7 +31,7 @@ CELLS = (("v2-pixels", 64, 1), ("v2-grpc", 64, 1), ("v1-jpeg", 64, 1), ("v2-pixe
 
 
 def _timing_package(ctx: Context) -> tuple[str, Any]:
-    return ctx.package("h0-mini-bf16", "tiny-bf16")
+    return "vit-b-bf16", ctx.require("vit-b-bf16")
 
 
 def _limit(ctx: Context, path: Any) -> dict[str, float]:

@@ -1,11 +1,14 @@
 """``make gpu-check`` and ``bench/gpu.sh``: the scripts a lent GPU runs, run here first on the CPU.
 
 No GPU here: ``make gpu-check DRY_RUN=1`` runs every stage of
-:mod:`bench.gpu_check` on the CPU with the tiny packages (the tests' cache),
-through the real servers, start-up and batcher, so the script a GPU machine
-runs is not first executed there. A forced OOM needs a GPU's allocator: the
-dry run fakes the package's failure and the allocator's ``num_ooms`` counter
-(:func:`bench.gpu_stages.oom_split`).
+:mod:`bench.gpu_check` on the CPU with the same package builder (ViT-g and
+ViT-B at depth 1, the tiny demos; the tests' cache), through the real
+servers, start-up and batcher, so the script a GPU machine runs is not
+first executed there. A forced OOM needs a GPU's allocator: the dry run
+fakes the package's failure and the allocator's ``num_ooms`` counter
+(:func:`bench.gpu_stages.oom_split`). The plan's own accounting, the loud
+failure of a missing package, NVML's parsing and the wheels' unpacking are
+checked beside it.
 """
 
 from __future__ import annotations
@@ -14,21 +17,17 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
+import pytest
+
+from bench import gpu_check, gpu_env, gpu_nvml
+from bench.gpu_packages import PLAN
+from bench.gpu_stages import Context
+
 REPO = Path(__file__).resolve().parents[2]
-STAGES = [
-    "environment",
-    "export",
-    "served_equals_direct",
-    "bf16_vs_fp32",
-    "bf16_families",
-    "oom_split",
-    "throughput",
-    "instances",
-    "copy_vs_compute",
-    "event_loop",
-]
+STAGES = ["environment", "export", *(s.name for s in gpu_check.STAGES)]
 
 
 def test_gpu_script_parses() -> None:
@@ -38,6 +37,52 @@ def test_gpu_script_parses() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def test_the_plan_fits_nine_minutes_by_its_own_accounting() -> None:
+    assert gpu_check.planned_seconds() <= gpu_check.DEADLINE_S < gpu_check.TOTAL_S
+    assert PLAN[0].name == "vit-g-bf16"  # the longest export starts first
+    assert "vit-b-fp32" not in {e.name for e in PLAN}
+    assert sum(e.threads for e in PLAN) <= 16  # the GPU machine's cores
+    assert gpu_check.STAGES[0].name == "matmul_rate" and gpu_check.STAGES[1].name == "sweep"
+
+
+def test_a_missing_package_fails_the_stage_never_falls_back(tmp_path: Path) -> None:
+    ctx = Context(False, "cuda", tmp_path, 1.0, {"tiny-bf16": tmp_path / "tiny.pt2"})
+    with pytest.raises(RuntimeError, match="vit-b-bf16 was not exported"):
+        ctx.require("vit-b-bf16")
+    result = gpu_check._timed(gpu_check._function("gpu_timing:copy_vs_compute"), ctx)
+    assert "vit-b-bf16 was not exported" in result["error"]
+
+
+def test_nvidia_smi_lines_and_the_sampler() -> None:
+    assert gpu_nvml.parse_smi("87, 1980, 612.45, 40123") == (87.0, 1980.0, 612.45, 40123.0)
+    assert gpu_nvml.parse_smi("[N/A], 1980, 612.45, 40123") is None
+    assert gpu_nvml.parse_smi("") is None
+    fake = [sys.executable, "-c", "print('50, 1500, 300.5, 1024')"]
+    with gpu_nvml.GpuSampler(gpu_nvml.smi_reader(command=fake), period_s=0.05) as sampler:
+        while len(sampler.samples) < 2:
+            pass
+    summary = sampler.summary()
+    assert summary["util_pct_mean"] == 50.0 and summary["power_w_max"] == 300.5
+    with gpu_nvml.GpuSampler(lambda: 1 / 0, period_s=0.01) as broken:  # never fails the window
+        pass
+    assert broken.summary()["samples"] == 0
+
+
+def test_carried_wheels_unpack_without_pip(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "demo-1.0-py3-none-any.whl", "w") as whl:
+        whl.writestr("demo_pkg/__init__.py", "VALUE = 7\n")
+        whl.writestr("demo-1.0.data/purelib/demo_extra.py", "EXTRA = 8\n")
+        whl.writestr("demo-1.0.dist-info/METADATA", "Name: demo\n")
+    site = tmp_path / "site"
+    assert gpu_env.unpack_wheels(wheels, site) == 1
+    code = "import demo_pkg, demo_extra; print(demo_pkg.VALUE + demo_extra.EXTRA)"
+    env = dict(os.environ, PYTHONPATH=str(site))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.stdout.strip() == "15", done.stderr
+
+
 def test_make_gpu_check_dry_run(tmp_path: Path) -> None:
     out = tmp_path / "gpu"
     proc = subprocess.run(
@@ -45,23 +90,42 @@ def test_make_gpu_check_dry_run(tmp_path: Path) -> None:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,
         env=dict(os.environ, PYTHONWARNINGS="ignore"),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((out / "gpu-check.json").read_text())
     assert list(data) == STAGES
     assert all("error" not in r and "skipped" not in r for r in data.values()), data
-    assert data["served_equals_direct"]["tiny-bf16"]["max_abs_diff"] == 0.0
-    assert data["served_equals_direct"]["tiny-fp32"]["ok"]
+    assert (out / "pip-list.txt").is_file() and "torch" in (out / "pip-list.txt").read_text()
+    logs = {p.name for p in (out / "logs").iterdir()}
+    assert {f"export-{e.name}.log" for e in PLAN} <= logs
+    assert any(name.startswith("histoserve") for name in logs), logs  # server logs under $OUT
+    export = data["export"]
+    assert all(export[e.name]["seconds"] is not None for e in PLAN)
+    sweep = data["sweep"]
+    for name in ("vit-g-bf16", "vit-b-bf16"):
+        point = sweep[name]["batch 2"]
+        assert point["tiles_per_s"] > 0 and point["tflops"] > 0 and point["of_matmul"] > 0
+        assert sweep[name]["best_batch"] in (1, 2)
+    assert data["matmul_rate"]["tflops"] > 0
+    served = data["served"]
+    cells = [k for k in served if " x" in k]
+    assert cells == [
+        "vit-b-bf16 x1 fe1", "vit-b-bf16 x2 fe1", "vit-b-bf16 x1 fe2", "vit-g-bf16 x1 fe1",
+    ]  # fmt: skip
+    assert all(served[c]["throughput"] > 0 and served[c]["of_alone"] for c in cells)
+    assert all(served[c]["gpu"]["source"] == "none" for c in cells)  # no GPU here
+    direct = data["served_equals_direct"]
+    assert direct["vit-b-bf16"]["max_abs_diff"] == 0.0 and direct["vit-g-bf16"]["ok"]
+    assert direct["tiny-fp32"]["ok"]
     assert 0.99 < data["bf16_vs_fp32"]["tiny"]["min_cosine"] <= 1.0 + 1e-6
     assert data["bf16_families"]["ok"] and data["oom_split"]["answered"] == 64
     assert data["oom_split"]["batches"] == 3  # 64 failed, then its halves of 32
+    assert data["overlap"]["ratio"] > 0
     throughput = data["throughput"]
-    assert throughput["limit"]["tiles_per_s"] > 0
-    cells = [k for k in throughput if " " in k]
-    assert cells == ["v2-pixels 64x1", "v2-grpc 64x1", "v1-jpeg 64x1", "v2-pixels 16x64"]
-    assert data["instances"]["ratio"] > 0 and data["copy_vs_compute"]["forward_ms"] > 0
+    assert throughput["limit"]["tiles_per_s"] > 0 and throughput["package"] == "vit-b-bf16"
+    assert data["copy_vs_compute"]["forward_ms"] > 0
     assert 0.0 <= data["event_loop"]["progress"] <= 1.5
     table = (out / "gpu-check.md").read_text()
     assert all(f"| {stage} |" in table for stage in STAGES)
