@@ -269,8 +269,8 @@ def _evictions_allowed(pdb: dict, replicas: int) -> int:
     spec = pdb["spec"]
     if "minAvailable" in spec:
         return max(0, replicas - int(spec["minAvailable"]))
-    raw = spec["maxUnavailable"]
-    return math.floor(replicas * int(raw[:-1]) / 100) if isinstance(raw, str) else int(raw)
+    raw = spec["maxUnavailable"]  # a percentage rounds up, as the disruption controller does
+    return math.ceil(replicas * int(raw[:-1]) / 100) if isinstance(raw, str) else int(raw)
 
 
 @pytest.mark.parametrize("values", [None, "standard-hpa-values.yaml"])
@@ -281,11 +281,12 @@ def test_a_drain_can_evict_a_replica_at_min_replicas(render, values):
     assert _evictions_allowed(pdb, pred(objs)["minReplicas"]) >= 1
 
 
-def test_a_pdb_blocking_drains_is_refused(render_error):
-    err = render_error(
-        set_json={"podDisruptionBudget.enabled": True, "podDisruptionBudget.minAvailable": 1}
-    )
-    assert "drain" in err
+@pytest.mark.parametrize("min_available", [1, "50%"])
+def test_a_pdb_blocking_drains_is_refused(render, render_error, min_available):
+    """minAvailable 1, or 50% rounded up to 1, of one replica lets no pod be evicted."""
+    pdb = {"podDisruptionBudget.enabled": True, "podDisruptionBudget.minAvailable": min_available}
+    assert "drain" in render_error(set_json=pdb)
+    render(set_json={**pdb, **SHARED, "autoscaling.minReplicas": 3, "autoscaling.maxReplicas": 3})
 
 
 def test_a_deployment_mode_change_is_said_to_be_refused():

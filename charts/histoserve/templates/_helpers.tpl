@@ -737,7 +737,13 @@ checks of values against each other and against the live object.
 {{- if $pdb.enabled -}}
 {{- $blocks := false -}}
 {{- if ne $pdb.minAvailable nil -}}
-{{- $blocks = or (eq (toString $pdb.minAvailable) "100%") (and (kindIs "float64" $pdb.minAvailable) (ge (int $pdb.minAvailable) $min)) (and (kindIs "int64" $pdb.minAvailable) (ge (int $pdb.minAvailable) $min)) -}}
+{{- $m := toString $pdb.minAvailable -}}
+{{- if hasSuffix "%" $m -}}
+{{- /* Kubernetes rounds a percentage up: ceil(p x minReplicas / 100) >= minReplicas */ -}}
+{{- $blocks = gt (mul (atoi (trimSuffix "%" $m)) $min) (mul 100 (sub $min 1)) -}}
+{{- else -}}
+{{- $blocks = ge (atoi $m) $min -}}
+{{- end -}}
 {{- else -}}
 {{- $blocks = has (toString $pdb.maxUnavailable) (list "0" "0%") -}}
 {{- end -}}
