@@ -9,7 +9,12 @@ feeding KEDA's query, the kubelet's probe timing, the eviction API.
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -289,9 +294,35 @@ def test_a_pdb_blocking_drains_is_refused(render, render_error, min_available):
     render(set_json={**pdb, **SHARED, "autoscaling.minReplicas": 3, "autoscaling.maxReplicas": 3})
 
 
-def test_a_deployment_mode_change_is_said_to_be_refused():
-    """KServe refuses the change on upgrade: the values say so, and the chart checks the live object."""
-    values = (CHART / "values.yaml").read_text()
-    assert "KServe's webhook refuses to change the mode" in values
-    helpers = (CHART / "templates/_helpers.tpl").read_text()
-    assert 'lookup "serving.kserve.io/v1beta1" "InferenceService"' in helpers
+LOOKUP = 'lookup "serving.kserve.io/v1beta1" "InferenceService" .Release.Namespace'
+
+
+def _upgrade(helm_bin: str, chart: Path, live_mode: str, mode: str) -> subprocess.CompletedProcess:
+    """``helm template`` of ``chart`` whose lookup of the live InferenceService returns one in
+    ``live_mode`` (``status.deploymentMode``, as KServe records it)."""
+    live = json.dumps({"status": {"deploymentMode": live_mode}})
+    return subprocess.run(
+        [helm_bin, "template", "hs", str(chart), "-n", NAMESPACE, "--set-json", f"live={live}",
+         "--set", f"deploymentMode={mode}", "--set", "storage.pvc.existingClaim=m"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_a_deployment_mode_change_is_refused_on_upgrade(helm_bin, tmp_path):
+    """KServe's webhook refuses the change; the chart says so first, from the live object.
+
+    ``lookup`` needs a cluster: a copy of the chart reads the "live" object from a
+    value instead (and drops the strict schema, which knows no such value).
+    """
+    chart = tmp_path / "histoserve"
+    shutil.copytree(CHART, chart)
+    (chart / "values.schema.json").unlink()
+    helpers = chart / "templates" / "_helpers.tpl"
+    text = helpers.read_text()
+    assert LOOKUP in text
+    helpers.write_text(re.sub(re.escape(LOOKUP) + r" \([^)]*\)", "(.Values.live)", text))
+    refused = _upgrade(helm_bin, chart, "Serverless", "Standard")  # KServe's old name of Knative
+    assert refused.returncode != 0 and "KServe refuses to change it" in refused.stderr
+    assert _upgrade(helm_bin, chart, "RawDeployment", "Standard").returncode == 0
+    assert _upgrade(helm_bin, chart, "Knative", "Knative").returncode == 0
+    assert "KServe's webhook refuses to change the mode" in (CHART / "values.yaml").read_text()
