@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--fault_injection", default=None, help=argparse.SUPPRESS)
     add("--frontend_socket", default=None, help=argparse.SUPPRESS)  # set for a front end
     add("--frontend_index", type=int, default=0, help=argparse.SUPPRESS)
+    add("--frontend_http_fd", type=int, default=None, help=argparse.SUPPRESS)
+    add("--frontend_parent", type=int, default=None, help=argparse.SUPPRESS)
     return parser
 
 
@@ -208,13 +210,6 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ModelConfig, BatchingCo
     return model, batching, limits
 
 
-def build_server(args: argparse.Namespace, limits: LimitsConfig) -> Any:
-    """The HTTP + gRPC server from the parsed flags (``--workers`` must be 1)."""
-    from predictor.server.app import HistoModelServer
-
-    return HistoModelServer(**server_kwargs(args, limits))
-
-
 def server_kwargs(args: argparse.Namespace, limits: LimitsConfig) -> dict[str, Any]:
     """The server's arguments from the parsed flags."""
     return dict(
@@ -267,7 +262,7 @@ def server_extra_missing(command: str) -> bool:
 
 
 def serve(argv: Sequence[str] | None = None) -> int:
-    """Parses flags, loads the model (fail-fast) and serves until drained."""
+    """Parses flags, binds the ports, loads the model (fail-fast) and serves until drained."""
     if server_extra_missing("serve"):
         return EXIT_STARTUP_ERROR
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -277,22 +272,34 @@ def serve(argv: Sequence[str] | None = None) -> int:
         print(f"histoserve: cannot start: {exc}", file=sys.stderr)
         return EXIT_STARTUP_ERROR
     if frontends > 1 or index is not None:
-        set_up_process(index)  # before prometheus_client is imported
+        set_up_process(index, argv)  # before prometheus_client is imported
     from predictor.errors import StartupError
-    from predictor.server import gc_policy
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        start_metrics_port(args, index)
-        model_config, batching, limits = configs_from_args(args)
-        server, model = build_serving(args, index, (model_config, batching, limits))
-        configure_trace_logging(args.enable_latency_logging)
+        return _serve(args, argv, frontends, index)
     except (StartupError, ConnectionError) as exc:  # a bug is a traceback (exit 1)
         print(f"histoserve: cannot start: {exc}", file=sys.stderr)
         return EXIT_STARTUP_ERROR
+
+
+def _serve(args: argparse.Namespace, argv: list[str], frontends: int, index: int | None) -> int:
+    """Ports first (a taken one stops start-up before any package loads), then model and server."""
+    from predictor.server import gc_policy
+    from predictor.server.listeners import open_listeners
+
+    supervisor = index is None and frontends > 1
+    start_metrics_port(args, index)
+    model_config, batching, limits = configs_from_args(args)
+    listeners = open_listeners(
+        args.bind_address, args.http_port, args.grpc_port,
+        shared=supervisor, grpc=args.enable_grpc, inherited_http_fd=args.frontend_http_fd,
+    )  # fmt: skip
+    server, model = build_serving(args, index, (model_config, batching, limits), listeners[0])
+    configure_trace_logging(args.enable_latency_logging)
     logger.info(
         "serving %s: batching %s, limits %s, %d preprocess workers",
         model.name,
@@ -301,13 +308,12 @@ def serve(argv: Sequence[str] | None = None) -> int:
         model_config.preprocess_workers,
     )
     gc_policy.apply()  # after the heavy start-up heap exists (see predictor.server.gc_policy)
-    if index is None and frontends > 1:
-        from predictor.frontends.supervisor import Supervisor, slot_layout
+    if supervisor:
+        from predictor.frontends.supervisor import Supervisor
 
-        # The CPU's count bounds a GPU's (1): a few spare slots at most, paged in only if used.
         workers = resolve_instances(model_config.instances_per_device, "cpu", available_cpus())
-        layout = slot_layout(model, batching, workers)
-        return Supervisor(model, frontends, argv, layout, args.drain_timeout_s).run()
+        keeper = Supervisor.prepare(model, frontends, argv, (batching, workers), listeners)
+        return keeper.run(args.drain_timeout_s)
     server.start([model])
     return 0
 
@@ -316,16 +322,19 @@ def build_serving(
     args: argparse.Namespace,
     frontend_index: int | None,
     configs: tuple[ModelConfig, BatchingConfig, LimitsConfig],
+    http_socket: Any = None,
 ) -> tuple[Any, Any]:
     """The server and the loaded model; a front end's model reaches the device owner instead."""
     model_config, batching, limits = configs
+    kwargs = {**server_kwargs(args, limits), "http_socket": http_socket}
     if frontend_index is not None:  # a front end: the device owner has the package
         from predictor.frontends.frontend import build_frontend
 
-        return build_frontend(args, configs, server_kwargs(args, limits))
+        return build_frontend(args, configs, {**kwargs, "grpc_reuse_port": True})
+    from predictor.server.app import HistoModelServer
     from predictor.startup import build_model
 
-    server = build_server(args, limits)
+    server = HistoModelServer(**kwargs)
     return server, build_model(model_config, batching, limits)
 
 
@@ -341,12 +350,16 @@ def start_metrics_port(args: argparse.Namespace, frontend_index: int | None) -> 
         maybe_start(args.metrics_port, args.bind_address)
 
 
-def set_up_process(frontend_index: int | None) -> None:
-    """Metrics folder (the parent makes it) and log tag of a several-front-end pod's process."""
-    from predictor.frontends.process import prepare_metrics_dir, tag_log_lines
+def set_up_process(frontend_index: int | None, argv: Sequence[str]) -> None:
+    """Metrics folder (the parent makes it), log tag and, for a front end, death with its parent."""
+    from predictor.frontends.process import die_with_parent, prepare_metrics_dir, tag_log_lines
 
     if frontend_index is None:
         prepare_metrics_dir()
+    else:
+        early = argparse.ArgumentParser(add_help=False)
+        early.add_argument("--frontend_parent", type=int, default=None)
+        die_with_parent(early.parse_known_args(argv)[0].frontend_parent)
     tag_log_lines("owner" if frontend_index is None else f"frontend-{frontend_index}")
 
 
