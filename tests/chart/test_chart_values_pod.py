@@ -5,6 +5,8 @@ Each value changes what it should in the rendered objects.
 
 from __future__ import annotations
 
+import pytest
+
 from tests.chart.helpers import (
     FULLNAME,
     by_kind,
@@ -109,3 +111,28 @@ def test_service_account(render):
     objs = render(set_json={"serviceAccount.create": False, "serviceAccount.name": "existing"})
     assert not by_kind(objs, "ServiceAccount")
     assert pred(objs)["serviceAccountName"] == "existing"
+
+
+@pytest.mark.parametrize(
+    ("values", "frontends", "queue", "batch"),
+    [
+        ({"server.frontends": 4}, 4, 1024, 32),
+        ({"server.frontends": 2, "batching.maxQueueSize": 4096, "batching.maxBatchSize": 64},
+         2, 4096, 64),
+        ({"server.frontends": "auto", "resources.requests.cpu": "6"}, 5, 1024, 32),
+    ],
+)  # fmt: skip
+def test_shm_holds_every_front_ends_slab_as_the_server_sizes_it(
+    render, values, frontends, queue, batch
+):
+    """The server allocates each slab whole at start; a /dev/shm too small stops the pod."""
+    from predictor.frontends.shm import layout_for
+
+    limit = volumes_of(render(set_json=values))["dshm"]["emptyDir"]["sizeLimit"]
+    assert limit.endswith("Mi")
+    # H0-mini's tile and its 1536-float embedding, 2 CPU workers (the GPU's 1 needs less).
+    slab = layout_for(224, 0, 1536 * 8, 2 * (queue + batch * 2)).slab_bytes
+    assert int(limit[:-2]) * 2**20 >= 2 * 2**30 + frontends * slab
+    assert int(limit[:-2]) * 2**20 < 2 * 2**30 + frontends * slab * 1.05  # not wasteful
+    explicit = {**values, "shm.sizeLimit": "16Gi"}
+    assert volumes_of(render(set_json=explicit))["dshm"]["emptyDir"]["sizeLimit"] == "16Gi"

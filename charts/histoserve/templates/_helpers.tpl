@@ -482,8 +482,33 @@ TORCHINDUCTOR_CACHE_DIR; Triton and the CUDA JIT cache go under the cache dir.
 - name: dshm
   emptyDir:
     medium: Memory
-    sizeLimit: {{ .Values.shm.sizeLimit }}
+    sizeLimit: {{ include "histoserve.shmSizeLimit" . }}
 {{- end }}
+{{- end -}}
+
+{{/*
+/dev/shm: shm.sizeLimit, or 2Gi plus every front end's slab (the server's
+predictor/frontends/supervisor.py:slot_layout: 2 x (queue + batch x workers)
+slots, 164 KiB each for a 224-px tile and up to 1,536 float64 outputs; workers
+counted as 2, the CPU's auto and more than a GPU's 1).
+*/}}
+{{- define "histoserve.shmSizeLimit" -}}
+{{- $fe := include "histoserve.frontends" . | int -}}
+{{- if .Values.shm.sizeLimit -}}
+{{- .Values.shm.sizeLimit -}}
+{{- else if le $fe 1 -}}
+2Gi
+{{- else -}}
+{{- $b := .Values.batching -}}
+{{- $queue := 1024 -}}
+{{- if ne $b.maxQueueSize nil }}{{ $queue = int $b.maxQueueSize }}{{ end -}}
+{{- $batch := 32 -}}
+{{- if ne $b.maxBatchSize nil }}{{ $batch = int $b.maxBatchSize }}{{ end -}}
+{{- $workers := 2 -}}
+{{- if ne $b.instancesPerDevice nil }}{{ $workers = max 2 (int $b.instancesPerDevice) }}{{ end -}}
+{{- $slabMi := add1 (div (mul 2 (add $queue (mul $batch $workers)) 164) 1024) -}}
+{{- add 2048 (mul $fe $slabMi) }}Mi
+{{- end -}}
 {{- end -}}
 
 {{/*
