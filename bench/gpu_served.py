@@ -73,27 +73,37 @@ def _window(ctx: Context, server: Any, name: str) -> dict[str, Any]:
 
 def served(ctx: Context) -> dict[str, Any]:
     """Each of :data:`CONFIGS` served at its model's best batch, against the package alone."""
-    from bench.servers import start_histoserve, wait_all_ready
-
     out: dict[str, Any] = {"clients_x_tiles": "x".join(map(str, _load(ctx)))}
     for name, instances, frontends in CONFIGS:
-        batch = ctx.best.get(name, ctx.batch)
-        server = start_histoserve(
-            ctx.require(name), model=name, device=ctx.first, max_batch_size=batch,
-            max_latency_ms=2, max_queue_size=4096, workers=2 if ctx.dry_run else 8,
-            threads=2 if ctx.dry_run else 4, log_dir=ctx.log_dir, instances=instances,
-            frontends=frontends,
-        )  # fmt: skip
+        key = f"{name} x{instances} fe{frontends}"
         try:
-            wait_all_ready({name: server})
-            cell = _window(ctx, server, name)
-        finally:
-            server.stop()
-        alone = ctx.figures.get(f"{name} batch {batch} tiles_per_s")
-        cell.update(batch=batch, of_alone=cell["throughput"] / alone if alone else None)
-        out[f"{name} x{instances} fe{frontends}"] = cell
-    out["ok"] = all(not v["errors"] for v in out.values() if isinstance(v, dict))
+            out[key] = _served_one(ctx, name, instances, frontends)
+        except Exception as exc:  # the next configuration still runs
+            out[key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    cells = [v for v in out.values() if isinstance(v, dict)]
+    out["ok"] = all("error" not in v and not v["errors"] for v in cells)
     return out
+
+
+def _served_one(ctx: Context, name: str, instances: int, frontends: int) -> dict[str, Any]:
+    """One configuration: a server at the model's best batch, one window, against the package alone."""
+    from bench.servers import start_histoserve, wait_all_ready
+
+    batch = ctx.best.get(name, ctx.batch)
+    server = start_histoserve(
+        ctx.require(name), model=name, device=ctx.first, max_batch_size=batch,
+        max_latency_ms=2, max_queue_size=4096, workers=2 if ctx.dry_run else 8,
+        threads=2 if ctx.dry_run else 4, log_dir=ctx.log_dir, instances=instances,
+        frontends=frontends,
+    )  # fmt: skip
+    try:
+        wait_all_ready({name: server})
+        cell = _window(ctx, server, name)
+    finally:
+        server.stop()
+    alone = ctx.figures.get(f"{name} batch {batch} tiles_per_s")
+    cell.update(batch=batch, of_alone=cell["throughput"] / alone if alone else None)
+    return cell
 
 
 def overlap(ctx: Context) -> dict[str, Any]:

@@ -79,14 +79,18 @@ def matmul_rate(ctx: Context) -> dict[str, Any]:
 
 
 def sweep(ctx: Context) -> dict[str, Any]:
-    """Each real geometry at each batch; ``ok`` when every point ran and gave tiles."""
+    """Each real geometry at each batch; ``ok`` when every model ran (a failed one is recorded)."""
     out: dict[str, Any] = {}
     for name in MODELS:
-        out[name] = _sweep_one(ctx, name)
+        try:
+            out[name] = _sweep_one(ctx, name)
+        except Exception as exc:  # the other model's figures still count
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            continue
         points = [v for k, v in out[name].items() if k.startswith("batch ")]
         best = max(points, key=lambda p: p["tiles_per_s"])
         out[name]["best_batch"] = ctx.best[name] = best["batch"]
-    out["ok"] = all(out[m]["best_batch"] > 0 for m in MODELS)
+    out["ok"] = all("error" not in out[m] for m in MODELS)
     return out
 
 
