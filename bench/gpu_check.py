@@ -64,15 +64,15 @@ class Stage:
 
 STAGES: tuple[Stage, ...] = (
     Stage("matmul_rate", "gpu_sweep:matmul_rate", 8),
-    Stage("sweep", "gpu_sweep:sweep", 60),
-    Stage("served", "gpu_served:served", 75),
+    Stage("sweep", "gpu_sweep:sweep", 55),
+    Stage("served", "gpu_served:served", 85),
     Stage("served_equals_direct", "gpu_stages:served_equals_direct", 20),
     Stage("overlap", "gpu_served:overlap", 20),
     Stage("oom_split", "gpu_stages:oom_split", 12),
     Stage("bf16_families", "gpu_stages:bf16_families", 12),
     Stage("bf16_vs_fp32", "gpu_stages:bf16_vs_fp32", 8),
     Stage("copy_vs_compute", "gpu_timing:copy_vs_compute", 8),
-    Stage("throughput", "gpu_timing:throughput", 30),
+    Stage("throughput", "gpu_timing:throughput", 25),
     Stage("event_loop", "gpu_timing:event_loop", 6),
 )
 """Every stage after the export, most valuable first; a stage starts only if its budget fits."""
@@ -97,9 +97,10 @@ def environment(device: str, out: Path) -> dict[str, Any]:
     """Python, torch, CUDA, the GPU and its architecture; ``nvidia-smi -q`` and ``pip list`` beside."""
     import platform
 
-    import torch
-
     from bench.gpu_env import machine_facts
+
+    machine = machine_facts(out)  # first: written even where torch fails to import
+    import torch
 
     facts: dict[str, Any] = {
         "python": platform.python_version(),
@@ -113,7 +114,7 @@ def environment(device: str, out: Path) -> dict[str, Any]:
         major, minor = torch.cuda.get_device_capability(0)
         facts.update(gpu=torch.cuda.get_device_name(0), sm=f"{major}{minor}")
         facts["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
-    return {**facts, **machine_facts(out)}
+    return {**facts, **machine}
 
 
 class Report:

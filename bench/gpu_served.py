@@ -117,17 +117,21 @@ def overlap(ctx: Context) -> dict[str, Any]:
     batch = ctx.best.get(name, ctx.batch)
     rates: dict[str, list[float]] = {"pipelined": [], "serial": []}
     lanes: dict[str, list[str]] = {}
+    gpu: dict[str, Any] = {}
+    window_s = max(0.5, ctx.window_s / 2)  # four windows, each after a model build
     for side in ("pipelined", "serial", "pipelined", "serial"):
         model = build(path, ctx.first, batch)
         model._devices.pipeline = side == "pipelined"
         try:
-            got = asyncio.run(throughput(model, batch, 4, ctx.window_s))
+            with GpuSampler() as sampler:
+                got = asyncio.run(throughput(model, batch, 4, window_s))
         finally:
             model.stop()
         rates[side].append(got["tiles_per_s"])
         lanes[side] = sorted(got["batches_per_worker"])
+        gpu[side] = sampler.summary()
     mean = {k: sum(v) / len(v) for k, v in rates.items()}
     return {
         "package": name, "batch": batch, "tiles_per_s": rates, "workers": lanes,
-        "ratio": mean["pipelined"] / mean["serial"],
+        "ratio": mean["pipelined"] / mean["serial"], "gpu": gpu,
     }  # fmt: skip
