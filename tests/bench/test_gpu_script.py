@@ -129,3 +129,10 @@ def test_make_gpu_check_dry_run(tmp_path: Path) -> None:
     assert 0.0 <= data["event_loop"]["progress"] <= 1.5
     table = (out / "gpu-check.md").read_text()
     assert all(f"| {stage} |" in table for stage in STAGES)
+
+
+def test_the_wheelhouse_keeps_grpcio() -> None:
+    """tritonclient's gRPC stubs need a newer grpcio than the GPU image may carry."""
+    makefile = (REPO / "Makefile").read_text()
+    line = next(x for x in makefile.splitlines() if x.startswith("PREINSTALLED :="))
+    assert "grpcio" not in line and "numpy-*" in line
