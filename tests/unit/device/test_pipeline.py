@@ -240,3 +240,15 @@ def test_the_models_warm_up_forward_runs_the_real_package_at_the_batch() -> None
     with torch.inference_mode():
         model.warm_worker(DeviceSlot(Counting(), slot.normalizer), 5)  # type: ignore[arg-type]
     assert ran == [5] and slot.normalizer.host_buffer.shape[0] == 5
+
+
+def test_gpu_instances_are_pipelined_by_default_and_cpus_not() -> None:
+    log = Log()
+    workers = DeviceWorkers(stream_factory=lambda d: FakeStream(log))
+    normalizer = Normalizer(SPEC, torch.device("cpu"), torch.float32)
+    gpu = DeviceSlot(FakePackage("cuda:0"), normalizer)  # type: ignore[arg-type]
+    assert list(workers.worker_slots("cuda:0", gpu, 1) or {}) == ["cuda:0#a", "cuda:0#b"]
+    cpu = DeviceSlot(FakePackage("cpu"), normalizer)
+    assert workers.worker_slots("cpu", cpu, 1) is None  # the lone CPU worker, as before
+    workers.pipeline = False  # the GPU check's serial side
+    assert workers.worker_slots("cuda:0", gpu, 1) is None
