@@ -136,3 +136,13 @@ def test_the_wheelhouse_keeps_grpcio() -> None:
     makefile = (REPO / "Makefile").read_text()
     line = next(x for x in makefile.splitlines() if x.startswith("PREINSTALLED :="))
     assert "grpcio" not in line and "numpy-*" in line
+
+
+def test_each_gpu_export_has_its_threads_and_its_own_inductor_cache(tmp_path: Path) -> None:
+    from bench.gpu_packages import _env, planned
+
+    vit_g = _env(planned("vit-g-bf16"), False, tmp_path)
+    assert vit_g["TORCHINDUCTOR_COMPILE_THREADS"] == "8" == vit_g["OMP_NUM_THREADS"]
+    assert vit_g["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor" / "vit-g-bf16")
+    dry = _env(planned("vit-g-bf16"), True, tmp_path)  # the dry run keeps the tests' cache
+    assert dry.get("TORCHINDUCTOR_CACHE_DIR") == os.environ.get("TORCHINDUCTOR_CACHE_DIR")
