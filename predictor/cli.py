@@ -376,6 +376,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from predictor.client.embed.cli import main as embed_main
 
         return embed_main(argv[1:])
+    if argv and argv[0] == "aggregate":
+        from predictor.client.slides.cli import main as aggregate_main
+
+        return aggregate_main(argv[1:])
     if argv and argv[0] == "serve":
         argv = argv[1:]
     return serve(argv)

@@ -43,7 +43,12 @@ RETRY_CODES = frozenset(
         "UNKNOWN",
     }
 )
-_DATATYPES = {np.dtype(np.uint8): "UINT8", np.dtype(np.float32): "FP32"}
+_DATATYPES = {
+    np.dtype(np.uint8): "UINT8",
+    np.dtype(np.float32): "FP32",
+    np.dtype(np.float16): "FP16",  # a slide head's features as stored
+    np.dtype(np.int64): "INT64",  # a slide head's coords
+}
 # tritonclient's default channel caps messages at 2 GiB; 64 raw 224px tiles are ~9.6 MB.
 _MAX_MESSAGE = 2**31 - 1
 

@@ -43,8 +43,8 @@ class StatusLog:
     through a symlink, nor when it is not a regular file.
     """
 
-    def __init__(self, out_dir: Path) -> None:
-        """Log into ``out_dir/status.csv`` (the folder must exist).
+    def __init__(self, out_dir: Path, name: str = STATUS_FILE) -> None:
+        """Log into ``out_dir/status.csv`` (the folder must exist); ``name``: another file name.
 
         Raises:
             ValueError: No such folder.
@@ -53,7 +53,7 @@ class StatusLog:
         out_dir = Path(out_dir)
         if not out_dir.is_dir():
             raise ValueError(f"output folder {out_dir} does not exist")
-        self.path = out_dir / STATUS_FILE
+        self.path = out_dir / name
         with contextlib.suppress(FileNotFoundError):
             _check_regular(self.path, os.lstat(self.path).st_mode)
 

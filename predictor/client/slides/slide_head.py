@@ -1,0 +1,157 @@
+"""One slide through a served slide head: read its features, send, check, write, draw.
+
+:func:`run_slide_head` is the one code path of ``histoserve aggregate`` and of
+``histoserve embed --slide-model`` (which runs it over the feature files it
+just wrote), so both give the same numbers. In order:
+
+1. the features file read back and checked
+   (:func:`~predictor.client.slides.sources.read_features`), its width
+   compared with the head's (a :class:`SlideError` naming the file and both
+   widths, before anything is sent);
+2. one request: ``features`` (FP32, or FP16 as stored) and ``coords``
+   (INT64, unless ``send_coords`` is off); the answer checked
+   (:class:`~predictor.client.slides.head.SlideAnswerCheck`: retried
+   elsewhere when wrong); a 4xx fails the slide with the server's message;
+3. ``slide_features_<model>/<id>.h5`` (:mod:`~predictor.client.slides.results`);
+4. with ``qc``: ``qc/<id>.<model>.heatmap.jpg``
+   (:mod:`~predictor.client.slides.heatmap`) and ``qc/<id>.<model>.geojson``
+   (:mod:`~predictor.client.slides.qupath`). A picture that cannot be
+   written is a warning, never a failed slide; the slide's thumbnail is
+   drawn under it when the slide the features name can be read, else a
+   blank canvas.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from predictor.client.embed.atomic import atomic_path
+from predictor.client.embed.dispatch import Dispatcher
+from predictor.client.embed.errors import EmbedError, SlideError
+from predictor.client.slides import heatmap, qupath
+from predictor.client.slides.head import HeadInfo, SlideAnswerCheck
+from predictor.client.slides.results import SlideAnswer, result_attrs, write_result
+from predictor.client.slides.sources import FeatureSource, SlideFeatures, read_features
+
+QC_DIR = "qc"
+logger = logging.getLogger("histoserve.aggregate")
+
+
+@dataclass(frozen=True)
+class HeadContext:
+    """What every slide of a run shares.
+
+    Attributes:
+        info: The head as the server describes it.
+        dispatcher: Sends its requests (retries, several URLs).
+        out_dir: Where ``qc/`` goes (FEATURES_DIR, or embed's ``--out``).
+        config_hash: The results' hash (:func:`~predictor.client.slides.results.head_hash`).
+        send_coords: Send ``coords`` with the features.
+        qc: Write the heatmap and the QuPath GeoJSON.
+    """
+
+    info: HeadInfo
+    dispatcher: Dispatcher
+    out_dir: Path
+    config_hash: str
+    send_coords: bool = True
+    qc: bool = True
+
+
+def qc_paths(out_dir: Path, slide_id: str, model: str) -> tuple[Path, Path]:
+    """``qc/<id>.<model>.heatmap.jpg`` and ``qc/<id>.<model>.geojson``."""
+    folder = Path(out_dir) / QC_DIR
+    return folder / f"{slide_id}.{model}.heatmap.jpg", folder / f"{slide_id}.{model}.geojson"
+
+
+def run_slide_head(ctx: HeadContext, source: FeatureSource) -> SlideAnswer:
+    """Runs the head on ``source`` and writes its result (and pictures); returns the answer.
+
+    Raises:
+        SlideError: A bad features file, another width, the server refusing it
+            (its message), retries used up: each naming the file.
+    """
+    sf = read_features(source.path)
+    info = ctx.info
+    width = sf.features.shape[1]
+    if info.feature_dim and width != info.feature_dim:
+        raise SlideError(
+            f"{source.path}: features are {width} wide but {info.model!r} takes "
+            f"{info.feature_dim} (made by another tile encoder?)"
+        )
+    inputs = {"features": sf.features}
+    if ctx.send_coords:
+        inputs["coords"] = sf.coords
+    parameters = {"mode": info.mode} if info.mode else {}
+    try:
+        raw = ctx.dispatcher.infer(info.model, inputs, parameters, check=SlideAnswerCheck(info))
+    except EmbedError as exc:
+        raise SlideError(f"{source.path}: {exc}") from exc
+    answer = SlideAnswer(
+        _float(raw.get("prediction")),
+        _float(raw.get("attention")),
+        _float(raw.get("slide_embedding")),
+    )
+    attrs = result_attrs(source, info, ctx.config_hash, sf.attrs)
+    try:
+        write_result(source, info, answer, sf.coords, attrs)
+    except OSError as exc:
+        raise SlideError(f"{source.path}: its slide result cannot be written ({exc})") from exc
+    if ctx.qc and answer.attention is not None:
+        _pictures(ctx, source, sf, answer)
+    return answer
+
+
+def _float(values: Any) -> np.ndarray | None:
+    return None if values is None else np.asarray(values, np.float32)
+
+
+def _pictures(
+    ctx: HeadContext, source: FeatureSource, sf: SlideFeatures, answer: SlideAnswer
+) -> None:
+    """The heatmap and the GeoJSON; a failure is a warning (the result is written)."""
+    info = ctx.info
+    jpg, geojson = qc_paths(ctx.out_dir, source.slide_id, info.model)
+    try:
+        drawn, branch = heatmap.drawn_attention(answer.attention, answer.prediction)
+        text = heatmap.prediction_text(answer.prediction, info.classes, branch)
+        background, extent = slide_background(sf)
+        title = f"{source.slide_id}  |  {info.model}  |  {len(sf.coords)} tiles"
+        picture = heatmap.render_heatmap(
+            background, extent, sf.coords, sf.patch_level0, drawn, title, text
+        )
+        with atomic_path(jpg, root=ctx.out_dir) as tmp:
+            picture.save(tmp, "JPEG", quality=90)
+        props = {"slide_id": source.slide_id, "model": info.model, "prediction": text}
+        pct = heatmap.percentiles(drawn)
+        collection = qupath.detections(
+            sf.coords, sf.patch_level0, answer.attention, pct, info.classes, props
+        )
+        with atomic_path(geojson, root=ctx.out_dir) as tmp:
+            tmp.write_text(qupath.dumps(collection), encoding="utf-8")
+    except (OSError, ValueError) as exc:
+        logger.warning("slide %s: heatmap not written: %s", source.slide_id, exc)
+
+
+def slide_background(sf: SlideFeatures) -> tuple[np.ndarray | None, tuple[int, int]]:
+    """The slide's thumbnail and level-0 extent when it can be read, else None and the extent."""
+    path = sf.slide_path
+    if path is None or not path.exists():
+        return None, sf.extent
+    try:
+        from predictor.client.embed.slides import MppInfo, SlideReader
+        from predictor.client.embed.tissue import thumbnail
+
+        with SlideReader.open(path) as reader:
+            width, height = reader.dimensions
+            unit = MppInfo(1.0, "level-0 px")  # thumbnail scale in level-0 px per px
+            rgb, _ = thumbnail(reader, unit, max(width, height) / heatmap.DISPLAY_PX)
+        return rgb, (int(width), int(height))
+    except Exception as exc:  # the picture only: a blank canvas instead
+        logger.info("slide %s: no thumbnail under the heatmap (%s)", path, exc)
+        return None, sf.extent
