@@ -85,8 +85,11 @@ class Children:
         loop = asyncio.get_running_loop()
         loop.remove_reader(pidfd)
         os.close(pidfd)
-        _, status = os.waitpid(child.proc.pid, 0)
-        code = os.waitstatus_to_exitcode(status)
+        try:
+            _, status = os.waitpid(child.proc.pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:  # reaped elsewhere (nothing here should): Popen knows the code
+            code = child.proc.returncode if child.proc.returncode is not None else -signal.SIGKILL
         child.proc.returncode = code  # reaped here: Popen must not wait again
         self.live.pop(child.proc.pid, None)
         child.exited.set_result(code)
@@ -104,10 +107,16 @@ class Children:
         return min(self._policy.max_backoff_s, delay)
 
     def signal_all(self, sig: int = signal.SIGTERM) -> None:
-        """Sends ``sig`` to every running child."""
+        """Sends ``sig`` to every child not yet reaped.
+
+        ``os.kill``, not ``Popen.send_signal``: that one polls first, and
+        reaping an exited child there would leave this waiter with nothing
+        to reap. An exited child not yet reaped is a zombie of ours, so its
+        pid cannot have been reused.
+        """
         for child in list(self.live.values()):
             with contextlib.suppress(ProcessLookupError):
-                child.proc.send_signal(sig)
+                os.kill(child.proc.pid, sig)
 
     async def stop_all(self, timeout_s: float) -> list[int]:
         """SIGTERM to every child, SIGKILL to what is left after ``timeout_s``; their exit codes."""
@@ -119,7 +128,7 @@ class Children:
         for child in children:
             if not child.exited.done():
                 with contextlib.suppress(ProcessLookupError):
-                    child.proc.kill()
+                    os.kill(child.proc.pid, signal.SIGKILL)
         if late:
             await asyncio.wait(late)
         return [c.exited.result() for c in children]

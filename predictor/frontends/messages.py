@@ -21,12 +21,15 @@ Messages, ``(kind, ...)``:
 from __future__ import annotations
 
 import asyncio
+import logging
 import pickle
 import socket
 import struct
 from typing import Any
 
 from predictor import errors
+
+logger = logging.getLogger("histoserve")
 
 _LENGTH = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 << 20
@@ -84,15 +87,27 @@ class FrameWriter:
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
-    """The next message, or None once the peer closed the connection."""
+    """The next message, or None once the peer closed the connection or sent what is not ours.
+
+    A frame that does not unpickle to a tuple ends the link as a closed
+    connection would: what the peer still owes is failed by the caller, never
+    waited for.
+    """
     try:
         head = await reader.readexactly(_LENGTH.size)
         (length,) = _LENGTH.unpack(head)
         if length > MAX_FRAME_BYTES:
             raise ConnectionError(f"frame of {length} bytes from the peer: not ours")
-        return pickle.loads(await reader.readexactly(length))
+        message = pickle.loads(await reader.readexactly(length))
     except (asyncio.IncompleteReadError, ConnectionError):
         return None
+    except Exception:  # a frame that does not unpickle: a broken peer
+        logger.exception("a frame from the peer does not unpickle; closing the link")
+        return None
+    if not isinstance(message, tuple) or not message:
+        logger.error("a frame from the peer is not a message: %r", type(message).__name__)
+        return None
+    return message
 
 
 def send_blocking(sock: socket.socket, message: tuple[Any, ...]) -> None:

@@ -86,14 +86,21 @@ class DeviceOwner:
         )
         self._watcher = asyncio.get_running_loop().create_task(self._refresh_states())
 
-    async def close(self) -> None:
-        """Stops listening and waits for every connection's tiles to be settled."""
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Stops listening, waits up to ``timeout_s`` for every connection's tiles, unlinks the slabs.
+
+        Bounded: a batch still running past the drain deadline (a hung device)
+        must not keep the pod from exiting. A view still alive keeps its
+        mapping (see :meth:`Slab.close`); the names are unlinked anyway.
+        """
         if self._server is not None:
             self._server.close()
         if self._watcher is not None:
             self._watcher.cancel()
         if self._connections:
-            await asyncio.wait(set(self._connections))
+            _, late = await asyncio.wait(set(self._connections), timeout=timeout_s)
+            for task in late:
+                task.cancel()
         for slab in self._slabs:
             slab.close()
 
@@ -115,8 +122,8 @@ class DeviceOwner:
             return
         _, index, pid = hello
         previous = self._links.get(index)
-        if previous is not None:  # its tiles still in the batcher view this slab
-            await previous.idle.wait()
+        if previous is not None:  # its connection is over and its tiles are settled
+            await previous.finished.wait()
         slab = self._slabs[index]
         link = _Link(self._model, slab, FrameWriter(writer), self._state)
         self._links[index] = link
@@ -133,6 +140,7 @@ class DeviceOwner:
         finally:
             link.closed = True
             await link.idle.wait()
+            link.finished.set()
             logger.info("front end %d (pid %d) disconnected", index, pid)
 
     def _state(self) -> tuple[int, bool]:
@@ -169,6 +177,8 @@ class _Link:
         self.closed = False
         self.idle = asyncio.Event()
         self.idle.set()
+        self.finished = asyncio.Event()
+        """Set once the front end's connection ended and its tiles were settled."""
 
     def submit(self, rid: int, mode: str, items: list[tuple[Any, ...]]) -> None:
         """Enqueues one request's samples; answers once all its futures are settled.

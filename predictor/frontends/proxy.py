@@ -177,10 +177,10 @@ class BatcherProxy:
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         while (message := await read_frame(reader)) is not None:
-            if message[0] == "done":
+            if message[0] == "done" and len(message) == 5:
                 self._settle_safely(*message[1:])
-            elif message[0] == "state":
-                self._owner_depth, self._owner_live = message[1:]
+            elif message[0] == "state" and len(message) == 3:
+                self._owner_depth, self._owner_live = int(message[1]), bool(message[2])
         self._connected = False
         if not self._draining:
             logger.error("%s: the device owner is gone; liveness fails", self._name)

@@ -24,6 +24,7 @@ import errno
 import fcntl
 import mmap
 import os
+import stat
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +63,12 @@ class Segment:
         Raises:
             ShmTooSmall: The filesystem cannot hold ``size`` more bytes.
         """
-        name, path, fd = _create_locked(folder)
+        try:
+            name, path, fd = _create_locked(folder)
+        except OSError as exc:
+            raise StartupError(
+                f"cannot create a shared-memory segment in {folder}: {exc.strerror}"
+            ) from exc
         try:
             os.posix_fallocate(fd, 0, size)
             buf = mmap.mmap(fd, size)
@@ -148,11 +154,13 @@ def _unlink_if_unheld(path: Path) -> bool:
     except OSError:
         return False  # gone, or a link: not ours to touch
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False  # a folder or a device: not a segment of ours
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False  # a live owner holds it
-    else:
         path.unlink(missing_ok=True)
+    except OSError:  # BlockingIOError: a live owner holds it
+        return False
+    else:
         return True
     finally:
         os.close(fd)

@@ -69,6 +69,12 @@ def check_crossable(model: BaseServerModel) -> None:
         StartupError: An output that is not a number (``BYTES``), or an extra
             input or output with a dynamic dimension besides the batch axis.
     """
+    if not model.CROSSES_PROCESSES:
+        raise StartupError(
+            f"--frontends > 1: {type(model).__name__} answers whole requests of any size "
+            "(e.g. one slide a request), which fixed shared-memory slots cannot hold; "
+            "serve it with --frontends 1"
+        )
     types = model.output_datatypes()
     shapes = dict(model.output_shapes())
     for name in shapes:
@@ -205,7 +211,7 @@ class Supervisor:
         children = Children(self._command, [self._http.fileno()], self._on_exit, RESTARTS)
         self._children = children
         for index in range(len(self._slabs)):
-            children.spawn(index)
+            self._spawn(index)
         if await self._wait_ready():
             logger.info("%d front ends serving", len(self._slabs))
             await self._stopping.wait()
@@ -229,18 +235,28 @@ class Supervisor:
         ]  # fmt: skip
 
     async def _wait_ready(self) -> bool:
-        """Whether every front end serves before one failed, SIGTERM or the time ran out."""
+        """Whether every front end serves before one failed (or missed its deadline) or SIGTERM."""
         ready = asyncio.ensure_future(self._all_ready.wait())
         stopping = asyncio.ensure_future(self._stopping.wait())
-        await asyncio.wait(
-            {ready, stopping}, timeout=READY_TIMEOUT_S, return_when="FIRST_COMPLETED"
-        )
+        await asyncio.wait({ready, stopping}, return_when="FIRST_COMPLETED")
         ready.cancel()
         stopping.cancel()
-        if not self._all_ready.is_set() and not self._stopping.is_set():
-            logger.error("a front end did not start serving within %.0f s", READY_TIMEOUT_S)
-            self._fail(2)
         return self._all_ready.is_set() and not self._stopping.is_set()
+
+    def _spawn(self, index: int) -> None:
+        """Starts front end ``index``; it must say it serves within :data:`READY_TIMEOUT_S`."""
+        assert self._children is not None
+        pid = self._children.spawn(index).proc.pid
+        asyncio.get_running_loop().call_later(READY_TIMEOUT_S, self._check_ready, index, pid)
+
+    def _check_ready(self, index: int, pid: int) -> None:
+        assert self._children is not None
+        if pid in self._children.live and pid not in self._ready and not self._stopping.is_set():
+            logger.error(
+                "front end %d (pid %d) did not start serving within %.0f s; stopping",
+                index, pid, READY_TIMEOUT_S,
+            )  # fmt: skip
+            self._fail(2)
 
     def _on_ready(self, pid: int) -> None:
         self._ready.add(pid)
@@ -270,8 +286,8 @@ class Supervisor:
         asyncio.get_running_loop().call_later(delay, self._restart, index)
 
     def _restart(self, index: int) -> None:
-        if not self._stopping.is_set() and self._children is not None:
-            self._children.spawn(index)
+        if not self._stopping.is_set():
+            self._spawn(index)
 
     def _fail(self, code: int) -> None:
         self._exit_code = code

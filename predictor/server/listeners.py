@@ -11,7 +11,9 @@ bind the gRPC port with ``SO_REUSEPORT``, the mechanism gRPC documents for
 several processes. The supervisor first reserves it exclusively
 (:func:`reserve_shared_port`): the bind fails if any socket holds the port,
 and only then is the reservation opened to its own front ends. A second
-server on that port, histoserve or not, is refused at its start.
+histoserve on that port, or any server binding it without ``SO_REUSEPORT``,
+is refused at its start; a process of the same user that asks for
+``SO_REUSEPORT`` itself can still join (the kernel's rule, not ours).
 """
 
 from __future__ import annotations
@@ -43,13 +45,16 @@ def bind_http(host: str | None, port: int) -> socket.socket:
 def reserve_shared_port(host: str | None, port: int) -> socket.socket:
     """Reserves ``port`` for this pod's front ends: bound exclusively, then opened to them.
 
-    The socket never listens (no connection is ever queued on it); keep it
-    open for the pod's life.
+    Bound without ``SO_REUSEADDR`` (it never listens, so there is no
+    TIME_WAIT to step over, and two non-listening ``SO_REUSEADDR`` sockets
+    may share a port) and without ``SO_REUSEPORT``: the bind fails if any
+    socket holds the port. Unset ``host`` reserves both IPv4 and IPv6 (a
+    dual-stack ``[::]``, where gRPC listens). Keep it open for the pod's life.
 
     Raises:
         StartupError: The port is taken or the address is not this host's.
     """
-    sock = _bound(host, port, "gRPC")
+    sock = _bound(host, port, "gRPC", reuse_addr=False, dual_stack=host is None)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     return sock
 
@@ -61,17 +66,29 @@ def inherited(fd: int) -> socket.socket:
     return sock
 
 
-def _bound(host: str | None, port: int, what: str) -> socket.socket:
-    host = "0.0.0.0" if host is None else host
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT only, never a listener
+def _bound(
+    host: str | None, port: int, what: str, *, reuse_addr: bool = True, dual_stack: bool = False
+) -> socket.socket:
+    if dual_stack and socket.has_ipv6:
+        try:
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        except OSError:  # IPv6 switched off on this host
+            return _bound("0.0.0.0", port, what, reuse_addr=reuse_addr)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        address: tuple[str, int] = ("::", port)
+    else:
+        host = "0.0.0.0" if host is None else host
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        address = (host, port)
+    if reuse_addr:  # steps over TIME_WAIT only, never over a listener
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        sock.bind(address)
     except OSError as exc:
         sock.close()
         reason = "in use" if exc.errno == errno.EADDRINUSE else exc.strerror
-        raise StartupError(f"{what} port {host}:{port}: {reason}") from exc
+        raise StartupError(f"{what} port {address[0]}:{port}: {reason}") from exc
     return sock
 
 

@@ -68,3 +68,20 @@ def test_restarts_back_off_and_stop_past_the_budget() -> None:
         return [children.restart_delay() for _ in range(7)]
 
     assert asyncio.run(delays()) == [0.5, 1.0, 2.0, 4.0, 8.0, None, None]
+
+
+def test_a_child_reaped_behind_the_waiter_still_reports_its_exit() -> None:
+    """``Popen.poll`` (or ``send_signal``, which polls) reaping first left the waiter hanging."""
+
+    async def run() -> int:
+        codes: list[int] = []
+        children = Children(
+            lambda i: ["/bin/sh", "-c", "exit 4"], [], lambda c, code: codes.append(code)
+        )
+        child = children.spawn(0)
+        while child.proc.poll() is None:  # reaps it here, before the loop's reader runs
+            await asyncio.sleep(0)  # yields without letting a time pass
+        await asyncio.wait_for(child.exited, 5)
+        return codes[0]
+
+    assert asyncio.run(run()) == 4

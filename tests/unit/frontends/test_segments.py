@@ -88,3 +88,16 @@ def test_attach_refuses_names_that_are_not_ours(tmp_path: Path) -> None:
     for name in ("passwd", f"../{PREFIX}x", f"{PREFIX}a/b"):
         with pytest.raises(ValueError, match="not a histoserve segment"):
             Segment.attach(name, tmp_path)
+
+
+def test_the_sweep_leaves_a_folder_with_our_prefix_alone(tmp_path: Path) -> None:
+    (tmp_path / f"{PREFIX}{'2' * 32}").mkdir()
+    assert remove_stale_segments(tmp_path) == []
+    assert (tmp_path / f"{PREFIX}{'2' * 32}").is_dir()
+
+
+def test_a_folder_we_cannot_write_is_a_start_up_error(tmp_path: Path) -> None:
+    from predictor.errors import StartupError
+
+    with pytest.raises(StartupError, match="cannot create a shared-memory segment"):
+        Segment.create(4096, tmp_path / "missing")

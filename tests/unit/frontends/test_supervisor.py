@@ -15,6 +15,7 @@ from predictor.frontends.supervisor import check_crossable
 def _model(outputs: dict[str, tuple[str, list[int]]], extras: list[dict[str, Any]] = ()) -> Any:
     inputs = [{"name": "pixels", "datatype": "UINT8", "shape": [-1, 224, 224, 3]}, *extras]
     return SimpleNamespace(
+        CROSSES_PROCESSES=True,
         output_datatypes=lambda: {n: t for n, (t, _) in outputs.items()},
         output_shapes=lambda: {n: s for n, (_, s) in outputs.items()},
         get_input_types=lambda: inputs,

@@ -71,23 +71,26 @@ def test_an_inherited_descriptor_is_the_same_listening_socket() -> None:
         first.close()
 
 
-async def _grpc_bind(port: int, reuse: int) -> int:
+async def _grpc_bind(address: str, reuse: int) -> int:
     server = aio.server(options=[("grpc.so_reuseport", reuse)])
     try:
-        return server.add_insecure_port(f"127.0.0.1:{port}")
+        return server.add_insecure_port(address)
     finally:
         await server.stop(None)
 
 
-def test_the_grpc_reservation_admits_front_ends_only_after_an_exclusive_bind() -> None:
+@pytest.mark.parametrize(("host", "grpc_host"), [("127.0.0.1", "127.0.0.1"), (None, "[::]")])
+def test_the_grpc_reservation_admits_front_ends_only(host: str | None, grpc_host: str) -> None:
     port = _free_port()
-    reservation = reserve_shared_port("127.0.0.1", port)
+    reservation = reserve_shared_port(host, port)
     try:
-        assert asyncio.run(_grpc_bind(port, 1)) == port  # a front end, as grpc binds it
+        with pytest.raises(StartupError, match="in use"):  # a second pod's supervisor, first
+            reserve_shared_port(host, port)
+        with pytest.raises(StartupError, match="in use"):  # any plain server
+            bind_http("127.0.0.1", port)
         with pytest.raises(RuntimeError):  # a one-process server: grpc.so_reuseport off
-            asyncio.run(_grpc_bind(port, 0))
-        with pytest.raises(StartupError, match="in use"):  # a second pod's supervisor
-            reserve_shared_port("127.0.0.1", port)
+            asyncio.run(_grpc_bind(f"{grpc_host}:{port}", 0))
+        assert asyncio.run(_grpc_bind(f"{grpc_host}:{port}", 1)) == port  # a front end
     finally:
         reservation.close()
 
