@@ -49,7 +49,7 @@ def weights(dim: int, hidden: int = 16, n_classes: int = 2, seed: int = 0) -> di
 def abmil(features: np.ndarray, w: Mapping[str, np.ndarray], branches: bool = False) -> dict:
     """prediction ``[C]``, attention ``[N]`` (``[N, C]`` with ``branches``), slide_embedding ``[D]``."""
     h = np.asarray(features, np.float64)
-    gate = np.tanh(h @ w["V"]) * (1 / (1 + np.exp(-(h @ w["U"]))))
+    gate = np.tanh(h @ w["V"]) * 0.5 * (1 + np.tanh(h @ w["U"] / 2))  # tanh x sigmoid
     logits = gate @ w["w"]  # [N, C]
     logits = logits if branches else logits[:, :1]
     att = np.exp(logits - logits.max(axis=0))

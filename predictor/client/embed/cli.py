@@ -148,6 +148,15 @@ def _scale_flags(parser: argparse.ArgumentParser) -> None:
         help="a slide with at most N unreadable tiles is done (with holes) instead of failed",
     )
     add("--no-qc", dest="qc", action="store_false", help="no qc/ pictures and no report.html")
+    add("--slide-model", help="a served slide model run over each slide's features when done")
+    add(
+        "--slide-url",
+        action="append",
+        dest="slide_urls",
+        default=[],
+        metavar="URL",
+        help="where --slide-model is served (default: the --url servers)",
+    )
     add(
         "--max-tiles-per-slide",
         type=int,
@@ -207,6 +216,8 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> EmbedC
         accept_bad_tiles=args.accept_bad_tiles,
         max_tiles_per_slide=args.max_tiles_per_slide,
         qc=args.qc,
+        slide_model=args.slide_model,
+        slide_urls=tuple(args.slide_urls),
     )
 
 

@@ -77,6 +77,9 @@ class EmbedConfig:
             (with holes); more, and it is written to ``incomplete/`` and fails.
         max_tiles_per_slide: A slide whose grid plans more tiles fails before any is read.
         qc: Write ``qc/<id>.jpg|.geojson|.json`` per slide and ``report.html``.
+        slide_model: A served slide model run over each slide's features once its
+            tiles are done (:mod:`predictor.client.slides`); None: none.
+        slide_urls: Where ``slide_model`` is served (default: the ``--url`` servers).
     """
 
     urls: tuple[str, ...]
@@ -110,11 +113,14 @@ class EmbedConfig:
     accept_bad_tiles: int = 0
     qc: bool = True
     max_tiles_per_slide: int = DEFAULT_MAX_TILES_PER_SLIDE
+    slide_model: str | None = None
+    slide_urls: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "urls", tuple(self.urls))
         set_(self, "tissue_urls", tuple(self.tissue_urls))
+        set_(self, "slide_urls", tuple(self.slide_urls))
         set_(self, "slides", tuple(Path(p) for p in self.slides))
         set_(self, "out_dir", Path(self.out_dir))
         if self.manifest is not None:
@@ -138,6 +144,7 @@ class EmbedConfig:
         if not self.urls:
             raise UsageError("no server given: pass --url http://host:port (or grpc://host:port)")
         flags = [("--url", u) for u in self.urls] + [("--tissue-url", u) for u in self.tissue_urls]
+        flags += [("--slide-url", u) for u in self.slide_urls]
         for flag, url in flags:
             check_url(url, flag)  # no user-info: no URL shown anywhere carries a password
             if not url.startswith(URL_SCHEMES) or not url.split("://", 1)[1].strip("/"):
@@ -146,13 +153,15 @@ class EmbedConfig:
                     "grpcs://host:port"
                 )
         if self.credentials is not None:
-            self.credentials.check_urls(self.urls + self.tissue_urls)
+            self.credentials.check_urls(self.urls + self.tissue_urls + self.slide_urls)
         if not self.slides and self.manifest is None:
             raise UsageError("no slides given: pass slide paths or --manifest slides.csv")
         if self.mode not in MODES:
             raise UsageError(f"--mode {self.mode!r}: must be one of {', '.join(MODES)}")
         if self.layout not in LAYOUTS:
             raise UsageError(f"--layout {self.layout!r}: must be one of {', '.join(LAYOUTS)}")
+        if self.slide_model is not None and self.mode == "prediction":
+            raise UsageError("--slide-model takes tile features: use an embedding mode")
         if self.layout != "flat" and self.mode == "prediction":
             raise UsageError(f"--layout {self.layout} writes features: use an embedding mode")
         if self.progress not in PROGRESS:

@@ -19,7 +19,8 @@
    ``--accept-bad-tiles`` accepts that many) and never skipped.
    ``--slides-in-flight`` slides are in progress at once (default 2), sharing
    one bound of ``--concurrency`` requests in flight;
-4. ``<out>/report.html`` over every slide of the folder (``--no-qc``: none).
+4. ``<out>/report.html`` over every slide of the folder (``--no-qc``: none);
+   ``--slide-model``: its head over the done slides (:mod:`predictor.client.slides.embed_stage`).
 
 A slide that fails (missing, unreadable, no mpp, corrupt tiles, a 4xx,
 retries used up, a bad claim file, changed while it was embedded: checked
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import os
 import threading
@@ -80,6 +82,7 @@ from predictor.client.embed.slide_job import RunContext, embed_slide
 from predictor.client.embed.status import StatusLog
 from predictor.client.embed.tissue import OTSU_VERSION
 from predictor.client.embed.transport import RecyclePolicy
+from predictor.client.slides.embed_stage import check_slide_model, run_slide_model
 
 logger = logging.getLogger("histoserve.embed")
 
@@ -214,8 +217,9 @@ def embed(config: EmbedConfig, stream: Any = None) -> EmbedSummary:
     if config.credentials is None:  # the Python API: $HISTOSERVE_TOKEN as the CLI reads it
         creds = load_credentials(None, None, (), os.environ)
         config = dataclasses.replace(config, credentials=creds)
-    warn_if_plaintext(config.credentials, config.urls + config.tissue_urls)
+    warn_if_plaintext(config.credentials, config.urls + config.tissue_urls + config.slide_urls)
     entries = collect_entries(config)
+    check_slide_model(config)  # not a slide head: a usage error before any slide
     try:
         config.out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -236,6 +240,7 @@ def embed(config: EmbedConfig, stream: Any = None) -> EmbedSummary:
         finally:
             if tissue is not None:
                 tissue.close()
+    run_slide_model(config, summary)
     summary.seconds = time.monotonic() - start
     return summary
 
@@ -392,6 +397,4 @@ def _unexpected(exc: Exception) -> str:
 
 
 def _json(data: Mapping[str, Any]) -> str:
-    import json
-
     return json.dumps(data, sort_keys=True, default=str)

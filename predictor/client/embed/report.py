@@ -11,7 +11,10 @@ picture. Rows are sorted by how suspicious the slide is, in this order:
 ``tiny tissue`` (under :data:`TINY_TISSUE_MM2`), ``resized`` (no pyramid level
 at the model's mpp: tiles were read larger and resized), then the rest.
 A slide that failed before its tile plan (unreadable file, no mpp) has no
-picture but has its row and reason. What is malformed in the folder (a
+picture but has its row and reason. A slide that a slide model ran on
+(``--slide-model``, ``histoserve aggregate``) also shows, per model, its
+prediction (``slides.csv``, :mod:`~predictor.client.slides.table`) and its
+attention heatmap (``qc/<id>.<model>.heatmap.jpg``) with the QuPath GeoJSON. What is malformed in the folder (a
 ``status.csv`` line cut short by a full disk, a ``qc/<id>.json`` of other
 types) is left out with one warning naming the file, never a crash: the
 report shows the rest.
@@ -31,6 +34,7 @@ from urllib.parse import quote
 from predictor.client.embed.atomic import atomic_path
 from predictor.client.embed.qc import QC_DIR, read_facts
 from predictor.client.embed.status import STATUS_FILE, read_status_checked
+from predictor.client.slides.table import FIXED_COLUMNS, read_table
 
 REPORT_FILE = "report.html"
 TINY_TISSUE_MM2 = 1.0
@@ -45,6 +49,7 @@ class SlideRow:
     slide_id: str
     status: dict[str, str] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)
+    heads: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def flags(self) -> list[str]:
@@ -89,6 +94,14 @@ def collect_rows(out_dir: Path) -> list[SlideRow]:
             row.status = line
     for slide_id, facts in read_facts(out_dir).items():
         rows.setdefault(slide_id, SlideRow(slide_id)).facts = facts
+    try:
+        heads = read_table(out_dir)
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError too: shown without predictions
+        logger.warning("%s left out of the report: %s", Path(out_dir) / "slides.csv", exc)
+        heads = []
+    for head in heads:
+        if head.get("slide_id"):
+            rows.setdefault(head["slide_id"], SlideRow(head["slide_id"])).heads.append(head)
     return sorted(rows.values(), key=SlideRow.sort_key)
 
 
@@ -141,7 +154,7 @@ def render(rows: list[SlideRow], out_dir: Path) -> str:
     )
     columns = (
         "QC", "slide", "status", "flags", "tiles", "tissue mm²", "mpp (source)",
-        "level, read → tile", "time s", "error",
+        "level, read → tile", "time s", "error", "slide model",
     )  # fmt: skip
     header = "".join(f"<th>{c}</th>" for c in columns)
     body = "\n".join(_row_html(row) for row in rows)
@@ -179,8 +192,30 @@ def _row_html(row: SlideRow) -> str:
         esc(_level(f)) if f else "",
         f'<td class="num">{esc(s.get("seconds", ""))}',
         f'<span class="err">{esc(s.get("error", ""))}</span>',
+        "".join(_head_html(row.slide_id, head) for head in row.heads),
     ]
     return "<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}" for c in cells) + "</tr>"
+
+
+def _head_html(slide_id: str, head: dict[str, str]) -> str:
+    """One slide model's prediction (top class first) and its heatmap, linked to the GeoJSON."""
+    scores = []
+    for name, text in head.items():
+        try:
+            value = float(text) if name not in FIXED_COLUMNS and text else None
+        except ValueError:
+            value = None
+        if value is not None:
+            scores.append((value, name))
+    scores.sort(reverse=True)
+    shown = ", ".join(f"<b>{html.escape(n)}</b> {v:.3g}" if i == 0 else f"{html.escape(n)} {v:.3g}"
+                      for i, (v, n) in enumerate(scores[:4]))  # fmt: skip
+    base = f"{QC_DIR}/{quote(slide_id)}.{quote(head.get('model', ''))}"
+    return (
+        f"<div>{html.escape(head.get('model', ''))}: {shown or 'no prediction'}<br>"
+        f'<a href="{base}.heatmap.jpg"><img src="{base}.heatmap.jpg" loading="lazy"></a>'
+        f'<br><a href="{base}.geojson">QuPath GeoJSON</a></div>'
+    )
 
 
 def _level(facts: dict[str, Any]) -> str:

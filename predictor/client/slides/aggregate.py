@@ -54,11 +54,13 @@ class AggregateConfig:
     """One ``histoserve aggregate`` run.
 
     Attributes:
-        features_dir: The folder of feature files (``--layout``), where results,
-            ``qc/``, ``slides.csv`` and ``slides_status.csv`` go.
+        features_dir: The folder of feature files (``--layout``); results go beside them.
+        out_dir: Where ``qc/``, ``slides.csv``, ``slides_status.csv`` and the claims
+            go (None: ``features_dir``).
         urls: Where the slide model is served (one HTTP(S) URL at least).
         model: The slide model's name.
         layout: ``auto``, ``flat``, ``trident`` or ``clam``.
+        encoder: TRIDENT's encoder name of the features to take (None: the only one).
         shard: ``(index, count)`` or None.
         slide_ids: Only these slides (None: every one).
         force: Run slides whose result is already complete.
@@ -73,7 +75,9 @@ class AggregateConfig:
     features_dir: Path
     urls: tuple[str, ...]
     model: str
+    out_dir: Path | None = None
     layout: str = "auto"
+    encoder: str | None = None
     shard: tuple[int, int] | None = None
     slide_ids: frozenset[str] | None = None
     force: bool = False
@@ -92,6 +96,7 @@ class AggregateConfig:
         if self.slides_in_flight < 1:
             raise UsageError(f"--slides-in-flight must be >= 1, got {self.slides_in_flight}")
         object.__setattr__(self, "features_dir", Path(self.features_dir))
+        object.__setattr__(self, "out_dir", Path(self.out_dir or self.features_dir))
 
 
 @dataclass
@@ -128,7 +133,7 @@ def aggregate(
     if config.credentials is None:
         creds = load_credentials(None, None, (), os.environ)
         config = dataclasses.replace(config, credentials=creds)
-    sources = find_sources(config.features_dir, config.layout)
+    sources = find_sources(config.features_dir, config.layout, config.encoder)
     mine = select(sources, config)
     if not mine and config.slide_ids is None:
         raise UsageError(f"{config.features_dir}: no feature files (*.h5) for this shard")
@@ -139,14 +144,14 @@ def aggregate(
     summary = AggregateSummary()
     with Dispatcher.from_urls(config.urls, config.timeout_s, retry, recycle, creds) as dispatcher:
         ctx = HeadContext(
-            info, dispatcher, config.features_dir, head_hash(info, config.send_coords),
+            info, dispatcher, config.out_dir, head_hash(info, config.send_coords),
             config.send_coords, config.qc,
         )  # fmt: skip
         runner = _Runner(ctx, config, summary, on_slide)
         with ThreadPoolExecutor(config.slides_in_flight, thread_name_prefix="head") as pool:
             list(pool.map(runner.run, mine))
     try:
-        write_table(config.features_dir, {s.root for s in sources})
+        write_table(config.out_dir, {s.root for s in sources})
     except OSError as exc:
         logger.warning("slides.csv not written: %s", exc)
     summary.seconds = time.monotonic() - start
@@ -164,8 +169,8 @@ class _Runner:
         on_slide: Callable[[str, str, str], None] | None,
     ):
         self.ctx, self.config, self.summary, self.on_slide = ctx, config, summary, on_slide
-        self.claims = ClaimStore(config.features_dir)
-        self.status = StatusLog(config.features_dir, SLIDES_STATUS_FILE)
+        self.claims = ClaimStore(config.out_dir)
+        self.status = StatusLog(config.out_dir, SLIDES_STATUS_FILE)
         self._lock = threading.Lock()
 
     def run(self, source: FeatureSource) -> None:

@@ -94,8 +94,12 @@ def _trident_folders(features_dir: Path) -> list[Path]:
     return sorted(p for p in features_dir.iterdir() if p.is_dir() and _TRIDENT_COORDS.match(p.name))
 
 
-def find_sources(features_dir: Path, layout: str = "auto") -> list[FeatureSource]:
+def find_sources(
+    features_dir: Path, layout: str = "auto", encoder: str | None = None
+) -> list[FeatureSource]:
     """Every features file of ``features_dir`` in ``layout``, sorted by slide id.
+
+    ``encoder``: of a TRIDENT job folder, only ``features_<encoder>`` folders.
 
     Raises:
         UsageError: No such folder, an unknown layout, a TRIDENT job folder
@@ -111,7 +115,7 @@ def find_sources(features_dir: Path, layout: str = "auto") -> list[FeatureSource
     if layout == "clam":
         folders = [(features_dir / "h5_files", features_dir)]
     elif layout == "trident":
-        folders = _trident_feature_folders(features_dir)
+        folders = _trident_feature_folders(features_dir, encoder)
     else:
         folders = [(features_dir, features_dir)]
     sources = [
@@ -130,7 +134,7 @@ def find_sources(features_dir: Path, layout: str = "auto") -> list[FeatureSource
     return sorted(sources, key=lambda s: s.slide_id)
 
 
-def _trident_feature_folders(features_dir: Path) -> list[tuple[Path, Path]]:
+def _trident_feature_folders(features_dir: Path, encoder: str | None) -> list[tuple[Path, Path]]:
     """``(features_<encoder> folder, its coords folder)`` of a job folder, or of that folder."""
     if features_dir.name.startswith("features_"):
         return [(features_dir, features_dir.parent)]
@@ -138,7 +142,7 @@ def _trident_feature_folders(features_dir: Path) -> list[tuple[Path, Path]]:
         (enc, coords)
         for coords in _trident_folders(features_dir)
         for enc in sorted(coords.glob("features_*"))
-        if enc.is_dir()
+        if enc.is_dir() and (encoder is None or enc.name == f"features_{encoder}")
     ]
     if len(found) > 1:
         names = ", ".join(str(f.relative_to(features_dir)) for f, _ in found[:4])
