@@ -86,6 +86,25 @@ COHORT_MASKED = (
 )
 MODULE_EXPORT = "histoserve export --spec h0 --module mypkg.models:build --output h0.pt2"
 EMBED = "predictor.client.embed.cli"
+AGGREGATE = "predictor.client.slides.cli"
+
+
+def slurm_task(module: str):  # -> a registry check
+    """Its flags parse, and array task 17 takes shard 17 of 400 from ``$SLURM_ARRAY_TASK_ID``."""
+
+    def check(session: DocsSession, command: str) -> None:
+        import importlib
+        import shlex
+
+        from predictor.client.embed.manifest import parse_shard
+
+        words = shlex.split(command)[2:]
+        args = importlib.import_module(module).build_parser().parse_args(words)
+        assert parse_shard(args.shard, {"SLURM_ARRAY_TASK_ID": "17"}) == (17, 400)
+
+    return check
+
+
 COHORT = cohort_workflow(COHORT_FIRST, COHORT_COPY, COHORT_MASKED)
 NO_DOCKER = (
     "no Docker engine here (the Dockerfile is checked statically: tests/chart/test_dockerfile.py)"
@@ -194,8 +213,11 @@ REGISTRY: dict[str, Entry] = {
     COHORT_FIRST: Entry("run", COHORT, folder="cohort"),
     COHORT_COPY: Entry("run", COHORT, folder="cohort"),
     COHORT_MASKED: Entry("run", COHORT, folder="cohort"),
-    'histoserve embed --manifest /lustre/cohorts/brca.csv --shard "${SLURM_ARRAY_TASK_ID}/400" --url http://gpu-a:8080 --url http://gpu-b:8080 --out /lustre/features/brca-h0 --concurrency 4 --batch-size 32 --progress plain': Entry(
-        "static", flags_parse(EMBED, 2, SLURM_ARRAY_TASK_ID="17"), why=SLURM
+    "histoserve embed --manifest /lustre/cohorts/brca.csv --shard 400 --url http://gpu-a:8080 --url http://gpu-b:8080 --out /lustre/features/brca-h0 --concurrency 4 --batch-size 32 --progress plain --slide-model abmil-brca": Entry(
+        "static", slurm_task(EMBED), why=SLURM
+    ),
+    "histoserve aggregate /lustre/features/brca-h0 --url http://gpu-a:8080 --model abmil-brca --shard 400": Entry(
+        "static", slurm_task(AGGREGATE), why=SLURM
     ),
     RAY_BLOCK: Entry("static", ray_api, why=NO_RAY),
     # docs/deployment.md

@@ -97,7 +97,9 @@ def _input_flags(parser: argparse.ArgumentParser) -> None:
     add("--mode", default="embedding", choices=MODES)
     add("--force", action="store_true", help="re-embed slides that are already done")
     add(
-        "--shard", help="I/N: every N-th slide from the I-th; N alone: I from $JOB_COMPLETION_INDEX"
+        "--shard",
+        help="I/N: every N-th slide from the I-th; N alone: I from $JOB_COMPLETION_INDEX or "
+        "$SLURM_ARRAY_TASK_ID; auto: I and N from a Slurm array",
     )
     add("--progress", default="auto", choices=PROGRESS)
     add("--ca-cert", type=Path, help="CA bundle (PEM) for https:// and grpcs:// servers")

@@ -16,8 +16,9 @@ errors naming both, never a silent skip.
 Sharding (``--shard I/N``) takes every N-th slide of the list sorted by slide
 id, starting at the I-th: shards are disjoint and cover the list, whatever
 order the paths were given in. ``--shard N`` alone reads ``I`` from
-``$JOB_COMPLETION_INDEX``, so one command line serves every pod of a
-Kubernetes Indexed Job.
+``$JOB_COMPLETION_INDEX``, else ``$SLURM_ARRAY_TASK_ID``, so one command line
+serves every pod of a Kubernetes Indexed Job or every task of a Slurm array;
+``--shard auto`` takes ``N`` from the Slurm array too (:func:`slurm_shard`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from predictor.client.embed.errors import UsageError
 
 MANIFEST_COLUMNS = ("slide_id", "path", "mpp", "bulk_rna", "mask")
 SHARD_INDEX_ENV = "JOB_COMPLETION_INDEX"
+SLURM_INDEX_ENV = "SLURM_ARRAY_TASK_ID"
+SLURM_ARRAY_ENV = ("SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX")
 NAME_MAX_BYTES = 255
 LONGEST_SUFFIX = "_patches.h5"  # trident's coordinates; .h5, .pt, .lock, .geojson are shorter
 MAX_SLIDE_ID_BYTES = NAME_MAX_BYTES - len(LONGEST_SUFFIX)
@@ -284,29 +287,42 @@ def _check_columns(columns: Sequence[str], path: Path) -> None:
 
 
 def parse_shard(text: str | None, env: Mapping[str, str]) -> tuple[int, int] | None:
-    """Parse ``--shard``: ``"I/N"``, or ``"N"`` with ``I`` from ``$JOB_COMPLETION_INDEX``.
+    """Parse ``--shard``: ``"I/N"``; ``"N"`` with ``I`` from the environment; or ``"auto"``.
+
+    ``"N"``: ``I`` is ``$JOB_COMPLETION_INDEX`` (a Kubernetes Indexed Job), else
+    ``$SLURM_ARRAY_TASK_ID`` (a Slurm array task, ``--array=0-<N-1>``; re-submitting
+    only some ids, ``--array=17,203``, keeps every task's shard). ``"auto"``: ``I``
+    and ``N`` from Slurm alone (:func:`slurm_shard`).
 
     Returns:
         ``(I, N)`` with ``0 <= I < N``, or ``None`` when ``text`` is ``None`` (no sharding).
 
     Raises:
-        UsageError: Not of that form, ``N < 1``, ``I >= N``, or ``"N"`` alone
-            without ``$JOB_COMPLETION_INDEX``.
+        UsageError: Not of that form, ``N < 1``, ``I >= N``, ``"N"`` alone with neither
+            variable set, ``"auto"`` outside a whole Slurm array.
     """
     if text is None:
         return None
     parts = text.strip().split("/")
+    if text.strip() == "auto":
+        return slurm_shard(env)
     if len(parts) == 1:
-        if SHARD_INDEX_ENV not in env:
+        source = next((v for v in (SHARD_INDEX_ENV, SLURM_INDEX_ENV) if v in env), None)
+        if source is None:
             raise UsageError(
                 f"--shard {text}: a shard count alone takes the index from ${SHARD_INDEX_ENV} "
-                "(set by a Kubernetes Indexed Job), which is not set; use --shard I/N"
+                f"(a Kubernetes Indexed Job) or ${SLURM_INDEX_ENV} (a Slurm array), and "
+                "neither is set; use --shard I/N"
             )
-        index_text, count_text = env[SHARD_INDEX_ENV], parts[0]
+        index_text, count_text = env[source], parts[0]
     elif len(parts) == 2:
         index_text, count_text = parts
     else:
-        raise UsageError(f"--shard must be I/N or N, got {text!r}")
+        raise UsageError(f"--shard must be I/N or N (or auto), got {text!r}")
+    return _shard_numbers(text, index_text, count_text)
+
+
+def _shard_numbers(text: str, index_text: str, count_text: str) -> tuple[int, int]:
     try:
         index, count = int(index_text), int(count_text)
     except ValueError as exc:
@@ -314,8 +330,45 @@ def parse_shard(text: str | None, env: Mapping[str, str]) -> tuple[int, int] | N
     if count < 1:
         raise UsageError(f"--shard {text!r}: the shard count must be at least 1, got {count}")
     if not 0 <= index < count:
-        raise UsageError(f"--shard {text!r}: the index must be in 0..{count - 1}, got {index}")
+        raise UsageError(
+            f"--shard {text!r}: the index must be in 0..{count - 1}, got {index} "
+            "(a Slurm array for N shards is --array=0-<N-1>)"
+        )
     return index, count
+
+
+def slurm_shard(env: Mapping[str, str]) -> tuple[int, int]:
+    """``(I, N)`` of ``--shard auto``: ``$SLURM_ARRAY_TASK_ID`` of ``$SLURM_ARRAY_TASK_COUNT``.
+
+    Only for a whole array from 0 (``SLURM_ARRAY_TASK_MIN`` 0, ``MAX`` ``COUNT - 1``):
+    a re-submission of some ids (``--array=17,203``) has another count, and the
+    shards would change under the slides; it is a usage error naming ``--shard N``.
+
+    Raises:
+        UsageError: Not in a Slurm array, or not a whole one from 0.
+    """
+    names = (SLURM_INDEX_ENV, *SLURM_ARRAY_ENV)
+    missing = [n for n in names if n not in env]
+    if missing:
+        raise UsageError(
+            f"--shard auto reads a Slurm array's ${SLURM_INDEX_ENV} and ${SLURM_ARRAY_ENV[0]}; "
+            f"${missing[0]} is not set: use --shard I/N, or --shard N in an Indexed Job"
+        )
+    index, count, low, high = (env[n] for n in names)
+    if (low, high) != ("0", str(_int_or(count) - 1)):
+        raise UsageError(
+            f"--shard auto: this Slurm array has ids {low}-{high} but {count} tasks (only some "
+            f"ids submitted?): its shards would differ from the first run's; give the shard "
+            "count, --shard N (the index is still $SLURM_ARRAY_TASK_ID)"
+        )
+    return _shard_numbers("auto", index, count)
+
+
+def _int_or(text: str, default: int = -2) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return default
 
 
 def select_shard(entries: Sequence[SlideEntry], shard: tuple[int, int] | None) -> list[SlideEntry]:

@@ -39,7 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the slide model is served (http(s):// or grpc(s)://); repeat for several")  # fmt: skip
     add("--model", required=True, help="the slide model's name")
     add("--layout", default="auto", choices=SOURCE_LAYOUTS, help="layout of the feature files")
-    add("--shard", help="I/N, or N with I from $JOB_COMPLETION_INDEX or $SLURM_ARRAY_TASK_ID")
+    add(
+        "--shard",
+        help="I/N; N with I from $JOB_COMPLETION_INDEX or $SLURM_ARRAY_TASK_ID; auto (Slurm)",
+    )
     add("--force", action="store_true", help="run slides that already have a result")
     add("--no-coords", dest="send_coords", action="store_false", help="send features only")
     add("--no-qc", dest="qc", action="store_false", help="no heatmaps, no QuPath GeoJSON")

@@ -97,6 +97,14 @@ def test_a_manifest_saved_as_latin1_is_a_usage_error_naming_line_and_byte(
     assert "re-save it as UTF-8" in message
 
 
+SLURM = {
+    "SLURM_ARRAY_TASK_ID": "0",
+    "SLURM_ARRAY_TASK_COUNT": "400",
+    "SLURM_ARRAY_TASK_MIN": "0",
+    "SLURM_ARRAY_TASK_MAX": "399",
+}
+
+
 @pytest.mark.parametrize(
     ("text", "env", "expected"),
     [
@@ -105,6 +113,10 @@ def test_a_manifest_saved_as_latin1_is_a_usage_error_naming_line_and_byte(
         ("2/3", {}, (2, 3)),
         (" 1/4 ", {}, (1, 4)),
         ("4", {"JOB_COMPLETION_INDEX": "3"}, (3, 4)),
+        ("400", {"SLURM_ARRAY_TASK_ID": "17"}, (17, 400)),  # a Slurm array task
+        ("400", {"SLURM_ARRAY_TASK_ID": "203", "SLURM_ARRAY_TASK_COUNT": "2"}, (203, 400)),
+        ("4", {"JOB_COMPLETION_INDEX": "1", "SLURM_ARRAY_TASK_ID": "2"}, (1, 4)),
+        ("auto", {**SLURM, "SLURM_ARRAY_TASK_ID": "399"}, (399, 400)),
     ],
 )
 def test_parse_shard(text: str | None, env: dict[str, str], expected: tuple[int, int]) -> None:
@@ -121,6 +133,14 @@ def test_parse_shard(text: str | None, env: dict[str, str], expected: tuple[int,
         ("1/2/3", {}, "I/N or N"),
         ("4", {}, "JOB_COMPLETION_INDEX"),
         ("4", {"JOB_COMPLETION_INDEX": "4"}, r"index must be in 0..3, got 4"),
+        ("4", {}, "SLURM_ARRAY_TASK_ID"),
+        ("400", {"SLURM_ARRAY_TASK_ID": "400"}, r"--array=0-<N-1>"),
+        ("auto", {"JOB_COMPLETION_INDEX": "3"}, r"SLURM_ARRAY_TASK_ID is not set"),
+        (
+            "auto",
+            {**SLURM, "SLURM_ARRAY_TASK_MIN": "17", "SLURM_ARRAY_TASK_COUNT": "2"},
+            "--shard N",
+        ),
     ],
 )
 def test_bad_shards_are_usage_errors(text: str, env: dict[str, str], message: str) -> None:
