@@ -70,9 +70,17 @@ class SlideServer:
     """``http://127.0.0.1:<port>`` serving one fake slide head (see the module docstring)."""
 
     def __init__(
-        self, name: str = "abmil-demo", dim: int = 16, *, branches: bool = False, tamper: str = ""
+        self,
+        name: str = "abmil-demo",
+        dim: int = 16,
+        *,
+        branches: bool = False,
+        tamper: str = "",
+        max_tiles: int = 200_000,
+        encoder_sha256: str | None = None,
     ):
         self.name, self.dim, self.branches, self.tamper = name, dim, branches, tamper
+        self.max_tiles, self.encoder_sha256 = max_tiles, encoder_sha256
         self.w = weights(dim)
         self.seen: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -108,6 +116,13 @@ class SlideServer:
                 {"name": "attention", "datatype": "FP32", "shape": att},
                 {"name": "slide_embedding", "datatype": "FP32", "shape": [self.dim]},
             ],
+            "classes": list(CLASSES),
+            "max_tiles_per_slide": self.max_tiles,
+            "tile_encoder": {
+                "name": "h0-mini",
+                "feature_dim": self.dim,
+                "package_sha256": self.encoder_sha256,
+            },
         }
 
     def expected(self, features: np.ndarray) -> dict[str, np.ndarray]:

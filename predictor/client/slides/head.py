@@ -56,6 +56,9 @@ class HeadInfo:
         mode: The mode asked (None: the model's default).
         outputs: Expected outputs: name -> (datatype, shape as listed).
         spec: The spec as reported.
+        max_tiles: The most tiles the server takes in one slide (0: not said).
+        encoder_sha256: The package digest of the tile encoder whose features
+            the head takes, when the server says it ("" when not).
     """
 
     model: str
@@ -65,6 +68,8 @@ class HeadInfo:
     mode: str | None
     outputs: Mapping[str, tuple[str, tuple[int, ...]]]
     spec: Mapping[str, Any] = field(default_factory=dict)
+    max_tiles: int = 0
+    encoder_sha256: str = ""
 
 
 def fetch_head_info(
@@ -129,7 +134,11 @@ def head_from_config(model: str, config: Mapping[str, Any]) -> HeadInfo:
     outputs = {
         n: listed.get(n, ("FP32", default_e if n == "slide_embedding" else ())) for n in wanted
     }
-    classes = tuple(str(c) for c in spec.get("classes") or spec.get("class_names") or ())
+    names = spec.get("classes") or spec.get("class_names") or config.get("classes") or ()
+    classes = tuple(str(c) for c in names)
+    encoder = config.get("tile_encoder") or spec.get("tile_encoder")
+    encoder_sha = encoder.get("package_sha256") if isinstance(encoder, Mapping) else None
+    limit = config.get("max_tiles_per_slide")
     return HeadInfo(
         model=model,
         package_sha256=str(config.get("package_sha256") or config.get("sha256") or ""),
@@ -138,6 +147,8 @@ def head_from_config(model: str, config: Mapping[str, Any]) -> HeadInfo:
         mode=mode,
         outputs=outputs,
         spec=spec,
+        max_tiles=limit if isinstance(limit, int) and limit > 0 else 0,
+        encoder_sha256=str(encoder_sha or spec.get("tile_encoder_sha256") or ""),
     )
 
 

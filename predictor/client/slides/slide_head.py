@@ -77,13 +77,8 @@ def run_slide_head(ctx: HeadContext, source: FeatureSource) -> SlideAnswer:
             (its message), retries used up: each naming the file.
     """
     sf = read_features(source.path)
+    check_fits(ctx.info, source.path, sf)
     info = ctx.info
-    width = sf.features.shape[1]
-    if info.feature_dim and width != info.feature_dim:
-        raise SlideError(
-            f"{source.path}: features are {width} wide but {info.model!r} takes "
-            f"{info.feature_dim} (made by another tile encoder?)"
-        )
     inputs = {"features": sf.features}
     if ctx.send_coords:
         inputs["coords"] = sf.coords
@@ -105,6 +100,31 @@ def run_slide_head(ctx: HeadContext, source: FeatureSource) -> SlideAnswer:
     if ctx.qc and answer.attention is not None:
         _pictures(ctx, source, sf, answer)
     return answer
+
+
+def check_fits(info: HeadInfo, path: Path, sf: SlideFeatures) -> None:
+    """SlideError unless the head takes these features: their width, tile count and encoder.
+
+    The encoder is compared by package digest, when the head names its tile
+    encoder's and the features file records the package that made it.
+    """
+    width, n = sf.features.shape[1], len(sf.features)
+    if info.feature_dim and width != info.feature_dim:
+        raise SlideError(
+            f"{path}: features are {width} wide but {info.model!r} takes "
+            f"{info.feature_dim} (made by another tile encoder?)"
+        )
+    if info.max_tiles and n > info.max_tiles:
+        raise SlideError(
+            f"{path}: {n:,} tiles, more than the {info.max_tiles:,} {info.model!r} takes in "
+            "one slide (the server's --max_tiles_per_slide)"
+        )
+    made_by = str(sf.attrs.get("package_sha256") or "")
+    if info.encoder_sha256 and len(made_by) == 64 and made_by != info.encoder_sha256:
+        raise SlideError(
+            f"{path}: features made by package {made_by[:16]}..., but {info.model!r} takes "
+            f"the features of package {info.encoder_sha256[:16]}... (another tile encoder)"
+        )
 
 
 def _float(values: Any) -> np.ndarray | None:

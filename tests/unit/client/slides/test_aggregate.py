@@ -158,6 +158,31 @@ def test_attention_per_class_is_written_and_checked(tmp_path: Path) -> None:
         np.testing.assert_allclose(f["attention"][()], want["attention"], rtol=1e-6)
 
 
+def test_the_head_s_limits_and_encoder_are_checked_before_sending(tmp_path: Path) -> None:
+    made = _cohort("flat", tmp_path, 2)  # 40 and 70 tiles, made by package "h0-mini"
+    with SlideServer("abmil-demo", ff.D, max_tiles=50) as s:
+        summary = aggregate(_config(tmp_path, s))
+        assert summary.done == ["S0"] and "70 tiles, more than the 50" in summary.failed["S1"]
+        assert [seen["n"] for seen in s.seen] == [len(made["S0"])]
+    with h5py.File(tmp_path / "S0.h5", "a") as f:
+        f.attrs["package_sha256"] = "cd" * 32
+    with SlideServer("abmil-demo", ff.D, encoder_sha256="ef" * 32) as s:
+        failed = aggregate(_config(tmp_path, s, force=True)).failed
+    assert "made by package cdcdcdcdcdcdcdcd..." in failed["S0"] and "efefefef" in failed["S0"]
+
+
+def test_fp16_features_are_sent_as_fp16(tmp_path: Path, server: SlideServer) -> None:
+    coords = ff.tissue_coords(30)
+    features = ff.features_for(coords).astype(np.float16)
+    with h5py.File(tmp_path / "H.h5", "w") as f:  # as another tool may store them
+        f["features"], f["coords"] = features, coords
+    assert aggregate(_config(tmp_path, server)).done == ["H"]
+    assert server.seen[-1]["inputs"]["features"] == "float16"
+    with h5py.File(tmp_path / "slide_features_abmil-demo" / "H.h5") as f:
+        want = server.expected(features.astype(np.float32))["prediction"]
+        np.testing.assert_allclose(f["prediction"][()], want, rtol=1e-6)
+
+
 def test_a_tile_model_is_no_slide_model(tmp_path: Path) -> None:
     from harness.bad_server import BadServer
     from predictor.client.embed.errors import UsageError
