@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--drain_timeout_s", type=float, default=30.0, help="longest drain after SIGTERM")
     add("--max_tiles_per_request", type=int, default=limits.max_tiles_per_request)
     add(
+        "--max_tiles_per_slide",
+        type=int,
+        default=limits.max_tiles_per_slide,
+        help="slide models: most tiles in one slide's features (also bounded by the package)",
+    )
+    add(
         "--max_image_pixels",
         type=int,
         default=limits.max_image_pixels,
@@ -204,6 +210,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ModelConfig, BatchingCo
     )
     limits = LimitsConfig(
         max_tiles_per_request=args.max_tiles_per_request,
+        max_tiles_per_slide=args.max_tiles_per_slide,
         max_image_pixels=args.max_image_pixels,
         max_body_bytes=args.max_body_bytes,
     )

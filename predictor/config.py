@@ -54,6 +54,7 @@ class LimitsConfig:
             the header before decoding (decompression bombs).
         max_bulk_rna_length: Longest bulk RNA vector accepted.
         max_body_bytes: Largest HTTP request body accepted.
+        max_tiles_per_slide: Slide models: most tiles (``N``) one slide may carry.
     """
 
     max_tiles_per_request: int = 1024
@@ -61,6 +62,7 @@ class LimitsConfig:
     max_image_pixels: int = 4096 * 4096
     max_bulk_rna_length: int = 100_000
     max_body_bytes: int = 256 * 1024 * 1024
+    max_tiles_per_slide: int = 200_000
 
     def __post_init__(self) -> None:
         for name in (
@@ -69,6 +71,7 @@ class LimitsConfig:
             "max_image_pixels",
             "max_bulk_rna_length",
             "max_body_bytes",
+            "max_tiles_per_slide",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -1,9 +1,10 @@
 """Model specs: the facts a served model is built on.
 
 A :class:`ModelSpec` says what a package expects (tile geometry, normalisation,
-input transforms) and what it returns (output dims, modes). Five specs are
-built in (``h0-mini``, ``h0``, ``h1``, ``m-optimus``, ``tissue-seg``); others
-load from a JSON or YAML file. A spec travels inside its ``.pt2`` package as
+input transforms) and what it returns (output dims, modes). Seven specs are
+built in (``h0-mini``, ``h0``, ``h1``, ``m-optimus``, ``tissue-seg`` and the
+slide heads ``abmil-demo`` and ``mean-pool``); others load from a JSON or
+YAML file. A spec travels inside its ``.pt2`` package as
 JSON under :data:`METADATA_KEY`, so a package describes itself.
 """
 
@@ -21,7 +22,10 @@ from predictor.wire import MODES
 
 METADATA_KEY = "histoserve.spec"
 
-FAMILIES = ("embedding", "multimodal", "segmentation")
+FAMILIES = ("embedding", "multimodal", "segmentation", "slide")
+
+SLIDE_MODES = ("prediction", "embedding", "attention")
+"""Modes of the ``slide`` family; a request may also join several with commas."""
 
 _ENCODER_MEAN = (0.707223, 0.578729, 0.703617)
 _ENCODER_STD = (0.211883, 0.230117, 0.177517)
@@ -53,6 +57,10 @@ class ModelSpec:
         genes_out_file: CSV of output gene IDs beside the checkpoint.
         mask_threshold: Sigmoid threshold for segmentation masks.
         version: Spec version string.
+        feature_dim: Slide family: width ``D`` of the tile features it takes.
+        classes: Slide family: class names, one per ``prediction`` entry.
+        tile_encoder: Slide family: the tile encoder whose features it takes.
+        tile_encoder_sha256: Slide family: that encoder's package digest, when known.
     """
 
     name: str
@@ -76,6 +84,10 @@ class ModelSpec:
     mask_threshold: float = 0.5
     version: str = "1"
     extra: Mapping[str, Any] = field(default_factory=dict)
+    feature_dim: int = 0
+    classes: tuple[str, ...] = ()
+    tile_encoder: str = ""
+    tile_encoder_sha256: str = ""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -89,8 +101,13 @@ class ModelSpec:
                 raise SpecError(f"spec {self.name!r}: {label} needs 3 values, got {triple!r}")
         if self.std is not None and any(s <= 0 for s in self.std):
             raise SpecError(f"spec {self.name!r}: std values must be > 0, got {self.std!r}")
-        if not self.modes or any(m not in MODES for m in self.modes):
-            raise SpecError(f"spec {self.name!r}: modes {self.modes!r} must be drawn from {MODES}")
+        allowed = SLIDE_MODES if self.family == "slide" else MODES
+        if not self.modes or any(m not in allowed for m in self.modes):
+            raise SpecError(
+                f"spec {self.name!r}: modes {self.modes!r} must be drawn from {allowed}"
+            )
+        if self.family == "slide":
+            self._check_slide()
         if self.bulk_rna_transform not in (None, "log1p"):
             raise SpecError(
                 f"spec {self.name!r}: unknown bulk_rna_transform {self.bulk_rna_transform!r}"
@@ -98,6 +115,15 @@ class ModelSpec:
         if self.prediction_transform not in (None, "expm1"):
             raise SpecError(
                 f"spec {self.name!r}: unknown prediction_transform {self.prediction_transform!r}"
+            )
+
+    def _check_slide(self) -> None:
+        if self.feature_dim <= 0:
+            raise SpecError(f"spec {self.name!r}: a slide spec needs feature_dim > 0")
+        if ("prediction" in self.modes) != bool(self.classes):
+            raise SpecError(
+                f"spec {self.name!r}: a slide spec lists classes exactly when it has the "
+                f"prediction mode (modes {list(self.modes)}, classes {list(self.classes)})"
             )
 
     @property
@@ -131,8 +157,9 @@ def spec_from_dict(data: Mapping[str, Any]) -> ModelSpec:
     for key in ("mean", "std"):
         if values.get(key) is not None:
             values[key] = tuple(float(v) for v in values[key])
-    if "modes" in values:
-        values["modes"] = tuple(values["modes"])
+    for key in ("modes", "classes"):
+        if key in values:
+            values[key] = tuple(values[key])
     try:
         return ModelSpec(**values)
     except TypeError as exc:
@@ -195,6 +222,22 @@ def _encoder(name: str, repo: str, **kwargs: Any) -> ModelSpec:
     )
 
 
+def _slide_head(name: str, **kwargs: Any) -> ModelSpec:
+    """A slide head over 1536-wide H-optimus features (H0-mini, H-optimus-0, H-optimus-1)."""
+    return ModelSpec(
+        name=name,
+        family="slide",
+        tile_size=224,
+        mean=None,
+        std=None,
+        patch_size=None,
+        prefix_tokens=0,
+        feature_dim=1536,
+        tile_encoder="h0-mini",
+        **kwargs,
+    )
+
+
 BUILTIN_SPECS: Mapping[str, ModelSpec] = {
     spec.name: spec
     for spec in (
@@ -227,6 +270,19 @@ BUILTIN_SPECS: Mapping[str, ModelSpec] = {
             prediction_transform="expm1",
             genes_in_file="genes_in.csv",
             genes_out_file="genes_out.csv",
+        ),
+        _slide_head(
+            "abmil-demo",
+            embedding_dim=512,
+            modes=("prediction", "embedding", "attention"),
+            classes=("class_0", "class_1"),
+            extra={"architecture": "gated-attention ABMIL (Ilse et al., 2018), random weights"},
+        ),
+        _slide_head(
+            "mean-pool",
+            embedding_dim=1536,
+            modes=("embedding", "attention"),
+            extra={"architecture": "mean of the tile features, uniform attention, no weights"},
         ),
         ModelSpec(
             name="tissue-seg",

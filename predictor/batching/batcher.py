@@ -77,6 +77,7 @@ class DynamicBatcher(Generic[T, R]):
         observer: Metrics hook with every :class:`BatchObserver` hook;
             :class:`NullObserver` when ``None``.
         name: Used in messages, logs and the worker threads' names.
+        weight: An item's count in ``max_queue_size`` (a slide: its tiles); 1 when ``None``.
 
     Raises:
         ValueError: An empty mapping of workers, or a worker that is not callable.
@@ -92,6 +93,7 @@ class DynamicBatcher(Generic[T, R]):
         classify_error: Callable[[BaseException], ErrorKind] = lambda e: ErrorKind.BATCH,
         observer: BatchObserver | None = None,
         name: str = "model",
+        weight: Callable[[T], int] | None = None,
     ) -> None:
         runs = dict(run_batch) if isinstance(run_batch, Mapping) else {"0": run_batch}
         if not runs:
@@ -105,7 +107,7 @@ class DynamicBatcher(Generic[T, R]):
         inner = observer if observer is not None else NullObserver()
         self._observer: BatchObserver = GuardedObserver(inner, name)
         self._name = name
-        self._queue: BatchQueue[T, R] = BatchQueue(config.max_queue_size, config.max_batch_size)
+        self._queue = BatchQueue[T, R](config.max_queue_size, config.max_batch_size, weight)
         self._started = False
         self._closed = False
         self._draining = False
@@ -119,8 +121,8 @@ class DynamicBatcher(Generic[T, R]):
 
     @property
     def queue_depth(self) -> int:
-        """Items waiting (not the running batches); cancelled ones count until purged."""
-        return len(self._queue)
+        """Weight waiting (items, a slide's tiles), not running; cancelled count until purged."""
+        return self._queue.depth
 
     @property
     def healthy(self) -> bool:
@@ -156,11 +158,8 @@ class DynamicBatcher(Generic[T, R]):
         """Enqueue all of ``items`` (or none) under ``key``; call on the loop thread.
 
         Args:
-            items: The request's items, each its own queue entry.
+            items: The request's items, each its own queue entry and future (returned in order).
             key: Batches never mix keys (e.g. the request mode).
-
-        Returns:
-            One future per item, in the order of ``items``.
 
         Raises:
             ModelNotReady: Not started, draining, closed or unhealthy.
@@ -168,21 +167,20 @@ class DynamicBatcher(Generic[T, R]):
         """
         if not self.accepting:
             raise ModelNotReady(f"{self._name}: {self._not_accepting_reason()}")
-        n = len(items)
-        if n == 0:
+        if not items:
             return []
         assert self._loop is not None
         entries = self._queue.admit(items, key, self._loop, time.monotonic())
         if entries is None:
-            self._observer.on_reject(n)
-            limit = self._config.max_queue_size
+            self._observer.on_reject(len(items))
             raise Overloaded(
-                f"{self._name}: queue full ({len(self._queue)} queued + {n} new > {limit})",
+                f"{self._name}: queue full ({self._queue.depth} queued + {len(items)} new item(s)"
+                f" > {self._config.max_queue_size})",
                 retry_after_s=self._config.retry_after_s,
             )
         self._quiescent.clear()
         self._wakeup.set()
-        self._observer.on_enqueue(n, len(self._queue))
+        self._observer.on_enqueue(len(items), self._queue.depth)
         return [e.future for e in entries]
 
     async def drain(self, timeout_s: float) -> bool:
@@ -322,7 +320,7 @@ class DynamicBatcher(Generic[T, R]):
         """Run one batch; if stopped or broken, settle its unsettled items with ModelNotReady."""
         now = time.monotonic()
         waits = [now - e.enqueued_at for e in batch]
-        self._observer.on_dispatch(len(batch), waits, len(self._queue))
+        self._observer.on_dispatch(len(batch), waits, self._queue.depth)
         try:
             await self._forward(worker, batch, batch[0].key)
         except asyncio.CancelledError:  # close(): settle, then let the task end cancelled

@@ -46,12 +46,22 @@ class ModelRequest:
         image_data: Encoded image bytes (PNG/JPEG/TIFF), base64 already removed.
         pixels: Raw RGB tile, ``uint8 [H, W, 3]`` (possibly a view).
         bulk_rna: Raw bulk RNA counts for this tile, ``float32 [G]``.
+        features: A whole slide's tile features, ``[N, D]`` float (the
+            ``slide`` family: one request item is one slide).
+        coords: That slide's tile coordinates, ``int64 [N, 2]``, when sent.
     """
 
     index: int
     image_data: bytes | None = None
     pixels: np.ndarray | None = None
     bulk_rna: np.ndarray | None = None
+    features: np.ndarray | None = None
+    coords: np.ndarray | None = None
+
+    @property
+    def tiles(self) -> int:
+        """Tiles this item stands for: a slide's ``N``, else 1 (what queue bounds count)."""
+        return 1 if self.features is None else int(self.features.shape[0])
 
 
 @dataclass

@@ -27,8 +27,8 @@ from predictor.errors import InvalidInput
 NUMERIC_DTYPES: Mapping[str, np.dtype] = wire.DATATYPES
 """V2 datatype to little-endian numpy dtype (the wire order of V2 binary data)."""
 
-DATATYPES = (*NUMERIC_DTYPES, "BYTES")
-"""Every datatype the Open Inference Protocol defines."""
+DATATYPES = (*NUMERIC_DTYPES, "BF16", "BYTES")
+"""Every datatype the Open Inference Protocol defines (``BF16`` arrives raw only: numpy has no bfloat16)."""
 
 _KIND_NAMES = {
     "b": "booleans",

@@ -153,14 +153,14 @@ def _flat(out: Any) -> tuple[torch.Tensor, ...]:
     return tuple(torch.utils._pytree.tree_leaves(out))
 
 
-def _describe(names: Sequence[str], tensors: Sequence[torch.Tensor]) -> str:
+def _describe(family: Any, names: Sequence[str], tensors: Sequence[torch.Tensor]) -> str:
     items = []
     for i, t in enumerate(tensors):
         name = names[i] if i < len(names) else f"output_{i}"
         items.append(
             {
                 "name": name,
-                "shape": [-1, *t.shape[1:]],
+                "shape": family.recorded_shape(name, tuple(t.shape)),
                 "dtype": str(t.dtype).removeprefix("torch."),
             }
         )
@@ -177,8 +177,8 @@ def _metadata(
     family = model_class_for(spec)
     return {
         METADATA_KEY: spec.to_json(),
-        INPUTS_KEY: _describe(family.PACKAGE_INPUTS, args),
-        OUTPUTS_KEY: _describe(family.PACKAGE_OUTPUTS, outputs),
+        INPUTS_KEY: _describe(family, family.PACKAGE_INPUTS, args),
+        OUTPUTS_KEY: _describe(family, family.package_outputs(spec), outputs),
         CPU_BUILD_KEY: json.dumps(_cpu_build(cpu_target)),
     }
 
@@ -323,7 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
     parser.add_argument("--min_batch", type=int, default=1)
-    parser.add_argument("--max_batch", type=int, default=256)
+    parser.add_argument(
+        "--max_batch", type=int, default=None, help="default: 256 tiles, 200000 for slide heads"
+    )
     parser.add_argument("--cpu_target", default="native", choices=sorted(CPU_TARGETS))
     parser.add_argument("--genes_in", type=Path, help="multimodal: input gene CSV to ship")
     parser.add_argument("--genes_out", type=Path, help="multimodal: output gene CSV to ship")
@@ -337,7 +339,7 @@ def run(args: argparse.Namespace) -> Path:
         "device": args.device,
         "dtype": args.dtype,
         "min_batch": args.min_batch,
-        "max_batch": args.max_batch,
+        "max_batch": args.max_batch or model_class_for(spec).DEFAULT_MAX_BATCH,
         "cpu_target": args.cpu_target,
     }
     if (args.genes_in is None) != (args.genes_out is None):

@@ -3,7 +3,9 @@
 * ``embedding``: ViT backbones (``h0-mini``, ``h0``, ``h1``) are served by
   ``BaseServerModel`` itself, no subclass (its defaults are theirs);
 * :mod:`~predictor.families.multimodal`: tile + bulk RNA (``m-optimus``);
-* :mod:`~predictor.families.segmentation`: tissue masks (``tissue-seg``).
+* :mod:`~predictor.families.segmentation`: tissue masks (``tissue-seg``);
+* :mod:`~predictor.families.slide`: slide heads over tile features
+  (``abmil-demo``, ``mean-pool``).
 
 A table keyed by family name maps a spec to its class; call sites (start-up,
 export, demo models, the package check) ask here and never branch on the
@@ -31,6 +33,7 @@ _BUILTIN: dict[str, str] = {
     "embedding": "predictor.serving.model:BaseServerModel",
     "multimodal": "predictor.families.multimodal:MultimodalServerModel",
     "segmentation": "predictor.families.segmentation:SegmentationServerModel",
+    "slide": "predictor.families.slide:SlideServerModel",
 }
 
 

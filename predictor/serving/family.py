@@ -30,6 +30,21 @@ class PackageFamily:
     PACKAGE_OUTPUTS: ClassVar[tuple[str, ...]] = ("embedding",)
     """Output names recorded in the family's packages, primary first."""
 
+    CROSSES_PROCESSES: ClassVar[bool] = True
+    """Whether ``--frontends > 1`` can serve it (fixed-size shared-memory slots per tile)."""
+    DEFAULT_MAX_BATCH: ClassVar[int] = 256
+    """``histoserve export``'s default upper bound of the packages' dynamic axis."""
+
+    @classmethod
+    def package_outputs(cls, spec: ModelSpec) -> tuple[str, ...]:
+        """Output names ``spec``'s packages record, primary first (default: ``PACKAGE_OUTPUTS``)."""
+        return cls.PACKAGE_OUTPUTS
+
+    @classmethod
+    def recorded_shape(cls, name: str, shape: Sequence[int]) -> list[int]:
+        """How package metadata records a tensor's shape: ``-1`` for the batch axis."""
+        return [-1, *shape[1:]]
+
     @classmethod
     def check_outputs(
         cls, spec: ModelSpec, shapes: Sequence[tuple[int, ...]], prediction_dim: int | None

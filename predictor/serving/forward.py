@@ -8,7 +8,7 @@ opaque items by mode).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
@@ -34,3 +34,13 @@ def batch_forward(
         return forward_batch([i.sample for i in items], [i.request for i in items], mode)
 
     return run
+
+
+def item_tiles(item: BatchItem) -> int:
+    """What one queued item counts against ``max_queue_size``: its tiles (a slide's ``N``)."""
+    return item.request.tiles
+
+
+def request_tiles(items: Sequence[ModelRequest]) -> int:
+    """The tiles of a request's items (one each, or a slide's ``N``): admission and metrics."""
+    return sum(item.tiles for item in items)

@@ -15,6 +15,8 @@ and overrides the seed's hooks, calling ``super()`` where the defaults serve:
   any failure there is a 503 for that batch only;
 * start-up: :meth:`~TileHooks.check_package` (the first device's package),
   :meth:`~TileHooks.bind_device` (every device's), :meth:`~TileHooks.warm_up`;
+* protocol: :meth:`~TileHooks.v2_codec` (the V2 codec; tiles by default),
+  :meth:`~TileHooks.resolve_mode` (a request's mode against the spec's);
 * description: :meth:`~TileHooks.output_names` (what a mode returns),
   :meth:`~TileHooks.output_datatypes`, :meth:`~TileHooks.output_shapes`,
   :meth:`~TileHooks.get_input_types`.
@@ -31,8 +33,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from predictor.codecs.base import Codec
 from predictor.codecs.images import decode_tile
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample, tile_hwc
+from predictor.codecs.v2 import V2Codec
 from predictor.device.faults import FaultHook
 from predictor.device.normalizer import Normalizer, synchronize, unshared
 from predictor.device.slot import DeviceSlot
@@ -45,7 +49,39 @@ from predictor.serving.options import ServingOptions
 from predictor.spec import ModelSpec
 
 
-class TileHooks(PackageFamily):
+class RequestHooks:
+    """Protocol hooks of a served model: its V2 codec and how a request's mode resolves.
+
+    Mixed into :class:`TileHooks`, whose constructor sets ``_spec`` and ``_options``.
+    """
+
+    _spec: ModelSpec
+    _options: ServingOptions
+
+    def v2_codec(self, model_name: str) -> Codec:
+        """The V2 codec (REST and gRPC) for this model: per-tile inputs by default."""
+        limits, types = self._options.limits, self.output_datatypes()
+        return V2Codec(self._spec, limits, model_name=model_name, datatypes=types)
+
+    def resolve_mode(self, mode: str | None) -> str:
+        """The request's mode, or the spec's default when it names none.
+
+        Raises:
+            InvalidInput: A mode the model does not support (``parameters.mode``).
+        """
+        spec = self._spec
+        if mode is None:
+            return spec.default_mode
+        if mode not in spec.modes:
+            name = self._options.name or spec.name
+            raise InvalidInput(
+                f"unknown mode {mode!r}; model {name!r} supports {list(spec.modes)}",
+                input_name="parameters.mode",
+            )
+        return mode
+
+
+class TileHooks(RequestHooks, PackageFamily):
     """The seed's tile model without KServe: its hooks, state and defaults.
 
     Args:

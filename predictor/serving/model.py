@@ -38,7 +38,6 @@ from predictor.batching.batcher import DynamicBatcher
 from predictor.codecs.base import Codec
 from predictor.codecs.samples import DecodedRequest, ModelResponse, PreparedSample
 from predictor.codecs.v1 import V1Codec
-from predictor.codecs.v2 import V2Codec
 from predictor.device.failures import classify_error
 from predictor.device.faults import FaultHook
 from predictor.device.slot import build_normalizer, build_slot
@@ -46,7 +45,7 @@ from predictor.errors import InvalidInput, ModelNotReady, Overloaded
 from predictor.kserve_compat import InferenceVerb
 from predictor.package.loader import LoadedPackage, StartupPhases, inspect_package, open_package
 from predictor.serving.admission import Admission
-from predictor.serving.forward import BatchItem, batch_forward
+from predictor.serving.forward import BatchItem, batch_forward, item_tiles, request_tiles
 from predictor.serving.hooks import TileHooks
 from predictor.serving.kserve_call import StageCall
 from predictor.serving.metrics import Metrics
@@ -123,11 +122,8 @@ class BaseServerModel(TileHooks, Model):
         self._batcher: DynamicBatcher | None = batcher
         self._stopped = False
         self._stage_call = StageCall(self.name)
-        limits = self._options.limits
-        self._v1 = V1Codec(model_spec, limits)
-        self._v2 = V2Codec(
-            model_spec, limits, model_name=self.name, datatypes=self.output_datatypes()
-        )
+        self._v1 = V1Codec(model_spec, self._options.limits)
+        self._v2 = self.v2_codec(self.name)
         batching = self._options.batching
         self._admission = Admission(
             self.name,
@@ -206,6 +202,7 @@ class BaseServerModel(TileHooks, Model):
                 classify_error=classify_error,
                 observer=self._metrics,
                 name=self.name,
+                weight=item_tiles,
             )
         await self._batcher.start()
         workers = [w.name for w in self._batcher.workers]
@@ -306,11 +303,11 @@ class BaseServerModel(TileHooks, Model):
         codec: Codec = self._v2 if isinstance(payload, InferRequest) else self._v1
         decoded = codec.decode(payload)
         try:
-            mode = resolve_mode(self._spec, decoded.mode, self.name)
+            mode = self.resolve_mode(decoded.mode)
             codec.check_outputs(decoded, self.output_names(mode))  # before any compute
             samples = await self._prepare_staged(decoded)
         except InvalidInput:
-            self._count("invalid", len(decoded.items))
+            self._count("invalid", request_tiles(decoded.items))
             raise
         if self._metrics is not None:
             self._metrics.observe_preprocess(time.monotonic() - started)
@@ -329,9 +326,9 @@ class BaseServerModel(TileHooks, Model):
         except Overloaded:  # refused by the device owner's batcher: counted there, once
             raise
         except Exception:
-            self._count("failed", len(payload.samples))
+            self._count("failed", request_tiles(payload.decoded.items))
             raise
-        self._count("ok", len(payload.samples))
+        self._count("ok", request_tiles(payload.decoded.items))
         return payload, list(results)
 
     async def postprocess(
@@ -345,7 +342,7 @@ class BaseServerModel(TileHooks, Model):
     async def _prepare_staged(self, decoded: DecodedRequest) -> list[PreparedSample]:
         """Stage 1 for every tile, refused up front (fast 503) when the queue is full."""
         depth = self._batcher.queue_depth if self._batcher is not None else 0
-        with self._admission.staged(len(decoded.items), depth):
+        with self._admission.staged(request_tiles(decoded.items), depth):
             return await self._pool.prepare(decoded.items, decoded.tile_input, self.prepare_sample)
 
     # -- description ----------------------------------------------------------------------
@@ -378,19 +375,3 @@ class BaseServerModel(TileHooks, Model):
     def _count(self, outcome: str, n: int) -> None:
         if self._metrics is not None:
             self._metrics.count_tiles(outcome, n)
-
-
-def resolve_mode(spec: ModelSpec, mode: str | None, model_name: str) -> str:
-    """The request's mode, or the spec's default when it names none.
-
-    Raises:
-        InvalidInput: A mode the model does not support (``parameters.mode``).
-    """
-    if mode is None:
-        return spec.default_mode
-    if mode not in spec.modes:
-        raise InvalidInput(
-            f"unknown mode {mode!r}; model {model_name!r} supports {list(spec.modes)}",
-            input_name="parameters.mode",
-        )
-    return mode

@@ -3,6 +3,7 @@
 Decoding PNG/JPEG releases the GIL, so a request's tiles are split into one
 chunk per worker and prepared in parallel. Raw ``pixels`` need no decoding:
 they are prepared inline, where a thread hop would cost more than the work.
+A slide's features (one item, up to hundreds of MB) go to a thread too.
 The first invalid tile fails the whole request with its index named: a
 ``ValueError`` from ``prepare_sample`` (the seed's contract for a bad
 request), and a prepared tile in neither layout
@@ -41,7 +42,7 @@ class Stage1Pool:
         self, items: Sequence[ModelRequest], tile_input: str, prepare: PrepareFn
     ) -> list[PreparedSample]:
         """Prepared samples in item order; ``InvalidInput`` located at the first bad tile."""
-        if not any(item.image_data is not None for item in items):
+        if not any(item.image_data is not None or item.features is not None for item in items):
             return prepare_chunk(items, tile_input, prepare, self._tile_size)
         size = max(1, -(-len(items) // self._workers))
         chunks = [items[i : i + size] for i in range(0, len(items), size)]
@@ -77,7 +78,8 @@ def prepare_chunk(
     for item in items:
         try:
             sample = prepare(item)
-            tile_hwc(sample.tile, tile_size)
+            if item.features is None:  # a slide's sample holds its features, not a tile
+                tile_hwc(sample.tile, tile_size)
         except InvalidInput as exc:
             raise exc.at(input_name=tile_input, tile=item.index) from exc
         except ValueError as exc:

@@ -23,7 +23,15 @@ ENCODER_STD = (0.211883, 0.230117, 0.177517)
 
 
 def test_builtin_names() -> None:
-    assert set(BUILTIN_SPECS) == {"h0-mini", "h0", "h1", "m-optimus", "tissue-seg"}
+    assert set(BUILTIN_SPECS) == {
+        "h0-mini",
+        "h0",
+        "h1",
+        "m-optimus",
+        "tissue-seg",
+        "abmil-demo",
+        "mean-pool",
+    }
     assert METADATA_KEY == "histoserve.spec"
 
 

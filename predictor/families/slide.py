@@ -1,0 +1,295 @@
+"""Slide heads (the ``slide`` family): a slide's tile features in, one answer per slide out.
+
+One V2 request is one slide (:class:`~predictor.codecs.v2_slide.SlideV2Codec`):
+``features`` ``[N, D]`` (``FP32``; ``FP16`` and ``BF16`` accepted) with
+optional ``coords`` ``INT64 [N, 2]``; ``D`` must be the spec's
+``feature_dim`` (the width of its ``tile_encoder``'s features). The package
+takes ``features [N, D]`` (``N`` its dynamic axis) and returns, in order,
+``prediction [C]`` (only when the spec lists classes), ``attention [N]`` or
+``[N, C]`` and ``slide_embedding [E]``.
+
+Modes: ``prediction`` (``prediction``), ``embedding`` (``slide_embedding``),
+``attention`` (``attention``), or several joined by commas
+(``prediction,attention``): one forward either way.
+
+Batching: one slide a forward (``max_batch_size`` is 1 slide). The queue is
+bounded in tiles: a slide counts its ``N`` against ``--max_queue_size``
+(raised to ``--max_tiles_per_slide`` so the largest slide fits alone), and
+``N`` is bounded by ``--max_tiles_per_slide`` and the package's own range.
+Stage 1 (a thread) refuses non-finite features (400, naming the tile) and
+casts to float32; stage 2 moves the slide to the device in the package's
+dtype and runs it. The demo modules are in :mod:`predictor.package.slide_models`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from predictor.codecs.base import Codec
+from predictor.codecs.common import first_non_finite
+from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
+from predictor.codecs.v2_slide import COORDS, FEATURES, SlideV2Codec
+from predictor.device.normalizer import synchronize, unshared
+from predictor.device.slot import DeviceSlot
+from predictor.errors import InvalidInput, SpecError, SpecMismatch
+from predictor.package.loader import LoadedPackage
+from predictor.package.metadata import provenance
+from predictor.package.probe import format_shapes
+from predictor.package.slide_models import GatedABMIL, MeanPool
+from predictor.serving.model import BaseServerModel
+from predictor.serving.options import ServingOptions
+from predictor.spec import ModelSpec
+
+logger = logging.getLogger("histoserve")
+
+OUTPUT_OF_MODE: Mapping[str, str] = {
+    "prediction": "prediction",
+    "embedding": "slide_embedding",
+    "attention": "attention",
+}
+"""Each slide mode's output tensor."""
+
+_PROBE_TILES = (1, 3)
+
+
+class SlideServerModel(BaseServerModel):
+    """Serves a slide head: one slide's features a request, one forward a slide."""
+
+    PACKAGE_INPUTS: ClassVar[tuple[str, ...]] = (FEATURES,)
+    PACKAGE_OUTPUTS: ClassVar[tuple[str, ...]] = ("prediction", "attention", "slide_embedding")
+    CROSSES_PROCESSES: ClassVar[bool] = False
+    DEFAULT_MAX_BATCH: ClassVar[int] = 200_000
+
+    def __init__(self, model_spec: ModelSpec, *args: Any, **kwargs: Any) -> None:
+        options = kwargs.pop("options", None) or ServingOptions()
+        kwargs["options"] = slide_options(options, kwargs.get("package"))
+        self._attention_shape: list[int] = [-1]
+        super().__init__(model_spec, *args, **kwargs)
+
+    # -- export and start-up ----------------------------------------------------------
+    @classmethod
+    def package_outputs(cls, spec: ModelSpec) -> tuple[str, ...]:
+        return cls.PACKAGE_OUTPUTS if spec.classes else cls.PACKAGE_OUTPUTS[1:]
+
+    @classmethod
+    def recorded_shape(cls, name: str, shape: Sequence[int]) -> list[int]:
+        if name in ("prediction", "slide_embedding"):
+            return list(shape)
+        return [-1, *shape[1:]]
+
+    @classmethod
+    def check_outputs(
+        cls, spec: ModelSpec, shapes: Sequence[tuple[int, ...]], prediction_dim: int | None
+    ) -> None:
+        """Checks the shapes probed at ``N`` tiles (``attention``'s first axis is ``N``)."""
+        check_slide_outputs(spec, shapes)
+
+    @classmethod
+    def build_demo(cls, spec: ModelSpec, preset: str, opts: dict[str, Any]) -> nn.Module:
+        if not spec.classes:
+            if spec.embedding_dim != spec.feature_dim:
+                raise SpecError(
+                    f"spec {spec.name!r}: mean pooling keeps the feature width, so "
+                    f"embedding_dim ({spec.embedding_dim}) must be feature_dim ({spec.feature_dim})"
+                )
+            return MeanPool(spec.feature_dim)
+        hidden = int(opts.pop("hidden", 256))
+        return GatedABMIL(spec.feature_dim, spec.embedding_dim, len(spec.classes), hidden)
+
+    @classmethod
+    def example_inputs(
+        cls, spec: ModelSpec, batch: int, *, genes_in: int, seed: int
+    ) -> tuple[torch.Tensor, ...]:
+        """One slide of ``batch`` tiles' features, ``[batch, D]``."""
+        gen = torch.Generator().manual_seed(seed)
+        return (torch.randn(batch, spec.feature_dim, generator=gen),)
+
+    def bind_device(self, package: LoadedPackage) -> list[tuple[int, ...]]:
+        """Runs slides of 1 and 3 tiles; checks output count, shapes and finiteness."""
+        names = self.package_outputs(self._spec)
+        shapes = [self._probe(package, n, names) for n in _PROBE_TILES]
+        check_slide_outputs(self._spec, shapes[-1])
+        attention = shapes[-1][names.index("attention")]
+        self._attention_shape = [-1, *attention[1:]]
+        return list(shapes[-1])
+
+    def _probe(
+        self, package: LoadedPackage, n: int, names: Sequence[str]
+    ) -> tuple[tuple[int, ...], ...]:
+        features = torch.zeros((n, self._spec.feature_dim), dtype=package.input_dtype)
+        try:
+            with torch.inference_mode():
+                outputs = package(features.to(package.device))
+        except Exception as exc:
+            raise SpecMismatch(
+                f"package {package.path.name} fails on spec {self._spec.name!r} features "
+                f"[{n}, {self._spec.feature_dim}]: {exc}"
+            ) from exc
+        if len(outputs) != len(names):
+            raise SpecMismatch(
+                f"spec {self._spec.name!r} expects outputs {list(names)} but the package returns "
+                f"{len(outputs)}: {format_shapes([o.shape for o in outputs])}"
+            )
+        for name, out in zip(names, outputs, strict=True):
+            if not bool(torch.isfinite(out.float()).all()):
+                raise SpecMismatch(
+                    f"package {package.path.name}: output {name!r} is not finite for zero features"
+                )
+        return tuple(tuple(o.shape) for o in outputs)
+
+    def warm_worker(self, slot: DeviceSlot, batch: int) -> None:
+        """One forward of a small blank slide with a worker's slot."""
+        package = slot.package
+        features = torch.zeros((8, self._spec.feature_dim), dtype=package.input_dtype)
+        package(features.to(package.device))
+
+    # -- protocol -----------------------------------------------------------------------
+    def v2_codec(self, model_name: str) -> Codec:
+        limits, types = self._options.limits, self.output_datatypes()
+        return SlideV2Codec(self._spec, limits, model_name=model_name, datatypes=types)
+
+    def resolve_mode(self, mode: str | None) -> str:
+        """One mode, or several joined by commas (answered from one forward, in spec order)."""
+        if mode is None or "," not in mode:
+            return super().resolve_mode(mode)
+        parts = [part.strip() for part in mode.split(",")]
+        for part in parts:
+            super().resolve_mode(part)
+        if len(set(parts)) != len(parts):
+            raise InvalidInput(f"mode {mode!r} names a mode twice", input_name="parameters.mode")
+        return ",".join(m for m in self._spec.modes if m in parts)
+
+    # -- stage 1 ----------------------------------------------------------------------
+    def prepare_sample(self, request: ModelRequest) -> PreparedSample:
+        """The slide's features as contiguous float32 (a copy unless already writable fp32).
+
+        Raises:
+            InvalidInput: No features (a V1 or tile request), or a NaN/inf feature.
+        """
+        features = request.features
+        if features is None:
+            raise InvalidInput(
+                f"slide model {self._spec.name!r} takes V2 'features' [N, D], one slide a request",
+                input_name=FEATURES,
+            )
+        tile = first_non_finite(features)
+        if tile is not None:
+            raise InvalidInput(
+                f"non-finite feature (NaN or inf) at tile {tile}",
+                input_name=FEATURES,
+                tile=tile,
+            )
+        copy = features.dtype != np.float32 or not features.flags.writeable
+        x = np.array(features, dtype=np.float32, order="C") if copy else features
+        extra = {} if request.coords is None else {COORDS: request.coords}
+        return PreparedSample(tile=np.ascontiguousarray(x), extra_tensors=extra)
+
+    # -- stage 2 ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward_batch(
+        self,
+        samples: list[PreparedSample],
+        requests: list[ModelRequest],
+        mode: str = "prediction",
+    ) -> list[ModelResponse]:
+        """One package forward per slide (the batcher hands one slide a batch)."""
+        if self._fault_hook is not None:
+            self._fault_hook.check([s.tile for s in samples])
+        package = self.active_slot().package
+        names = self.package_outputs(self._spec)
+        wanted = self.output_names(mode)
+        responses = []
+        for sample in samples:
+            x = torch.from_numpy(sample.tile).to(package.device, dtype=package.input_dtype)
+            outputs = unshared(package(x.contiguous()), [x])
+            host = {n: self.output_to_host(o) for n, o in zip(names, outputs, strict=True)}
+            synchronize(package.device)
+            responses.append(ModelResponse({n: host[n].numpy() for n in wanted}))
+        return responses
+
+    # -- description --------------------------------------------------------------------
+    def output_names(self, mode: str) -> tuple[str, ...]:
+        return tuple(OUTPUT_OF_MODE[part] for part in mode.split(","))
+
+    def output_datatypes(self) -> Mapping[str, str]:
+        return {name: "FP32" for name in self.package_outputs(self._spec)}
+
+    def output_shapes(self) -> Mapping[str, list[int]]:
+        spec = self._spec
+        shapes = {"attention": self._attention_shape, "slide_embedding": [spec.embedding_dim]}
+        return ({"prediction": [len(spec.classes)]} if spec.classes else {}) | shapes
+
+    def get_input_types(self) -> list[dict[str, Any]]:
+        return [
+            {"name": FEATURES, "datatype": "FP32", "shape": [-1, self._spec.feature_dim]},
+            {"name": COORDS, "datatype": "INT64", "shape": [-1, 2]},
+        ]
+
+    def get_metadata(self) -> dict[str, Any]:
+        spec = self._spec
+        encoder = {
+            "name": spec.tile_encoder,
+            "feature_dim": spec.feature_dim,
+            "package_sha256": spec.tile_encoder_sha256,
+        }
+        return super().get_metadata() | {
+            "classes": list(spec.classes),
+            "tile_encoder": encoder,
+            "max_tiles_per_slide": self._options.limits.max_tiles_per_slide,
+        }
+
+
+def slide_options(options: ServingOptions, package: LoadedPackage | None) -> ServingOptions:
+    """``options`` for one slide a forward, a queue bounded in tiles, ``N`` within the package.
+
+    ``max_batch_size`` becomes 1 (slide); ``max_tiles_per_slide`` at most the
+    package's exported ``N`` range; ``max_queue_size`` (tiles) at least that,
+    so the largest slide fits in an empty queue. Logged when changed.
+    """
+    limits, batching = options.limits, options.batching
+    most = limits.max_tiles_per_slide
+    if package is not None:
+        most = min(most, int(provenance(package.metadata).get("max_batch", most)))
+    queue = max(batching.max_queue_size, most)
+    new_batching = dataclasses.replace(batching, max_batch_size=1, max_queue_size=queue)
+    new_limits = dataclasses.replace(limits, max_tiles_per_slide=most)
+    if (new_batching, new_limits) != (batching, limits):
+        logger.info(
+            "slide model: one slide a forward (max_batch_size 1), max_queue_size %d tiles, "
+            "at most %d tiles a slide",
+            queue,
+            most,
+        )
+    return dataclasses.replace(options, batching=new_batching, limits=new_limits)
+
+
+def check_slide_outputs(spec: ModelSpec, shapes: Sequence[tuple[int, ...]]) -> None:
+    """Probed shapes: ``prediction [C]``, ``attention [N]`` or ``[N, C]``, ``slide_embedding [E]``.
+
+    Raises:
+        SpecMismatch: One line naming the spec, the expectation and the package's value.
+    """
+    named = dict(zip(SlideServerModel.package_outputs(spec), shapes, strict=False))
+    classes = len(spec.classes)
+    if spec.classes and named.get("prediction") != (classes,):
+        raise SpecMismatch(
+            f"spec {spec.name!r} lists {classes} classes but the package's prediction is "
+            f"{list(named.get('prediction', ()))}"
+        )
+    attention = named.get("attention", ())
+    if len(attention) not in (1, 2) or (len(attention) == 2 and attention[1] != classes):
+        raise SpecMismatch(
+            f"spec {spec.name!r} expects attention [N] or [N, {classes}], got {list(attention)}"
+        )
+    if named.get("slide_embedding") != (spec.embedding_dim,):
+        raise SpecMismatch(
+            f"spec {spec.name!r} says embedding_dim {spec.embedding_dim} but the package's "
+            f"slide_embedding is {list(named.get('slide_embedding', ()))}"
+        )

@@ -1,0 +1,159 @@
+"""abmil-demo served live: answers equal the module's forward over REST and gRPC; 400s per slide."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from harness.grpc_client import GrpcClient, GrpcError
+from harness.packages import copy_package_dir, demo_package
+from harness.server import start_server
+from predictor.families import build_demo_model
+from predictor.families.slide import OUTPUT_OF_MODE
+from predictor.spec import BUILTIN_SPECS
+
+pytestmark = pytest.mark.integration
+SPEC = BUILTIN_SPECS["abmil-demo"]
+OUTPUTS = ("prediction", "attention", "slide_embedding")
+LARGE_N = 4_096  # the demo package compiles to N <= 4096 here (see the report)
+BODY_LIMIT = 400 * 2**20  # the FP16 100,000-tile slide is 307 MB
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    package = demo_package("abmil-demo", max_batch=200_000)
+    model_dir = copy_package_dir(package, tmp_path_factory.mktemp("abmil"))
+    srv = start_server(
+        model_dir, tmp_path_factory.mktemp("abmil-log"), "--max_body_bytes", str(BODY_LIMIT)
+    )
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def module():
+    return build_demo_model(SPEC)
+
+
+def _truth(module, features: np.ndarray) -> dict[str, np.ndarray]:
+    with torch.no_grad():
+        outputs = module(torch.from_numpy(features.astype(np.float32)))
+    return {name: out.numpy() for name, out in zip(OUTPUTS, outputs, strict=True)}
+
+
+def _slide(n: int, seed: int, dtype=np.float32) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, SPEC.feature_dim)).astype(dtype)
+
+
+def _rest(server, features: np.ndarray, mode: str, datatype: str = "FP32"):
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=600)
+    inp = httpclient.InferInput("features", list(features.shape), datatype)
+    inp.set_data_from_numpy(features, binary_data=True)
+    names = [OUTPUT_OF_MODE[m] for m in mode.split(",")]
+    outputs = [httpclient.InferRequestedOutput(n, binary_data=True) for n in names]
+    return client.infer(server.model_name, [inp], outputs=outputs, parameters={"mode": mode})
+
+
+@pytest.fixture(scope="module")
+def grpc(server):
+    client = GrpcClient(server.grpc_url)
+    yield lambda features, mode: client.infer(
+        server.model_name, {"features": ("FP32", features)}, parameters={"mode": mode}
+    )
+    client.close()
+
+
+def _check(result, want: dict[str, np.ndarray]) -> None:
+    got = {n: result[n] if isinstance(result, dict) else result.as_numpy(n) for n in OUTPUTS}
+    for name in OUTPUTS:
+        assert got[name].shape == want[name].shape, name
+        np.testing.assert_allclose(got[name], want[name], atol=1e-5, rtol=0, err_msg=name)
+    assert float(got["attention"].sum()) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_metadata_names_the_inputs_outputs_and_encoder(server) -> None:
+    meta = httpx.get(f"{server.base}/v2/models/{server.model_name}").json()
+    assert {i["name"]: i["shape"] for i in meta["inputs"]} == {
+        "features": [-1, 1536],
+        "coords": [-1, 2],
+    }
+    assert {o["name"]: o["shape"] for o in meta["outputs"]} == {
+        "prediction": [2],
+        "attention": [-1],
+        "slide_embedding": [512],
+    }
+    config = httpx.get(f"{server.base}/v2/models/{server.model_name}/config").json()
+    assert config["classes"] == ["class_0", "class_1"]
+    assert config["tile_encoder"]["name"] == "h0-mini" and config["max_tiles_per_slide"] == 200_000
+    assert config["batching"]["max_batch_size"] == 1
+
+
+@pytest.mark.parametrize("n", [1, 7, 2_000])
+def test_rest_and_grpc_answers_equal_the_module(server, grpc, module, n) -> None:
+    features = _slide(n, seed=n)
+    want = _truth(module, features)
+    all_modes = "prediction,embedding,attention"
+    _check(_rest(server, features, all_modes), want)
+    _check(grpc(features, all_modes), want)
+
+
+def test_a_large_fp16_slide(server, module) -> None:
+    features = _slide(LARGE_N, seed=1, dtype=np.float16)
+    result = _rest(server, features, "prediction,embedding,attention", datatype="FP16")
+    _check(result, _truth(module, features))
+
+
+def test_each_mode_returns_its_output(server) -> None:
+    features = _slide(5, seed=2)
+    for mode, name in (("prediction", "prediction"), ("embedding", "slide_embedding")):
+        body = {
+            "inputs": [
+                {
+                    "name": "features",
+                    "shape": [5, 1536],
+                    "datatype": "FP32",
+                    "data": features.ravel().tolist(),
+                }
+            ],
+            "parameters": {"mode": mode},
+        }
+        answer = httpx.post(f"{server.base}/v2/models/{server.model_name}/infer", json=body).json()
+        assert [o["name"] for o in answer["outputs"]] == [name]
+    default = httpx.post(
+        f"{server.base}/v2/models/{server.model_name}/infer",
+        json={
+            "inputs": [
+                {"name": "features", "shape": [1, 1536], "datatype": "FP32", "data": [0.0] * 1536}
+            ]
+        },
+    ).json()
+    assert [(o["name"], o["shape"]) for o in default["outputs"]] == [("prediction", [2])]
+
+
+@pytest.mark.parametrize(
+    ("features", "words"),
+    [
+        (np.zeros((7, 768), np.float32), ["features", "768", "1536"]),
+        (np.zeros((0, 1536), np.float32), ["features", "empty slide"]),
+        (
+            np.where(np.arange(7 * 1536).reshape(7, 1536) == 4000, np.nan, 0).astype(np.float32),
+            ["features", "tile 2", "non-finite"],
+        ),
+    ],
+    ids=["wrong-width", "empty", "nan"],
+)
+def test_bad_slides_are_a_clear_400(server, grpc, module, features, words) -> None:
+    with pytest.raises(InferenceServerException) as rest:
+        _rest(server, features, "prediction")
+    assert rest.value.status() == "400", rest.value.message()
+    assert all(w in rest.value.message() for w in words), rest.value.message()
+    with pytest.raises(GrpcError) as refused:
+        grpc(features, "prediction")
+    assert refused.value.status == "StatusCode.INVALID_ARGUMENT"
+    assert all(w in refused.value.message for w in words)
+    good = _slide(3, seed=3)  # the server still answers the next slide
+    _check(_rest(server, good, "prediction,embedding,attention"), _truth(module, good))

@@ -1,0 +1,172 @@
+"""The slide family without a package: its V2 codec, modes, stage 1, options and queue weights."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kserve import InferInput, InferRequest
+
+from predictor.batching.queue import BatchQueue
+from predictor.codecs.samples import ModelRequest, ModelResponse
+from predictor.config import BatchingConfig, LimitsConfig
+from predictor.errors import InvalidInput, SpecError
+from predictor.families import build_demo_model, model_class_for
+from predictor.families.slide import SlideServerModel, slide_options
+from predictor.serving.options import ServingOptions
+from predictor.spec import BUILTIN_SPECS, spec_from_dict
+
+ABMIL = BUILTIN_SPECS["abmil-demo"]
+MEAN = BUILTIN_SPECS["mean-pool"]
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> SlideServerModel:
+    options = ServingOptions(limits=LimitsConfig(max_tiles_per_slide=100))
+    return SlideServerModel(ABMIL, "abmil.pt2", "cpu", tmp_path, options=options)
+
+
+def _request(*inputs: InferInput, params: dict | None = None) -> InferRequest:
+    return InferRequest(model_name="abmil-demo", infer_inputs=list(inputs), parameters=params)
+
+
+def _features(array: np.ndarray, datatype: str = "FP32") -> InferInput:
+    inp = InferInput("features", list(array.shape), datatype)
+    inp._raw_data = array.tobytes()
+    return inp
+
+
+def _decode(model: SlideServerModel, *inputs: InferInput) -> ModelRequest:
+    decoded = model._v2.decode(_request(*inputs))
+    assert len(decoded.items) == 1
+    return decoded.items[0]
+
+
+def test_the_family_is_registered_with_its_specs() -> None:
+    assert model_class_for(ABMIL) is SlideServerModel
+    assert ABMIL.feature_dim == 1536 and ABMIL.classes == ("class_0", "class_1")
+    assert MEAN.modes == ("embedding", "attention") and MEAN.embedding_dim == 1536
+    assert SlideServerModel.package_outputs(MEAN) == ("attention", "slide_embedding")
+
+
+def test_a_slide_spec_needs_a_width_and_classes_with_prediction() -> None:
+    base = {**ABMIL.to_dict(), "name": "x"}
+    with pytest.raises(SpecError, match="feature_dim"):
+        spec_from_dict({**base, "feature_dim": 0})
+    with pytest.raises(SpecError, match="classes"):
+        spec_from_dict({**base, "classes": []})
+    with pytest.raises(SpecError, match="modes"):
+        spec_from_dict({**base, "modes": ["prediction_with_embedding"]})
+    assert spec_from_dict(ABMIL.to_dict()) == ABMIL
+
+
+def test_features_decode_as_one_item_whatever_the_float_type(model: SlideServerModel) -> None:
+    x = np.random.default_rng(0).normal(size=(7, 1536)).astype(np.float32)
+    assert np.array_equal(_decode(model, _features(x)).features, x)
+    half = _decode(model, _features(x.astype(np.float16), "FP16")).features
+    assert half.dtype == np.float16 and np.array_equal(half, x.astype(np.float16))
+    bf16 = (x.view(np.uint32) >> 16).astype(np.uint16)  # truncated to bfloat16
+    widened = _decode(model, _features(bf16, "BF16")).features
+    assert np.allclose(widened, x, rtol=1e-2) and widened.dtype == np.float32
+    coords = InferInput("coords", [7, 2], "INT64", data=list(range(14)))
+    item = _decode(model, _features(x), coords)
+    assert item.tiles == 7 and item.coords.shape == (7, 2)
+
+
+@pytest.mark.parametrize(
+    ("shape", "datatype", "match"),
+    [
+        ((7, 768), "FP32", "features are 768 wide but model 'abmil-demo' takes 1536"),
+        ((0, 1536), "FP32", "empty slide: N is 0 tiles"),
+        ((101, 1536), "FP32", "101 tiles, more than the limit of 100 per slide"),
+        ((7, 1536, 1), "FP32", r"shape must be \[N, D\]"),
+        ((7, 1536), "INT32", "datatype must be one of"),
+    ],
+)
+def test_bad_features_are_400s_naming_the_input(model, shape, datatype, match) -> None:
+    inp = InferInput("features", list(shape), datatype)
+    inp._raw_data = bytes(int(np.prod(shape)) * 4)
+    with pytest.raises(InvalidInput, match=match) as err:
+        model._v2.decode(_request(inp))
+    assert err.value.input_name == "features"
+
+
+def test_other_inputs_are_refused(model: SlideServerModel) -> None:
+    x = np.zeros((3, 1536), np.float32)
+    with pytest.raises(InvalidInput, match=r"N = 3"):
+        model._v2.decode(_request(_features(x), InferInput("coords", [2, 2], "INT64", [0] * 4)))
+    with pytest.raises(InvalidInput, match="unknown input"):
+        model._v2.decode(_request(InferInput("pixels", [1, 2, 2, 3], "UINT8", [0] * 12)))
+
+
+def test_a_non_finite_feature_is_a_400_naming_its_tile(model: SlideServerModel) -> None:
+    x = np.ones((5, 1536), np.float32)
+    x[3, 10] = np.nan
+    with pytest.raises(InvalidInput, match="non-finite") as err:
+        model.prepare_sample(ModelRequest(index=0, features=x))
+    assert (err.value.input_name, err.value.tile) == ("features", 3)
+    with pytest.raises(InvalidInput, match="takes V2 'features'"):
+        model.prepare_sample(ModelRequest(index=0, image_data=b"png"))
+
+
+def test_stage_1_gives_writable_contiguous_float32(model: SlideServerModel) -> None:
+    x = np.frombuffer(np.ones((4, 1536), np.float16).tobytes(), np.float16).reshape(4, 1536)
+    tile = model.prepare_sample(ModelRequest(index=0, features=x)).tile
+    assert tile.dtype == np.float32 and tile.flags.writeable and tile.flags.c_contiguous
+
+
+def test_modes_combine_in_spec_order(model: SlideServerModel) -> None:
+    assert model.resolve_mode(None) == "prediction"
+    assert model.resolve_mode("attention, prediction") == "prediction,attention"
+    assert model.output_names("prediction,attention") == ("prediction", "attention")
+    assert model.output_names("embedding") == ("slide_embedding",)
+    for bad in ("prediction,prediction", "prediction,bogus", "prediction_with_embedding"):
+        with pytest.raises(InvalidInput) as err:
+            model.resolve_mode(bad)
+        assert err.value.input_name == "parameters.mode"
+
+
+def test_answers_keep_each_output_s_own_shape(model: SlideServerModel) -> None:
+    decoded = model._v2.decode(_request(_features(np.zeros((3, 1536), np.float32))))
+    outputs = {"prediction": np.ones(2), "attention": np.full(3, 1 / 3)}
+    answer = model._v2.encode(decoded, [ModelResponse(outputs)], ("prediction", "attention"))
+    assert [(o.name, o.shape, o.datatype) for o in answer.outputs] == [
+        ("prediction", [2], "FP32"),
+        ("attention", [3], "FP32"),
+    ]
+
+
+def test_options_one_slide_a_forward_and_the_largest_slide_fits_the_queue() -> None:
+    options = ServingOptions(batching=BatchingConfig(max_batch_size=32, max_queue_size=1024))
+    slide = slide_options(options, None)
+    assert slide.batching.max_batch_size == 1
+    assert slide.batching.max_queue_size == slide.limits.max_tiles_per_slide == 200_000
+
+
+def test_the_queue_counts_a_slide_s_tiles() -> None:
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        queue: BatchQueue[int, None] = BatchQueue(10, 1, weight=lambda n: n)
+        assert queue.admit([6], "k", loop, 0.0) is not None
+        assert queue.admit([5], "k", loop, 0.0) is None  # 6 + 5 tiles > 10
+        assert queue.admit([4], "k", loop, 0.0) is not None and queue.depth == 10
+        assert [e.item for e in queue.take()] == [6] and queue.depth == 4
+        queue.fail_all(RuntimeError("x"))
+        assert queue.depth == 0
+
+    asyncio.run(run())
+
+
+def test_demo_modules_attention_sums_to_one() -> None:
+    import torch
+
+    with torch.no_grad():
+        prediction, attention, embedding = build_demo_model(ABMIL)(torch.randn(7, 1536))
+    assert prediction.shape == (2,) and embedding.shape == (512,)
+    assert float(attention.sum()) == pytest.approx(1.0, abs=1e-6)
+    mean_attention, mean = build_demo_model(MEAN)(torch.ones(4, 1536))
+    assert torch.equal(mean, torch.ones(1536)) and torch.allclose(
+        mean_attention, torch.full((4,), 0.25)
+    )
