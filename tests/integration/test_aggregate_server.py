@@ -1,0 +1,97 @@
+"""``histoserve aggregate`` against the real server serving the ``abmil-demo`` slide head.
+
+Skipped where the server side of issue 25 (the ``slide`` family, built beside this client)
+is not there yet. Real everything: the exported demo package, ``python -m predictor``, V2
+binary REST and gRPC, the client in its own interpreter without torch or kserve.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from harness.packages import copy_package_dir, demo_package
+from harness.server import Server, start_server
+from predictor.spec import BUILTIN_SPECS
+from tests.unit.client.slides import features as ff
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif("abmil-demo" not in BUILTIN_SPECS, reason="no slide family here yet"),
+]
+REPO = Path(__file__).resolve().parents[2]
+D = 1536
+SIZES = (1, 7, 156)  # N = 1, 7 and a slide's worth
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory: pytest.TempPathFactory):
+    model_dir = copy_package_dir(demo_package("abmil-demo"), tmp_path_factory.mktemp("abmil"))
+    server = start_server(
+        model_dir, tmp_path_factory.mktemp("abmil-log"), "--model_name", "abmil-demo"
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _aggregate(folder: Path, *urls: str) -> subprocess.CompletedProcess:
+    code = (
+        "import sys; sys.modules.update(torch=None, kserve=None); "
+        "from predictor.cli import main; sys.exit(main(['aggregate', *sys.argv[1:]]))"
+    )
+    args = [str(folder), "--model", "abmil-demo", *(w for u in urls for w in ("--url", u))]
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+
+
+def _folder(layout: str, root: Path) -> Path:
+    out = root / layout
+    for i, n in enumerate(SIZES):
+        coords = ff.tissue_coords(n)
+        features = np.random.default_rng(i).standard_normal((len(coords), D)).astype(np.float32)
+        ff.write(layout, out, f"S{i}", features, coords)
+    return out
+
+
+def test_every_layout_and_transport_gives_one_answer_per_slide(
+    head: Server, tmp_path: Path
+) -> None:
+    answers: dict[str, list[dict[str, np.ndarray]]] = {}
+    for layout, urls in (
+        ("flat", (head.base,)),
+        ("trident", (head.base,)),
+        ("clam", (head.base, f"grpc://{head.grpc_url}")),
+    ):
+        folder = _folder(layout, tmp_path)
+        run = _aggregate(folder, *urls)
+        assert run.returncode == 0, run.stderr + head.tail()
+        for path in sorted(folder.rglob("slide_features_abmil-demo/*.h5")):
+            with h5py.File(path) as f:
+                answers.setdefault(path.stem, []).append({k: f[k][()] for k in f})
+    assert sorted(answers) == ["S0", "S1", "S2"]
+    for slide_id, (first, *others) in answers.items():
+        n = SIZES[int(slide_id[1])]
+        assert first["attention"].shape == (n,) and first["prediction"].shape == (2,)
+        assert float(first["attention"].sum()) == pytest.approx(1.0, abs=1e-5)
+        assert first["features"].shape == (512,)
+        for other in others:
+            for name in ("prediction", "attention", "features"):
+                np.testing.assert_allclose(other[name], first[name], rtol=1e-5, atol=1e-6)
+
+
+def test_features_of_another_width_fail_their_slide_only(head: Server, tmp_path: Path) -> None:
+    folder = _folder("flat", tmp_path)
+    coords = ff.tissue_coords(5)
+    ff.write("flat", folder, "narrow", np.ones((len(coords), 768), np.float32), coords)
+    run = _aggregate(folder, head.base)
+    assert run.returncode == 1
+    assert "3 done" in run.stderr and "1 failed" in run.stderr
+    assert "narrow.h5: features are 768 wide but 'abmil-demo' takes 1536" in run.stderr
