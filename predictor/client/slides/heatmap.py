@@ -111,8 +111,9 @@ def render_heatmap(
     attention: np.ndarray,
     title: str,
     prediction_text: str,
+    level0_mpp: float | None = None,
 ) -> Image.Image:
-    """The heatmap picture (see the module docstring).
+    """The heatmap picture (see the module docstring), with a scale bar when ``level0_mpp`` is known.
 
     Args:
         background: RGB thumbnail of the whole level-0 ``extent``, or None (blank canvas).
@@ -138,7 +139,23 @@ def render_heatmap(
     alpha = ALPHA if background is not None else ALPHA_BLANK
     blended = np.where(covered, (1 - alpha) * canvas + alpha * colours, canvas * 0.9 + 25)
     picture = Image.fromarray(np.clip(blended, 0, 255).astype(np.uint8))
+    if level0_mpp and level0_mpp > 0:
+        _scale_bar(picture, level0_mpp / scale)
     return _framed(picture, title, prediction_text)
+
+
+def _scale_bar(picture: Image.Image, um_per_px: float) -> None:
+    """A bar of a round length (0.1 mm to 10 mm), about a sixth of the width, bottom left."""
+    want_um = picture.width * um_per_px / 6
+    length_um = min((100, 200, 500, 1000, 2000, 5000, 10000), key=lambda u: abs(u - want_um))
+    px = max(1, round(length_um / um_per_px))
+    x0, y1 = 12, picture.height - 12
+    draw = ImageDraw.Draw(picture)
+    font = ImageFont.load_default(size=TEXT_PX - 4)
+    draw.rectangle([x0 - 4, y1 - 30, x0 + px + 4, y1 + 4], fill=(255, 255, 255))
+    draw.rectangle([x0, y1 - 6, x0 + px, y1], fill=(0, 0, 0))
+    label = f"{length_um / 1000:g} mm"
+    draw.text((x0, y1 - 26), label, fill=(0, 0, 0), font=font)
 
 
 def _framed(picture: Image.Image, title: str, prediction_text: str) -> Image.Image:

@@ -142,9 +142,11 @@ def _pictures(
         text = heatmap.prediction_text(answer.prediction, info.classes, branch)
         background, extent = slide_background(sf)
         title = f"{source.slide_id}  |  {info.model}  |  {len(sf.coords)} tiles"
+        mpp = sf.attrs.get("level0_mpp")
         picture = heatmap.render_heatmap(
-            background, extent, sf.coords, sf.patch_level0, drawn, title, text
-        )
+            background, extent, sf.coords, sf.patch_level0, drawn, title, text,
+            float(mpp) if isinstance(mpp, int | float) else None,
+        )  # fmt: skip
         with atomic_path(jpg, root=ctx.out_dir) as tmp:
             picture.save(tmp, "JPEG", quality=90)
         props = {"slide_id": source.slide_id, "model": info.model, "prediction": text}
