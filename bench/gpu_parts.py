@@ -79,10 +79,8 @@ def _items(batch: int, size: int) -> list[Any]:
 
 async def throughput(model: Any, batch: int, clients: int, seconds: float) -> dict[str, Any]:
     """Tiles/s of ``clients`` closed-loop submitters of ``batch`` tiles, and batches per worker."""
-    from predictor.serving.model import resolve_mode
-
     items = _items(batch, model.model_spec.tile_size)
-    mode = resolve_mode(model.model_spec, None, model.name)
+    mode = model.resolve_mode(None)
     await model.start_batching()
     batcher = model._batcher  # the model's own batcher: no HTTP in this measurement
     done = 0
@@ -106,11 +104,9 @@ def copy_vs_compute(model: Any, batch: int, reps: int = 20) -> dict[str, float]:
     """Milliseconds per batch: copy+normalise, forward, both through ``forward_batch``."""
     import torch
 
-    from predictor.serving.model import resolve_mode
-
     items = _items(batch, model.model_spec.tile_size)
     samples, requests = [i.sample for i in items], [i.request for i in items]
-    mode = resolve_mode(model.model_spec, None, model.name)
+    mode = model.resolve_mode(None)
     slot = model.active_slot()
     device = slot.package.device
     tiles = [s.tile for s in samples]

@@ -211,11 +211,9 @@ def bf16_families(ctx: Context) -> dict[str, Any]:
 
 async def _submit_all(model: Any, samples: Sequence[Any]) -> tuple[int, int]:
     """Every sample in one submission; (answered, batches the worker ran)."""
-    from predictor.serving.model import resolve_mode
-
     await model.start_batching()
     batcher = model._batcher
-    mode = resolve_mode(model.model_spec, None, model.name)
+    mode = model.resolve_mode(None)
     results = await asyncio.gather(*batcher.submit(list(samples), key=mode), return_exceptions=True)
     await batcher.close()
     answered = sum(not isinstance(r, BaseException) for r in results)
@@ -274,10 +272,8 @@ def _split(items: Sequence[Any]) -> tuple[list[Any], list[Any]]:
 def _real_oom(model: Any, samples: Sequence[Any], name: str) -> dict[str, Any]:
     import torch
 
-    from predictor.serving.model import resolve_mode
-
     device = torch.device("cuda:0")
-    mode = resolve_mode(model.model_spec, None, model.name)
+    mode = model.resolve_mode(None)
     model.forward_batch(*_split(samples), mode)  # warm
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
