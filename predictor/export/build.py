@@ -37,6 +37,7 @@ from torch import nn
 from predictor.errors import CheckpointError, HistoserveError, SpecError
 from predictor.export import sources as export_sources
 from predictor.export.cache_lock import inductor_cache_lock
+from predictor.export.reductions import unguarded_cpu_sums
 from predictor.families import build_demo_model, demo_example_inputs, model_class_for
 from predictor.package import genes, host
 from predictor.package.demo_models import PRESETS
@@ -246,7 +247,7 @@ def _compile(
     with tempfile.TemporaryDirectory(dir=output.parent, prefix=".export-") as tmp:
         staged = Path(tmp) / output.name
         try:
-            with inductor_cache_lock():
+            with inductor_cache_lock(), unguarded_cpu_sums():
                 torch._inductor.aoti_compile_and_package(
                     program, package_path=str(staged), inductor_configs=configs
                 )

@@ -19,7 +19,7 @@ from predictor.spec import BUILTIN_SPECS
 pytestmark = pytest.mark.integration
 SPEC = BUILTIN_SPECS["abmil-demo"]
 OUTPUTS = ("prediction", "attention", "slide_embedding")
-LARGE_N = 4_096  # the demo package compiles to N <= 4096 here (see the report)
+LARGE_N = 100_000
 BODY_LIMIT = 400 * 2**20  # the FP16 100,000-tile slide is 307 MB
 
 
@@ -55,7 +55,10 @@ def _rest(server, features: np.ndarray, mode: str, datatype: str = "FP32"):
     inp.set_data_from_numpy(features, binary_data=True)
     names = [OUTPUT_OF_MODE[m] for m in mode.split(",")]
     outputs = [httpclient.InferRequestedOutput(n, binary_data=True) for n in names]
-    return client.infer(server.model_name, [inp], outputs=outputs, parameters={"mode": mode})
+    try:
+        return client.infer(server.model_name, [inp], outputs=outputs, parameters={"mode": mode})
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +160,24 @@ def test_bad_slides_are_a_clear_400(server, grpc, module, features, words) -> No
     assert all(w in refused.value.message for w in words)
     good = _slide(3, seed=3)  # the server still answers the next slide
     _check(_rest(server, good, "prediction,embedding,attention"), _truth(module, good))
+
+
+@pytest.fixture(scope="module")
+def mean_pool(tmp_path_factory):
+    package = demo_package("mean-pool", max_batch=200_000)
+    model_dir = copy_package_dir(package, tmp_path_factory.mktemp("mean-pool"))
+    srv = start_server(model_dir, tmp_path_factory.mktemp("mean-pool-log"))
+    yield srv
+    srv.stop()
+
+
+def test_mean_pool_embeds_a_slide_with_no_trained_head(mean_pool) -> None:
+    features = _slide(9_000, seed=4)  # past the 4,096-row sums inductor used to guard on
+    result = _rest(mean_pool, features, "embedding,attention")
+    np.testing.assert_allclose(
+        result.as_numpy("slide_embedding"), features.mean(axis=0), atol=1e-5, rtol=0
+    )
+    np.testing.assert_allclose(result.as_numpy("attention"), np.full(9_000, 1 / 9_000), rtol=1e-6)
+    with pytest.raises(InferenceServerException) as refused:
+        _rest(mean_pool, features[:2], "embedding,prediction")
+    assert refused.value.status() == "400" and "parameters.mode" in refused.value.message()
