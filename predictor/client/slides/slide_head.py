@@ -13,12 +13,9 @@ just wrote), so both give the same numbers. In order:
    (:class:`~predictor.client.slides.head.SlideAnswerCheck`: retried
    elsewhere when wrong); a 4xx fails the slide with the server's message;
 3. ``slide_features_<model>/<id>.h5`` (:mod:`~predictor.client.slides.results`);
-4. with ``qc``: ``qc/<id>.<model>.heatmap.jpg``
-   (:mod:`~predictor.client.slides.heatmap`) and ``qc/<id>.<model>.geojson``
-   (:mod:`~predictor.client.slides.qupath`). A picture that cannot be
-   written is a warning, never a failed slide; the slide's thumbnail is
-   drawn under it when the slide the features name can be read, else a
-   blank canvas.
+4. with ``qc``: the heatmap, the QuPath GeoJSON and the top tiles
+   (:mod:`~predictor.client.slides.pictures`); a picture that cannot be
+   written is a warning, never a failed slide.
 """
 
 from __future__ import annotations
@@ -30,15 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from predictor.client.embed.atomic import atomic_path
 from predictor.client.embed.dispatch import Dispatcher
 from predictor.client.embed.errors import EmbedError, SlideError
-from predictor.client.slides import heatmap, qupath
 from predictor.client.slides.head import HeadInfo, SlideAnswerCheck
+from predictor.client.slides.pictures import write_pictures
 from predictor.client.slides.results import SlideAnswer, result_attrs, write_result
 from predictor.client.slides.sources import FeatureSource, SlideFeatures, read_features
 
-QC_DIR = "qc"
 logger = logging.getLogger("histoserve.aggregate")
 
 
@@ -61,12 +56,6 @@ class HeadContext:
     config_hash: str
     send_coords: bool = True
     qc: bool = True
-
-
-def qc_paths(out_dir: Path, slide_id: str, model: str) -> tuple[Path, Path]:
-    """``qc/<id>.<model>.heatmap.jpg`` and ``qc/<id>.<model>.geojson``."""
-    folder = Path(out_dir) / QC_DIR
-    return folder / f"{slide_id}.{model}.heatmap.jpg", folder / f"{slide_id}.{model}.geojson"
 
 
 def run_slide_head(ctx: HeadContext, source: FeatureSource) -> SlideAnswer:
@@ -98,7 +87,7 @@ def run_slide_head(ctx: HeadContext, source: FeatureSource) -> SlideAnswer:
     except OSError as exc:
         raise SlideError(f"{source.path}: its slide result cannot be written ({exc})") from exc
     if ctx.qc and answer.attention is not None:
-        _pictures(ctx, source, sf, answer)
+        write_pictures(ctx.out_dir, source.slide_id, info, sf, answer)
     return answer
 
 
@@ -129,51 +118,3 @@ def check_fits(info: HeadInfo, path: Path, sf: SlideFeatures) -> None:
 
 def _float(values: Any) -> np.ndarray | None:
     return None if values is None else np.asarray(values, np.float32)
-
-
-def _pictures(
-    ctx: HeadContext, source: FeatureSource, sf: SlideFeatures, answer: SlideAnswer
-) -> None:
-    """The heatmap and the GeoJSON; a failure is a warning (the result is written)."""
-    info = ctx.info
-    jpg, geojson = qc_paths(ctx.out_dir, source.slide_id, info.model)
-    try:
-        drawn, branch = heatmap.drawn_attention(answer.attention, answer.prediction)
-        text = heatmap.prediction_text(answer.prediction, info.classes, branch)
-        background, extent = slide_background(sf)
-        title = f"{source.slide_id}  |  {info.model}  |  {len(sf.coords)} tiles"
-        mpp = sf.attrs.get("level0_mpp")
-        picture = heatmap.render_heatmap(
-            background, extent, sf.coords, sf.patch_level0, drawn, title, text,
-            float(mpp) if isinstance(mpp, int | float) else None,
-        )  # fmt: skip
-        with atomic_path(jpg, root=ctx.out_dir) as tmp:
-            picture.save(tmp, "JPEG", quality=90)
-        props = {"slide_id": source.slide_id, "model": info.model, "prediction": text}
-        pct = heatmap.percentiles(drawn)
-        collection = qupath.detections(
-            sf.coords, sf.patch_level0, answer.attention, pct, info.classes, props
-        )
-        with atomic_path(geojson, root=ctx.out_dir) as tmp:
-            tmp.write_text(qupath.dumps(collection), encoding="utf-8")
-    except (OSError, ValueError) as exc:
-        logger.warning("slide %s: heatmap not written: %s", source.slide_id, exc)
-
-
-def slide_background(sf: SlideFeatures) -> tuple[np.ndarray | None, tuple[int, int]]:
-    """The slide's thumbnail and level-0 extent when it can be read, else None and the extent."""
-    path = sf.slide_path
-    if path is None or not path.exists():
-        return None, sf.extent
-    try:
-        from predictor.client.embed.slides import MppInfo, SlideReader
-        from predictor.client.embed.tissue import thumbnail
-
-        with SlideReader.open(path) as reader:
-            width, height = reader.dimensions
-            unit = MppInfo(1.0, "level-0 px")  # thumbnail scale in level-0 px per px
-            rgb, _ = thumbnail(reader, unit, max(width, height) / heatmap.DISPLAY_PX)
-        return rgb, (int(width), int(height))
-    except Exception as exc:  # the picture only: a blank canvas instead
-        logger.info("slide %s: no thumbnail under the heatmap (%s)", path, exc)
-        return None, sf.extent

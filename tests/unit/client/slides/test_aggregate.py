@@ -72,6 +72,7 @@ def test_every_layout_gives_the_heads_numbers_beside_the_features(
             assert f.attrs["package_sha256"] == DIGEST and f.attrs["complete"]
             assert json.loads(f.attrs["classes"]) == list(CLASSES)
         assert (tmp_path / "qc" / f"{slide_id}.abmil-demo.heatmap.jpg").stat().st_size > 10_000
+        assert not (tmp_path / "qc" / f"{slide_id}.abmil-demo.top.jpg").exists()  # no slide
     rows = read_table(tmp_path)
     assert [r["slide_id"] for r in rows] == sorted(made)
     row = rows[0]

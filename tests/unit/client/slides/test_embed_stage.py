@@ -13,6 +13,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from PIL import Image
 
 from harness import slides
 from harness.bad_server import BadServer
@@ -80,6 +81,8 @@ def test_slide_model_after_the_tiles_equals_aggregate(
     report = (tmp_path / "report.html").read_text()
     assert "qc/W1.abmil-demo.heatmap.jpg" in report and "QuPath GeoJSON" in report
     assert (tmp_path / "qc" / "W1.abmil-demo.heatmap.jpg").is_file()
+    top = Image.open(tmp_path / "qc" / "W1.abmil-demo.top.jpg")  # the slide is readable here
+    assert top.height > 224 and top.width >= 8 * 224
 
 
 def test_a_rerun_skips_the_tiles_and_runs_a_missing_head(
