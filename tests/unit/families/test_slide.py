@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -170,3 +171,29 @@ def test_demo_modules_attention_sums_to_one() -> None:
     assert torch.equal(mean, torch.ones(1536)) and torch.allclose(
         mean_attention, torch.full((4,), 0.25)
     )
+
+
+def test_the_package_s_range_bounds_a_slide() -> None:
+    package = SimpleNamespace(metadata={"histoserve.provenance": '{"max_batch": 5000}'})
+    slide = slide_options(ServingOptions(), package)  # type: ignore[arg-type]
+    assert slide.limits.max_tiles_per_slide == 5000 and slide.batching.max_queue_size == 5000
+
+
+def test_export_defaults_n_to_200000_for_slide_heads() -> None:
+    from predictor.export.build import build_parser
+
+    args = build_parser().parse_args(["--spec", "abmil-demo", "--demo", "--output", "x.pt2"])
+    assert args.max_batch is None
+    assert model_class_for(ABMIL).DEFAULT_MAX_BATCH == 200_000
+    assert model_class_for(BUILTIN_SPECS["h0-mini"]).DEFAULT_MAX_BATCH == 256
+
+
+def test_unguarded_sums_patch_only_inside_the_with() -> None:
+    from torch._inductor.codegen.cpp import CppKernel
+
+    from predictor.export.reductions import unguarded_cpu_sums
+
+    original = CppKernel.need_use_acc_helper
+    with unguarded_cpu_sums():
+        assert CppKernel.need_use_acc_helper is not original
+    assert CppKernel.need_use_acc_helper is original
