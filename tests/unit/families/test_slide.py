@@ -197,3 +197,11 @@ def test_unguarded_sums_patch_only_inside_the_with() -> None:
     with unguarded_cpu_sums():
         assert CppKernel.need_use_acc_helper is not original
     assert CppKernel.need_use_acc_helper is original
+
+
+def test_several_front_ends_are_refused(model: SlideServerModel) -> None:
+    from predictor.errors import StartupError
+    from predictor.frontends.supervisor import check_crossable
+
+    with pytest.raises(StartupError, match="--frontends 1"):
+        check_crossable(model)
