@@ -95,3 +95,28 @@ def test_features_of_another_width_fail_their_slide_only(head: Server, tmp_path:
     assert run.returncode == 1
     assert "3 done" in run.stderr and "1 failed" in run.stderr
     assert "narrow.h5: features are 768 wide but 'abmil-demo' takes 1536" in run.stderr
+
+
+def test_embed_with_a_slide_model_gives_features_table_heatmap_geojson_and_report(
+    head: Server, embedding_server: Server, tmp_path: Path
+) -> None:
+    """The issue's "done when": one command, tile features and the slide model's outputs."""
+    from harness import slides
+    from harness.embed import run_embed
+
+    slide = slides.aperio_svs(tmp_path / "wsi" / "case-1.svs").path
+    out = tmp_path / "features"
+    run = run_embed(
+        slide, "--url", embedding_server.base, "--out", out, "--slide-model", "abmil-demo",
+        "--slide-url", head.base, "--batch-size", "8",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr + head.tail()
+    with h5py.File(out / "case-1.h5") as f:
+        n = len(f["features"])
+    with h5py.File(out / "slide_features_abmil-demo" / "case-1.h5") as f:
+        assert f["attention"].shape == (n,) and f["prediction"].shape == (2,)
+    table = (out / "slides.csv").read_text().splitlines()
+    assert table[0].endswith("class_0,class_1") and table[1].startswith("case-1,abmil-demo,")
+    for name in ("heatmap.jpg", "geojson", "top.jpg"):
+        assert (out / "qc" / f"case-1.abmil-demo.{name}").stat().st_size > 1000
+    assert "qc/case-1.abmil-demo.heatmap.jpg" in (out / "report.html").read_text()
