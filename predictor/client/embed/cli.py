@@ -150,6 +150,7 @@ def _scale_flags(parser: argparse.ArgumentParser) -> None:
         help="a slide with at most N unreadable tiles is done (with holes) instead of failed",
     )
     add("--no-qc", dest="qc", action="store_false", help="no qc/ pictures and no report.html")
+    add("--overlap", type=int, default=0, metavar="PX", help="pixels neighbouring tiles share")
     add("--slide-model", help="a served slide model run over each slide's features when done")
     add(
         "--slide-url",
@@ -220,6 +221,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> EmbedC
         qc=args.qc,
         slide_model=args.slide_model,
         slide_urls=tuple(args.slide_urls),
+        overlap=args.overlap,
     )
 
 

@@ -80,6 +80,8 @@ class EmbedConfig:
         slide_model: A served slide model run over each slide's features once its
             tiles are done (:mod:`predictor.client.slides`); None: none.
         slide_urls: Where ``slide_model`` is served (default: the ``--url`` servers).
+        overlap: Pixels (at the tile mpp) neighbouring tiles share (TRIDENT's
+            ``--overlap``; less than the tile size, checked once it is known).
     """
 
     urls: tuple[str, ...]
@@ -115,6 +117,7 @@ class EmbedConfig:
     max_tiles_per_slide: int = DEFAULT_MAX_TILES_PER_SLIDE
     slide_model: str | None = None
     slide_urls: tuple[str, ...] = ()
+    overlap: int = 0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -214,6 +217,8 @@ class EmbedConfig:
                 raise UsageError(f"{flag} must be >= 1 (0: the default), got {value!r}")
         if not 0.0 <= self.mpp_tolerance < 1.0:
             raise UsageError(f"--mpp-tolerance must be in [0, 1), got {self.mpp_tolerance!r}")
+        if self.overlap < 0:
+            raise UsageError(f"--overlap must be >= 0 px, got {self.overlap!r}")
         if self.accept_bad_tiles < 0:
             raise UsageError(f"--accept-bad-tiles must be >= 0, got {self.accept_bad_tiles!r}")
         if not 0.0 <= self.min_tissue <= 1.0:

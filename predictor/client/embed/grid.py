@@ -70,6 +70,9 @@ class TilePlan:
         level0_height: Level-0 height of the slide (px).
         interpolation: How read squares are resized to ``tile_size`` (a key of
             ``INTERPOLATIONS``).
+        overlap: Pixels (at the target mpp) a tile shares with its neighbour
+            (``--overlap``, TRIDENT's ``overlap``); the grid step at level 0 is
+            :attr:`step_level0`.
     """
 
     target_mpp: float
@@ -83,6 +86,12 @@ class TilePlan:
     level0_width: int
     level0_height: int
     interpolation: str = "bicubic"
+    overlap: int = 0
+
+    @property
+    def step_level0(self) -> int:
+        """The grid step at level 0: the footprint less the overlap, at least 1 px."""
+        return step_level0(self.patch_size_level0, self.tile_size, self.overlap)
 
     @property
     def resized(self) -> bool:
@@ -131,8 +140,11 @@ def plan_tiles(
     tolerance: float,
     max_tiles: int = DEFAULT_MAX_TILES_PER_SLIDE,
     interpolation: str = "bicubic",
+    overlap: int = 0,
 ) -> TilePlan:
     """Plan the tiles of ``reader``'s slide at ``target_mpp`` and ``tile_size``.
+
+    ``overlap``: pixels at the target mpp neighbouring tiles share (0: none).
 
     Reads no pixels: the size checks come first.
 
@@ -144,10 +156,13 @@ def plan_tiles(
             the target needs upsampling (see :func:`choose_level`).
     """
     _check_arguments(target_mpp, tile_size, tolerance, interpolation)
+    if not 0 <= overlap < tile_size:
+        raise ValueError(f"overlap must be in [0, {tile_size}) px, got {overlap!r}")
     check_physical_size(reader, mpp)
     level, read_size, patch = _read_geometry(reader, mpp, target_mpp, tile_size, tolerance)
     bounds = reader.bounds()
-    _check_tile_count(reader, bounds, patch, max_tiles)
+    step = step_level0(patch, tile_size, overlap)
+    _check_tile_count(reader, bounds, patch, max_tiles, step)
     width, height = reader.dimensions
     return TilePlan(
         target_mpp=float(target_mpp),
@@ -157,10 +172,11 @@ def plan_tiles(
         read_level=level,
         read_size=int(read_size),
         patch_size_level0=int(patch),
-        coords=grid_coords(bounds, patch),
+        coords=grid_coords(bounds, patch, step),
         level0_width=width,
         level0_height=height,
         interpolation=interpolation,
+        overlap=int(overlap),
     )
 
 
@@ -224,10 +240,19 @@ def check_physical_size(reader: SlideReader, mpp: MppInfo) -> None:
         )
 
 
+def step_level0(patch: int, tile_size: int, overlap: int) -> int:
+    """The level-0 grid step of ``patch``-px footprints sharing ``overlap`` of ``tile_size`` px."""
+    return max(1, patch - round(overlap * patch / tile_size))
+
+
 def _check_tile_count(
-    reader: SlideReader, bounds: tuple[int, int, int, int], patch: int, max_tiles: int
+    reader: SlideReader,
+    bounds: tuple[int, int, int, int],
+    patch: int,
+    max_tiles: int,
+    step: int | None = None,
 ) -> None:
-    columns, rows = max(0, bounds[2] // patch), max(0, bounds[3] // patch)
+    columns, rows = (_count(n, patch, step or patch) for n in bounds[2:])
     if columns * rows > max_tiles:
         raise SlideError(
             f"slide {reader.path}: {columns} x {rows} = {columns * rows:,} tiles of {patch} px "
@@ -236,11 +261,20 @@ def _check_tile_count(
         )
 
 
-def grid_coords(bounds: tuple[int, int, int, int], step: int) -> np.ndarray:
-    """Top-left corners of the ``step``-px tiles wholly inside ``bounds``, y then x (int64 [N, 2])."""
+def _count(length: int, patch: int, step: int) -> int:
+    """How many ``patch``-px tiles ``step`` px apart fit wholly in ``length`` px."""
+    return 0 if length < patch else (length - patch) // step + 1
+
+
+def grid_coords(
+    bounds: tuple[int, int, int, int], patch: int, step: int | None = None
+) -> np.ndarray:
+    """Top-left corners of the ``patch``-px tiles ``step`` px apart (default: ``patch``) wholly
+    inside ``bounds``, y then x (int64 [N, 2])."""
     bx, by, bw, bh = bounds
-    xs = bx + step * np.arange(max(0, bw // step), dtype=np.int64)
-    ys = by + step * np.arange(max(0, bh // step), dtype=np.int64)
+    step = step or patch
+    xs = bx + step * np.arange(_count(bw, patch, step), dtype=np.int64)
+    ys = by + step * np.arange(_count(bh, patch, step), dtype=np.int64)
     gy, gx = np.meshgrid(ys, xs, indexing="ij")
     return np.stack([gx.ravel(), gy.ravel()], axis=1)
 

@@ -135,6 +135,7 @@ class Layout:
         tile_size: Tile edge (px) at the target mpp.
         model: Served model name (TRIDENT's encoder name is derived from it).
         embedding_dim: ``D`` of an empty slide's ``(0, D)`` features.
+        overlap: Pixels neighbouring tiles share (names TRIDENT's coords folder).
     """
 
     name: str
@@ -143,17 +144,22 @@ class Layout:
     tile_size: int
     model: str
     embedding_dim: int = 0
+    overlap: int = 0
 
     def __post_init__(self) -> None:
         if self.name not in LAYOUTS:
             raise UsageError(f"--layout {self.name!r}: must be one of {', '.join(LAYOUTS)}")
+        if not 0 <= self.overlap < self.tile_size:
+            raise UsageError(
+                f"--overlap {self.overlap}: must be less than the tile size, {self.tile_size} px"
+            )
         object.__setattr__(self, "out_dir", Path(self.out_dir))
 
     @property
     def coords_dir(self) -> Path:
-        """TRIDENT's ``<mag>x_<size>px_0px_overlap`` folder."""
+        """TRIDENT's ``<mag>x_<size>px_<overlap>px_overlap`` folder."""
         mag = _mag_text(10.0 / self.target_mpp)
-        return self.out_dir / f"{mag}x_{self.tile_size}px_0px_overlap"
+        return self.out_dir / f"{mag}x_{self.tile_size}px_{self.overlap}px_overlap"
 
     def done_file(self, slide_id: str) -> Path:
         """The file renamed into place last: it holds ``complete`` and ``config_hash``."""
@@ -292,7 +298,7 @@ class Layout:
             "patch_size_level0": int(attrs["patch_size_level0"]),
             "level0_magnification": int(level0) if level0.is_integer() else level0,
             "target_magnification": int(target) if target.is_integer() else target,
-            "overlap": 0,
+            "overlap": self.overlap,
             "name": slide_id,
             "savetodir": str(self.coords_dir),
             "level0_width": int(attrs["level0_width"]),

@@ -169,12 +169,14 @@ def plan_attrs(reader: SlideReader, plan: TilePlan) -> dict[str, Any]:
         "level0_width": plan.level0_width,
         "level0_height": plan.level0_height,
         "slide_backend": reader.backend,
+        **({"overlap": plan.overlap} if plan.overlap else {}),
     }
 
 
 def coords_attrs(attrs: Mapping[str, Any], slide_id: str, out_dir: Path) -> dict[str, Any]:
     """TRIDENT/CLAM attributes for the ``coords`` dataset, derived from the file attributes."""
-    out: dict[str, Any] = {"name": slide_id, "savetodir": str(out_dir), "overlap": 0}
+    overlap = int(attrs.get("overlap", 0))
+    out: dict[str, Any] = {"name": slide_id, "savetodir": str(out_dir), "overlap": overlap}
     if "tile_size" in attrs:
         out["patch_size"] = int(attrs["tile_size"])
     for key in ("patch_size_level0", "level0_width", "level0_height"):

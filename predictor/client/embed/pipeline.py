@@ -41,7 +41,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,7 +139,7 @@ def _context(
     attrs = {
         "model": info.model,
         "package_sha256": info.package_sha256,
-        "spec": _json(info.spec),
+        "spec": json.dumps(info.spec, sort_keys=True, default=str),
         "mode": config.mode,
         "tissue": config.tissue,
         "tissue_package_sha256": tissue_info.package_sha256 if tissue_info else None,
@@ -171,7 +170,8 @@ def _layout(config: EmbedConfig, info: ServerInfo, target_mpp: float, tile_size:
     for out in info.spec.get("outputs", ()) if not dim else ():  # gRPC metadata only
         if isinstance(out, dict) and out.get("name") == "embedding":
             dim = int(out["shape"][-1])
-    return Layout(config.layout, config.out_dir, target_mpp, tile_size, info.model, int(dim))
+    layout, out = config.layout, config.out_dir
+    return Layout(layout, out, target_mpp, tile_size, info.model, int(dim), config.overlap)
 
 
 def slide_settings(ctx: RunContext, entry: SlideEntry) -> dict[str, Any]:
@@ -197,6 +197,7 @@ def slide_settings(ctx: RunContext, entry: SlideEntry) -> dict[str, Any]:
         "bulk_rna_sha256": file_sha256(entry.bulk_rna) if entry.bulk_rna else "",
         "resize_interpolation": interpolation_of(ctx.info.spec, ctx.info.model),
         **({"layout": cfg.layout} if cfg.layout != "flat" else {}),
+        **({"overlap": cfg.overlap} if cfg.overlap else {}),  # hashes without it unchanged
     }
     if cfg.tissue == "otsu" and mask is None:
         settings["tissue_algorithm"] = OTSU_VERSION
@@ -394,7 +395,3 @@ def _done_note(why: str, n_bad: int) -> str:
 
 def _unexpected(exc: Exception) -> str:
     return f"unexpected error ({type(exc).__name__}: {exc}); the log has the traceback"
-
-
-def _json(data: Mapping[str, Any]) -> str:
-    return json.dumps(data, sort_keys=True, default=str)

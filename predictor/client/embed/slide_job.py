@@ -140,6 +140,7 @@ def plan_slide(
         cfg.mpp_tolerance,
         max_tiles=cfg.max_tiles_per_slide,
         interpolation=interpolation_of(ctx.info.spec, ctx.info.model),
+        overlap=cfg.overlap,
     )
     mask_path = mask_file(entry.slide_id, entry.mask, cfg.masks)
 

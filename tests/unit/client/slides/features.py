@@ -10,7 +10,14 @@ from predictor.client.embed.layouts import Layout
 from predictor.client.embed.output import SlideResult
 
 D = 16
-PATCH = 896  # level-0 px of a 224 px tile at 1 um/px from a 0.25 um/px slide
+PATCH = 896
+TILE_CONFIG = {  # a tile model's config as a fake tile server (harness.bad_server) answers it
+    "name": "h0-mini",
+    "package_sha256": "cd" * 32,
+    "spec": {"name": "h0-mini", "family": "embedding", "tile_size": 224, "mpp": 0.5,
+             "modes": ["embedding"], "embedding_dim": D},
+    "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, D]}],
+}  # fmt: skip  # level-0 px of a 224 px tile at 1 um/px from a 0.25 um/px slide
 
 
 def attrs(slide_id: str, width: int = 20_000, height: int = 12_000) -> dict:

@@ -23,15 +23,9 @@ from predictor.client.embed.cli import main as embed_main
 from predictor.client.slides.aggregate import AggregateConfig, aggregate
 from predictor.client.slides.sources import find_sources, read_features
 from predictor.client.slides.table import read_table
+from tests.unit.client.slides.features import TILE_CONFIG
 
-DIM = 16
-TILE_CONFIG = {
-    "name": "h0-mini",
-    "package_sha256": "cd" * 32,
-    "spec": {"name": "h0-mini", "family": "embedding", "tile_size": 224, "mpp": 0.5,
-             "modes": ["embedding"], "embedding_dim": DIM},
-    "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, DIM]}],
-}  # fmt: skip
+DIM = TILE_CONFIG["outputs"][0]["shape"][1]
 
 
 @pytest.fixture(scope="module")
