@@ -61,6 +61,7 @@ class AggregateConfig:
         model: The slide model's name.
         layout: ``auto``, ``flat``, ``trident`` or ``clam``.
         encoder: TRIDENT's encoder name of the features to take (None: the only one).
+        overlap: TRIDENT's overlap of the features to take (None: the only one).
         shard: ``(index, count)`` or None.
         slide_ids: Only these slides (None: every one).
         force: Run slides whose result is already complete.
@@ -78,6 +79,7 @@ class AggregateConfig:
     out_dir: Path | None = None
     layout: str = "auto"
     encoder: str | None = None
+    overlap: int | None = None
     shard: tuple[int, int] | None = None
     slide_ids: frozenset[str] | None = None
     force: bool = False
@@ -133,7 +135,7 @@ def aggregate(
     if config.credentials is None:
         creds = load_credentials(None, None, (), os.environ)
         config = dataclasses.replace(config, credentials=creds)
-    sources = find_sources(config.features_dir, config.layout, config.encoder)
+    sources = find_sources(config.features_dir, config.layout, config.encoder, config.overlap)
     mine = select(sources, config)
     if not mine and config.slide_ids is None:
         raise UsageError(f"{config.features_dir}: no feature files (*.h5) for this shard")

@@ -69,6 +69,7 @@ def run_slide_model(config: EmbedConfig, summary: EmbedSummary) -> None:
         out_dir=config.out_dir,
         layout=config.layout,
         encoder=trident_encoder(config.model) if config.model else None,
+        overlap=config.overlap,
         slide_ids=ids,
         qc=config.qc,
         slides_in_flight=config.slides_in_flight,

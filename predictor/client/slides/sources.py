@@ -95,11 +95,12 @@ def _trident_folders(features_dir: Path) -> list[Path]:
 
 
 def find_sources(
-    features_dir: Path, layout: str = "auto", encoder: str | None = None
+    features_dir: Path, layout: str = "auto", encoder: str | None = None, overlap: int | None = None
 ) -> list[FeatureSource]:
     """Every features file of ``features_dir`` in ``layout``, sorted by slide id.
 
-    ``encoder``: of a TRIDENT job folder, only ``features_<encoder>`` folders.
+    ``encoder``, ``overlap``: of a TRIDENT job folder, only ``features_<encoder>``
+    folders, in coords folders of that overlap (``..._<overlap>px_overlap``).
 
     Raises:
         UsageError: No such folder, an unknown layout, a TRIDENT job folder
@@ -115,7 +116,7 @@ def find_sources(
     if layout == "clam":
         folders = [(features_dir / "h5_files", features_dir)]
     elif layout == "trident":
-        folders = _trident_feature_folders(features_dir, encoder)
+        folders = _trident_feature_folders(features_dir, encoder, overlap)
     else:
         folders = [(features_dir, features_dir)]
     sources = [
@@ -134,13 +135,16 @@ def find_sources(
     return sorted(sources, key=lambda s: s.slide_id)
 
 
-def _trident_feature_folders(features_dir: Path, encoder: str | None) -> list[tuple[Path, Path]]:
+def _trident_feature_folders(
+    features_dir: Path, encoder: str | None, overlap: int | None
+) -> list[tuple[Path, Path]]:
     """``(features_<encoder> folder, its coords folder)`` of a job folder, or of that folder."""
     if features_dir.name.startswith("features_"):
         return [(features_dir, features_dir.parent)]
     found = [
         (enc, coords)
         for coords in _trident_folders(features_dir)
+        if overlap is None or coords.name.endswith(f"_{overlap}px_overlap")
         for enc in sorted(coords.glob("features_*"))
         if enc.is_dir() and (encoder is None or enc.name == f"features_{encoder}")
     ]

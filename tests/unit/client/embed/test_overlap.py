@@ -74,6 +74,23 @@ def test_an_overlap_as_large_as_a_tile_is_a_usage_error(tmp_path: Path, slide: P
         EmbedConfig(urls=("http://x:1",), out_dir=tmp_path, slides=(slide,), overlap=-1)
 
 
+def test_slide_model_takes_the_run_s_own_trident_folder(tmp_path: Path, slide: Path) -> None:
+    from harness.slide_server import SlideServer
+
+    with BadServer(config=TILE_CONFIG, source="pixels", dim=DIM) as tiles:
+        _run(tmp_path, slide, tiles.url, 0)  # a 0px_overlap folder beside the next run's
+        with SlideServer("abmil-demo", DIM) as head:
+            config = EmbedConfig(
+                urls=(tiles.url,), out_dir=tmp_path, slides=(slide,), model="h0-mini",
+                layout="trident", tissue="none", progress="none", overlap=112,
+                slide_model="abmil-demo", slide_urls=(head.url,),
+            )  # fmt: skip
+            summary = embed(config)
+    assert summary.done == ["W1"] and not summary.failed
+    assert (tmp_path / "20x_224px_112px_overlap" / "slide_features_abmil-demo" / "W1.h5").is_file()
+    assert not (tmp_path / "20x_224px_0px_overlap" / "slide_features_abmil-demo").exists()
+
+
 def test_the_heatmap_of_overlapping_tiles(tmp_path: Path, slide: Path) -> None:
     from harness.slide_server import SlideServer
 
