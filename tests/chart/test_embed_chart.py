@@ -166,6 +166,8 @@ def test_full_command_line(helm_bin):
         "mpp-tolerance": ["0.1", "0.08"],
         "tissue": ["tissue-seg"],
         "min-tissue": ["0.4"],
+        "slide-model": ["abmil-brca"],
+        "slide-url": ["http://abmil-brca-predictor.serving.svc.cluster.local"],
         "batch-size": ["128"],
         "read-workers": ["6"],
         "force": [""],

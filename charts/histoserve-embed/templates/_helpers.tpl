@@ -141,6 +141,12 @@ protocol).
 {{- if ne $e.minTissue nil }}
 - --min-tissue={{ $e.minTissue }}
 {{- end }}
+{{- with $e.slideModel }}
+- --slide-model={{ . }}
+{{- end }}
+{{- range $e.slideUrls }}
+- --slide-url={{ . }}
+{{- end }}
 {{- if ne $e.batchSize nil }}
 - --batch-size={{ int $e.batchSize }}
 {{- end }}
