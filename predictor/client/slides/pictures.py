@@ -4,8 +4,12 @@
   over the slide's thumbnail when the slide the features file names
   (``slide_path``) can be read, else over a blank canvas at the tiles' extent;
 - ``qc/<id>.<model>.geojson`` (:mod:`~predictor.client.slides.qupath`);
-- ``qc/<id>.<model>.top.jpg``: the most attended tiles as crops
-  (:mod:`~predictor.client.slides.crops`), only when the slide can be read.
+- ``qc/<id>.<model>.top.jpg``: the :data:`TOP_K` tiles of highest attention
+  (the drawn branch) as crops, each read at the coarsest level that still
+  gives :data:`CROP_PX` pixels, labelled with rank, percentile and level-0
+  ``x, y`` (what CLAM users ask of its heatmap script: the coordinates of the
+  top tiles); only when the slide can be read (the coordinates are in the
+  GeoJSON and the result file all the same).
 
 Each file is written whole under a temp name and renamed. Pictures are for
 people: what fails here (an unreadable slide, a full disk) is a warning,
@@ -21,14 +25,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image, ImageDraw, ImageFont
 
 from predictor.client.embed.atomic import atomic_path
-from predictor.client.slides import crops, heatmap, qupath
+from predictor.client.slides import heatmap, qupath
 from predictor.client.slides.head import HeadInfo
 from predictor.client.slides.results import SlideAnswer
 from predictor.client.slides.sources import SlideFeatures
 
 QC_DIR = "qc"
+TOP_K = 8
+CROP_PX = 224
+_LABEL_PX = 34
 logger = logging.getLogger("histoserve.aggregate")
 
 
@@ -119,8 +127,40 @@ def _top_sheet(
 ) -> Any:
     """The most attended tiles read from the slide, labelled."""
     pictures, labels = [], []
-    for rank, i in enumerate(crops.top_tiles(drawn), start=1):
+    for rank, i in enumerate(top_tiles(drawn), start=1):
         x, y = (int(v) for v in sf.coords[i])
-        pictures.append(crops.read_crop(reader, (x, y), sf.patch_level0))
+        pictures.append(read_crop(reader, (x, y), sf.patch_level0))
         labels.append(f"#{rank}  {100 * float(pct[i]):.1f} pct\nx {x}, y {y}")
-    return crops.contact_sheet(pictures, labels, title)
+    return contact_sheet(pictures, labels, title)
+
+
+def top_tiles(values: np.ndarray, k: int = TOP_K) -> np.ndarray:
+    """Indices of the ``k`` highest values, highest first (ties: the earlier row first)."""
+    order = np.argsort(-np.asarray(values, np.float64), kind="stable")
+    return order[:k]
+
+
+def read_crop(reader: object, xy: tuple[int, int], patch: int) -> Image.Image:
+    """One tile's level-0 footprint, read at the coarsest level still fine enough, as CROP_PX px."""
+    downsamples = list(reader.level_downsamples)  # type: ignore[attr-defined]
+    fine = [i for i, d in enumerate(downsamples) if patch / d >= CROP_PX] or [0]
+    level = max(fine, key=lambda i: downsamples[i])
+    size = max(1, round(patch / downsamples[level]))
+    region = reader.read_region((int(xy[0]), int(xy[1])), level, (size, size))  # type: ignore[attr-defined]
+    return Image.fromarray(np.asarray(region, np.uint8)).resize(
+        (CROP_PX, CROP_PX), Image.Resampling.LANCZOS
+    )
+
+
+def contact_sheet(crops: list[Image.Image], labels: list[str], title: str) -> Image.Image:
+    """The crops in one row, each with its label under it, a title above."""
+    font = ImageFont.load_default(size=14)
+    width = max(1, len(crops)) * (CROP_PX + 8) + 8
+    out = Image.new("RGB", (width, CROP_PX + _LABEL_PX + 40), (255, 255, 255))
+    draw = ImageDraw.Draw(out)
+    draw.text((8, 8), title, fill=(0, 0, 0), font=ImageFont.load_default(size=16))
+    for i, (crop, label) in enumerate(zip(crops, labels, strict=True)):
+        x = 8 + i * (CROP_PX + 8)
+        out.paste(crop, (x, 34))
+        draw.multiline_text((x, 36 + CROP_PX), label, fill=(0, 0, 0), font=font, spacing=2)
+    return out
