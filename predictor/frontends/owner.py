@@ -13,10 +13,11 @@ answers with one outcome per tile: the result's descriptors, or the error
 
 The owner is the one admission authority. Every answer carries its queue
 depth and liveness, and every :data:`STATE_REFRESH_S` each front end whose
-last word from the owner is out of date is told the fresh ``("state", depth,
-live)``: a front end that refused on a full queue sees the room again within
-that time, and a lost device fails liveness on every front end, whichever one
-the kubelet's probe reaches.
+last word from the owner is too pessimistic (a higher depth than now) or
+names another liveness is told the fresh ``("state", depth, live)``: a front
+end that refused on a full queue sees the room again within that time, and a
+lost device fails liveness on every front end, whichever one the kubelet's
+probe reaches.
 
 Every submit is answered exactly once: whatever goes wrong on the answer path
 (a sample that cannot be viewed, outputs that cannot be written) becomes that
@@ -148,13 +149,22 @@ class DeviceOwner:
         return (batcher.queue_depth if batcher is not None else 0), self._model.live
 
     async def _refresh_states(self) -> None:
-        """Tells each front end the depth and liveness when its last word is out of date."""
+        """Tells each front end the depth and liveness when its last word is too pessimistic.
+
+        Only news that opens room (a lower depth) or changes liveness is sent:
+        a front end's view of the depth may then lag high for at most
+        :data:`STATE_REFRESH_S`, and lag low for as long as it sends nothing,
+        which is safe (the owner's batcher refuses what overflows). Sending
+        every rise too told idle front ends of tiles in flight elsewhere and
+        had them refuse requests the owner would take.
+        """
         while True:
             await asyncio.sleep(STATE_REFRESH_S)
-            state = self._state()
+            depth, live = self._state()
             for link in list(self._links.values()):
-                if link.told != state and not link.closed:
-                    link.send_state(state)
+                told = link.told
+                if not link.closed and (live != told[1] or depth < told[0]):
+                    link.send_state((depth, live))
 
 
 class _Link:
@@ -172,8 +182,8 @@ class _Link:
         self._writer = writer
         self._state = state
         self._outstanding = 0
-        self.told: tuple[int, bool] | None = None
-        """The depth and liveness this front end last heard."""
+        self.told: tuple[int, bool] = (0, True)
+        """The depth and liveness this front end last heard (its proxy starts at these)."""
         self.closed = False
         self.idle = asyncio.Event()
         self.idle.set()
