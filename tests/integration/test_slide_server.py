@@ -181,3 +181,25 @@ def test_mean_pool_embeds_a_slide_with_no_trained_head(mean_pool) -> None:
     with pytest.raises(InferenceServerException) as refused:
         _rest(mean_pool, features[:2], "embedding,prediction")
     assert refused.value.status() == "400" and "parameters.mode" in refused.value.message()
+
+
+def test_a_failed_forward_is_a_503_for_that_slide_only(module, tmp_path_factory) -> None:
+    """The second forward fails (injected: no GPU here to fail for real); the slides around it don't."""
+    package = demo_package("abmil-demo", max_batch=200_000)
+    model_dir = copy_package_dir(package, tmp_path_factory.mktemp("abmil-fault"))
+    srv = start_server(
+        model_dir, tmp_path_factory.mktemp("abmil-fault-log"), "--fault_injection", "nth:2"
+    )
+    try:
+        slides = [_slide(n, seed) for n, seed in ((5, 71), (9, 72), (13, 73))]
+        first = _rest(srv, slides[0], "prediction,attention,embedding")
+        with pytest.raises(InferenceServerException) as failed:
+            _rest(srv, slides[1], "prediction,attention,embedding")
+        third = _rest(srv, slides[2], "prediction,attention,embedding")
+        assert failed.value.status() == "503", failed.value
+        _check(first, _truth(module, slides[0]))
+        _check(third, _truth(module, slides[2]))
+        live = httpx.get(f"{srv.base}/v2/health/live", timeout=5)
+        assert live.status_code == 200  # a failed batch is not a lost device
+    finally:
+        assert srv.stop() == 0
