@@ -191,3 +191,23 @@ def test_crossing_ratios_and_per_core_figures() -> None:
     assert cell["mb_per_s_per_core"] == 2000.0 * 224 * 224 * 3 / 1e6
     assert cell["cores_for_gpu"] == crossing.GPU_TILES_PER_S / 2000.0
     assert "cores_for_gpu" not in crossing.per_core({"throughput": 10.0, "server_cores": 0.0})
+
+
+def test_padded_slides_give_each_slide_its_own_answer() -> None:
+    """The benchmark's padded forward is only worth timing if it equals one slide a forward."""
+    import torch
+
+    from bench.slides import padded_forward
+    from predictor.families import build_demo_model
+    from predictor.spec import BUILTIN_SPECS
+
+    module = build_demo_model(BUILTIN_SPECS["abmil-demo"]).eval()
+    rng = np.random.default_rng(3)
+    slides = [torch.from_numpy(rng.normal(size=(n, 1536)).astype(np.float32)) for n in (1, 7, 30)]
+    with torch.no_grad():
+        prediction, attention = padded_forward(module, slides)
+        for i, slide in enumerate(slides):
+            want_prediction, want_attention, _ = module(slide)
+            assert torch.allclose(prediction[i], want_prediction, atol=1e-5)
+            assert torch.allclose(attention[i, : len(slide)], want_attention, atol=1e-6)
+            assert float(attention[i, len(slide) :].abs().sum()) == 0.0  # padding gets nothing
