@@ -33,12 +33,10 @@ from kserve import InferOutput, InferRequest, InferResponse
 from predictor.codecs.common import bool_parameter, string_parameter
 from predictor.codecs.samples import ModelRequest, ModelResponse
 from predictor.codecs.tensors import NUMERIC_DTYPES, numeric_tensor, parse_shape
-from predictor.codecs.v2 import _requested_outputs, request_parameters
+from predictor.codecs.v2 import V2Codec, _requested_outputs, request_parameters
 from predictor.codecs.v2_response import V2DecodedRequest, V2Response, select_outputs
-from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
 from predictor.kserve_compat import raw_data
-from predictor.spec import ModelSpec
 
 FEATURES, COORDS = "features", "coords"
 
@@ -49,8 +47,12 @@ SLIDE_INPUTS: Mapping[str, tuple[tuple[str, ...], str]] = {
 """Input name to (accepted datatypes, shape) as the slide contract fixes them."""
 
 
-class SlideV2Codec:
+class SlideV2Codec(V2Codec):
     """The V2 protocol for one slide model (see the module docstring).
+
+    :class:`~predictor.codecs.v2.V2Codec`'s arguments and output check; a
+    slide's own decoding (one item for the whole slide) and encoding (each
+    output with its own shape, no tile axis added).
 
     Args:
         spec: The served slide model's spec (its ``feature_dim``).
@@ -58,19 +60,6 @@ class SlideV2Codec:
         model_name: The name echoed in responses.
         datatypes: Output name to V2 datatype, for every output the model has.
     """
-
-    def __init__(
-        self,
-        spec: ModelSpec,
-        limits: LimitsConfig,
-        *,
-        model_name: str,
-        datatypes: Mapping[str, str],
-    ):
-        self._spec = spec
-        self._limits = limits
-        self._model_name = model_name
-        self._datatypes = dict(datatypes)
 
     def decode(self, request: InferRequest) -> V2DecodedRequest:
         """One item for the whole slide (its ``features`` and ``coords``).
@@ -98,10 +87,6 @@ class SlideV2Codec:
             request_id=str(request.id) if request.id else None,
             output_binary=output_binary,
         )
-
-    def check_outputs(self, decoded: V2DecodedRequest, output_names: Sequence[str]) -> None:
-        """Refuses a requested output the mode does not produce, before any compute."""
-        select_outputs(decoded, output_names)
 
     def encode(
         self,
