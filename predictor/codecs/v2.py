@@ -147,6 +147,17 @@ def decode_v2(request: InferRequest, *, spec: ModelSpec, limits: LimitsConfig) -
         items = _decode_pixels(inputs[PIXELS], limits)
     if BULK_RNA in inputs:
         _attach_bulk_rna(items, inputs[BULK_RNA], limits)
+    return decoded_request(request, params, items, tile_input)
+
+
+def decoded_request(
+    request: InferRequest, params: Mapping[str, Any], items: list[Any], tile_input: str
+) -> V2DecodedRequest:
+    """The decoded request around ``items``: mode, requested outputs, binary flags, id.
+
+    Raises:
+        InvalidInput: A malformed mode, binary flag or requested output.
+    """
     requested, output_binary = _requested_outputs(request.request_outputs)
     return V2DecodedRequest(
         items=items,

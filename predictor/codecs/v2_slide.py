@@ -30,10 +30,9 @@ from typing import Any
 import numpy as np
 from kserve import InferOutput, InferRequest, InferResponse
 
-from predictor.codecs.common import bool_parameter, string_parameter
 from predictor.codecs.samples import ModelRequest, ModelResponse
 from predictor.codecs.tensors import NUMERIC_DTYPES, numeric_tensor, parse_shape
-from predictor.codecs.v2 import V2Codec, _requested_outputs, request_parameters
+from predictor.codecs.v2 import V2Codec, decoded_request, request_parameters
 from predictor.codecs.v2_response import V2DecodedRequest, V2Response, select_outputs
 from predictor.errors import InvalidInput
 from predictor.kserve_compat import raw_data
@@ -77,16 +76,7 @@ class SlideV2Codec(V2Codec):
         item = ModelRequest(index=0, features=features)
         if COORDS in inputs:
             item.coords = _coords(inputs[COORDS], features.shape[0])
-        requested, output_binary = _requested_outputs(request.request_outputs)
-        return V2DecodedRequest(
-            items=[item],
-            mode=string_parameter(params, "mode"),
-            tile_input=FEATURES,
-            binary_output=bool_parameter(params, "binary_data_output"),
-            requested_outputs=requested,
-            request_id=str(request.id) if request.id else None,
-            output_binary=output_binary,
-        )
+        return decoded_request(request, params, [item], FEATURES)
 
     def encode(
         self,
