@@ -16,6 +16,7 @@ ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime
 FROM ${BASE_IMAGE} AS builder
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY histoserve/ histoserve/
 COPY predictor/ predictor/
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 

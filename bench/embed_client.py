@@ -4,7 +4,7 @@ One generated slide of >= 20,000 tiles (written at the model's mpp with JPEG
 tiles, so tiles are read as is; cached under ``.cache/bench-slides/``) and one
 histoserve server. Three rates, one after the other:
 
-- **read**: the client's read-ahead pool alone (``predictor.client.embed``'s own
+- **read**: the client's read-ahead pool alone (``histoserve``'s own
   reader threads and queue, requests replaced by nothing), over the first
   ``read_tiles`` tiles;
 - **server**: the existing closed-loop load generator (:mod:`bench.loadgen`)
@@ -126,10 +126,10 @@ class CpuProbe:
 
 def read_rate(slide: Path, cfg: EmbedBench, tile_size: int) -> dict[str, Any]:
     """Tiles/s of the client's reader threads and queue alone (no requests)."""
-    from predictor.client.embed.batches import BatchStats, run_batches
-    from predictor.client.embed.grid import plan_tiles
-    from predictor.client.embed.slide_job import _ThreadReaders
-    from predictor.client.embed.slides import SlideReader, resolve_mpp
+    from histoserve.embedding.batches import BatchStats, run_batches
+    from histoserve.embedding.slide_job import _ThreadReaders
+    from histoserve.slides.grid import plan_tiles
+    from histoserve.slides.readers import SlideReader, resolve_mpp
 
     with SlideReader.open(slide) as reader:
         mpp = resolve_mpp(reader, None, None, 0.05)

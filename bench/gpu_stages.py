@@ -96,7 +96,7 @@ def infer(server: Any, inputs: dict[str, np.ndarray], mode: str | None = None) -
     """One V2 binary REST request; its outputs as numpy arrays."""
     import httpx
 
-    from predictor import wire
+    from histoserve import wire
 
     body, headers = wire.encode_request(inputs, parameters={"mode": mode} if mode else None)
     url = f"{server.base}/v2/models/{server.model_name}/infer"

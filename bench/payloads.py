@@ -3,7 +3,7 @@
 Imported by the load-generator process, so it must not import ``kserve`` or
 ``torch`` (``tritonclient.grpc`` and ``kserve`` register the same protobuf
 symbols and cannot share a process): of the package it uses only
-:mod:`predictor.wire` (numpy only), the V2 binary writer and reader every
+:mod:`histoserve.wire` (numpy only), the V2 binary writer and reader every
 client shares. Bodies are built once per cell and reused, so the client spends
 its CPU on I/O, not on encoding.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from predictor import wire
+from histoserve import wire
 
 PROTOCOLS = ("v2-pixels", "v2-png", "v2-json", "v2-grpc", "v1")
 """Benchmarked protocols: V2 binary REST ``pixels``, V2 binary REST PNG ``tiles``,

@@ -103,7 +103,7 @@ def measure_served(log_dir: Path) -> list[dict[str, Any]]:
 
     from harness.packages import copy_package_dir, demo_package
     from harness.server import start_server
-    from predictor import wire
+    from histoserve import wire
 
     package = demo_package("abmil-demo", max_batch=200_000)
     server = start_server(

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from bench.payloads import build_payload, synthetic_tiles
-from predictor.wire import HEADER
+from histoserve.wire import HEADER
 
 FORMATS = {"pixels": "v2-pixels", "png": "v2-png", "jpeg": "v2-jpeg"}
 

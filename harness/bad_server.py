@@ -5,7 +5,7 @@ histoserve server answers what it should, and the cases a client must survive
 (a bug, a proxy rewriting bodies, another model behind the same URL, a
 server echoing the credentials it refused) come from elsewhere. Everything
 around it is real: stdlib ``http.server`` on a real socket, real V2 binary
-bodies (:mod:`predictor.wire`), and, when ``upstream`` is given, every GET
+bodies (:mod:`histoserve.wire`), and, when ``upstream`` is given, every GET
 (model list, config) and by default every inference answer comes from the
 real server behind it, then tampered with:
 
@@ -51,7 +51,7 @@ import httpx
 import numpy as np
 
 from harness.loopback import LoopbackHTTP
-from predictor import wire
+from histoserve import wire
 
 TAMPERS = ("none", "short", "empty", "rename", "dtype", "shape", "nan", "model", "package", "503")
 OTHER_PACKAGE = "0" * 64

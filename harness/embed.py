@@ -7,7 +7,7 @@
 - :func:`read_output`: one ``<slide_id>.h5`` as plain numpy arrays and attributes;
 - :func:`tiles_served`: a server's ``histoserve_tiles_total`` by outcome, from ``/metrics``;
 - :func:`independent_tiles`: tiles read straight from OpenSlide and resized with
-  PIL (bicubic, as the specs say), independently of ``predictor.client.embed``,
+  PIL (bicubic, as the specs say), independently of ``histoserve``,
   for numerical truth.
 """
 
@@ -29,13 +29,13 @@ EMBED_TIMEOUT_S = 300.0
 _TILES = re.compile(r"^histoserve_tiles_total\{([^}]*)\}\s+([0-9.e+]+)", re.MULTILINE)
 
 
-# The console script's own path (`histoserve embed` is `predictor.cli:main`), in an
+# The console script's own path (`histoserve embed` is `histoserve.commands.main:main`), in an
 # interpreter where importing torch or kserve raises ImportError: they are
 # installed in this venv, and a `None` in sys.modules is how Python spells "not
 # installed" without uninstalling them.
 _WITHOUT_SERVER = (
     "import sys; sys.modules.update({blocked}); "
-    "from predictor.cli import main; sys.exit(main(['embed', *sys.argv[1:]]))"
+    "from histoserve.commands.main import main; sys.exit(main(['embed', *sys.argv[1:]]))"
 )
 
 
@@ -108,7 +108,7 @@ def independent_tiles(
     Written from the issue's definition (read ``read_size`` px at ``level``,
     composite on white, antialiased resize to ``tile_size`` with the
     interpolation every model spec names, bicubic: ``predictor.spec``), not from
-    ``predictor.client.embed``'s code.
+    ``histoserve``'s code.
     """
     import openslide
     from PIL import Image

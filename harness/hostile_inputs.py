@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from predictor.client.embed.limits import (
+from histoserve.limits import (
     MAX_MASK_BYTES,
     MAX_MASK_NESTING,
     MAX_MASK_PIXELS,

@@ -7,7 +7,7 @@ real one is not there to test against: the contract the client is built on
 FP32 ``[N]`` (or ``[N, C]`` with ``branches=True``), ``slide_embedding``
 FP32 ``[D]`` out), a config whose spec has ``family: slide``, ``classes``,
 ``feature_dim`` and modes, and a 400 for features of another width. Real
-sockets and real V2 binary bodies (:mod:`predictor.wire`).
+sockets and real V2 binary bodies (:mod:`histoserve.wire`).
 
 :func:`abmil` is the forward (Ilse et al., 2018, gated attention, seeded
 weights), so a test computes the right answer itself. ``tamper``: ``short``
@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from harness.loopback import LoopbackHTTP
-from predictor import wire
-from predictor.wire.format import DATATYPES
+from histoserve import wire
+from histoserve.wire.format import DATATYPES
 
 CLASSES = ("benign", "tumour")
 DIGEST = "ab" * 32

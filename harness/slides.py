@@ -1,6 +1,6 @@
 """Real whole-slide images for tests and benchmarks, written with ``tifffile``.
 
-The one place slides are generated: unit tests of ``predictor.client.embed``, the
+The one place slides are generated: unit tests of ``histoserve``, the
 integration tests of ``histoserve embed`` and the benchmark all call
 :func:`write_slide` (or the shortcuts :func:`aperio_svs` and
 :func:`generic_tiff`). A slide is a real tiled, pyramidal TIFF (one tiled page

@@ -1,8 +1,9 @@
 """histoserve: a KServe predictor for histopathology tile models in AOTInductor ``.pt2`` packages.
 
 Each layer is a folder (``server/``, ``serving/``, ``families/``, ``codecs/``,
-``batching/``, ``device/``, ``package/``, ``export/``) and the client side is
-``client/``; ``docs/architecture.md`` has the one layer map and walks one
+``batching/``, ``device/``, ``package/``, ``export/``); the client is the
+separate ``histoserve`` package, of which the server uses only
+``histoserve.wire``. ``docs/architecture.md`` has the layer maps and walks one
 request through them.
 
 The seed's extension API is importable from here::
@@ -10,7 +11,7 @@ The seed's extension API is importable from here::
     from predictor import BaseServerModel, PreparedSample, ModelRequest, ModelResponse
 
 Each name is imported on first access (PEP 562), so importing ``predictor``
-(or ``predictor.client``) loads neither torch nor KServe; only
+loads neither torch nor KServe; only
 ``BaseServerModel`` does. Importing the package does nothing else.
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from histoserve import __version__  # one version for the client and the server
 
 _SEED_NAMES = {
     "BaseServerModel": "predictor.serving.model",

@@ -1,8 +1,8 @@
-"""Command line: ``python -m predictor`` / ``histoserve serve`` and ``histoserve export``.
+"""Command line of the server: ``python -m predictor`` and ``histoserve serve``.
 
 All of KServe's ``ModelServer`` flags plus histoserve's (README, "Serving
 flags"). Parsing, environment reads and metric registration happen here, in
-functions called from :func:`main`, never at import. Start-up is fail-fast: a
+functions called from :func:`serve`, never at import. Start-up is fail-fast: a
 missing, corrupt, incompatible or spec-inconsistent checkpoint exits 2 with
 one clear line before the server reports ready.
 """
@@ -10,7 +10,6 @@ one clear line before the server reports ready.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
@@ -24,8 +23,6 @@ from predictor.device.cpus import available_cpus, resolve_instances
 logger = logging.getLogger("histoserve")
 
 EXIT_STARTUP_ERROR = 2
-# What `histoserve serve` and `histoserve export` need beyond the client side.
-SERVER_MODULES = ("torch", "kserve", "yaml", "prometheus_client")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -251,25 +248,10 @@ def configure_trace_logging(enabled: bool) -> None:
     logging.getLogger(KSERVE_TRACE_LOGGER_NAME).setLevel(level)
 
 
-def server_extra_missing(command: str) -> bool:
-    """Whether the ``server`` extra is missing; if so, says so on stderr in one line.
-
-    ``pip install histoserve`` is the client side only; ``serve`` and ``export``
-    need ``histoserve[server]`` (torch, kserve, ...). Looks the modules up
-    without importing them.
-    """
-    missing = [m for m in SERVER_MODULES if importlib.util.find_spec(m) is None]
-    if missing:
-        print(
-            f"histoserve {command}: {', '.join(missing)} not installed:"
-            " install histoserve[server] (pip install 'histoserve[server]')",
-            file=sys.stderr,
-        )
-    return bool(missing)
-
-
 def serve(argv: Sequence[str] | None = None) -> int:
     """Parses flags, binds the ports, loads the model (fail-fast) and serves until drained."""
+    from histoserve.commands.main import server_extra_missing
+
     if server_extra_missing("serve"):
         return EXIT_STARTUP_ERROR
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -368,25 +350,3 @@ def set_up_process(frontend_index: int | None, argv: Sequence[str]) -> None:
         early.add_argument("--frontend_parent", type=int, default=None)
         die_with_parent(early.parse_known_args(argv)[0].frontend_parent)
     tag_log_lines("owner" if frontend_index is None else f"frontend-{frontend_index}")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``histoserve serve ...``, ``histoserve export ...`` or ``histoserve embed ...``; plain flags mean serve."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "export":
-        if server_extra_missing("export"):
-            return EXIT_STARTUP_ERROR
-        from predictor.export.build import main as export_main
-
-        return export_main(argv[1:])
-    if argv and argv[0] == "embed":
-        from predictor.client.embed.cli import main as embed_main
-
-        return embed_main(argv[1:])
-    if argv and argv[0] == "aggregate":
-        from predictor.client.slides.cli import main as aggregate_main
-
-        return aggregate_main(argv[1:])
-    if argv and argv[0] == "serve":
-        argv = argv[1:]
-    return serve(argv)

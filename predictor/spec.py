@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from histoserve.wire import MODES
 from predictor.errors import SpecError
-from predictor.wire import MODES
 
 METADATA_KEY = "histoserve.spec"
 

@@ -7,7 +7,7 @@ elements as UTF-8 text (raw PNG/JPEG tiles fail) and trusts every size; this
 one keeps ``BYTES`` elements as ``bytes``, wraps numeric data without copying,
 and refuses every inconsistency with :class:`~predictor.errors.InvalidInput`.
 The layout itself (header length, JSON header, sizes, ``BYTES`` prefixes) is
-read by :mod:`predictor.wire`, the same reader the clients use.
+read by :mod:`histoserve.wire`, the same reader the clients use.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from kserve import InferInput, InferRequest
 
-from predictor import wire
+from histoserve import wire
 from predictor.codecs.tensors import DATATYPES, parse_shape, reading_wire
 from predictor.errors import InvalidInput
 from predictor.kserve_compat import RequestedOutput, set_raw_data

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from predictor import wire
+from histoserve import wire
 from predictor.errors import InvalidInput
 
 NUMERIC_DTYPES: Mapping[str, np.dtype] = wire.DATATYPES
@@ -142,7 +142,7 @@ def bytes_elements(values: Any, raw: Any, count: int) -> list[Any]:
 
     Raises:
         InvalidInput: The element count differs from ``count`` or the raw
-            length prefixes are inconsistent (read by :mod:`predictor.wire`).
+            length prefixes are inconsistent (read by :mod:`histoserve.wire`).
     """
     if raw is not None:
         with reading_wire():
@@ -160,9 +160,9 @@ def bytes_elements(values: Any, raw: Any, count: int) -> list[Any]:
 
 @contextmanager
 def reading_wire() -> Iterator[None]:
-    """Where the server reads the V2 binary layout: :class:`~predictor.wire.WireError` to 400.
+    """Where the server reads the V2 binary layout: :class:`~histoserve.wire.WireError` to 400.
 
-    The one place the reader's refusals (:mod:`predictor.wire`) become
+    The one place the reader's refusals (:mod:`histoserve.wire`) become
     :class:`~predictor.errors.InvalidInput`, message unchanged.
     """
     try:

@@ -16,7 +16,7 @@ from bench.config import PROFILES, ModelCase, Windows
 from bench.limit import limit_at
 from bench.payloads import build_payload, rest_output_rows, synthetic_tiles
 from bench.probes import Snapshot, parse_metrics, summarise_window
-from predictor.wire import HEADER
+from histoserve.wire import HEADER
 
 
 def test_limit_at_interpolates_and_clamps() -> None:
@@ -149,9 +149,9 @@ def test_cells_past_the_deadline_are_skipped_without_load() -> None:
 
 
 def test_load_generator_imports_neither_torch_nor_kserve() -> None:
-    """tritonclient.grpc and kserve cannot share a process; predictor.wire must stay numpy-only."""
+    """tritonclient.grpc and kserve cannot share a process; histoserve.wire must stay numpy-only."""
     code = (
-        "import sys, bench.loadgen, bench.payloads, predictor.wire; "
+        "import sys, bench.loadgen, bench.payloads, histoserve.wire; "
         "print(sorted(m for m in ('torch', 'kserve') if m in sys.modules))"
     )
     out = subprocess.run(

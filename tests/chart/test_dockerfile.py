@@ -224,6 +224,8 @@ def dockerignore_excludes(path: str) -> bool:
         PYPROJECT["project"].get("readme", "README.md"),
         "predictor/__init__.py",
         "predictor/spec.py",
+        "histoserve/__init__.py",
+        "histoserve/wire/format.py",
     ],
 )
 def test_dockerignore_keeps_what_the_build_copies(path):
@@ -240,6 +242,7 @@ def test_dockerignore_keeps_what_the_build_copies(path):
         "model/h0-mini.pt2",
         "charts/histoserve/values.yaml",
         "predictor/__pycache__/spec.cpython-311.pyc",
+        "histoserve/__pycache__/api.cpython-311.pyc",
         "bench/run.py",
     ],
 )
@@ -256,6 +259,10 @@ def test_copies_only_what_the_wheel_needs():
             *srcs, _dest = c.split()
             sources += srcs
     readme = PYPROJECT["project"].get("readme", "README.md")
-    assert set(sources) == {"pyproject.toml", readme, "predictor/"}
-    for src in ("pyproject.toml", "predictor/"):
+    packages = {
+        p.rstrip("*") + "/" for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
+    }
+    assert packages == {"histoserve/", "predictor/"}  # the client and the server
+    assert set(sources) == {"pyproject.toml", readme, *packages}
+    for src in ("pyproject.toml", *packages):
         assert (REPO / src).exists()

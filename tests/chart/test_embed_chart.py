@@ -251,7 +251,7 @@ def test_restricted_security_and_cpu_only_resources(helm_bin, values):
 @pytest.mark.parametrize("values", [None, *MATRIX])
 def test_rendered_args_are_what_the_cli_accepts(helm_bin, values):
     """The real `histoserve embed` parser and config checks take every rendered command line."""
-    from predictor.client.embed.cli import build_parser, config_from_args
+    from histoserve.commands.embed import build_parser, config_from_args
 
     job = one(render(helm_bin, values), "Job")
     c = container([job])

@@ -151,6 +151,20 @@ def embed_readme(session: DocsSession, command: str) -> None:
     assert {p.name for p in features.glob("*.h5")} == {"A.h5", "B.h5"}
 
 
+def notebook_embed(session: DocsSession, block: str) -> None:
+    """``histoserve.embed`` writes (or finds done) the slide the CLI would, and reads it back."""
+    session.serving()
+    shown = (
+        "[summary.done + summary.skipped, summary.failed, slide.features.shape, slide.coords.shape]"
+    )
+    out = python_ok(
+        session, f"{block}\nimport json; print(json.dumps({shown} + [slide.attrs['model']]))"
+    )
+    ids, failed, features, coords, model = json.loads(out)
+    assert (ids, failed, model) == (["A"], {}, "h0-mini"), out
+    assert features[1] == 1536 and features[0] == coords[0] > 0 and coords[1] == 2, out
+
+
 def cohort_workflow(first: str, copy: str, masked: str) -> Check:
     """``docs/cohorts.md``'s masks, in order: embed, copy the QC masks, embed with them.
 
@@ -299,7 +313,7 @@ def cluster_embed(install: str) -> Check:
     def check(session: DocsSession, command: str) -> None:
         meta = kind(rendered(session, install), "InferenceService")["metadata"]
         assert f"--url http://{meta['name']}-predictor.{meta['namespace']}.svc." in command
-        parses("predictor.client.embed.cli", shlex.split(command)[2:])
+        parses("histoserve.commands.embed", shlex.split(command)[2:])
 
     return check
 
@@ -310,7 +324,7 @@ def pod_command(install: str) -> Check:
     def check(session: DocsSession, command: str) -> None:
         assert " ".join(job_args(rendered(session, install))) == command
         argv = shlex.split(command)[2:]
-        parses("predictor.client.embed.cli", argv, JOB_COMPLETION_INDEX="3")
+        parses("histoserve.commands.embed", argv, JOB_COMPLETION_INDEX="3")
 
     return check
 
@@ -347,14 +361,16 @@ def dockerfile_server(session: DocsSession, command: str) -> None:
 
 
 def ray_api(session: DocsSession, block: str) -> None:
-    """The Ray example calls ``EmbedConfig`` and reads ``EmbedSummary`` with names they have."""
-    from predictor.client.embed.config import EmbedConfig
-    from predictor.client.embed.pipeline import EmbedSummary
+    """The Ray example calls ``histoserve.embed`` and reads ``EmbedSummary`` with names they have."""
+    import inspect
+
+    from histoserve.api import embed
+    from histoserve.embedding.pipeline import EmbedSummary
 
     tree = ast.parse(block)
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
-    given = {k.arg for n in calls if getattr(n.func, "id", "") == "EmbedConfig" for k in n.keywords}
+    given = {k.arg for n in calls if getattr(n.func, "attr", "") == "embed" for k in n.keywords}
     read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     read &= {"done", "skipped", "failed", "tiles", "seconds"}
-    assert given and given <= {f.name for f in dataclasses.fields(EmbedConfig)}, given
+    assert given and given <= set(inspect.signature(embed).parameters), given
     assert read and read <= {f.name for f in dataclasses.fields(EmbedSummary)}, read

@@ -18,7 +18,7 @@ import pytest
 from harness.packages import copy_package_dir, demo_package
 from harness.server import Server, start_server
 from predictor.spec import BUILTIN_SPECS
-from tests.unit.client.slides import features as ff
+from tests.unit.histoserve.heads import features as ff
 
 pytestmark = [
     pytest.mark.integration,
@@ -44,7 +44,7 @@ def head(tmp_path_factory: pytest.TempPathFactory):
 def _aggregate(folder: Path, *urls: str) -> subprocess.CompletedProcess:
     code = (
         "import sys; sys.modules.update(torch=None, kserve=None); "
-        "from predictor.cli import main; sys.exit(main(['aggregate', *sys.argv[1:]]))"
+        "from histoserve.commands.main import main; sys.exit(main(['aggregate', *sys.argv[1:]]))"
     )
     args = [str(folder), "--model", "abmil-demo", *(w for u in urls for w in ("--url", u))]
     return subprocess.run(

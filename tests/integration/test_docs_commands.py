@@ -60,6 +60,7 @@ from tests.integration.docs_checks import (
     json_bodies,
     kubectl_apply,
     my_model,
+    notebook_embed,
     pod_command,
     prepare,
     ray_api,
@@ -85,8 +86,8 @@ COHORT_MASKED = (
     "histoserve embed --manifest brca.csv --url http://h0:8080 --out features/brca-h0 --masks masks"
 )
 MODULE_EXPORT = "histoserve export --spec h0 --module mypkg.models:build --output h0.pt2"
-EMBED = "predictor.client.embed.cli"
-AGGREGATE = "predictor.client.slides.cli"
+EMBED = "histoserve.commands.embed"
+AGGREGATE = "histoserve.commands.aggregate"
 
 
 def slurm_task(module: str):  # -> a registry check
@@ -96,7 +97,7 @@ def slurm_task(module: str):  # -> a registry check
         import importlib
         import shlex
 
-        from predictor.client.embed.manifest import parse_shard
+        from histoserve.slides.manifest import parse_shard
 
         words = shlex.split(command)[2:]
         args = importlib.import_module(module).build_parser().parse_args(words)
@@ -113,7 +114,7 @@ NO_DOCKER = (
 CLIENT_BLOCK = """import io
 import numpy as np
 from PIL import Image
-from predictor.client.histoserve import HistoserveClient
+from histoserve import HistoserveClient
 
 tiles = np.random.randint(0, 256, (32, 224, 224, 3), dtype=np.uint8)
 Image.fromarray(tiles[0]).save(buf := io.BytesIO(), "PNG")
@@ -128,25 +129,28 @@ client = grpcclient.InferenceServerClient("localhost:8081")
 inp = grpcclient.InferInput("pixels", list(tiles.shape), "UINT8")
 inp.set_data_from_numpy(tiles)
 emb = client.infer("h0-mini", [inp]).as_numpy("embedding")"""
+NOTEBOOK_BLOCK = """import histoserve
+
+summary = histoserve.embed(["slides/A.svs"], url="http://localhost:8080", out="features/")
+slide = histoserve.read_features("features/A.h5")  # .features [N, 1536], .coords [N, 2], .attrs"""
 MY_MODEL_BLOCK = """from predictor import BaseServerModel, ModelRequest, PreparedSample
 
 
 class MyModel(BaseServerModel):
     def prepare_sample(self, request: ModelRequest) -> PreparedSample: ...  # HWC or CHW uint8
     def forward_batch(self, samples, requests, mode="prediction"): ...  # call super()"""
-RAY_BLOCK = """import ray
-from pathlib import Path
+RAY_BLOCK = """import histoserve
+import ray
 from ray.util import ActorPool
-from predictor.client.embed import EmbedConfig, embed
 
 
 @ray.remote(num_cpus=8)
 class Embedder:
     def __init__(self, urls: tuple[str, ...], out_dir: str) -> None:
-        self.urls, self.out_dir = urls, Path(out_dir)
+        self.urls, self.out_dir = urls, out_dir
 
     def run(self, slide: str) -> tuple[list[str], list[str]]:
-        summary = embed(EmbedConfig(urls=self.urls, out_dir=self.out_dir, slides=(Path(slide),)))
+        summary = histoserve.embed(slide, url=self.urls, out=self.out_dir, progress="none")
         return list(summary.done) + list(summary.skipped), list(summary.failed)
 
 
@@ -183,6 +187,7 @@ REGISTRY: dict[str, Entry] = {
     "histoserve embed slides/*.svs --url http://localhost:8080 --out features/": Entry(
         "run", embed_readme
     ),
+    NOTEBOOK_BLOCK: Entry("run", notebook_embed),
     "histoserve export --spec h0-mini --demo --output model/h0-mini.pt2": Entry(
         "run", exported("model/h0-mini.pt2"), background=True
     ),

@@ -34,7 +34,7 @@ import pytest
 from harness import slides
 from harness.embed import by_status, run_embed, status_rows
 from harness.server import Server
-from predictor.client.embed.status import read_status
+from histoserve.results.status import read_status
 
 pytestmark = pytest.mark.integration
 RUN = ("--tissue", "none", "--batch-size", "8")

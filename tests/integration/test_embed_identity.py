@@ -28,7 +28,7 @@ from harness import slides
 from harness.bad_server import BadServer
 from harness.embed import read_output, run_embed, status_rows
 from harness.server import Server
-from predictor.client.embed.manifest import MAX_SLIDE_ID_BYTES
+from histoserve.slides.manifest import MAX_SLIDE_ID_BYTES
 
 pytestmark = pytest.mark.integration
 # 1792x1344 at 0.25 um/px, 448 px footprints, --tissue none: 12 tiles per slide.

@@ -3,7 +3,7 @@
 Real parts only: generated slides, the demo ``.pt2`` served by ``python -m
 predictor`` on loopback, the CLI in its own interpreter. Files are read back
 the way TRIDENT and CLAM read them (their loader conventions are listed in
-``tests/unit/client/embed/test_layouts.py``); CLAM's ``patch_size``/``patch_level``
+``tests/unit/histoserve/results/test_layouts.py``); CLAM's ``patch_size``/``patch_level``
 are checked by reading the slide exactly as ``Whole_Slide_Bag_FP`` does and
 running the package on those tiles.
 """

@@ -250,7 +250,7 @@ HOSTILE_HEADER_LENGTHS = {
 @pytest.mark.integration
 @pytest.mark.parametrize("value", HOSTILE_HEADER_LENGTHS.values(), ids=HOSTILE_HEADER_LENGTHS)
 def test_any_header_length_value_is_a_400_naming_the_header(pair: dict, value: bytes) -> None:
-    """Fast path on and off, the same 400 (never a 500): the value is read by predictor.wire."""
+    """Fast path on and off, the same 400 (never a 500): the value is read by histoserve.wire."""
     body, _ = pixels_body(random_tiles(1, seed=3))
     answer = both(pair, body, {"Inference-Header-Content-Length": value})  # type: ignore[dict-item]
     assert answer.status == 400, answer

@@ -17,8 +17,8 @@ import torch
 
 from harness.packages import demo_package, proxy_executor_package
 from harness.reference import Reference, normalise_reference
+from histoserve import HistoserveClient
 from predictor.cli import build_parser, configs_from_args
-from predictor.client.histoserve import HistoserveClient
 from predictor.config import ModelConfig
 from predictor.errors import CheckpointError
 from predictor.package.aoti_runner import GilFreeRunner

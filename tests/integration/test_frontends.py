@@ -32,7 +32,7 @@ from harness.packages import package_in
 from harness.reference import Reference, normalise_reference
 from harness.server import Server, start_server
 from harness.tiles import b64, encode_png, random_tiles
-from predictor import wire
+from histoserve import wire
 from predictor.server.listeners import bind_http
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ import pytest
 
 from harness.server import free_port, predictor_command, start_server
 from harness.tiles import random_tiles
-from predictor import wire
+from histoserve import wire
 from predictor.frontends.segments import PREFIX, SHM_DIR
 from predictor.server.listeners import bind_http
 

@@ -1,4 +1,4 @@
-"""predictor.client.histoserve against a real server on loopback: pixels, images, modes and errors.
+"""histoserve.remote.client against a real server on loopback: pixels, images, modes and errors.
 
 The server runs a real demo package with a queue of 8 tiles, so a 9-tile
 request is refused deterministically with 503 and ``Retry-After`` (admission
@@ -18,8 +18,8 @@ from harness.packages import package_in
 from harness.reference import Reference, normalise_reference
 from harness.server import Server, start_server
 from harness.tiles import encode_png, random_tiles
-from predictor.client import histoserve as histoserve_client
-from predictor.client.histoserve import HistoserveClient, InferenceError, _raise_for_status
+from histoserve.remote import client as histoserve_client
+from histoserve.remote.client import HistoserveClient, InferenceError, _raise_for_status
 
 pytestmark = pytest.mark.integration
 ATOL = 1e-4
@@ -132,8 +132,8 @@ def test_retry_after_in_either_form_keeps_the_servers_error(
 
 
 def test_both_clients_read_retry_after_with_one_parser() -> None:
-    from predictor.client.embed import remote, transport
-    from predictor.client.retry_after import parse_retry_after
+    from histoserve.remote import served_model, transport
+    from histoserve.remote.retry_after import parse_retry_after
 
     assert histoserve_client.parse_retry_after is parse_retry_after
-    assert transport.parse_retry_after is remote.parse_retry_after is parse_retry_after
+    assert transport.parse_retry_after is served_model.parse_retry_after is parse_retry_after

@@ -26,9 +26,9 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from harness.reference import Reference, normalise_reference
+from histoserve import HistoserveClient
 from predictor import startup
 from predictor.cli import build_parser, configs_from_args
-from predictor.client.histoserve import HistoserveClient
 from predictor.codecs.samples import ModelRequest, PreparedSample
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.device import streams as device_mod

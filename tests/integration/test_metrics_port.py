@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.listeners import listening_addresses
 from harness.server import Server, free_port, predictor_command, start_server
 from harness.tiles import random_tiles
-from predictor.client.histoserve import HistoserveClient
+from histoserve import HistoserveClient
 
 pytestmark = pytest.mark.integration
 

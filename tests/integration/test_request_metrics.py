@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.grpc_client import GrpcClient, GrpcError
 from harness.server import Server, start_server
 from harness.tiles import random_tiles
-from predictor.client.histoserve import HistoserveClient, InferenceError
+from histoserve import HistoserveClient, InferenceError
 from predictor.device.cpus import available_cpus, resolve_instances
 
 pytestmark = pytest.mark.integration

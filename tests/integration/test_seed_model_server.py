@@ -22,7 +22,7 @@ from harness.packages import package_in
 from harness.reference import Reference, normalise_reference
 from harness.server import Server, start_server
 from harness.tiles import encode_png, random_tiles
-from predictor.client.histoserve import HistoserveClient, InferenceError
+from histoserve import HistoserveClient, InferenceError
 
 pytestmark = pytest.mark.integration
 

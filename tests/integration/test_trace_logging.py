@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from histoserve import HistoserveClient
 from predictor.cli import build_parser, configure_trace_logging
-from predictor.client.histoserve import HistoserveClient
 
 
 @pytest.fixture

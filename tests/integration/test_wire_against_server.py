@@ -1,8 +1,8 @@
-"""predictor.wire's reader on what a real server sends (the ``embedding_server`` fixture).
+"""histoserve.wire's reader on what a real server sends (the ``embedding_server`` fixture).
 
 The server's answers (binary and JSON outputs, named or not) decode to the
 package's own embeddings of the same tiles, and a real answer cut short is
-refused. The writer and reader alone are in ``tests/unit/test_wire.py``.
+refused. The writer and reader alone are in ``tests/unit/histoserve/wire/test_wire.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from harness.packages import package_in
 from harness.reference import Reference, normalise_reference
 from harness.server import Server
 from harness.tiles import encode_png, random_tiles
-from predictor import wire
+from histoserve import wire
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from harness.tiles import b64, random_tiles
-from predictor.wire import binary_body, length_prefixed, tensor_entry
+from histoserve.wire import binary_body, length_prefixed, tensor_entry
 from tests.reliability.load import MAX_BODY_BYTES, MAX_TILES
 
 GENES = 64  # the demo m-optimus package's genes_in

@@ -18,7 +18,7 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from harness.grpc_client import GrpcClient
 from harness.server import Server
 from harness.tiles import random_tiles
-from predictor.wire import length_prefixed
+from histoserve.wire import length_prefixed
 from tests.reliability.corpus import GENES, bomb, counts, image, truncated
 from tests.reliability.load import MAX_BODY_BYTES, MAX_TILES
 from tests.reliability.traffic import RawGrpc, TilePool

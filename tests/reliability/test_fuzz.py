@@ -26,7 +26,7 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc.servicer import InferenceServicer
 from PIL import Image
 
-from predictor import wire
+from histoserve import wire
 from predictor.codecs.samples import ModelRequest
 from predictor.codecs.v2 import decode_v2
 from predictor.config import LimitsConfig

@@ -27,7 +27,7 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
 from harness.reference import Reference, normalise_reference
 from harness.server import Server
 from harness.tiles import b64, encode_png, random_tiles
-from predictor import wire
+from histoserve import wire
 
 ATOL = 1e-4
 GRPC_TO_HTTP = {

@@ -14,12 +14,16 @@ from harness.import_graph import circles, imports, modules
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "predictor"
+CLIENT = ROOT / "histoserve"
 MAX_LINES = 400
 MAX_METHODS = 20
+MAX_MODULES_PER_CLIENT_FOLDER = 10
+# docs/architecture.md's two layer tables: their header cell, their package.
+TABLES = {"predictor": "| layer |", "histoserve": "| client layer |"}
 
 
-def _modules() -> dict[str, Path]:
-    return modules(ROOT, ("predictor",))
+def _modules(packages: tuple[str, ...] = ("predictor", "histoserve")) -> dict[str, Path]:
+    return modules(ROOT, packages)
 
 
 def _top_level_imports(path: Path, name: str, known: dict[str, Path]) -> set[str]:
@@ -27,22 +31,22 @@ def _top_level_imports(path: Path, name: str, known: dict[str, Path]) -> set[str
     return imports(path, name, known, top_level_only=True)
 
 
-def test_no_import_circle_among_predictor_modules():
+def test_no_import_circle_among_the_package_modules():
     modules = _modules()
     graph = {name: _top_level_imports(path, name, modules) for name, path in modules.items()}
     assert graph["predictor.startup"] >= {"predictor.serving.model", "predictor.package.loader"}
     assert not circles(graph), f"import circles: {circles(graph)}"
 
 
-def _layer_table() -> list[tuple[str, tuple[str, ...]]]:
-    """docs/architecture.md's layer table, top to bottom: (layer, module prefixes)."""
+def _layer_table(package: str = "predictor") -> list[tuple[str, tuple[str, ...]]]:
+    """A layer table of docs/architecture.md, top to bottom: (layer, module prefixes)."""
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
-    table = text[text.index("| layer | folders and modules |") :].split("\n\n")[0]
+    table = text[text.index(TABLES[package] + " folders and modules |") :].split("\n\n")[0]
     rows = []
     for line in table.splitlines()[2:]:
         layer, cell = (c.strip() for c in line.strip("|").split("|")[:2])
         names = re.findall(r"`([\w/]+)`", cell)
-        rows.append((layer, tuple("predictor." + n.rstrip("/").replace("/", ".") for n in names)))
+        rows.append((layer, tuple(f"{package}." + n.rstrip("/").replace("/", ".") for n in names)))
     return rows
 
 
@@ -53,46 +57,69 @@ def _layer(module: str, table: list[tuple[str, tuple[str, ...]]]) -> str | None:
     return None
 
 
-def test_every_module_is_in_one_layer_by_its_folder():
-    table = _layer_table()
-    assert [layer for layer, _ in table][:2] == ["entry", "server edge"]
-    unfiled = [m for m in _modules() if m != "predictor" and _layer(m, table) is None]
+@pytest.mark.parametrize("package", sorted(TABLES))
+def test_every_module_is_in_one_layer_by_its_folder(package):
+    table = _layer_table(package)
+    first = {"predictor": ["entry", "server edge"], "histoserve": ["command", "run"]}[package]
+    assert [layer for layer, _ in table][:2] == first
+    own = _modules((package,))
+    unfiled = [m for m in own if m != package and _layer(m, table) is None]
     assert not unfiled, f"modules in no layer of docs/architecture.md: {unfiled}"
-    top = [m for m in _modules() if m.count(".") == 1 and not (PACKAGE / m.split(".")[1]).is_dir()]
+    top = [m for m in own if m.count(".") == 1 and not (ROOT / package / m.split(".")[1]).is_dir()]
     assert len(top) <= 12, top
 
 
-def test_imports_point_down_the_layers():
-    table = _layer_table()
+@pytest.mark.parametrize("package", sorted(TABLES))
+def test_imports_point_down_the_layers(package):
+    table = _layer_table(package)
     order = [layer for layer, _ in table]
-    server_layers = order[: order.index("clients")]
     modules = _modules()
     upward = []
-    for name, path in modules.items():
+    for name, path in _modules((package,)).items():
         here = _layer(name, table)
         for dep in _top_level_imports(path, name, modules):
             there = _layer(dep, table)
-            if here is None or there is None or here == "clients" or there == "clients":
+            if here is None or there is None:
                 continue
             if order.index(there) < order.index(here):
                 upward.append(f"{name} -> {dep}")
-    assert _layer("predictor.families.base", table) == "families"
-    assert set(server_layers) >= {"entry", "foundations"}
+    assert _layer(f"{package}.errors", table) in ("foundations", "basics")
     assert not upward, upward
 
 
-def test_the_client_side_and_the_server_never_import_each_other():
-    table = _layer_table()
+def test_the_client_never_imports_the_server_and_the_server_only_its_wire():
+    """``histoserve/`` imports no ``predictor`` module anywhere (functions included);
+    the server imports ``histoserve.wire`` at its top and nothing else of the client."""
     modules = _modules()
-    allowed_for_client = ("predictor.client", "predictor.wire")
     crossing = []
     for name, path in modules.items():
-        deps = _top_level_imports(path, name, modules) - {"predictor"}
-        if _layer(name, table) == "clients":
-            crossing += [f"{name} -> {d}" for d in deps if not d.startswith(allowed_for_client)]
-        elif name != "predictor.cli":  # the CLI dispatches to `embed` lazily
-            crossing += [f"{name} -> {d}" for d in deps if _layer(d, table) == "clients"]
+        if name.startswith("histoserve"):
+            deps = imports(path, name, modules)  # every import statement, not only the top
+            crossing += [f"{name} -> {d}" for d in deps if d.split(".")[0] == "predictor"]
+        else:
+            deps = _top_level_imports(path, name, modules) - {"histoserve"}
+            crossing += [
+                f"{name} -> {d}"
+                for d in deps
+                if d.startswith("histoserve") and not d.startswith("histoserve.wire")
+            ]
     assert not crossing, crossing
+    uses_wire = {
+        n for n, p in modules.items() if "histoserve.wire" in _top_level_imports(p, n, modules)
+    }
+    assert "predictor.codecs.binary" in uses_wire
+
+
+def test_no_client_folder_over_ten_modules_and_each_says_what_it_holds():
+    for folder in [CLIENT, *sorted(p for p in CLIENT.rglob("*") if p.is_dir())]:
+        if folder.name == "__pycache__":
+            continue
+        count = len(list(folder.glob("*.py")))
+        assert count <= MAX_MODULES_PER_CLIENT_FOLDER, f"{folder}: {count} modules"
+        init = folder / "__init__.py"
+        assert ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))), (
+            f"{init}: no docstring"
+        )
 
 
 @pytest.mark.parametrize(
@@ -152,7 +179,7 @@ def _defined(path: Path, dotted: str) -> bool:
 
 def test_the_architecture_walk_names_real_code():
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
-    refs = set(re.findall(r"(predictor/[\w/]+\.py):([A-Za-z_][\w.]*\w)", text))
+    refs = set(re.findall(r"((?:predictor|histoserve)/[\w/]+\.py):([A-Za-z_][\w.]*\w)", text))
     walk = text[text.index("## The walk") : text.index("### One layout")]
     steps = re.findall(r"^\s*(\d+)\. ", walk, flags=re.MULTILINE)
     assert steps == [str(i) for i in range(1, 11)]  # ten steps, in order

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from predictor.cli import available_cpus, build_parser, configs_from_args, early_frontends, main
+from histoserve.commands.main import main
+from predictor.cli import available_cpus, build_parser, configs_from_args, early_frontends
 from predictor.errors import ConfigError
 
 

@@ -1,12 +1,12 @@
 """No import circle anywhere in the repository, none hidden inside a function; tests in their rooms.
 
-The graph covers every module of ``predictor/``, ``bench/``, ``harness/``,
+The graph covers every module of ``histoserve/``, ``predictor/``, ``bench/``, ``harness/``,
 ``tests/`` and ``scripts/``, and every ``import`` statement in them: at the top,
 inside functions and methods, under ``if TYPE_CHECKING`` and ``try``. A
 function-level import that closes a circle still couples two modules both
 ways; it only postpones the failure to the first call. (The layer rules of
-``test_architecture.py`` read top-level imports only, on purpose: the CLI
-dispatches to ``embed`` lazily.) The same graph keeps the tests in their rooms:
+``test_architecture.py`` read top-level imports only, on purpose: the console
+script dispatches to ``embed`` lazily.) The same graph keeps the tests in their rooms:
 no module imports a test module, and nothing under ``tests/unit/`` starts a
 server.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 from harness.import_graph import circles, graph
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("predictor", "bench", "harness", "tests", "scripts")
+PACKAGES = ("histoserve", "predictor", "bench", "harness", "tests", "scripts")
 # The live-server fixtures of tests/conftest.py and tests/reliability/conftest.py.
 SERVER_FIXTURES = {"embedding_server", "limited_server", "multimodal_server"}
 
@@ -34,8 +34,8 @@ def test_the_graph_covers_the_repository_and_function_level_imports():
     assert {"predictor.cli", "bench.report_md", "harness.server", "scripts.install_helm"} <= set(
         graph
     )
-    # predictor.cli imports the embed CLI inside main() only: a function-level edge.
-    assert "predictor.client.embed.cli" in graph["predictor.cli"]
+    # The console script imports the embed CLI inside main() only: a function-level edge.
+    assert "histoserve.commands.embed" in graph["histoserve.commands.main"]
     assert "bench.markdown" in graph["bench.report_triton"]
 
 

@@ -48,7 +48,7 @@ def base(embedding_package_dir: Path) -> Any:
 
 def test_the_seed_names_import_from_the_root_without_torch_or_kserve():
     code = (
-        "import sys, predictor, predictor.client.histoserve\n"
+        "import sys, predictor, histoserve.remote.client\n"
         "from predictor import PreparedSample, ModelRequest, ModelResponse\n"
         "print(sorted({'torch', 'kserve'} & set(sys.modules)))\n"
         "from predictor import BaseServerModel\n"

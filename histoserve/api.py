@@ -1,0 +1,166 @@
+"""The notebook API: ``histoserve.embed`` and ``histoserve.read_features``.
+
+``histoserve embed`` is a thin layer over :func:`embed`: every flag is a
+keyword argument of the same name (``--target-mpp`` is ``target_mpp``, a
+repeatable flag such as ``--url`` takes one value or a list), with the same
+defaults (the command line reads them from :func:`embed_defaults`), the same
+checks and the same files written. Where the command line exits 2 or 1, the
+function raises :class:`~histoserve.errors.UsageError` or
+:class:`~histoserve.errors.EmbedError`; slides that fail are in the
+summary's ``failed`` (and ``status.csv``), as they are for the command.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Union
+
+from histoserve.embedding.config import EmbedConfig
+from histoserve.embedding.pipeline import EmbedSummary
+from histoserve.embedding.pipeline import embed as run_embed
+from histoserve.errors import SlideError, UsageError
+from histoserve.limits import DEFAULT_MAX_TILES_PER_SLIDE
+from histoserve.remote.auth import load_credentials
+from histoserve.results.sources import SlideFeatures
+from histoserve.results.sources import read_features as read_h5
+from histoserve.slides.manifest import parse_shard
+
+PathLike = Union[str, "os.PathLike[str]"]
+# Options that take one value or several (the repeatable flags).
+_SEVERAL = ("url", "tissue_url", "slide_url", "header")
+
+
+def embed(
+    slides: PathLike | Iterable[PathLike] = (),
+    *,
+    url: str | Sequence[str],
+    out: PathLike,
+    manifest: PathLike | None = None,
+    model: str | None = None,
+    mode: str = "embedding",
+    force: bool = False,
+    shard: str | tuple[int, int] | None = None,
+    progress: str = "auto",
+    ca_cert: PathLike | None = None,
+    token_file: PathLike | None = None,
+    header: str | Sequence[str] = (),
+    layout: str = "flat",
+    target_mpp: float | None = None,
+    tile_size: int | None = None,
+    mpp_override: float | None = None,
+    mpp_tolerance: float = 0.05,
+    tissue: str = "otsu",
+    tissue_url: str | Sequence[str] = (),
+    min_tissue: float = 0.25,
+    masks: PathLike | None = None,
+    accept_bad_tiles: int = 0,
+    qc: bool = True,
+    overlap: int = 0,
+    slide_model: str | None = None,
+    slide_url: str | Sequence[str] = (),
+    max_tiles_per_slide: int = DEFAULT_MAX_TILES_PER_SLIDE,
+    batch_size: int = 64,
+    concurrency: int = 0,
+    read_workers: int = 0,
+    queue_batches: int = 0,
+    slides_in_flight: int = 2,
+    max_attempts: int = 8,
+    timeout_s: float = 300.0,
+    recycle_requests: int = 1000,
+    recycle_s: float = 30.0,
+    env: Mapping[str, str] | None = None,
+) -> EmbedSummary:
+    """Embeds ``slides`` (and the ``manifest``'s) with the model served at ``url`` into ``out``.
+
+    Every option is ``histoserve embed``'s flag of the same name (README,
+    "Embedding whole slides"); ``shard`` is ``"I/N"``, ``"N"`` or ``"auto"``
+    as on the command line, or an ``(I, N)`` pair. ``env`` is where
+    ``$HISTOSERVE_TOKEN`` and the shard index are read (default: this
+    process's environment).
+
+    Returns:
+        The run's summary: ``done``, ``skipped`` and ``failed`` slide ids (``failed``:
+        id -> reason), tiles and seconds; a resumed run skips what is done.
+
+    Raises:
+        UsageError: A bad option, found before any slide is read.
+        EmbedError: The server cannot be reached or described.
+    """
+    options = {name: value for name, value in locals().items() if name != "env"}
+    return run_embed(embed_config(options, os.environ if env is None else env))
+
+
+def embed_defaults() -> dict[str, Any]:
+    """Each option of :func:`embed` with its default: the command line's defaults too."""
+    parameters = inspect.signature(embed).parameters.values()
+    return {
+        p.name: p.default
+        for p in parameters
+        if p.default is not inspect.Parameter.empty and p.name != "env"
+    }
+
+
+def embed_config(options: Mapping[str, Any], env: Mapping[str, str]) -> EmbedConfig:
+    """The checked :class:`EmbedConfig` of :func:`embed`'s options (UsageError when bad)."""
+    several = {name: _several(name, options[name]) for name in _SEVERAL}
+    shard = options["shard"]
+    own = {*_SEVERAL, "slides", "out", "shard", "ca_cert", "token_file"}
+    config = {k: v for k, v in options.items() if k not in own}
+    return EmbedConfig(
+        **config,
+        urls=several["url"],
+        out_dir=Path(options["out"]),
+        slides=_paths(options["slides"]),
+        tissue_urls=several["tissue_url"],
+        slide_urls=several["slide_url"],
+        shard=tuple(shard) if isinstance(shard, (tuple, list)) else parse_shard(shard, env),
+        credentials=load_credentials(
+            options["ca_cert"], options["token_file"], several["header"], env
+        ),
+    )
+
+
+def read_features(path: PathLike) -> SlideFeatures:
+    """One slide's features file of any layout, read back and checked.
+
+    ``path`` is a features ``.h5`` (``flat``, ``trident``, ``clam``'s
+    ``h5_files/``, or TRIDENT's and CLAM's own), or a CLAM ``pt_files/<id>.pt``,
+    read from its ``h5_files/<id>.h5`` (the same features, with their coords).
+
+    Returns:
+        ``features`` ``[N, D]``, ``coords`` ``[N, 2]`` (level-0 top-left x, y),
+        ``attrs`` (the file's attributes: model, mpp, slide identity...),
+        ``patch_level0`` and ``extent``.
+
+    Raises:
+        SlideError: ``"<path>: <reason>"``: not there, not a regular file, not a
+            features file, marked incomplete, rows that disagree, non-finite values.
+    """
+    path = Path(path)
+    if path.suffix == ".pt":
+        if path.parent.name != "pt_files":
+            raise SlideError(f"{path}: a .pt file is read from CLAM's pt_files/ folder only")
+        path = path.parent.parent / "h5_files" / f"{path.stem}.h5"
+    return read_h5(path)
+
+
+def _several(name: str, value: Any) -> tuple[str, ...]:
+    """One value or several: a lone string is one value, never its characters."""
+    values = (value,) if isinstance(value, str) else value or ()
+    values = tuple(values) if isinstance(values, Iterable) else None
+    if values is None or not all(isinstance(v, str) for v in values):
+        raise UsageError(f"{name}: expected a string or a list of strings, got {value!r}")
+    return values
+
+
+def _paths(value: Any) -> tuple[Path, ...]:
+    """Slide paths: one path-like, or a list or any iterable (a glob) of them."""
+    if isinstance(value, (str, os.PathLike)):
+        return (Path(value),)
+    paths = tuple(value) if isinstance(value, Iterable) and not isinstance(value, bytes) else None
+    if paths is None or not all(isinstance(v, (str, os.PathLike)) for v in paths):
+        raise UsageError(f"slides: expected a path or a list of paths, got {value!r}")
+    return tuple(Path(v) for v in paths)

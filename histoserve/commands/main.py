@@ -1,0 +1,55 @@
+"""The console script ``histoserve``: ``embed``, ``aggregate``, ``serve`` and ``export``.
+
+``embed`` and ``aggregate`` are the client's. ``serve`` (also: no command, or
+flags only) and ``export`` are the server's, in the ``predictor`` package of
+the same distribution: they are imported by name when run, after checking
+that the ``server`` extra is installed (one line naming what is missing,
+exit 2), so that the client never imports the server.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+
+EXIT_SERVER_MISSING = 2
+# What `histoserve serve` and `histoserve export` need beyond the client side.
+SERVER_MODULES = ("torch", "kserve", "yaml", "prometheus_client")
+
+
+def server_extra_missing(command: str) -> bool:
+    """Whether the ``server`` extra is missing; if so, says so on stderr in one line.
+
+    ``pip install histoserve`` is the client side only; ``serve`` and ``export``
+    need ``histoserve[server]`` (torch, kserve, ...). Looks the modules up
+    without importing them.
+    """
+    missing = [m for m in SERVER_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        print(
+            f"histoserve {command}: {', '.join(missing)} not installed:"
+            " install histoserve[server] (pip install 'histoserve[server]')",
+            file=sys.stderr,
+        )
+    return bool(missing)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``histoserve serve ...``, ``export ...``, ``embed ...`` or ``aggregate ...``; plain flags mean serve."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and argv[0] in ("embed", "aggregate", "export", "serve") else None
+    if command == "embed":
+        from histoserve.commands.embed import main as embed_main
+
+        return embed_main(argv[1:])
+    if command == "aggregate":
+        from histoserve.commands.aggregate import main as aggregate_main
+
+        return aggregate_main(argv[1:])
+    if server_extra_missing(command or "serve"):
+        return EXIT_SERVER_MISSING
+    if command == "export":
+        return importlib.import_module("predictor.export.build").main(argv[1:])
+    return importlib.import_module("predictor.cli").serve(argv[1:] if command else argv)

@@ -1,0 +1,263 @@
+"""A served slide head (the ``slide`` family): what it takes and answers, and every answer checked.
+
+The contract (issue 25): one V2 request per slide, input ``features`` ``FP32``
+``[N, D]`` (FP16 accepted) and optional ``coords`` ``INT64 [N, 2]``; outputs
+``prediction`` ``FP32 [C]`` (class names in the spec), ``attention`` ``FP32
+[N]`` or ``[N, C]``, ``slide_embedding`` ``FP32 [E]``.
+
+:func:`fetch_head_info` asks ``GET /v2/models/{name}/config`` (the first HTTP
+URL; every other one must report the same package digest). From the spec it
+reads the class names (``classes`` or ``class_names``), the feature width
+(``feature_dim``, ``input_dim``, ``embedding_dim`` of its ``tile_encoder``, or
+the listed ``features`` input) and the modes; the outputs as the config lists
+them. The mode asked is every mode of a slide spec joined with commas
+(``prediction,embedding,attention``: one forward answers them all), else the
+spec's mode that names the most of them (``all`` names all); the outputs
+expected are those the mode names (every listed one for ``all`` or no mode).
+
+:class:`SlideAnswerCheck` holds an answer to one slide of N tiles to that: exactly
+the expected outputs, ``prediction`` ``[C]``, ``attention`` ``[N]`` or
+``[N, C]``, ``slide_embedding`` ``[E]`` (E as listed), FP32 (any listed
+datatype), finite, and the model and package it names (if any) the ones
+asked. Anything else is a :class:`~histoserve.remote.transport.BadAnswer`:
+retried elsewhere like a 503, never written.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from histoserve import wire
+from histoserve.errors import EmbedError, UsageError
+from histoserve.remote.auth import Credentials
+from histoserve.remote.dispatch import RetryPolicy
+from histoserve.remote.served_model import _Getter, info_url
+from histoserve.remote.transport import BadAnswer
+
+SLIDE_OUTPUTS = ("prediction", "attention", "slide_embedding")
+_MODE_WORDS = {"prediction": "prediction", "attention": "attention", "embedding": "slide_embedding"}
+
+
+@dataclass(frozen=True)
+class HeadInfo:
+    """A served slide head as the client needs it.
+
+    Attributes:
+        model: Model name in URLs.
+        package_sha256: The package digest the server reports ("" when none).
+        classes: Class names, in the order of ``prediction``.
+        feature_dim: D the head takes (0: not said).
+        mode: The mode asked (None: the model's default).
+        outputs: Expected outputs: name -> (datatype, shape as listed).
+        spec: The spec as reported.
+        max_tiles: The most tiles the server takes in one slide (0: not said).
+        encoder_sha256: The package digest of the tile encoder whose features
+            the head takes, when the server says it ("" when not).
+    """
+
+    model: str
+    package_sha256: str
+    classes: tuple[str, ...]
+    feature_dim: int
+    mode: str | None
+    outputs: Mapping[str, tuple[str, tuple[int, ...]]]
+    spec: Mapping[str, Any] = field(default_factory=dict)
+    max_tiles: int = 0
+    encoder_sha256: str = ""
+
+
+def fetch_head_info(
+    urls: Sequence[str], model: str, timeout_s: float, retry: RetryPolicy, credentials: Credentials
+) -> HeadInfo:
+    """The head's :class:`HeadInfo` from its config; every HTTP URL must agree on the package.
+
+    Raises:
+        UsageError: No HTTP(S) URL, no such model, not a slide model, URLs disagreeing.
+        EmbedError: A server cannot be reached or answers something unexpected.
+    """
+    http = [u.rstrip("/") for u in urls if u.startswith(("http://", "https://"))]
+    if not http or info_url(urls) is None:
+        raise UsageError("a slide model is described over HTTP only: give an http(s):// --url too")
+    infos = [(u, _ask(u, model, timeout_s, retry, credentials)) for u in dict.fromkeys(http)]
+    first_url, first = infos[0]
+    for url, info in infos[1:]:
+        if info.package_sha256 != first.package_sha256:
+            raise UsageError(
+                f"--url {first_url} and --url {url} serve different packages of {model!r} "
+                f"({first.package_sha256[:16]} vs {info.package_sha256[:16]}): give URLs of one"
+            )
+    return first
+
+
+def _ask(
+    url: str, model: str, timeout_s: float, retry: RetryPolicy, credentials: Credentials
+) -> HeadInfo:
+    with _Getter(url, timeout_s, retry, time.sleep, credentials) as getter:
+        response = getter.get(f"/v2/models/{model}/config")
+        if response.status_code == 404:
+            raise UsageError(f"{url} serves no model {model!r}: {getter.message(response)}")
+        getter.check(response)
+        try:
+            config = response.json()
+        except ValueError as exc:
+            raise EmbedError(f"{url}: the config of {model!r} is not JSON") from exc
+    return head_from_config(model, config)
+
+
+def head_from_config(model: str, config: Mapping[str, Any]) -> HeadInfo:
+    """:class:`HeadInfo` from a config answer (UsageError: not a slide model)."""
+    try:
+        spec = dict(config.get("spec") or {})
+        listed = {
+            str(o["name"]): (str(o["datatype"]), tuple(int(d) for d in o["shape"]))
+            for o in config.get("outputs") or ()
+        }
+        inputs = {str(i["name"]): i for i in config.get("inputs") or ()}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise EmbedError(f"model {model!r}: unexpected config answer ({exc!r})") from exc
+    family = spec.get("family")
+    if family != "slide" and not ("attention" in listed or "features" in inputs):
+        raise UsageError(
+            f"model {model!r} is a {family or 'non-slide'} model, not a slide head "
+            "(family 'slide'): aggregate and --slide-model take a slide model"
+        )
+    modes = [str(m) for m in spec.get("modes") or ()]
+    mode, wanted = choose_mode(modes, listed)
+    dim = spec.get("embedding_dim")
+    default_e = (int(dim),) if isinstance(dim, int) and dim > 0 else ()
+    outputs = {
+        n: listed.get(n, ("FP32", default_e if n == "slide_embedding" else ())) for n in wanted
+    }
+    names = spec.get("classes") or spec.get("class_names") or config.get("classes") or ()
+    classes = tuple(str(c) for c in names)
+    encoder = config.get("tile_encoder") or spec.get("tile_encoder")
+    encoder_sha = encoder.get("package_sha256") if isinstance(encoder, Mapping) else None
+    limit = config.get("max_tiles_per_slide")
+    return HeadInfo(
+        model=model,
+        package_sha256=str(config.get("package_sha256") or config.get("sha256") or ""),
+        classes=classes,
+        feature_dim=_feature_dim(spec, inputs),
+        mode=mode,
+        outputs=outputs,
+        spec=spec,
+        max_tiles=limit if isinstance(limit, int) and limit > 0 else 0,
+        encoder_sha256=str(encoder_sha or spec.get("tile_encoder_sha256") or ""),
+    )
+
+
+def choose_mode(
+    modes: Sequence[str], listed: Mapping[str, Any]
+) -> tuple[str | None, tuple[str, ...]]:
+    """The mode to ask and the outputs it names (see the module docstring).
+
+    A slide spec's modes (``prediction``, ``embedding``, ``attention``) are
+    joined with commas, as the slide family takes several from one forward.
+    """
+    everything = tuple(n for n in SLIDE_OUTPUTS if n in listed) or SLIDE_OUTPUTS
+    if not modes:
+        return None, everything
+    if all(m in _MODE_WORDS for m in modes):
+        return ",".join(modes), tuple(_MODE_WORDS[m] for m in modes)
+    if "all" in modes:
+        return "all", everything
+    best = max(modes, key=lambda m: (len(mode_outputs(m)), -modes.index(m)))
+    named = mode_outputs(best)
+    return best, named or everything
+
+
+def mode_outputs(mode: str) -> tuple[str, ...]:
+    """The slide outputs a mode's name names (``prediction_with_attention``: two)."""
+    words = set(re.split(r"[^a-z]+", mode.lower()))
+    return tuple(out for word, out in _MODE_WORDS.items() if word in words)
+
+
+def _feature_dim(spec: Mapping[str, Any], inputs: Mapping[str, Any]) -> int:
+    encoder = spec.get("tile_encoder")
+    candidates = [spec.get(k) for k in ("feature_dim", "input_dim", "features_dim")]
+    if isinstance(encoder, Mapping):
+        candidates += [encoder.get(k) for k in ("feature_dim", "embedding_dim", "dim", "width")]
+    if "features" in inputs:
+        shape = inputs["features"].get("shape") or ()
+        candidates.append(shape[-1] if len(shape) == 2 else None)
+    for value in candidates:
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+@dataclass(frozen=True)
+class SlideAnswerCheck:
+    """What an answer to one slide must be (see the module docstring)."""
+
+    info: HeadInfo
+
+    def verify(self, answer: Mapping[str, Any], n_tiles: int, url: str) -> None:
+        """Returns when ``answer`` fits a slide of ``n_tiles`` tiles; else BadAnswer."""
+        problem = self.problem(answer, n_tiles)
+        if problem is not None:
+            raise BadAnswer(f"{url}: {problem} (a wrong answer, not used)")
+
+    def problem(self, answer: Mapping[str, Any], n_tiles: int) -> str | None:
+        """What is wrong with ``answer`` to a slide of ``n_tiles`` tiles, or None."""
+        identity = getattr(answer, "identity", None) or {}
+        name, info = identity.get("model_name"), self.info
+        if name and str(name) != info.model:
+            return f"answered as model {str(name)[:80]!r}, not {info.model!r}"
+        params = identity.get("parameters")
+        digest = params.get("package_sha256") if isinstance(params, Mapping) else None
+        if digest and info.package_sha256 and str(digest) != info.package_sha256:
+            return f"answered with package {str(digest)[:80]}, not {info.package_sha256}"
+        wanted, got = list(info.outputs), sorted(answer)
+        missing = [w for w in wanted if w not in answer]
+        if missing:
+            return f"no {missing[0]!r} output (asked for {', '.join(wanted)}; it answered {got})"
+        extra = [g for g in got if g not in wanted]
+        if extra:
+            return f"unexpected output {extra[0]!r} (asked for {', '.join(wanted)} only)"
+        for out in wanted:
+            problem = self._output_problem(out, answer[out], n_tiles)
+            if problem is not None:
+                return problem
+        return None
+
+    def _output_problem(self, name: str, values: Any, n_tiles: int) -> str | None:
+        if not isinstance(values, np.ndarray):
+            return f"{name!r} is not an array"
+        datatype = _datatype(values)
+        want_type, listed = self.info.outputs[name]
+        if datatype != want_type:
+            return f"{name} is {datatype}, expected {want_type}"
+        shapes = self._shapes(name, n_tiles, listed)
+        if not any(_fits(s, values.shape) for s in shapes):
+            expected = " or ".join(str(list(s)) for s in shapes)
+            return f"{name} has shape {list(values.shape)}, expected {expected}"
+        bad = int(values.size - np.count_nonzero(np.isfinite(values)))
+        if bad:
+            return f"{name} has {bad} non-finite value{'s' * (bad != 1)} (NaN or infinity)"
+        return None
+
+    def _shapes(self, name: str, n: int, listed: tuple[int, ...]) -> list[tuple[int, ...]]:
+        classes = len(self.info.classes) or -1
+        if name == "attention":
+            return [(n,), (n, classes)]
+        if name == "prediction":
+            return [(classes,)]
+        return [(listed[-1] if listed else -1,)]
+
+
+def _fits(want: tuple[int, ...], got: tuple[int, ...]) -> bool:
+    return len(want) == len(got) and all(w in (-1, g) for w, g in zip(want, got, strict=True))
+
+
+def _datatype(values: np.ndarray) -> str:
+    try:
+        return wire.datatype_of(values)
+    except ValueError:
+        return str(values.dtype)

@@ -1,0 +1,167 @@
+"""A slide head's answer for one slide, on disk beside the features it was made from.
+
+``<root>/slide_features_<model>/<id>.h5``, where ``<root>`` is the folder of
+the slide's features (TRIDENT's coords folder, else the features folder), as
+TRIDENT names its slide features. Datasets: ``features`` (the slide
+embedding ``[E]``, TRIDENT's name; absent when the head gave none),
+``prediction`` ``[C]``, ``attention`` ``[N]`` or ``[N, C]`` (rows as the
+features file's), ``coords`` ``[N, 2]``. Attributes: ``model``,
+``package_sha256``, ``classes`` (JSON), ``slide_id``, ``tile_features`` (the
+features file, relative to ``<root>``), ``tile_model`` and
+``tile_package_sha256`` (from the features file), ``config_hash``, the
+features file's digest and stat (:mod:`~histoserve.results.siblings`) and
+``complete`` (written last).
+
+Written under a temp name and renamed (:func:`~histoserve.atomic.atomic_path`).
+:func:`is_done` is resume: complete, the same ``config_hash`` (model,
+package, mode), and made from the features file as it is now (its stat, else
+its SHA-256): re-embedded features are aggregated again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from histoserve.atomic import atomic_path, open_regular
+from histoserve.heads.head import HeadInfo
+from histoserve.results.output import config_hash
+from histoserve.results.siblings import sibling_problem, sibling_record
+from histoserve.results.sources import FeatureSource
+
+RESULTS_PREFIX = "slide_features_"
+RESULT_VERSION = "slide-head-v1"
+
+
+def results_dir(root: Path, model: str) -> Path:
+    """``<root>/slide_features_<model>``."""
+    return Path(root) / f"{RESULTS_PREFIX}{model}"
+
+
+def result_path(source: FeatureSource, model: str) -> Path:
+    """Where ``source``'s slide result for ``model`` goes."""
+    return results_dir(source.root, model) / f"{source.slide_id}.h5"
+
+
+def head_hash(info: HeadInfo, send_coords: bool) -> str:
+    """The config hash of a slide result: what shapes it besides the features file."""
+    return config_hash(
+        {
+            "version": RESULT_VERSION,
+            "model": info.model,
+            "package_sha256": info.package_sha256,
+            "mode": info.mode,
+            "send_coords": send_coords,
+        }
+    )
+
+
+@dataclass
+class SlideAnswer:
+    """A head's checked answer for one slide (float32 arrays; None where it gave none)."""
+
+    prediction: np.ndarray | None
+    attention: np.ndarray | None
+    embedding: np.ndarray | None
+
+
+def write_result(
+    source: FeatureSource,
+    info: HeadInfo,
+    answer: SlideAnswer,
+    coords: np.ndarray,
+    attrs: Mapping[str, Any],
+) -> Path:
+    """Writes the slide's result file; returns it.
+
+    Raises:
+        OSError: The folder cannot be written (or is a symlink: UnsafeFolder).
+    """
+    import h5py
+
+    final = result_path(source, info.model)
+    datasets = {
+        "features": answer.embedding,
+        "prediction": answer.prediction,
+        "attention": answer.attention,
+        "coords": np.asarray(coords, np.int64),
+    }
+    siblings = sibling_record(source.root, source.path)
+    with atomic_path(final, root=source.root) as tmp, h5py.File(tmp, "w") as f:
+        for name, array in datasets.items():
+            if array is not None:
+                f.create_dataset(name, data=np.asarray(array))
+        for key, value in {**attrs, **siblings}.items():
+            if value is not None:
+                f.attrs[key] = _attr(value)
+        f.attrs["complete"] = True
+    return final
+
+
+def result_attrs(
+    source: FeatureSource, info: HeadInfo, chash: str, tile_attrs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The attributes of a slide result (see the module docstring)."""
+    from histoserve import __version__
+
+    return {
+        "slide_id": source.slide_id,
+        "model": info.model,
+        "package_sha256": info.package_sha256,
+        "classes": list(info.classes),
+        "mode": info.mode,
+        "tile_features": source.path.relative_to(source.root).as_posix(),
+        "tile_model": tile_attrs.get("model") or tile_attrs.get("encoder"),
+        "tile_package_sha256": tile_attrs.get("package_sha256"),
+        "slide_path": tile_attrs.get("slide_path"),
+        "config_hash": chash,
+        "histoserve_version": __version__,
+    }
+
+
+def _attr(value: Any) -> Any:
+    if isinstance(value, Mapping | list | tuple):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value) if isinstance(value, Path) else value
+
+
+def is_done(source: FeatureSource, model: str, chash: str) -> bool:
+    """Whether ``source`` has a complete result with ``chash`` made from its features as now."""
+    attrs = read_result_attrs(result_path(source, model))
+    if attrs is None or attrs.get("config_hash") != chash:
+        return False
+    return not sibling_problem(source.root, source.path, attrs)
+
+
+def read_result_attrs(path: Path) -> dict[str, Any] | None:
+    """A complete result file's attributes, else None (missing, unreadable, not complete)."""
+    result = read_result(path)
+    return None if result is None else result[0]
+
+
+def read_result(path: Path) -> tuple[dict[str, Any], np.ndarray | None] | None:
+    """A complete result file's attributes and prediction; None for any doubt."""
+    import h5py
+
+    try:
+        fd = open_regular(path)
+    except OSError:
+        return None
+    try:
+        with open(fd, "rb") as handle, h5py.File(handle, "r") as f:
+            attrs = {k: _text(v) for k, v in f.attrs.items()}
+            prediction = np.asarray(f["prediction"][()]) if "prediction" in f else None
+    except Exception:  # h5py: OSError, KeyError, ValueError... any doubt is "not done"
+        return None
+    return (attrs, prediction) if attrs.get("complete") else None
+
+
+def _text(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value.item() if isinstance(value, np.generic) else value

@@ -1,0 +1,120 @@
+"""One slide through a served slide head: read its features, send, check, write, draw.
+
+:func:`run_slide_head` is the one code path of ``histoserve aggregate`` and of
+``histoserve embed --slide-model`` (which runs it over the feature files it
+just wrote), so both give the same numbers. In order:
+
+1. the features file read back and checked
+   (:func:`~histoserve.results.sources.read_features`), its width
+   compared with the head's (a :class:`SlideError` naming the file and both
+   widths, before anything is sent);
+2. one request: ``features`` (FP32, or FP16 as stored) and ``coords``
+   (INT64, unless ``send_coords`` is off); the answer checked
+   (:class:`~histoserve.heads.head.SlideAnswerCheck`: retried
+   elsewhere when wrong); a 4xx fails the slide with the server's message;
+3. ``slide_features_<model>/<id>.h5`` (:mod:`~histoserve.heads.results`);
+4. with ``qc``: the heatmap, the QuPath GeoJSON and the top tiles
+   (:mod:`~histoserve.heads.pictures`); a picture that cannot be
+   written is a warning, never a failed slide.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from histoserve.errors import EmbedError, SlideError
+from histoserve.heads.head import HeadInfo, SlideAnswerCheck
+from histoserve.heads.pictures import write_pictures
+from histoserve.heads.results import SlideAnswer, result_attrs, write_result
+from histoserve.remote.dispatch import Dispatcher
+from histoserve.results.sources import FeatureSource, SlideFeatures, read_features
+
+logger = logging.getLogger("histoserve.aggregate")
+
+
+@dataclass(frozen=True)
+class HeadContext:
+    """What every slide of a run shares.
+
+    Attributes:
+        info: The head as the server describes it.
+        dispatcher: Sends its requests (retries, several URLs).
+        out_dir: Where ``qc/`` goes (FEATURES_DIR, or embed's ``--out``).
+        config_hash: The results' hash (:func:`~histoserve.heads.results.head_hash`).
+        send_coords: Send ``coords`` with the features.
+        qc: Write the heatmap and the QuPath GeoJSON.
+    """
+
+    info: HeadInfo
+    dispatcher: Dispatcher
+    out_dir: Path
+    config_hash: str
+    send_coords: bool = True
+    qc: bool = True
+
+
+def run_slide_head(ctx: HeadContext, source: FeatureSource) -> SlideAnswer:
+    """Runs the head on ``source`` and writes its result (and pictures); returns the answer.
+
+    Raises:
+        SlideError: A bad features file, another width, the server refusing it
+            (its message), retries used up: each naming the file.
+    """
+    sf = read_features(source.path)
+    check_fits(ctx.info, source.path, sf)
+    info = ctx.info
+    inputs = {"features": sf.features}
+    if ctx.send_coords:
+        inputs["coords"] = sf.coords
+    parameters = {"mode": info.mode} if info.mode else {}
+    try:
+        raw = ctx.dispatcher.infer(info.model, inputs, parameters, check=SlideAnswerCheck(info))
+    except EmbedError as exc:
+        raise SlideError(f"{source.path}: {exc}") from exc
+    answer = SlideAnswer(
+        _float(raw.get("prediction")),
+        _float(raw.get("attention")),
+        _float(raw.get("slide_embedding")),
+    )
+    attrs = result_attrs(source, info, ctx.config_hash, sf.attrs)
+    try:
+        write_result(source, info, answer, sf.coords, attrs)
+    except OSError as exc:
+        raise SlideError(f"{source.path}: its slide result cannot be written ({exc})") from exc
+    if ctx.qc and answer.attention is not None:
+        write_pictures(ctx.out_dir, source.slide_id, info, sf, answer)
+    return answer
+
+
+def check_fits(info: HeadInfo, path: Path, sf: SlideFeatures) -> None:
+    """SlideError unless the head takes these features: their width, tile count and encoder.
+
+    The encoder is compared by package digest, when the head names its tile
+    encoder's and the features file records the package that made it.
+    """
+    width, n = sf.features.shape[1], len(sf.features)
+    if info.feature_dim and width != info.feature_dim:
+        raise SlideError(
+            f"{path}: features are {width} wide but {info.model!r} takes "
+            f"{info.feature_dim} (made by another tile encoder?)"
+        )
+    if info.max_tiles and n > info.max_tiles:
+        raise SlideError(
+            f"{path}: {n:,} tiles, more than the {info.max_tiles:,} {info.model!r} takes in "
+            "one slide (the server's --max_tiles_per_slide)"
+        )
+    made_by = str(sf.attrs.get("package_sha256") or "")
+    if info.encoder_sha256 and len(made_by) == 64 and made_by != info.encoder_sha256:
+        raise SlideError(
+            f"{path}: features made by package {made_by[:16]}..., but {info.model!r} takes "
+            f"the features of package {info.encoder_sha256[:16]}... (another tile encoder)"
+        )
+
+
+def _float(values: Any) -> np.ndarray | None:
+    return None if values is None else np.asarray(values, np.float32)

@@ -1,0 +1,185 @@
+"""Every answer checked against its request and the model's description before any row is used.
+
+A server (a bug, a proxy, another model behind the same URL) can answer
+something that decodes fine and is still wrong: one row for a batch of four,
+no outputs, a renamed output, FP64 instead of FP32, 768 floats where the model
+gives 1536, NaNs. Used as they come, such answers would be spread over the
+batch's tiles or leave zeros, and the slide would be written as done.
+
+:class:`AnswerCheck` says, for one mode of one model (from its
+:class:`~histoserve.remote.served_model.ServerInfo`), what an answer to ``n``
+tiles must be:
+
+- exactly the outputs the mode asks for (``embedding`` -> ``embedding``;
+  ``prediction`` -> ``prediction``; ``prediction_with_embedding`` -> both; a
+  tissue model -> ``mask``), none missing and no other;
+- ``n`` rows each;
+- the datatype and the trailing shape the server's model config (or gRPC
+  metadata) lists for that output;
+- only finite values in float outputs (embeddings and predictions are
+  promised finite);
+- when the answer names its model (V2's ``model_name``), the model asked;
+  when it names its package (``parameters.package_sha256``), the package the
+  run's config reported: replicas behind one URL (a Service) mid-upgrade
+  must not mix two packages' features in one slide. (The histoserve server
+  does not put its digest in answers yet; every URL's config is compared up
+  front by :func:`~histoserve.remote.served_model.fetch_server_info`.)
+
+Anything else raises :class:`~histoserve.remote.transport.BadAnswer`
+(importable from here too), a
+:class:`~histoserve.remote.transport.RetryableError`: the dispatcher
+treats it as a failed attempt, exactly like a 503 (retried, preferably on
+another URL), and when attempts run out the slide fails with the URL and
+what was wrong. A wrong answer is never written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from histoserve import wire
+from histoserve.remote.transport import BadAnswer
+
+if TYPE_CHECKING:
+    from histoserve.remote.served_model import ServerInfo
+
+MODE_OUTPUTS: Mapping[str, tuple[str, ...]] = {
+    "embedding": ("embedding",),
+    "prediction": ("prediction",),
+    "prediction_with_embedding": ("prediction", "embedding"),
+}
+"""The outputs each mode asks for."""
+TISSUE_OUTPUTS = ("mask",)
+_FLOATS = frozenset({"FP16", "FP32", "FP64", "BF16"})
+
+
+@dataclass(frozen=True)
+class Expected:
+    """One output an answer must carry.
+
+    Attributes:
+        name: Output name.
+        datatype: V2 datatype (``FP32``, ``UINT8``, ...); None: not known, not checked.
+        shape: Shape with the batch axis first, ``-1`` where any size goes;
+            None: not known (only the rows are checked).
+    """
+
+    name: str
+    datatype: str | None = None
+    shape: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class AnswerCheck:
+    """What every answer of one request kind must be (see the module docstring).
+
+    Attributes:
+        outputs: The outputs asked for, each with its datatype and shape.
+        mode: What asked for them, for messages (``mode 'embedding'``, ``the tissue model``).
+        model: The model asked ("": not checked): an answer naming another fails.
+        package_sha256: The package the config reported ("": not checked): an
+            answer naming another package fails.
+    """
+
+    outputs: tuple[Expected, ...]
+    mode: str = ""
+    model: str = ""
+    package_sha256: str = ""
+
+    @classmethod
+    def for_mode(cls, info: ServerInfo, mode: str) -> AnswerCheck:
+        """The check for ``mode`` requests to the model ``info`` describes."""
+        expected = _expected(info, MODE_OUTPUTS[mode])
+        return cls(expected, f"mode {mode!r}", info.model, info.reported_sha256)
+
+    @classmethod
+    def for_tissue(cls, info: ServerInfo) -> AnswerCheck:
+        """The check for requests to a tissue-segmentation model (``mask``)."""
+        expected = _expected(info, TISSUE_OUTPUTS)
+        return cls(expected, f"tissue model {info.model!r}", info.model, info.reported_sha256)
+
+    def verify(self, answer: Mapping[str, object], n_tiles: int, url: str) -> None:
+        """Returns when ``answer`` fits a request of ``n_tiles`` tiles.
+
+        Raises:
+            BadAnswer: ``"<url>: <what was wrong>"``.
+        """
+        problem = self.problem(answer, n_tiles)
+        if problem is not None:
+            raise BadAnswer(f"{url}: {problem} (a wrong answer, not used)")
+
+    def problem(self, answer: Mapping[str, object], n_tiles: int) -> str | None:
+        """What is wrong with ``answer`` to ``n_tiles`` tiles, or None."""
+        problem = self._identity_problem(getattr(answer, "identity", None) or {})
+        if problem is not None:
+            return problem
+        wanted = [e.name for e in self.outputs]
+        got = sorted(answer)
+        for name in wanted:
+            if name not in answer:
+                others = ", ".join(repr(g) for g in got) or "none"
+                return f"no {name!r} output ({self.mode} asks for it; it answered {others})"
+        extra = [g for g in got if g not in wanted]
+        if extra:
+            asked = ", ".join(repr(w) for w in wanted)
+            return f"unexpected output {extra[0]!r} ({self.mode} asks for {asked} only)"
+        for expected in self.outputs:
+            problem = _output_problem(expected, answer[expected.name], n_tiles)
+            if problem is not None:
+                return problem
+        return None
+
+    def _identity_problem(self, identity: Mapping[str, object]) -> str | None:
+        """An answer from another model or package (see the module docstring), or None."""
+        name = identity.get("model_name")
+        if self.model and name and str(name) != self.model:
+            return (
+                f"answered as model {str(name)[:80]!r}, not {self.model!r} (another model there?)"
+            )
+        parameters = identity.get("parameters")
+        digest = parameters.get("package_sha256") if isinstance(parameters, Mapping) else None
+        if self.package_sha256 and digest and str(digest) != self.package_sha256:
+            return (
+                f"answered with package {str(digest)[:80]}, not {self.package_sha256} as its "
+                "config said (replicas of two packages behind one URL, mid-upgrade?)"
+            )
+        return None
+
+
+def _expected(info: ServerInfo, names: tuple[str, ...]) -> tuple[Expected, ...]:
+    out = []
+    for name in names:
+        datatype, shape = info.outputs.get(name, (None, None))
+        out.append(Expected(name, datatype, tuple(shape) if shape is not None else None))
+    return tuple(out)
+
+
+def _output_problem(expected: Expected, values: object, n_tiles: int) -> str | None:
+    name = expected.name
+    if not isinstance(values, np.ndarray) or values.ndim == 0:
+        return f"{name!r} is not an array of rows"
+    rows = values.shape[0]
+    if rows != n_tiles:
+        return f"answered {rows} row{'s' * (rows != 1)} for {n_tiles} tiles (output {name!r})"
+    try:
+        datatype = wire.datatype_of(values)
+    except ValueError:
+        datatype = str(values.dtype)
+    if expected.datatype is not None and datatype != expected.datatype:
+        return f"{name} is {datatype}, expected {expected.datatype}"
+    if expected.shape is not None:
+        want = (n_tiles, *expected.shape[1:])
+        fits = len(want) == values.ndim and all(
+            w in (-1, g) for w, g in zip(want, values.shape, strict=True)
+        )
+        if not fits:
+            return f"{name} has shape {list(values.shape)}, expected {list(want)}"
+    if datatype in _FLOATS:
+        bad = int(values.size - np.count_nonzero(np.isfinite(values)))
+        if bad:
+            return f"{name} has {bad} non-finite value{'s' * (bad != 1)} (NaN or infinity)"
+    return None

@@ -1,0 +1,267 @@
+"""Requests spread over several servers: fewest in flight first, retried elsewhere.
+
+:class:`Dispatcher` is called from many threads at once (``--concurrency``).
+Each request goes to the URL with the fewest requests in flight (ties: the one
+used longest ago; a URL that just failed is passed over for a moment), so a
+slow or busy replica gets less work and a fast one more, without any
+configuration. A retryable failure (503 while draining, a
+full queue's 503/429, a reset connection, gRPC ``UNAVAILABLE``) is retried up
+to ``max_attempts`` times in all, preferably on ANOTHER URL: a replica going
+away mid-request costs one retry, nothing is lost. The wait before a retry is
+the server's ``Retry-After`` when it sent one, else exponential backoff with
+full jitter (``uniform(0, min(cap, base * 2**attempt))``), so many clients
+hitting one overloaded server do not retry in lockstep. A 4xx is never
+retried: it raises :class:`RequestFailed` with the server's message.
+
+An answer is returned only once it passed the request's
+:class:`~histoserve.remote.answers.AnswerCheck` (rows, outputs, dtype,
+shape, finite values): a wrong answer is a failed attempt like a 503, retried
+here, preferably elsewhere, so that another URL answers it.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from histoserve.errors import EmbedError
+from histoserve.remote.auth import Credentials
+from histoserve.remote.transport import (
+    HttpTransport,
+    RecyclePolicy,
+    RetryableError,
+    ServerRefused,
+)
+
+
+class RequestFailed(EmbedError):
+    """A request the server refused (4xx) or that failed on every attempt."""
+
+
+class Transport(Protocol):
+    """One URL (HTTP or gRPC)."""
+
+    url: str
+
+    def infer(
+        self, model: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
+    ) -> dict[str, np.ndarray]: ...
+
+    def close(self) -> None: ...
+
+
+class Check(Protocol):
+    """What an answer must be (:class:`~histoserve.remote.answers.AnswerCheck`)."""
+
+    def verify(self, answer: Mapping[str, Any], n_tiles: int, url: str) -> None:
+        """Returns when ``answer`` fits; raises a :class:`RetryableError` when it does not."""
+        ...
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How failed attempts are retried.
+
+    Attributes:
+        max_attempts: Attempts per request in all (first try included).
+        backoff_base_s: First backoff ceiling; doubles per attempt.
+        backoff_max_s: Largest backoff ceiling.
+        retry_after_max_s: Longest ``Retry-After`` honoured (a misconfigured
+            server cannot park the client for an hour).
+        cool_down_s: After a failed attempt, new requests prefer the other URLs
+            for this long (or the server's ``Retry-After`` when shorter): a replica
+            that went away does not keep attracting first attempts because its
+            failures leave it with the fewest in flight.
+    """
+
+    max_attempts: int = 8
+    backoff_base_s: float = 0.1
+    backoff_max_s: float = 10.0
+    retry_after_max_s: float = 60.0
+    cool_down_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.backoff_base_s < 0 or self.backoff_max_s < self.backoff_base_s:
+            raise ValueError(
+                f"need 0 <= backoff_base_s <= backoff_max_s, got "
+                f"{self.backoff_base_s}, {self.backoff_max_s}"
+            )
+
+    def delay_s(self, attempt: int, retry_after_s: float | None, rng: random.Random) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        if retry_after_s is not None:
+            # A little jitter on top, so clients told the same Retry-After spread out.
+            return min(retry_after_s, self.retry_after_max_s) + rng.uniform(0, 0.1)
+        ceiling = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
+        return rng.uniform(0, ceiling)
+
+
+class _Slot:
+    """A transport with its load and counters (guarded by the dispatcher's lock)."""
+
+    def __init__(self, transport: Transport, order: int):
+        self.transport, self.order = transport, order
+        self.in_flight = 0
+        self.last_used = 0
+        self.sent = self.failed = 0
+        self.cool_until = 0.0  # monotonic: after a failure, others are preferred until then
+
+
+def make_transport(
+    url: str, timeout_s: float, recycle: RecyclePolicy, credentials: Credentials | None = None
+) -> Transport:
+    """An HTTP(S) or gRPC(S) transport by URL scheme, sending ``credentials`` on every request."""
+    if url.startswith(("grpc://", "grpcs://")):
+        from histoserve.remote.grpc_transport import GrpcTransport
+
+        return GrpcTransport(url, timeout_s, recycle, credentials)
+    return HttpTransport(url, timeout_s, recycle, credentials)
+
+
+class Dispatcher:
+    """Thread-safe V2 inference over several URLs.
+
+    Args:
+        transports: One per URL.
+        retry: Retry policy.
+        sleep: Waits between attempts (tests pass an event's ``wait``).
+        seed: Seeds the jitter.
+    """
+
+    def __init__(
+        self,
+        transports: Sequence[Transport],
+        retry: RetryPolicy,
+        sleep: Callable[[float], Any] = time.sleep,
+        seed: int | None = None,
+    ):
+        if not transports:
+            raise ValueError("a dispatcher needs at least one transport")
+        self._slots = [_Slot(t, i) for i, t in enumerate(transports)]
+        self._retry, self._sleep = retry, sleep
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._clock = 0
+        self.failed_attempts = 0
+
+    @classmethod
+    def from_urls(
+        cls,
+        urls: Sequence[str],
+        timeout_s: float,
+        retry: RetryPolicy,
+        recycle: RecyclePolicy,
+        credentials: Credentials | None = None,
+    ) -> Dispatcher:
+        """A dispatcher over ``urls`` (``http(s)://`` or ``grpc(s)://``)."""
+        return cls([make_transport(u, timeout_s, recycle, credentials) for u in urls], retry)
+
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        parameters: Mapping[str, Any] | None = None,
+        check: Check | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Runs one request somewhere; returns its outputs.
+
+        Args:
+            model: Model name in URLs.
+            inputs: Input tensors, the batch axis first (``pixels`` ``[N, T, T, 3]``, ...).
+            parameters: Request parameters (``mode``).
+            check: What the answer must be (rows = ``N``, outputs, dtypes, shapes);
+                an answer that fails it is a failed attempt, retried like a 503.
+
+        Raises:
+            RequestFailed: A 4xx (server's message), or every attempt failed (last error).
+        """
+        avoid: _Slot | None = None
+        last: RetryableError | None = None
+        n_tiles = len(next(iter(inputs.values()))) if inputs else 0
+        for attempt in range(1, self._retry.max_attempts + 1):
+            slot = self._pick(avoid)
+            try:
+                return self._attempt(slot, model, inputs, parameters or {}, check, n_tiles)
+            except RetryableError as exc:
+                last, avoid = exc, slot
+            self._count_failure(slot, last.retry_after_s)
+            if attempt < self._retry.max_attempts:
+                with self._lock:
+                    delay = self._retry.delay_s(attempt, last.retry_after_s, self._rng)
+                self._sleep(delay)
+        raise RequestFailed(
+            f"request failed {self._retry.max_attempts} times; last error: {last}"
+        ) from last
+
+    def _attempt(
+        self,
+        slot: _Slot,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        parameters: Mapping[str, Any],
+        check: Check | None,
+        n_tiles: int,
+    ) -> dict[str, np.ndarray]:
+        """One attempt on ``slot``: its checked answer, or a RetryableError (4xx: RequestFailed)."""
+        url = slot.transport.url
+        try:
+            answer = slot.transport.infer(model, inputs, parameters)
+            if check is not None:
+                check.verify(answer, n_tiles, url)
+            return answer
+        except ServerRefused as exc:
+            raise RequestFailed(f"{url} refused the request: {exc}") from exc
+        finally:
+            self._done(slot)
+
+    def _pick(self, avoid: _Slot | None) -> _Slot:
+        with self._lock:
+            now = time.monotonic()
+            candidates = [s for s in self._slots if s is not avoid] or self._slots
+            slot = min(
+                candidates,
+                key=lambda s: (s.cool_until > now, s.in_flight, s.last_used, s.order),
+            )
+            self._clock += 1
+            slot.in_flight += 1
+            slot.last_used = self._clock
+            slot.sent += 1
+            return slot
+
+    def _done(self, slot: _Slot) -> None:
+        with self._lock:
+            slot.in_flight -= 1
+
+    def _count_failure(self, slot: _Slot, retry_after_s: float | None) -> None:
+        with self._lock:
+            slot.failed += 1
+            self.failed_attempts += 1
+            cool_s = min(self._retry.cool_down_s, retry_after_s or self._retry.cool_down_s)
+            slot.cool_until = time.monotonic() + cool_s
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Per URL: requests sent, failed attempts, now in flight."""
+        with self._lock:
+            return {
+                s.transport.url: {"sent": s.sent, "failed": s.failed, "in_flight": s.in_flight}
+                for s in self._slots
+            }
+
+    def close(self) -> None:
+        """Closes every transport."""
+        for slot in self._slots:
+            slot.transport.close()
+
+    def __enter__(self) -> Dispatcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,205 @@
+"""One server URL over V2 gRPC (``grpc://host:port``), through ``tritonclient.grpc``.
+
+``tritonclient.grpc`` is imported only when a ``grpc://`` URL is used, and
+never beside ``kserve``: both register the same protobuf symbols. Status codes
+map like HTTP statuses (see :mod:`histoserve.remote.transport`): ``UNAVAILABLE``,
+``RESOURCE_EXHAUSTED``, ``CANCELLED`` (a call that reached a draining server
+before dispatch), ``DEADLINE_EXCEEDED``, ``ABORTED`` and ``INTERNAL`` are
+retried; anything else (``INVALID_ARGUMENT``, ``NOT_FOUND``, ...) fails the slide.
+gRPC carries no ``Retry-After``, so retries back off with jitter. Channels are
+recycled like HTTP pools, so new replicas behind a Service get traffic. An
+answer whose tensors cannot be decoded (a raw buffer shorter than its shape)
+is a :class:`~histoserve.remote.transport.BadAnswer`: retried, preferably
+on another URL, like a wrong answer over HTTP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from histoserve.errors import EmbedError, UsageError
+from histoserve.remote.auth import MESSAGE_MAX_CHARS, Credentials
+from histoserve.remote.transport import (
+    DECODE_ERRORS,
+    Answer,
+    BadAnswer,
+    RecyclePolicy,
+    Recycler,
+    RetryableError,
+    ServerRefused,
+)
+
+RETRY_CODES = frozenset(
+    {
+        "UNAVAILABLE",
+        "RESOURCE_EXHAUSTED",
+        "CANCELLED",
+        "DEADLINE_EXCEEDED",
+        "ABORTED",
+        "INTERNAL",
+        "UNKNOWN",
+    }
+)
+_DATATYPES = {
+    np.dtype(np.uint8): "UINT8",
+    np.dtype(np.float32): "FP32",
+    np.dtype(np.float16): "FP16",  # a slide head's features as stored
+    np.dtype(np.int64): "INT64",  # a slide head's coords
+}
+# tritonclient's default channel caps messages at 2 GiB; 64 raw 224px tiles are ~9.6 MB.
+_MAX_MESSAGE = 2**31 - 1
+
+
+def host_port(url: str) -> str:
+    """``host:port`` of a ``grpc(s)://host:port`` URL."""
+    return url.split("://", 1)[1].rstrip("/")
+
+
+def _client(url: str, credentials: Credentials) -> Any:
+    import tritonclient.grpc as grpcclient
+
+    ca = credentials.ca_cert
+    return grpcclient.InferenceServerClient(
+        host_port(url),
+        ssl=url.startswith("grpcs://"),
+        root_certificates=str(ca) if ca is not None else None,
+        channel_args=[
+            ("grpc.max_send_message_length", _MAX_MESSAGE),
+            ("grpc.max_receive_message_length", _MAX_MESSAGE),
+        ],
+    )
+
+
+def _status(exc: Exception) -> str:
+    status = str(getattr(exc, "status", lambda: "")() or "")
+    return status.rsplit(".", 1)[-1]
+
+
+def _wrap(url: str, exc: Exception, credentials: Credentials) -> EmbedError:
+    code = _status(exc)
+    message = exc.message() if hasattr(exc, "message") else str(exc)
+    message = credentials.scrub(str(message), MESSAGE_MAX_CHARS)
+    if code in RETRY_CODES or not code:
+        return RetryableError(f"{url}: gRPC {code or 'error'}: {message}")
+    return ServerRefused(f"gRPC {code}", message)
+
+
+class GrpcTransport:
+    """V2 gRPC inference to one ``grpc://host:port``.
+
+    Args:
+        url: ``grpc://host:port``, or ``grpcs://host:port`` for TLS.
+        timeout_s: Per-call deadline.
+        policy: Channel recycling.
+        credentials: CA bundle and metadata (token) for every call.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float,
+        policy: RecyclePolicy,
+        credentials: Credentials | None = None,
+    ):
+        self.url = url
+        self._timeout_s = timeout_s
+        creds = self._credentials = credentials or Credentials()
+        self._recycler = Recycler(lambda: _client(url, creds), lambda c: c.close(), policy)
+
+    @property
+    def pools_opened(self) -> int:
+        """Channels opened so far."""
+        return self._recycler.pools_opened
+
+    def infer(
+        self, model: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
+    ) -> Answer:
+        """Sends one call; returns ``{output: array}`` (same errors as HTTP)."""
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        infer_inputs = []
+        for name, array in inputs.items():
+            array = np.ascontiguousarray(array)
+            item = grpcclient.InferInput(name, list(array.shape), _DATATYPES[array.dtype])
+            item.set_data_from_numpy(array)
+            infer_inputs.append(item)
+        pool = self._recycler.acquire()
+        try:
+            result = pool.client.infer(
+                model,
+                infer_inputs,
+                parameters=dict(parameters) or None,
+                client_timeout=self._timeout_s,
+                headers=self._credentials.grpc_metadata() or None,
+            )
+        except InferenceServerException as exc:
+            error = _wrap(self.url, exc, self._credentials)
+            if isinstance(error, RetryableError):
+                self._recycler.discard(pool)
+            raise error from exc
+        finally:
+            self._recycler.release(pool)
+        return self._decode(result)
+
+    def _decode(self, result: Any) -> Answer:
+        """The outputs and identity of an ``InferResult``; BadAnswer when they do not decode."""
+        try:
+            response = result.get_response()
+            outputs = {out.name: result.as_numpy(out.name) for out in response.outputs}
+            identity = {
+                "model_name": response.model_name,
+                "model_version": response.model_version,
+                "parameters": {
+                    k: getattr(v, v.WhichOneof("parameter_choice") or "string_param")
+                    for k, v in response.parameters.items()
+                },
+            }
+        except DECODE_ERRORS as exc:
+            message = self._credentials.scrub(str(exc), MESSAGE_MAX_CHARS)
+            raise BadAnswer(f"{self.url}: malformed answer: {message}") from exc
+        return Answer(outputs, identity)
+
+    def close(self) -> None:
+        """Closes the channel."""
+        self._recycler.close()
+
+
+def grpc_metadata(
+    url: str, model: str | None, timeout_s: float, credentials: Credentials | None = None
+) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(name, inputs, outputs)`` of a model from gRPC ``ModelMetadata``.
+
+    Raises:
+        UsageError: No ``--model`` (gRPC has no model list here).
+        EmbedError: The server cannot be reached or does not know the model.
+    """
+    from tritonclient.utils import InferenceServerException
+
+    if model is None:
+        raise UsageError(f"{url}: pass --model NAME (a gRPC URL cannot list its models)")
+    credentials = credentials or Credentials()
+    client = _client(url, credentials)
+    try:
+        meta = client.get_model_metadata(
+            model,
+            headers=credentials.grpc_metadata() or None,
+            as_json=True,
+            client_timeout=timeout_s,
+        )
+    except InferenceServerException as exc:
+        message = credentials.scrub(str(exc), MESSAGE_MAX_CHARS)
+        raise EmbedError(f"{url}: model metadata for {model!r}: {message}") from exc
+    finally:
+        client.close()
+
+    def entries(key: str) -> list[dict[str, Any]]:
+        return [
+            {"name": t["name"], "datatype": t["datatype"], "shape": [int(d) for d in t["shape"]]}
+            for t in meta.get(key, [])
+        ]
+
+    return model, entries("inputs"), entries("outputs")

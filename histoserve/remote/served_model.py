@@ -1,0 +1,383 @@
+"""What the server says about its model: tile size, mpp, outputs, package identity.
+
+``histoserve embed`` tiles slides at the model's own scale, so before reading
+a single tile it asks a server: ``GET /v2/models`` (or ``/v1/models``) for the
+model name when none is given, then ``GET /v2/models/{name}/config`` for the
+spec (``tile_size``, ``mpp``, ``family``, modes), the package's metadata and,
+for multimodal models, the input gene list. The answer goes into every output
+file (spec, package identity) and into the config hash that decides resume.
+
+Credentials (CA bundle, token, headers) go with these requests as with
+inference requests. A ``grpc://`` URL has no config endpoint: the info then comes from the first
+HTTP URL given, else from gRPC model metadata (tile size, gene count), and the
+target mpp must be given with ``--target-mpp``.
+
+Every URL is asked, not only the first: requests go to all of them, so a
+second URL serving another package (same shapes, other weights) would put
+its features into the same files. Every HTTP(S) URL's config must report the
+first one's package digest and spec; a gRPC URL's metadata gives no digest,
+so only its tile size, gene count and output names, datatypes and shapes are
+compared (:func:`check_same_model`). Any difference is a usage error naming
+both URLs and what differs, before any slide is read.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from histoserve.errors import EmbedError, UsageError
+from histoserve.remote.auth import MESSAGE_MAX_CHARS, Credentials
+from histoserve.remote.dispatch import RetryPolicy
+from histoserve.remote.retry_after import parse_retry_after
+from histoserve.remote.transport import RETRY_STATUS, http_client, server_message
+
+INFO_TIMEOUT_S = 30.0
+GRPC_DIGEST = "grpc-metadata:"
+"""How :attr:`ServerInfo.package_sha256` starts when it comes from gRPC metadata (no digest)."""
+METADATA_DIGEST = "metadata:"
+"""How it starts when made up from a config that reports no digest."""
+
+OutputInfo = tuple[str, tuple[int, ...]]
+"""An output's V2 datatype and shape (``-1`` where any size goes: the batch axis)."""
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """One served model as the embed client needs it.
+
+    Attributes:
+        model: Model name in URLs.
+        family: ``embedding``, ``multimodal`` or ``segmentation``.
+        tile_size: Tile edge the model takes (px).
+        mpp: Microns per pixel the model was trained at (None: unknown, gRPC only).
+        modes: Modes the model answers; the first is its default.
+        n_genes: Bulk-RNA vector length for multimodal models (0: takes none).
+        package_sha256: The package digest when the server reports one, else a
+            digest of the package metadata it reports (provenance, spec, build facts).
+        spec: The spec as the server reports it (JSON-ready).
+        outputs: Output name -> :data:`OutputInfo`, as the server lists them
+            (``outputs`` of the config, or gRPC metadata), else as the spec implies.
+            Every answer is checked against these (:mod:`~histoserve.remote.answers`).
+    """
+
+    model: str
+    family: str
+    tile_size: int
+    mpp: float | None
+    modes: tuple[str, ...]
+    n_genes: int = 0
+    package_sha256: str = ""
+    spec: Mapping[str, Any] = field(default_factory=dict)
+    outputs: Mapping[str, OutputInfo] = field(default_factory=dict)
+
+    @property
+    def reported_sha256(self) -> str:
+        """The package digest as the server reported it; "" when made up here from metadata."""
+        made_up = self.package_sha256.startswith((GRPC_DIGEST, METADATA_DIGEST))
+        return "" if made_up else self.package_sha256
+
+    def check_mode(self, mode: str) -> None:
+        """UsageError when the model cannot answer ``mode`` (e.g. a segmentation model)."""
+        if self.family == "segmentation":
+            raise UsageError(
+                f"model {self.model!r} is a segmentation model: use it with --tissue {self.model}"
+            )
+        if mode not in self.modes:
+            raise UsageError(
+                f"model {self.model!r} has no mode {mode!r}; it answers {', '.join(self.modes)}"
+            )
+
+
+def info_url(urls: Sequence[str]) -> str | None:
+    """The first HTTP(S) URL: the one that has the config endpoint."""
+    return next((u for u in urls if u.startswith(("http://", "https://"))), None)
+
+
+def fetch_server_info(
+    urls: Sequence[str],
+    model: str | None,
+    timeout_s: float = INFO_TIMEOUT_S,
+    retry: RetryPolicy | None = None,
+    sleep: Callable[[float], Any] = time.sleep,
+    credentials: Credentials | None = None,
+) -> ServerInfo:
+    """The model's :class:`ServerInfo`, from the first HTTP URL or else over gRPC.
+
+    Every other URL is asked too and must serve the same model package
+    (:func:`check_same_model`). Connection errors, 5xx and 429 are retried
+    like inference requests (a Job's pod may start before its
+    InferenceService is ready, or while it scales up).
+
+    Raises:
+        UsageError: No model named and the server serves several (or none), an
+            unknown model, or two URLs serving different packages.
+        EmbedError: A server cannot be reached or answers something unexpected.
+    """
+    urls = list(dict.fromkeys(u.rstrip("/") for u in urls))
+    first = info_url(urls) or urls[0]
+    ask = functools.partial(
+        _ask,
+        timeout_s=timeout_s,
+        retry=retry or RetryPolicy(),
+        sleep=sleep,
+        credentials=credentials,
+    )
+    reference = ask(first, model)
+    others = [(u, _ask_another(ask, u, reference.model, first)) for u in urls if u != first]
+    check_same_model([(first, reference), *others])
+    return reference
+
+
+def _ask(
+    url: str,
+    name: str | None,
+    *,
+    timeout_s: float,
+    retry: RetryPolicy,
+    sleep: Callable[[float], Any],
+    credentials: Credentials | None,
+) -> ServerInfo:
+    """One URL's description: its config over HTTP(S), its metadata over gRPC."""
+    if not url.startswith(("http://", "https://")):
+        return _grpc_info(url, name, timeout_s, credentials)
+    with _Getter(url, timeout_s, retry, sleep, credentials) as getter:
+        return _http_info(getter, name)
+
+
+def _ask_another(ask: Callable[..., ServerInfo], url: str, name: str, first: str) -> ServerInfo:
+    """:func:`_ask` for a URL beside the first; an unreachable one says why it was asked."""
+    try:
+        return ask(url, name)
+    except UsageError:
+        raise
+    except EmbedError as exc:
+        raise EmbedError(
+            f"{exc}; every --url is asked before any slide whether it serves the same "
+            f"model package as {first}: drop this one, or run again when it is up"
+        ) from exc
+
+
+def _http_info(getter: _Getter, model: str | None) -> ServerInfo:
+    """``model``'s (else the only model's) info from one HTTP URL's config endpoint."""
+    name = model or _only_model(getter)
+    response = getter.get(f"/v2/models/{name}/config")
+    if response.status_code == 404:
+        raise UsageError(f"{getter.base} serves no model {name!r}: {getter.message(response)}")
+    getter.check(response)
+    try:
+        config = response.json()
+    except ValueError as exc:
+        raise EmbedError(f"{getter.base}: the config of {name!r} is not JSON") from exc
+    return info_from_config(name, config)
+
+
+def check_same_model(infos: Sequence[tuple[str, ServerInfo]]) -> None:
+    """UsageError unless every ``(url, info)`` describes the first one's model package.
+
+    Two configs (HTTP) must agree on the package digest and the spec. Where
+    one side is gRPC metadata (no digest, no spec), the tile size, the gene
+    count and the outputs (names, datatypes, shapes; ``-1`` matches any size)
+    must agree: that is all gRPC can tell.
+    """
+    (first_url, first), *others = infos
+    for url, info in others:
+        problem = _difference(first, info)
+        if problem is not None:
+            raise UsageError(
+                f"--url {first_url} and --url {url} serve different models: {problem}. Every "
+                "--url must serve the same model package (an upgrade under way? wait until "
+                "every server runs one package, or give only the URLs of one)"
+            )
+
+
+def _difference(a: ServerInfo, b: ServerInfo) -> str | None:
+    """How two servers' model descriptions differ, or None."""
+    grpc = [i.package_sha256.startswith(GRPC_DIGEST) for i in (a, b)]
+    if not any(grpc):
+        if a.package_sha256 != b.package_sha256:
+            return f"package {a.package_sha256} vs package {b.package_sha256}"
+        keys = sorted(k for k in {*a.spec, *b.spec} if a.spec.get(k) != b.spec.get(k))
+        if keys:
+            return f"one package {a.package_sha256}, but specs differing in {', '.join(keys)}"
+        return None
+    digests = " vs ".join(
+        "gRPC metadata (no package digest: only shapes compared)" if g else i.package_sha256
+        for g, i in zip(grpc, (a, b), strict=True)
+    )
+    for what, x, y in (
+        ("tile size", a.tile_size, b.tile_size),
+        ("gene count", a.n_genes, b.n_genes),
+        ("outputs", sorted(a.outputs), sorted(b.outputs)),
+    ):
+        if x != y:
+            return f"{what} {x} vs {y} ({digests})"
+    for name, (dtype, shape) in a.outputs.items():
+        other_dtype, other_shape = b.outputs[name]
+        fits = len(shape) == len(other_shape) and all(
+            -1 in (d, e) or d == e for d, e in zip(shape, other_shape, strict=True)
+        )
+        if dtype != other_dtype or not fits:
+            return (
+                f"output {name!r} {dtype} {list(shape)} vs {other_dtype} "
+                f"{list(other_shape)} ({digests})"
+            )
+    return None
+
+
+def info_from_config(name: str, config: Mapping[str, Any]) -> ServerInfo:
+    """Builds :class:`ServerInfo` from a ``/v2/models/{name}/config`` answer."""
+    try:
+        spec = dict(config["spec"])
+        digest = config.get("package_sha256") or config.get("sha256")
+        if not digest:
+            blob = json.dumps(config.get("package_metadata", {}), sort_keys=True).encode()
+            digest = METADATA_DIGEST + hashlib.sha256(blob).hexdigest()
+        return ServerInfo(
+            model=name,
+            family=str(spec["family"]),
+            tile_size=int(spec["tile_size"]),
+            mpp=float(spec["mpp"]),
+            modes=tuple(spec["modes"]),
+            n_genes=len(config.get("genes_in") or ()),
+            package_sha256=str(digest),
+            spec=spec,
+            outputs=_listed_outputs(config.get("outputs")) or _spec_outputs(spec),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise EmbedError(f"model {name!r}: unexpected config answer ({exc!r})") from exc
+
+
+def _listed_outputs(listed: Any) -> dict[str, OutputInfo]:
+    """``[{"name", "datatype", "shape"}, ...]`` (config or gRPC metadata) as :data:`OutputInfo`."""
+    return {
+        str(o["name"]): (str(o["datatype"]), tuple(int(d) for d in o["shape"]))
+        for o in listed or ()
+    }
+
+
+def _spec_outputs(spec: Mapping[str, Any]) -> dict[str, OutputInfo]:
+    """What the contract says a family answers, for a server whose config lists no outputs."""
+    family, dim = spec["family"], int(spec.get("embedding_dim") or -1)
+    if family == "segmentation":
+        size = int(spec["tile_size"])
+        return {"mask": ("UINT8", (-1, size, size))}
+    outputs = {"embedding": ("FP32", (-1, dim))}
+    if family == "multimodal":
+        outputs["prediction"] = ("FP32", (-1, -1))
+    return outputs
+
+
+def _only_model(getter: _Getter) -> str:
+    base = getter.base
+    response = getter.get("/v1/models")
+    getter.check(response)
+    try:
+        models = [str(m) for m in response.json().get("models") or []]
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise EmbedError(f"{base}/v1/models: not a model list") from exc
+    if len(models) != 1:
+        raise UsageError(
+            f"{base} serves {len(models)} models ({', '.join(models) or 'none'}): pick one with --model"
+        )
+    return str(models[0])
+
+
+class _Getter:
+    """GETs against one base URL, retried on connection errors, 5xx and 429."""
+
+    def __init__(
+        self,
+        base: str,
+        timeout_s: float,
+        retry: RetryPolicy,
+        sleep: Callable,
+        credentials: Credentials | None = None,
+    ):
+        self.base, self._retry, self._sleep = base, retry, sleep
+        self._credentials = credentials or Credentials()
+        self._http = http_client(base, timeout_s, self._credentials)
+        self._rng = random.Random()
+
+    def __enter__(self) -> _Getter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._http.close()
+
+    def get(self, path: str) -> httpx.Response:
+        """The answer (any status but a retryable one), or EmbedError when attempts run out."""
+        for attempt in range(1, self._retry.max_attempts + 1):
+            retry_after = None
+            try:
+                response = self._http.get(path)
+            except httpx.HTTPError as exc:
+                error = (
+                    f"{type(exc).__name__}: {self._credentials.scrub(str(exc), MESSAGE_MAX_CHARS)}"
+                )
+            else:
+                if response.status_code not in RETRY_STATUS:
+                    return response
+                error = f"HTTP {response.status_code}: {self.message(response)}"
+                retry_after = parse_retry_after(response.headers.get("retry-after"))
+            if attempt < self._retry.max_attempts:
+                self._sleep(self._retry.delay_s(attempt, retry_after, self._rng))
+        raise EmbedError(
+            f"cannot reach {self.base}{path} ({self._retry.max_attempts} attempts): {error}"
+        )
+
+    def message(self, response: httpx.Response) -> str:
+        """The server's error message, credentials scrubbed out."""
+        return server_message(response, self._credentials)
+
+    def check(self, response: httpx.Response) -> None:
+        """EmbedError for a 4xx/5xx answer, with the server's (scrubbed) message."""
+        if response.status_code >= 400:
+            path = response.request.url.path
+            raise EmbedError(
+                f"{self.base}{path}: HTTP {response.status_code}: {self.message(response)}"
+            )
+
+
+def _grpc_info(
+    url: str, model: str | None, timeout_s: float, credentials: Credentials | None
+) -> ServerInfo:
+    """Tile size and gene count from gRPC model metadata (no spec, no mpp)."""
+    from histoserve.remote.grpc_transport import grpc_metadata
+
+    name, inputs, outputs = grpc_metadata(url, model, timeout_s, credentials)
+    return info_from_metadata(url, name, inputs, outputs)
+
+
+def info_from_metadata(
+    url: str, name: str, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]
+) -> ServerInfo:
+    """Builds :class:`ServerInfo` from gRPC ``ModelMetadata`` inputs and outputs."""
+    shapes = {i["name"]: i["shape"] for i in inputs}
+    if "pixels" not in shapes:
+        raise EmbedError(f"{url}: model {name!r} has no 'pixels' input ({sorted(shapes)})")
+    out_names = {o["name"] for o in outputs}
+    family = "segmentation" if "mask" in out_names else "embedding"
+    modes = ("embedding",) if "embedding" in out_names else ()
+    if "prediction" in out_names:
+        family = "multimodal" if "bulk_rna" in shapes else family
+        modes = ("prediction", "embedding", "prediction_with_embedding")
+    return ServerInfo(
+        model=name,
+        family=family,
+        tile_size=int(shapes["pixels"][1]),
+        mpp=None,
+        modes=modes,
+        n_genes=int(shapes["bulk_rna"][1]) if "bulk_rna" in shapes else 0,
+        package_sha256=GRPC_DIGEST + hashlib.sha256(repr(shapes).encode()).hexdigest(),
+        spec={"name": name, "family": family, "inputs": inputs, "outputs": outputs},
+        outputs=_listed_outputs(outputs),
+    )

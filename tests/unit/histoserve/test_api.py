@@ -1,0 +1,152 @@
+"""The notebook API: ``histoserve.embed``'s options are the CLI's, and ``read_features`` reads any layout."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import histoserve
+from histoserve import api
+from histoserve.commands.embed import build_parser, config_from_args, options_of
+from histoserve.errors import SlideError, UsageError
+from tests.unit.histoserve.heads import features as ff
+
+REQUIRED = ["--url", "http://localhost:8080", "--out"]
+
+
+def test_the_package_names_the_api_and_imports_it_on_first_use():
+    assert histoserve.embed is api.embed
+    assert histoserve.read_features is api.read_features
+    assert histoserve.HistoserveClient.__module__ == "histoserve.remote.client"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        histoserve.nope  # noqa: B018
+
+
+def test_every_flag_is_a_keyword_argument_and_every_keyword_a_flag(tmp_path):
+    args = build_parser().parse_args([*REQUIRED, str(tmp_path)])
+    parameters = set(inspect.signature(api.embed).parameters) - {"env"}
+    assert set(options_of(args)) == parameters
+
+
+def test_the_cli_defaults_are_the_api_defaults(tmp_path):
+    options = options_of(build_parser().parse_args([*REQUIRED, str(tmp_path)]))
+    defaults = api.embed_defaults()
+    assert "env" not in defaults and "url" not in defaults and "out" not in defaults
+    for name, default in defaults.items():
+        given = options[name]
+        assert (tuple(given) if isinstance(given, list) else given) == default, name
+
+
+def test_the_same_options_make_the_same_config(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    argv = [
+        "a.svs", "b.tiff", *REQUIRED, str(tmp_path), "--url", "grpc://other:8081",
+        "--target-mpp", "0.5", "--batch-size", "32", "--shard", "1/4", "--layout", "trident",
+        "--token-file", str(token), "--header", "X-Lab: 1", "--no-qc", "--overlap", "16",
+    ]  # fmt: skip
+    from_cli = config_from_args(build_parser().parse_args(argv), {})
+    from_api = api.embed_config(
+        {
+            **api.embed_defaults(),
+            "slides": ["a.svs", Path("b.tiff")],
+            "url": ["http://localhost:8080", "grpc://other:8081"],
+            "out": str(tmp_path),
+            "target_mpp": 0.5,
+            "batch_size": 32,
+            "shard": (1, 4),
+            "layout": "trident",
+            "token_file": token,
+            "header": "X-Lab: 1",
+            "qc": False,
+            "overlap": 16,
+        },
+        {},
+    )
+    assert from_api == from_cli
+    assert from_api.credentials == from_cli.credentials
+
+
+def test_a_lone_string_is_one_value_never_its_characters(tmp_path):
+    config = api.embed_config(
+        {**api.embed_defaults(), "slides": "slide.svs", "url": "http://h:8080", "out": tmp_path},
+        {},
+    )
+    assert config.slides == (Path("slide.svs"),)
+    assert config.urls == ("http://h:8080",)
+    (tmp_path / "a.svs").touch()
+    (tmp_path / "b.svs").touch()
+    globbed = {**api.embed_defaults(), "slides": tmp_path.glob("*.svs"), "url": ("http://h:8080",)}
+    config = api.embed_config({**globbed, "out": tmp_path / "out"}, {})
+    assert sorted(config.slides) == [tmp_path / "a.svs", tmp_path / "b.svs"]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("url", 8080, "url: expected a string or a list of strings"),
+        ("url", ["http://h:8080", None], "url: expected a string"),
+        ("url", "ftp://h", "ftp://h"),
+        ("batch_size", 0, "batch"),
+        ("slides", 7, "slides: expected a path or a list of paths"),
+        ("shard", "5/4", "shard"),
+    ],
+)
+def test_a_bad_option_is_a_usage_error_before_any_slide(tmp_path, option, value, message):
+    options = {"slides": tmp_path / "missing.svs", "url": "http://h:8080", option: value}
+    with pytest.raises(UsageError, match=message):
+        histoserve.embed(out=tmp_path, **options)
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_unreachable_server_is_an_embed_error_not_a_traceback(tmp_path):
+    with pytest.raises(histoserve.EmbedError):
+        histoserve.embed(
+            tmp_path / "missing.svs", url="http://127.0.0.1:9", out=tmp_path / "out",
+            max_attempts=1, timeout_s=2, progress="none",
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", ["flat", "trident", "clam"])
+def test_read_features_reads_every_layout_back(tmp_path, layout):
+    coords = ff.tissue_coords(40)
+    written = ff.features_for(coords, seed=3)
+    done = ff.write(layout, tmp_path, "S1", written, coords)
+    slide = histoserve.read_features(done)
+    np.testing.assert_array_equal(slide.features, written)
+    np.testing.assert_array_equal(slide.coords, coords)
+    assert slide.attrs["slide_id"] == "S1" and slide.attrs["model"] == "h0-mini"
+    assert slide.patch_level0 == ff.PATCH
+
+
+def test_read_features_takes_a_clam_pt_file_from_its_h5_sibling(tmp_path):
+    coords = ff.tissue_coords(12)
+    written = ff.features_for(coords, seed=4)
+    ff.write("clam", tmp_path, "S2", written, coords)
+    pt = tmp_path / "pt_files" / "S2.pt"
+    assert pt.is_file()
+    slide = histoserve.read_features(pt)
+    np.testing.assert_array_equal(slide.features, written)
+    np.testing.assert_array_equal(slide.coords, coords)
+
+
+@pytest.mark.parametrize("name", ["elsewhere/S3.pt", "missing.h5", "not_h5.h5"])
+def test_read_features_names_the_file_and_the_reason(tmp_path, name):
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if name != "missing.h5":
+        path.write_bytes(b"not a features file")
+    with pytest.raises(SlideError, match=str(path.parent)):
+        histoserve.read_features(path)
+
+
+def test_read_features_refuses_a_symlink(tmp_path):
+    coords = ff.tissue_coords(8)
+    done = ff.write("flat", tmp_path / "real", "S4", ff.features_for(coords), coords)
+    link = tmp_path / "S4.h5"
+    link.symlink_to(done)
+    with pytest.raises(SlideError, match=r"S4\.h5"):
+        histoserve.read_features(link)

@@ -1,0 +1,85 @@
+"""Limits: one plausible mpp range for flags, manifest and metadata; JSON nesting measured unparsed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from histoserve import limits
+from histoserve.commands.embed import build_parser, config_from_args
+from histoserve.embedding.config import EmbedConfig
+from histoserve.errors import UsageError
+from histoserve.slides import readers
+from histoserve.slides.manifest import read_manifest
+from histoserve.tissue.mask_geojson import json_depth
+
+BASE = {"urls": ("http://127.0.0.1:8080",), "out_dir": Path("out"), "slides": (Path("a.svs"),)}
+
+
+def test_one_plausible_mpp_range_for_every_source() -> None:
+    assert readers.PLAUSIBLE_MPP is limits.PLAUSIBLE_MPP
+    low, high = limits.PLAUSIBLE_MPP
+    for good in (low, 0.25, 0.5, 8.0, high):
+        assert limits.mpp_problem(good) is None
+    for bad in (1e-4, low / 2, high * 1.01, 352.8, float("nan"), float("inf")):
+        assert "outside 0.01..20 um/px" in (limits.mpp_problem(bad) or "")
+
+
+@pytest.mark.parametrize(
+    ("flag", "field", "value"),
+    [("--mpp-override", "mpp_override", 1e-4), ("--target-mpp", "target_mpp", 50.0)],
+)
+def test_an_implausible_mpp_flag_is_a_usage_error(flag: str, field: str, value: float) -> None:
+    with pytest.raises(UsageError, match=rf"{flag} {value!r}: .* outside 0.01..20 um/px"):
+        EmbedConfig(**BASE, **{field: value})
+
+
+def test_a_manifest_mpp_slip_is_a_usage_error_naming_the_line(tmp_path: Path) -> None:
+    manifest = tmp_path / "slides.csv"
+    manifest.write_text("slide_id,path,mpp\nA,a.svs,0.25\nB,b.svs,0.00025\n")
+    with pytest.raises(
+        UsageError, match=r"line 3.*mpp '0.00025': .* outside 0.01..20 um/px"
+    ) as err:
+        read_manifest(manifest)
+    assert str(err.value).count("line 3") == 1, err.value  # named once, not once per layer
+
+
+def test_max_tiles_per_slide_flag(tmp_path: Path) -> None:
+    args = build_parser().parse_args(["a.svs", "--url", "http://h:1", "--out", str(tmp_path)])
+    assert config_from_args(args, {}).max_tiles_per_slide == limits.DEFAULT_MAX_TILES_PER_SLIDE
+    argv = ["a.svs", "--url", "http://h:1", "--out", str(tmp_path), "--max-tiles-per-slide"]
+    assert (
+        config_from_args(build_parser().parse_args([*argv, "500"]), {}).max_tiles_per_slide == 500
+    )
+    with pytest.raises(UsageError, match="--max-tiles-per-slide must be >= 1, got 0"):
+        config_from_args(build_parser().parse_args([*argv, "0"]), {})
+
+
+def test_json_depth_counts_nesting_not_brackets_in_strings() -> None:
+    collection = {
+        "type": "FeatureCollection",
+        "features": [
+            {
+                "type": "Feature",
+                "properties": {"name": '[[[{{ a " quoted [ name', "color": [1, 2, 3]},
+                "geometry": {"type": "MultiPolygon", "coordinates": [[[[0, 0], [1, 0], [0, 1]]]]},
+            }
+        ],
+    }
+    raw = json.dumps(collection).encode()
+    assert b'\\"' in raw  # an escaped quote inside a string
+    assert json_depth(raw) == 8  # collection, features, feature, geometry, 4 lists of coordinates
+    assert json_depth(b"[" * 100_000 + b"]" * 100_000) == 100_000
+    assert json_depth(b'"[[["') == 0 and json_depth(b"") == 0
+    assert json_depth(b"[]" * (3 << 22)) == 1  # across the scan's blocks
+
+
+def test_json_depth_across_block_boundaries(monkeypatch: pytest.MonkeyPatch) -> None:
+    from histoserve.tissue import mask_geojson
+
+    raw = b'{"a": [[1, [2]], {"b": [[[3]]]}], "c": "]]]]"}'
+    assert json_depth(raw) == 6
+    monkeypatch.setattr(mask_geojson, "_DEPTH_BLOCK", 3)
+    assert json_depth(raw) == 6
