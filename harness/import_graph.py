@@ -27,10 +27,24 @@ def _statements(tree: ast.Module, top_level_only: bool) -> Iterator[ast.AST]:
     if not top_level_only:
         yield from ast.walk(tree)
         return
-    for node in tree.body:
+    yield from _run_at_import(tree.body)
+
+
+def _run_at_import(body: list[ast.stmt]) -> Iterator[ast.AST]:
+    """Every node that runs when the module is imported: blocks and class bodies too,
+    never a function's body or an ``if TYPE_CHECKING`` block (type hints only)."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue  # type hints only, never executed
-        yield from ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else (node,)
+            yield from _run_at_import(node.orelse)
+            continue
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.stmt):
+                yield from _run_at_import([child])
+            elif not isinstance(child, ast.Lambda):
+                yield from ast.walk(child)
 
 
 def imports(

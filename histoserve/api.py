@@ -13,6 +13,7 @@ summary's ``failed`` (and ``status.csv``), as they are for the command.
 from __future__ import annotations
 
 import inspect
+import numbers
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -31,6 +32,39 @@ from histoserve.slides.manifest import parse_shard
 PathLike = Union[str, "os.PathLike[str]"]
 # Options that take one value or several (the repeatable flags).
 _SEVERAL = ("url", "tissue_url", "slide_url", "header")
+# What each other option must be; None is allowed where it is the default.
+_KINDS = {
+    **dict.fromkeys(("out", "manifest", "masks", "ca_cert", "token_file"), "path"),
+    **dict.fromkeys(("model", "mode", "progress", "layout", "tissue", "slide_model"), "text"),
+    **dict.fromkeys(("force", "qc"), "flag"),
+    **dict.fromkeys(
+        ("target_mpp", "mpp_override", "mpp_tolerance", "min_tissue", "timeout_s", "recycle_s"),
+        "number",
+    ),
+    **dict.fromkeys(
+        (
+            "tile_size",
+            "accept_bad_tiles",
+            "overlap",
+            "max_tiles_per_slide",
+            "batch_size",
+            "concurrency",
+            "read_workers",
+            "queue_batches",
+            "slides_in_flight",
+            "max_attempts",
+            "recycle_requests",
+        ),
+        "whole number",
+    ),
+}
+_IS_KIND = {
+    "path": lambda v: isinstance(v, (str, os.PathLike)),
+    "text": lambda v: isinstance(v, str),
+    "flag": lambda v: isinstance(v, bool),
+    "number": lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool),
+    "whole number": lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool),
+}
 
 
 def embed(
@@ -85,6 +119,10 @@ def embed(
         The run's summary: ``done``, ``skipped`` and ``failed`` slide ids (``failed``:
         id -> reason), tiles and seconds; a resumed run skips what is done.
 
+    Interrupting it (Ctrl-C, a notebook's stop button) starts no further slide
+    waits for the slides in progress (``slides_in_flight``) to be
+    finished, then raises KeyboardInterrupt; every file is whole or absent, and a re-run resumes.
+
     Raises:
         UsageError: A bad option, found before any slide is read.
         EmbedError: The server cannot be reached or described.
@@ -104,9 +142,17 @@ def embed_defaults() -> dict[str, Any]:
 
 
 def embed_config(options: Mapping[str, Any], env: Mapping[str, str]) -> EmbedConfig:
-    """The checked :class:`EmbedConfig` of :func:`embed`'s options (UsageError when bad)."""
+    """The checked :class:`EmbedConfig` of :func:`embed`'s options (UsageError when bad).
+
+    Types are checked first, by name and type only: an option's value may be a
+    credential (a header, a URL), so no message repeats it.
+    """
+    defaults = embed_defaults()
+    for name, kind in _KINDS.items():
+        value = options[name]
+        if not (value is None and defaults.get(name, 0) is None) and not _IS_KIND[kind](value):
+            raise UsageError(f"{name}: expected a {kind}, got {type(value).__name__}")
     several = {name: _several(name, options[name]) for name in _SEVERAL}
-    shard = options["shard"]
     own = {*_SEVERAL, "slides", "out", "shard", "ca_cert", "token_file"}
     config = {k: v for k, v in options.items() if k not in own}
     return EmbedConfig(
@@ -116,7 +162,7 @@ def embed_config(options: Mapping[str, Any], env: Mapping[str, str]) -> EmbedCon
         slides=_paths(options["slides"]),
         tissue_urls=several["tissue_url"],
         slide_urls=several["slide_url"],
-        shard=tuple(shard) if isinstance(shard, (tuple, list)) else parse_shard(shard, env),
+        shard=_shard(options["shard"], env),
         credentials=load_credentials(
             options["ca_cert"], options["token_file"], several["header"], env
         ),
@@ -149,18 +195,34 @@ def read_features(path: PathLike) -> SlideFeatures:
 
 def _several(name: str, value: Any) -> tuple[str, ...]:
     """One value or several: a lone string is one value, never its characters."""
-    values = (value,) if isinstance(value, str) else value or ()
-    values = tuple(values) if isinstance(values, Iterable) else None
-    if values is None or not all(isinstance(v, str) for v in values):
-        raise UsageError(f"{name}: expected a string or a list of strings, got {value!r}")
-    return values
+    values = _items(name, value, (str,), "a string or a list of strings")
+    return tuple(str(v) for v in values)
 
 
 def _paths(value: Any) -> tuple[Path, ...]:
     """Slide paths: one path-like, or a list or any iterable (a glob) of them."""
-    if isinstance(value, (str, os.PathLike)):
-        return (Path(value),)
-    paths = tuple(value) if isinstance(value, Iterable) and not isinstance(value, bytes) else None
-    if paths is None or not all(isinstance(v, (str, os.PathLike)) for v in paths):
-        raise UsageError(f"slides: expected a path or a list of paths, got {value!r}")
-    return tuple(Path(v) for v in paths)
+    return tuple(Path(v) for v in _items("slides", value, (str, os.PathLike), "a path or paths"))
+
+
+def _items(name: str, value: Any, kinds: tuple[type, ...], wanted: str) -> tuple[Any, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, kinds):
+        return (value,)
+    if isinstance(value, (bytes, Mapping)) or not isinstance(value, Iterable):
+        raise UsageError(f"{name}: expected {wanted}, got {type(value).__name__}")
+    items = tuple(value)
+    for index, item in enumerate(items):
+        if not isinstance(item, kinds):
+            raise UsageError(f"{name}: expected {wanted}, item {index} is {type(item).__name__}")
+    return items
+
+
+def _shard(value: Any, env: Mapping[str, str]) -> tuple[int, int] | None:
+    """``"I/N"``, ``"N"`` or ``"auto"`` as on the command line, or an ``(I, N)`` pair."""
+    if value is None or isinstance(value, str):
+        return parse_shard(value, env)
+    pair = tuple(value) if isinstance(value, (tuple, list)) else ()
+    if len(pair) != 2 or not all(_IS_KIND["whole number"](v) for v in pair):
+        raise UsageError("shard: expected 'I/N', 'N', 'auto' or an (I, N) pair of whole numbers")
+    return parse_shard(f"{pair[0]}/{pair[1]}", env)

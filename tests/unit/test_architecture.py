@@ -87,22 +87,50 @@ def test_imports_point_down_the_layers(package):
     assert not upward, upward
 
 
-def test_the_client_never_imports_the_server_and_the_server_only_its_wire():
-    """``histoserve/`` imports no ``predictor`` module anywhere (functions included);
-    the server imports ``histoserve.wire`` at its top and nothing else of the client."""
+# What the server may use of the client: the wire format, the version, and the
+# console script's extra check, asked by `predictor.cli:serve` when it runs.
+SERVER_USES_OF_CLIENT = {"histoserve.wire", "histoserve"}
+SERVER_NAMES_FROM_CLIENT_ROOT = {"__version__", "wire"}
+LATE_SERVER_USES_OF_CLIENT = {("predictor.cli", "histoserve.commands.main")}
+
+
+def test_the_client_never_imports_the_server():
+    """No ``predictor`` import anywhere in ``histoserve/`` (functions included), and no
+    module named by string but the console script's (``serve``, ``export``)."""
     modules = _modules()
     crossing = []
-    for name, path in modules.items():
-        if name.startswith("histoserve"):
-            deps = imports(path, name, modules)  # every import statement, not only the top
-            crossing += [f"{name} -> {d}" for d in deps if d.split(".")[0] == "predictor"]
-        else:
-            deps = _top_level_imports(path, name, modules) - {"histoserve"}
-            crossing += [
-                f"{name} -> {d}"
-                for d in deps
-                if d.startswith("histoserve") and not d.startswith("histoserve.wire")
+    for name, path in _modules(("histoserve",)).items():
+        deps = imports(path, name, modules)  # every import statement, not only the top
+        crossing += [f"{name} -> {d}" for d in deps if d.split(".")[0] == "predictor"]
+        if name != "histoserve.commands.main":
+            strings = [
+                n.value
+                for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                if isinstance(n, ast.Constant) and isinstance(n.value, str)
             ]
+            crossing += [f"{name} names {s}" for s in strings if re.match(r"predictor\.\w", s)]
+    assert not crossing, crossing
+
+
+def test_the_server_uses_only_the_clients_wire():
+    """Of ``histoserve``, ``predictor/`` imports the wire format and the version, anywhere."""
+    modules = _modules()
+    crossing = []
+    for name, path in _modules(("predictor",)).items():
+        for dep in imports(path, name, modules):
+            allowed = dep in SERVER_USES_OF_CLIENT or (name, dep) in LATE_SERVER_USES_OF_CLIENT
+            if (
+                dep.startswith("histoserve")
+                and not allowed
+                and not dep.startswith("histoserve.wire.")
+            ):
+                crossing.append(f"{name} -> {dep}")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "histoserve":
+                names = {a.name for a in node.names} - SERVER_NAMES_FROM_CLIENT_ROOT
+                crossing += [f"{name} -> histoserve.{n}" for n in sorted(names)]
+            elif isinstance(node, ast.Import) and any(a.name == "histoserve" for a in node.names):
+                crossing.append(f"{name} imports the whole client")
     assert not crossing, crossing
     uses_wire = {
         n for n, p in modules.items() if "histoserve.wire" in _top_level_imports(p, n, modules)
@@ -110,10 +138,13 @@ def test_the_client_never_imports_the_server_and_the_server_only_its_wire():
     assert "predictor.codecs.binary" in uses_wire
 
 
+def _package_folders(package: Path) -> list[Path]:
+    """The package and its subpackages (folders with ``__init__.py``), as git would see them."""
+    return [package, *sorted(p.parent for p in package.rglob("*/__init__.py"))]
+
+
 def test_no_client_folder_over_ten_modules_and_each_says_what_it_holds():
-    for folder in [CLIENT, *sorted(p for p in CLIENT.rglob("*") if p.is_dir())]:
-        if folder.name == "__pycache__":
-            continue
+    for folder in _package_folders(CLIENT):
         count = len(list(folder.glob("*.py")))
         assert count <= MAX_MODULES_PER_CLIENT_FOLDER, f"{folder}: {count} modules"
         init = folder / "__init__.py"

@@ -91,15 +91,75 @@ def test_a_lone_string_is_one_value_never_its_characters(tmp_path):
         ("url", ["http://h:8080", None], "url: expected a string"),
         ("url", "ftp://h", "ftp://h"),
         ("batch_size", 0, "batch"),
-        ("slides", 7, "slides: expected a path or a list of paths"),
+        ("slides", 7, "slides: expected a path or paths, got int"),
+        ("slides", [b"a.svs"], "slides: expected a path or paths, item 0 is bytes"),
         ("shard", "5/4", "shard"),
+        ("shard", (5, 4), "shard"),
+        ("shard", (True, 2), "an \\(I, N\\) pair of whole numbers"),
+        ("shard", (0.5, 2), "an \\(I, N\\) pair of whole numbers"),
+        ("shard", (0, 1, 2), "an \\(I, N\\) pair of whole numbers"),
+        ("shard", 3, "an \\(I, N\\) pair of whole numbers"),
+        ("out", None, "out: expected a path, got NoneType"),
+        ("manifest", b"m.csv", "manifest: expected a path, got bytes"),
+        ("batch_size", "64", "batch_size: expected a whole number, got str"),
+        ("tile_size", 224.5, "tile_size: expected a whole number, got float"),
+        ("overlap", True, "overlap: expected a whole number, got bool"),
+        ("timeout_s", "300", "timeout_s: expected a number, got str"),
+        ("qc", 0, "qc: expected a flag, got int"),
+        ("model", 7, "model: expected a text, got int"),
     ],
 )
 def test_a_bad_option_is_a_usage_error_before_any_slide(tmp_path, option, value, message):
-    options = {"slides": tmp_path / "missing.svs", "url": "http://h:8080", option: value}
+    options = {"slides": tmp_path / "a.svs", "url": "http://h:8080", "out": tmp_path, option: value}
     with pytest.raises(UsageError, match=message):
-        histoserve.embed(out=tmp_path, **options)
+        histoserve.embed(**options)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("header", [b"Authorization: Bearer S3CRET"]),
+        ("header", ["X-Ok: 1", 7, "Authorization: Bearer S3CRET"]),
+        ("url", b"http://user:S3CRET@h:8080"),
+        ("url", ["http://user:S3CRET@h:8080", 5]),
+        ("url", "http://user:S3CRET@h:8080"),
+    ],
+)
+def test_a_refused_credential_is_never_repeated(tmp_path, option, value):
+    options = {"url": "http://h:8080", option: value}
+    with pytest.raises(UsageError) as refused:
+        histoserve.embed(tmp_path / "a.svs", out=tmp_path, **options)
+    assert "S3CRET" not in str(refused.value)
+
+
+def test_every_option_has_a_checked_kind():
+    checked = {*api._KINDS, *api._SEVERAL, "slides", "shard"}
+    assert checked == set(inspect.signature(api.embed).parameters) - {"env"}
+
+
+def test_numpy_values_are_taken_as_python_ones(tmp_path):
+    urls = np.array(["http://a:8080", "http://b:8080"])
+    config = api.embed_config(
+        {
+            **api.embed_defaults(),
+            "slides": "a.svs",
+            "url": urls,
+            "out": tmp_path,
+            "batch_size": np.int64(32),
+        },
+        {},
+    )
+    assert config.urls == ("http://a:8080", "http://b:8080") and config.batch_size == 32
+
+
+def test_the_public_names_are_no_submodule_names():
+    """A submodule named like a public function would replace it once imported."""
+    from histoserve import _WHERE
+
+    submodules = {p.stem for p in Path(histoserve.__file__).parent.iterdir()}
+    assert not set(_WHERE) & submodules
+    assert "importlib" not in dir(histoserve) and "embed" in dir(histoserve)
 
 
 def test_an_unreachable_server_is_an_embed_error_not_a_traceback(tmp_path):
