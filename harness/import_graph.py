@@ -24,27 +24,22 @@ def modules(root: Path, packages: Iterable[str]) -> dict[str, Path]:
 
 
 def _statements(tree: ast.Module, top_level_only: bool) -> Iterator[ast.AST]:
-    if not top_level_only:
-        yield from ast.walk(tree)
-        return
-    yield from _run_at_import(tree.body)
+    yield from _run_at_import(tree) if top_level_only else ast.walk(tree)
 
 
-def _run_at_import(body: list[ast.stmt]) -> Iterator[ast.AST]:
-    """Every node that runs when the module is imported: blocks and class bodies too,
-    never a function's body or an ``if TYPE_CHECKING`` block (type hints only)."""
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+def _run_at_import(node: ast.AST) -> Iterator[ast.AST]:
+    """Every node below ``node`` that runs when the module is imported: blocks and class
+    bodies too, never a function's body or an ``if TYPE_CHECKING`` block (type hints only)."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             continue
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            yield from _run_at_import(node.orelse)
+        if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            for branch in child.orelse:
+                yield branch
+                yield from _run_at_import(branch)
             continue
-        yield node
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.stmt):
-                yield from _run_at_import([child])
-            elif not isinstance(child, ast.Lambda):
-                yield from ast.walk(child)
+        yield child
+        yield from _run_at_import(child)
 
 
 def imports(

@@ -17,17 +17,17 @@ import numbers
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from histoserve.embedding.config import EmbedConfig
-from histoserve.embedding.pipeline import EmbedSummary
-from histoserve.embedding.pipeline import embed as run_embed
 from histoserve.errors import SlideError, UsageError
 from histoserve.limits import DEFAULT_MAX_TILES_PER_SLIDE
 from histoserve.remote.auth import load_credentials
-from histoserve.results.sources import SlideFeatures
-from histoserve.results.sources import read_features as read_h5
 from histoserve.slides.manifest import parse_shard
+
+if TYPE_CHECKING:  # the run and the reader load on first call: `embed --help` needs neither
+    from histoserve.embedding.pipeline import EmbedSummary
+    from histoserve.results.sources import SlideFeatures
 
 PathLike = Union[str, "os.PathLike[str]"]
 # Options that take one value or several (the repeatable flags).
@@ -128,6 +128,8 @@ def embed(
         EmbedError: The server cannot be reached or described.
     """
     options = {name: value for name, value in locals().items() if name != "env"}
+    from histoserve.embedding.pipeline import embed as run_embed
+
     return run_embed(embed_config(options, os.environ if env is None else env))
 
 
@@ -190,6 +192,8 @@ def read_features(path: PathLike) -> SlideFeatures:
         if path.parent.name != "pt_files":
             raise SlideError(f"{path}: a .pt file is read from CLAM's pt_files/ folder only")
         path = path.parent.parent / "h5_files" / f"{path.stem}.h5"
+    from histoserve.results.sources import read_features as read_h5
+
     return read_h5(path)
 
 

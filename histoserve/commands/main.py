@@ -2,9 +2,11 @@
 
 ``embed`` and ``aggregate`` are the client's. ``serve`` (also: no command, or
 flags only) and ``export`` are the server's, in the ``predictor`` package of
-the same distribution: they are imported by name when run, after checking
-that the ``server`` extra is installed (one line naming what is missing,
-exit 2), so that the client never imports the server.
+the same distribution: they are imported by name when run, so that the client
+never imports the server. Each first checks that the ``server`` extra is
+installed (:func:`server_extra_missing`: one line naming what is missing,
+exit 2); ``serve`` does it in ``predictor.cli.serve``, which ``python -m
+predictor`` runs too.
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from histoserve.commands.aggregate import main as aggregate_main
 
         return aggregate_main(argv[1:])
-    if server_extra_missing(command or "serve"):
-        return EXIT_SERVER_MISSING
     if command == "export":
+        if server_extra_missing("export"):
+            return EXIT_SERVER_MISSING
         return importlib.import_module("predictor.export.build").main(argv[1:])
+    # `serve` checks the extra itself (`python -m predictor` runs it too)
     return importlib.import_module("predictor.cli").serve(argv[1:] if command else argv)

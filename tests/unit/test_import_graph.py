@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from harness.import_graph import circles, graph
+from harness.import_graph import circles, graph, imports
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("histoserve", "predictor", "bench", "harness", "tests", "scripts")
@@ -87,6 +87,20 @@ def test_a_circle_hidden_in_a_function_is_found(tmp_path):
     (tmp_path / "bench" / "b.py").write_text("def g():\n    from bench import a\n    return a\n")
     (tmp_path / "bench" / "c.py").write_text("from . import a\n")
     assert circles(import_graph(tmp_path)) == [["bench.a", "bench.b"]]
+
+
+def test_top_level_imports_are_what_runs_at_import(tmp_path):
+    """Blocks, handlers and class bodies run at import; functions and TYPE_CHECKING do not."""
+    source = (
+        "import a\nif TYPE_CHECKING:\n    import b\nelse:\n    import c\n"
+        "try:\n    import d\nexcept ImportError:\n    import e\n"
+        "    def late():\n        import f\nwith x:\n    import g\nfor i in y:\n    import h\n"
+        "class K:\n    import i\n    def m(self):\n        import j\ndef fn():\n    import k\n"
+    )
+    (tmp_path / "m.py").write_text(source)
+    known = {n: tmp_path / f"{n}.py" for n in "abcdefghijk"}
+    assert imports(tmp_path / "m.py", "m", known, top_level_only=True) == set("acdeghi")
+    assert imports(tmp_path / "m.py", "m", known) == set("abcdefghijk")
 
 
 def test_the_circle_finder():
