@@ -159,11 +159,19 @@ def test_rss_stays_flat_over_1000_calls(runner: GilFreeRunner) -> None:
 def _during_a_forward(
     r: GilFreeRunner, x: torch.Tensor, meddle: Callable[[], object]
 ) -> torch.Tensor:
-    """Runs ``r(x)`` in a thread and calls ``meddle`` on this one while it runs."""
+    """Runs ``r(x)`` in a thread and calls ``meddle`` on this one while it runs.
+
+    ``meddle`` waits until the library's forward has started (tens of ms for 64
+    tiles here): before it, the runner is still copying ``x``, and resizing a
+    tensor while another thread copies it is the caller's own race, not the
+    runner's (on a busy machine a fixed sleep landed there and crashed).
+    """
     got: list[torch.Tensor] = []
     thread = threading.Thread(target=lambda: got.extend(r(x)))
     thread.start()
-    time.sleep(0.005)  # inside the forward (tens of ms for 64 tiles here)
+    deadline = time.monotonic() + 30.0
+    while r._running == 0 and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.0005)
     meddle()
     thread.join()
     return got[0]
