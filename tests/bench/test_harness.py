@@ -18,6 +18,9 @@ from bench.payloads import PROTOCOLS
 
 REPO = Path(__file__).resolve().parents[2]
 
+# Two minutes of benchmark on 2 cores (three servers, Triton, every protocol): `make test-long`.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def tiny_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:

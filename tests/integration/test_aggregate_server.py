@@ -31,7 +31,9 @@ SIZES = (1, 7, 156)  # N = 1, 7 and a slide's worth
 
 @pytest.fixture(scope="module")
 def head(tmp_path_factory: pytest.TempPathFactory):
-    model_dir = copy_package_dir(demo_package("abmil-demo"), tmp_path_factory.mktemp("abmil"))
+    model_dir = copy_package_dir(
+        demo_package("abmil-demo", max_batch=200_000), tmp_path_factory.mktemp("abmil")
+    )  # test_slide_server's export: one compile for both
     server = start_server(
         model_dir, tmp_path_factory.mktemp("abmil-log"), "--model_name", "abmil-demo"
     )

@@ -218,7 +218,7 @@ def test_batch_above_the_exported_range_is_refused(embedding_package_dir: Path) 
 
 
 def test_bf16_export_records_and_takes_bf16(tmp_path: Path) -> None:
-    path = demo_package("h0-mini", dtype="bf16", max_batch=4)
+    path = demo_package("h0-mini", dtype="bf16")  # the runner tests' export
     loaded = loader.load_package(path, CPU)
     assert loaded.input_dtype == torch.bfloat16
     assert pkg_meta.provenance(loaded.metadata)["dtype"] == "bf16"
