@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from predictor import startup
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.errors import CheckpointError
 from predictor.families import model_class_for
-from predictor.package import digest
+from predictor.package import digest, loader
 from predictor.package.loader import StartupPhases
 from predictor.serving.metrics import create_metrics
 from predictor.serving.model import BaseServerModel
@@ -158,20 +157,32 @@ def test_no_start_up_step_runs_twice(
     model.stop()
 
 
-def test_nested_phases_are_exclusive() -> None:
+class FakeClock:
+    """``time.monotonic`` that moves only when the test says: durations exact, no sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_nested_phases_are_exclusive(monkeypatch: pytest.MonkeyPatch) -> None:
     """Extraction timed inside load counts once: the phases add up to the time they cover."""
+    clock = FakeClock()
+    monkeypatch.setattr(loader, "time", clock)  # the phases' clock only, not the process's
     phases = StartupPhases()
-    start = time.monotonic()
+    start = clock.monotonic()
     with phases.time("load"):
+        clock.now += 0.125
         with phases.time("extraction"):
-            time.sleep(0.05)  # a known duration to split, not a synchronisation
-        time.sleep(0.02)
-    covered = time.monotonic() - start
+            clock.now += 0.5
+        clock.now += 0.25
+    covered = clock.monotonic() - start
     seconds = phases.as_dict()
     assert list(seconds) == ["extraction", "load"]
-    assert seconds["extraction"] >= 0.05
-    assert 0.02 <= seconds["load"] < 0.05
-    assert sum(seconds.values()) == pytest.approx(covered, abs=0.002)
+    assert seconds == {"extraction": 0.5, "load": 0.375}
+    assert sum(seconds.values()) == covered
 
 
 @pytest.mark.parametrize(
