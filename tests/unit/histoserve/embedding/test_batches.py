@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import queue
 import re
+import sys
 import threading
 import time
 
 import numpy as np
 import pytest
 
+from harness.waiting import wait_until
 from histoserve.embedding.batches import BatchStats, run_batches
 from histoserve.errors import EmbedError
 
@@ -70,9 +73,21 @@ def test_bad_rows_are_masked_and_not_sent() -> None:
     assert sum(sent) == 17
 
 
+def _blocked_on_a_full_queue(ident: int) -> bool:
+    """Whether thread ``ident`` has ended or waits inside ``Queue.put`` on a full queue."""
+    frame = sys._current_frames().get(ident)
+    while frame is not None:
+        if frame.f_code is queue.Queue.put.__code__:
+            return frame.f_locals["self"].full()
+        frame = frame.f_back
+    return ident not in {t.ident for t in threading.enumerate()}
+
+
 def test_read_ahead_is_bounded_by_the_queue() -> None:
     release = threading.Event()
     read_count = 0
+    readers: set[int] = set()  # the threads that read, by identity
+    sending: set[int] = set()  # the threads held in slow_send
     lock = threading.Lock()
     read = _read_factory(400, 4)
 
@@ -80,11 +95,20 @@ def test_read_ahead_is_bounded_by_the_queue() -> None:
         nonlocal read_count
         with lock:
             read_count += 1
+            readers.add(threading.get_ident())
         return read(index)
 
     def slow_send(tiles: np.ndarray, rows: slice):
-        release.wait(10)
+        with lock:
+            sending.add(threading.get_ident())
+        assert release.wait(60), "the test never released the senders"
         return _echo(tiles, rows)
+
+    def nothing_can_move() -> bool:
+        """Both senders held, both readers blocked on the full queue (or done): no more reads."""
+        with lock:
+            held, reading = len(sending), set(readers)
+        return held == 2 and len(reading) == 2 and all(map(_blocked_on_a_full_queue, reading))
 
     result: list = []
     worker = threading.Thread(
@@ -95,14 +119,13 @@ def test_read_ahead_is_bounded_by_the_queue() -> None:
         )
     )
     worker.start()
-    deadline = time.monotonic() + 5
-    while read_count < 2 + 3 + 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.2)  # give readers the chance to overrun the bound if they could
-    # in flight (2) + queued (3) + one held by each blocked reader (2)
-    assert read_count == 7
-    release.set()
-    worker.join(30)
+    try:
+        wait_until(nothing_can_move, "both senders held and both readers blocked")
+        # in flight (2) + queued (3) + one held by each blocked reader (2)
+        assert read_count == 7
+    finally:
+        release.set()
+        worker.join(60)
     assert result[0].ok.all() and read_count == 100
 
 
