@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -138,18 +137,20 @@ def test_stop_closes_the_batcher_and_its_worker_threads(embedding_package_dir):
     model = _model(embedding_package_dir, options=ServingOptions(name="stop-closes"))
     tile = base64.b64encode(encode_png(random_tiles(1, seed=6)[0])).decode()
 
+    workers: list[threading.Thread] = []  # this model's device worker threads, by identity
+
     async def scenario():
         await model.start_batching()
         payload = await model.preprocess({"instances": [{"image_data": tile}]})
         _, (response,) = await model.predict(payload)  # the worker thread exists now
         assert response.outputs["embedding"].shape == (1536,)
-        assert any(t.name.startswith("batcher-stop-closes") for t in threading.enumerate())
+        workers.extend(t for t in threading.enumerate() if t.name.startswith("batcher-stop-closes"))
+        assert workers
         model.stop()  # synchronous, on the loop's thread, as the server's shutdown calls it
         with pytest.raises(ModelNotReady, match="closed"):
             await model.predict(payload)
 
     asyncio.run(scenario())
-    deadline = time.monotonic() + 5.0
-    while any(t.name.startswith("batcher-stop-closes") for t in threading.enumerate()):
-        assert time.monotonic() < deadline, "device worker threads outlived stop()"
-        time.sleep(0.01)
+    for thread in workers:
+        thread.join(60)  # a generous bound: they end at once when stop() works
+    assert not [t.name for t in workers if t.is_alive()], "device worker threads outlived stop()"
