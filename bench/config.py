@@ -1,7 +1,7 @@
 """Benchmark profiles: which models, which cells, how long each window lasts.
 
 ``full`` is what ``make bench`` runs on the 2-core development machine (under
-15 minutes), ``tiny`` is the harness check of ``make test`` (under a minute),
+15 minutes), ``tiny`` is the harness check of ``make test-long`` (about two minutes),
 ``gpu`` is for a CUDA node (``bench/gpu.sh``). Every number a result depends
 on lives here and is written into the results JSON.
 """

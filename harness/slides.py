@@ -243,14 +243,57 @@ def _resolution_kwargs(spec: SlideSpec, downsample: int) -> dict[str, object]:
 def write_slide(path: Path, spec: SlideSpec) -> GeneratedSlide:
     """Write ``spec`` as a tiled pyramidal TIFF at ``path`` and check it with OpenSlide.
 
+    A process builds each slide once: a spec written before (and small enough
+    to keep, :data:`KEEP_MAX_BYTES`) is copied byte for byte from a private
+    copy, so a test session pays each distinct slide once however many
+    modules ask for it, and no test can change another's file.
+
     Raises:
         RuntimeError: OpenSlide does not open the file or reports other
             dimensions or another mpp than ``spec`` says.
     """
-    import tifffile
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    kept = _KEPT.get(spec) if _hashable(spec) else None
+    if kept is not None and kept[0].is_file():
+        shutil.copyfile(kept[0], path)
+        return GeneratedSlide(path, spec, kept[1])
+    dims = _write_new(path, spec)
+    if _hashable(spec) and path.stat().st_size <= KEEP_MAX_BYTES:
+        private = _kept_dir() / f"{len(_KEPT)}{path.suffix}"
+        shutil.copyfile(path, private)
+        _KEPT[spec] = (private, dims)
+    return GeneratedSlide(path, spec, dims)
+
+
+KEEP_MAX_BYTES = 64 << 20
+"""Slides up to this size are kept for reuse (the benchmark's big ones are not)."""
+_KEPT: dict[SlideSpec, tuple[Path, tuple[tuple[int, int], ...]]] = {}
+
+
+def _hashable(spec: SlideSpec) -> bool:
+    try:
+        hash(spec)
+    except TypeError:  # boxes given as lists
+        return False
+    return True
+
+
+@cache
+def _kept_dir() -> Path:
+    """The process's private folder of written slides, removed at exit."""
+    import atexit
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="histoserve-slides-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+def _write_new(path: Path, spec: SlideSpec) -> tuple[tuple[int, int], ...]:
+    """Write ``spec`` at ``path`` and return the level sizes OpenSlide reads there."""
+    import tifffile
+
     compression = "jpeg" if spec.compression == "jpeg" else "adobe_deflate"
     extra = {"compressionargs": {"level": 90}} if spec.compression == "jpeg" else {}
     with tifffile.TiffWriter(path, bigtiff=spec.width * spec.height > 2**28) as tw:
@@ -268,7 +311,7 @@ def write_slide(path: Path, spec: SlideSpec) -> GeneratedSlide:
                 **_resolution_kwargs(spec, d),
                 **extra,
             )
-    return GeneratedSlide(path, spec, _verify_with_openslide(path, spec))
+    return _verify_with_openslide(path, spec)
 
 
 def _verify_with_openslide(path: Path, spec: SlideSpec) -> tuple[tuple[int, int], ...]:

@@ -55,11 +55,15 @@ def demo_package_factory() -> Callable[..., Path]:
     return demo_package
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def embedding_server(
     embedding_package_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
-    """The real ``python -m predictor`` serving the embedding package (batches of 8)."""
+    """The real ``python -m predictor`` serving the embedding package (batches of 8).
+
+    One for the whole session: the tests that take it only send requests. A test
+    that changes a server (faults, drains, restarts) starts its own.
+    """
     server = start_server(
         embedding_package_dir,
         tmp_path_factory.mktemp("emb"),
