@@ -152,6 +152,15 @@ async def outcomes(futures: Sequence[asyncio.Future[Any]]) -> list[Any]:
     return await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), WAIT_S)
 
 
+def still_alive(threads: Sequence[threading.Thread], timeout_s: float = 60.0) -> list[str]:
+    """Joins ``threads`` (a generous bound: they end at once when the code works); the names
+    of those still running."""
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in threads if t.is_alive()]
+
+
 async def busy(fake: Fake, batcher: DynamicBatcher[Any, Any]) -> asyncio.Future[Any]:
     """Hold the worker inside a one-item batch; return that item's future."""
     fake.hold()
@@ -633,10 +642,13 @@ def test_an_observer_missing_a_declared_hook_is_refused_by_name() -> None:
 
 def test_close_nowait_stops_workers_and_fails_the_queue_from_sync_code() -> None:
     fake = Fake()
+    workers: list[threading.Thread] = []  # this batcher's worker threads, by identity
 
     async def body() -> None:
         b = await started(fake, cfg(batch=1), name="sync-close")
         running = await busy(fake, b)
+        workers.extend(t for t in threading.enumerate() if t.name.startswith("batcher-sync-close"))
+        assert workers
         queued = b.submit([2, 3])
         tasks = b.close_nowait()  # no await: what a synchronous stop() can do
         assert tasks and all(t.cancelled() or t.cancelling() for t in tasks)
@@ -646,10 +658,7 @@ def test_close_nowait_stops_workers_and_fails_the_queue_from_sync_code() -> None
         assert all(isinstance(r, ModelNotReady) for r in results), results
 
     run(body)
-    deadline = time.monotonic() + WAIT_S
-    while any(t.name.startswith("batcher-sync-close") for t in threading.enumerate()):
-        assert time.monotonic() < deadline, "worker threads outlived close_nowait"
-        time.sleep(0.01)
+    assert not still_alive(workers), "worker threads outlived close_nowait"
 
 
 @pytest.mark.parametrize(("seed", "workers"), [(1, 1), (2, 1), (3, 1), (4, 3), (5, 3)])
@@ -845,9 +854,14 @@ def test_close_with_several_busy_workers_settles_everything_once() -> None:
         await b.close()
         results = await outcomes(running + queued)
         assert all(isinstance(r, ModelNotReady) for r in results), results
+        ran = set().union(*(fake.threads for fake in gpus.values()))
+        workers = [t for t in threading.enumerate() if t.ident in ran]
+        assert len(workers) == 2
         for fake in gpus.values():
             fake.release()
-        await asyncio.to_thread(time.sleep, 0.05)  # the worker threads return into nothing
+        # The worker threads return into nothing while the loop still runs (run() fails on
+        # any error the loop sees): wait until they have ended, not for a fixed 50 ms.
+        assert not await asyncio.to_thread(still_alive, workers)
 
     run(body)
 
