@@ -6,14 +6,23 @@ import asyncio
 import signal
 import sys
 import threading
+from pathlib import Path
 
+from harness.waiting import wait_until
 from predictor.frontends.children import Child, Children, RestartPolicy
 
-SLEEPER = "import time; print('up', flush=True); time.sleep(60)"
+SETTLED = "open(sys.argv[1], 'w').close()\ntime.sleep(60)"
+"""How each script ends: it writes the file named by its argument once its handler is set."""
+SLEEPER = f"import sys, time\n{SETTLED}"
 
 
-def _python(script: str) -> list[str]:
-    return [sys.executable, "-c", script]
+def _python(script: str, ready: Path) -> list[str]:
+    return [sys.executable, "-c", script, str(ready)]
+
+
+async def _settled(ready: Path) -> None:
+    """Until the child has written ``ready``: its signal handler is set from then on."""
+    await asyncio.to_thread(wait_until, ready.exists, f"the child to write {ready}")
 
 
 async def _run_many(n: int) -> tuple[dict[int, int], int]:
@@ -36,28 +45,29 @@ def test_one_waiter_reaps_more_children_than_the_default_executor_has_threads() 
     assert extra_threads == 0  # no thread started per child (threads of earlier tests may end)
 
 
-async def _stop(script: str) -> list[int]:
-    children = Children(lambda i: _python(script), [], lambda c, code: None)
+async def _stop(script: str, ready: Path) -> list[int]:
+    children = Children(lambda i: _python(script, ready), [], lambda c, code: None)
     child: Child = children.spawn(0)
     assert child.proc.stdout is None
-    await asyncio.sleep(0.5)  # the script's handler is set by then
+    await _settled(ready)
     return await children.stop_all(timeout_s=10)
 
 
-def test_stop_reports_each_exit_code_as_it_is() -> None:
-    assert asyncio.run(_stop(SLEEPER)) == [-signal.SIGTERM]
-    failing = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\ntime.sleep(60)"
-    assert asyncio.run(_stop(failing)) == [3]
+def test_stop_reports_each_exit_code_as_it_is(tmp_path: Path) -> None:
+    assert asyncio.run(_stop(SLEEPER, tmp_path / "sleeper")) == [-signal.SIGTERM]
+    failing = f"import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\n{SETTLED}"
+    assert asyncio.run(_stop(failing, tmp_path / "failing")) == [3]
 
 
-def test_stop_kills_a_child_that_ignores_sigterm() -> None:
-    stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)"
+def test_stop_kills_a_child_that_ignores_sigterm(tmp_path: Path) -> None:
+    stubborn = f"import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n{SETTLED}"
+    ready = tmp_path / "stubborn"
 
     async def run() -> list[int]:
-        children = Children(lambda i: _python(stubborn), [], lambda c, code: None)
+        children = Children(lambda i: _python(stubborn, ready), [], lambda c, code: None)
         children.spawn(0)
-        await asyncio.sleep(0.5)
-        return await children.stop_all(timeout_s=0.5)
+        await _settled(ready)
+        return await children.stop_all(timeout_s=0.5)  # its grace: SIGKILL follows
 
     assert asyncio.run(run()) == [-signal.SIGKILL]
 
