@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.waiting import wait_until
 from predictor.errors import ForwardError, Overloaded
-from predictor.frontends import owner as owner_module
 from predictor.frontends.messages import frame, read_frame, rebuild_error
 from predictor.frontends.owner import DeviceOwner
 from predictor.frontends.shm import Slab, layout_for
@@ -59,7 +59,8 @@ def _submit(writer: asyncio.StreamWriter, slab: Slab, rid: int, n: int) -> None:
     writer.write(frame(("submit", rid, "embedding", items)))
 
 
-async def _next(reader: asyncio.StreamReader, kind: str, timeout_s: float = 2.0) -> tuple:
+async def _next(reader: asyncio.StreamReader, kind: str, timeout_s: float = 30.0) -> tuple:
+    """The next message of ``kind`` (a generous bound: a missing message fails, a slow one not)."""
     while True:
         message = await asyncio.wait_for(read_frame(reader), timeout_s)
         assert message is not None, "the owner closed the link"
@@ -77,7 +78,7 @@ def test_a_refusal_on_a_full_queue_is_followed_by_the_fresh_depth(tmp_path: Path
         _submit(writer, slab, 1, 2)
         refused = await _next(reader, "done")
         batcher.queue_depth, batcher.refuse = 0, None  # the queue drained; nothing else asked
-        fresh = await _next(reader, "state", timeout_s=10 * owner_module.STATE_REFRESH_S)
+        fresh = await _next(reader, "state")  # owner.STATE_REFRESH_S on an idle machine
         writer.close()
         await owner.close()
         return refused, fresh
@@ -94,8 +95,8 @@ def test_outputs_that_cannot_be_written_fail_their_tile_and_the_rest_is_answered
         batcher = ScriptedBatcher()
         owner, slab, reader, writer = await _connected(tmp_path, batcher)
         _submit(writer, slab, 7, 3)
-        while len(batcher.futures) < 3:
-            await asyncio.sleep(0.01)
+        submitted = lambda: len(batcher.futures) >= 3  # noqa: E731
+        await asyncio.to_thread(wait_until, submitted, "the owner to submit the 3 tiles")
         good = SimpleNamespace(outputs={"embedding": np.ones(4, np.float32)})
         pointers = SimpleNamespace(outputs={"labels": np.array(["a", None], dtype=object)})
         broken = SimpleNamespace(outputs=None)  # .items() raises AttributeError
