@@ -8,8 +8,8 @@ measured by ``make gpu-check``.
 
 from __future__ import annotations
 
+import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 import torch
 
+from harness.waiting import wait_until
 from predictor.device.normalizer import Normalizer
+from predictor.device.pipeline import Turn
 from predictor.device.slot import DeviceSlot
 from predictor.device.workers import DeviceWorkers
 from predictor.spec import BUILTIN_SPECS
@@ -42,6 +44,20 @@ class Log:
 
     def index(self, label: str, what: str) -> int:
         return next(i for i, s in enumerate(self.steps) if s[:2] == (label, what))
+
+    def __contains__(self, step: tuple[str, str]) -> bool:
+        with self.lock:
+            return any(s[:2] == step for s in self.steps)
+
+
+def _waits_in(thread: threading.Thread, function: Any) -> bool:
+    """Whether ``thread`` is inside ``function`` now (blocked there, for a lock)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code is function.__code__:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class FakeStream:
@@ -110,8 +126,13 @@ def test_the_next_batch_stages_and_copies_while_the_current_one_computes() -> No
         log.add("forward start")
         if mode == "a":
             in_forward.set()
-            assert b_staged.wait(10), "lane b did not stage during lane a's forward"
-            time.sleep(0.05)
+            assert b_staged.wait(60), "lane b did not stage during lane a's forward"
+            # a's forward ends only once b waits for the turn (or, were there no turn, has
+            # started its own forward: the order checked below), not after a fixed 50 ms.
+            wait_until(
+                lambda: _waits_in(b, Turn.taken.__wrapped__) or ("b", "forward start") in log,
+                "lane b to wait for the turn",
+            )
         log.add("forward end")
         return list(own.package(x)[0])
 
@@ -141,8 +162,8 @@ def test_the_next_batch_stages_and_copies_while_the_current_one_computes() -> No
     try:
         b = threading.Thread(target=run, args=("cpu#b", "b"))
         b.start()
-        a.join(10)
-        b.join(10)
+        a.join(60)
+        b.join(60)
     finally:
         FakeStream.record = original_record  # type: ignore[method-assign]
     steps = log.steps
