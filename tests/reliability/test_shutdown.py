@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from harness.server import Server, start_server
+from harness.waiting import wait_until
 from tests.chart.helpers import (
     args_of,
     find_helm,
@@ -86,24 +87,51 @@ def readiness_turns_false(server: Server, sent_at: float) -> float:
 def sigterm_mid_load(
     server: Server, pool: TilePool, kinds: tuple[str, ...], most: int, clients: int = CLIENTS
 ) -> dict:
-    """Loads the server for 3 s, sends SIGTERM, keeps loading until it has exited."""
+    """Loads the server, sends SIGTERM, keeps loading until it has exited.
+
+    SIGTERM goes once every client has had a 200 (all are in their loop, so the
+    signal lands mid-load), and the load stops once every client has also sent a
+    request after the exit (refused connections, too): conditions, not fixed sleeps.
+    """
     stop, results = threading.Event(), []
+    answered: set[int] = set()  # clients that have had a 200
+    refused_after_exit: set[int] = set()  # clients that sent a request after the exit
+    exited: list[float] = []  # when the server had exited
     with target(server, pool) as t:
-        job = lambda c, s: send_valid(t, c, s, kinds[(c + s) % len(kinds)], most)  # noqa: E731
+
+        def job(c: int, s: int) -> Outcome:
+            outcome = send_valid(t, c, s, kinds[(c + s) % len(kinds)], most)
+            if outcome.status == 200:
+                answered.add(c)
+            if exited and outcome.started > exited[0]:
+                refused_after_exit.add(c)
+            return outcome
+
         load = lambda: results.extend(  # noqa: E731
             run_clients(clients, job, duration_s=120, max_per_client=10**6, stop=stop)
         )
         worker = threading.Thread(target=load)
         worker.start()
-        time.sleep(3.0)
-        sent_at = time.monotonic()
-        server.proc.send_signal(signal.SIGTERM)
-        unready_s = readiness_turns_false(server, sent_at)
-        code = server.proc.wait(DRAIN_TIMEOUT_S + 60)
-        drain_s = time.monotonic() - sent_at
-        time.sleep(0.5)  # a few refused connections after the exit, too
-        stop.set()
-        worker.join()
+        try:
+            wait_until(
+                lambda: len(answered) == clients,
+                f"a 200 for each of the {clients} clients",
+                interval_s=0.05,
+                detail=server.tail,
+            )
+            sent_at = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            unready_s = readiness_turns_false(server, sent_at)
+            code = server.proc.wait(DRAIN_TIMEOUT_S + 60)
+            drain_s = time.monotonic() - sent_at
+            exited.append(time.monotonic())
+            wait_until(
+                lambda: len(refused_after_exit) == clients,
+                "a request from every client after the exit",
+            )
+        finally:
+            stop.set()
+            worker.join()
     in_flight = [o for o in results if o.started < sent_at < o.started + o.latency_s]
     return {
         "outcomes": results,
