@@ -8,6 +8,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from harness.waiting import wait_until
 from predictor.frontends.children import Child, Children, RestartPolicy
 
@@ -25,24 +27,33 @@ async def _settled(ready: Path) -> None:
     await asyncio.to_thread(wait_until, ready.exists, f"the child to write {ready}")
 
 
-async def _run_many(n: int) -> tuple[dict[int, int], int]:
+async def _run_many(n: int) -> dict[int, int]:
     seen: dict[int, int] = {}
     children = Children(
         lambda i: ["/bin/sh", "-c", f"exit {i % 7}"],
         [],
         lambda c, code: seen.setdefault(c.index, code),
     )
-    threads_before = {t.ident for t in threading.enumerate()}
     spawned = [children.spawn(i) for i in range(n)]
-    threads_during = len({t.ident for t in threading.enumerate()} - threads_before)
     await asyncio.wait([c.exited for c in spawned], timeout=30)
-    return seen, threads_during
+    return seen
 
 
-def test_one_waiter_reaps_more_children_than_the_default_executor_has_threads() -> None:
-    seen, extra_threads = asyncio.run(_run_many(40))  # default executor: min(32, CPUs + 4)
+def test_one_waiter_reaps_more_children_than_the_default_executor_has_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started: list[threading.Thread] = []  # threads this test's loop started, by identity
+    here, start = threading.current_thread(), threading.Thread.start
+
+    def recording_start(thread: threading.Thread) -> None:
+        if threading.current_thread() is here:  # not another test's threads, whatever they do
+            started.append(thread)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", recording_start)
+    seen = asyncio.run(_run_many(40))  # default executor: min(32, CPUs + 4)
     assert seen == {i: i % 7 for i in range(40)}
-    assert extra_threads == 0  # no thread started per child (threads of earlier tests may end)
+    assert not started, [t.name for t in started]  # no thread per child (none at all)
 
 
 async def _stop(script: str, ready: Path) -> list[int]:
