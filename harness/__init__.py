@@ -9,6 +9,8 @@ never imports a test module. Modules, one job each:
   cached on disk across sessions and processes;
 - :mod:`harness.factories`: ``--module`` factories shared by several test modules;
 - :mod:`harness.tiles`: synthetic tiles and their encodings;
+- :mod:`harness.slides`: real tiled TIFF/SVS slides, each written once per process;
+- :mod:`harness.waiting`: wait on a condition with a deadline (never a fixed sleep);
 - :mod:`harness.reference`: the vendor's preprocessing and the package run
   in-process, the numerical truth tests compare servers against;
 - :mod:`harness.grpc_client`: an outside ``tritonclient.grpc`` client in its own
