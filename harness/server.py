@@ -8,7 +8,9 @@ a log file, so a failed start can say why.
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -31,11 +33,36 @@ class ServerFailed(RuntimeError):
     """A server exited during start-up or was not ready in time; carries its log tail."""
 
 
+PORTS_FIRST, PORTS_END = 20000, 32000
+"""Test servers' ports come from here: below Linux's ephemeral range (32768-60999),
+so no client socket's local port, nor a ``bind(0)`` elsewhere, takes one between
+:func:`free_port` and the server's own bind."""
+_PORTS_PER_WORKER = 3000
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port free on 127.0.0.1 right now, never one this process handed out recently.
+
+    Each pytest-xdist worker (``PYTEST_XDIST_WORKER=gwN``) walks its own slice
+    of :data:`PORTS_FIRST`..:data:`PORTS_END` from a random start, so two
+    workers never race for one port and a process's consecutive calls differ
+    (the first may not be bound yet when the second is asked for).
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    slices = (PORTS_END - PORTS_FIRST) // _PORTS_PER_WORKER
+    first = PORTS_FIRST + (int(worker) if worker.isdigit() else 0) % slices * _PORTS_PER_WORKER
+    for _ in range(_PORTS_PER_WORKER):
+        port = first + next(_PORT_STEPS) % _PORTS_PER_WORKER
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {first}..{first + _PORTS_PER_WORKER - 1}")
+
+
+_PORT_STEPS = itertools.count(random.randrange(_PORTS_PER_WORKER))
 
 
 @dataclass
