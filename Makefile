@@ -16,6 +16,8 @@ GRPC_PORT ?= 8081
 # the image and the chart listen on every interface. BIND_ADDRESS=0.0.0.0 opens it.
 BIND_ADDRESS ?= 127.0.0.1
 PYTEST_ARGS ?=
+# `make test` runs the suite on this many pytest-xdist workers, a test file per worker at a time.
+TEST_WORKERS ?= 2
 
 .PHONY: all install serve test test-long lint format manifests helm bench bench-tiny soak clean gpu-check wheelhouse
 
@@ -52,7 +54,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 test: $(STAMP) $(HELM) lint
-	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-long: $(STAMP) $(HELM)
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -m slow $(PYTEST_ARGS)
