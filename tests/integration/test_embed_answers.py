@@ -211,7 +211,10 @@ def test_a_grpc_answer_that_does_not_decode_is_retried_on_another_url(
     direct = _embed(slide, tmp_path / "direct", good, extra=flags)
     assert direct.returncode == 0, direct.stderr
     got, want = read_output(tmp_path / "out/s.h5"), read_output(tmp_path / "direct/s.h5")
-    np.testing.assert_array_equal(got["features"], want["features"])
+    np.testing.assert_array_equal(got["coords"], want["coords"])
+    # Two runs are batched differently by the server (a retry, another client's
+    # tiles in the window): rows agree to float rounding, a mixed-up row by far more.
+    np.testing.assert_allclose(got["features"], want["features"], rtol=1e-4, atol=1e-5)
 
 
 def test_one_server_over_http_and_grpc_passes_the_same_model_check(

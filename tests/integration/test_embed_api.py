@@ -38,8 +38,9 @@ def test_the_api_writes_what_the_cli_writes(
     assert (summary.done, summary.failed) == (["api"], {})
     cli, api = (read_output(out / "h5_files" / "api.h5") for out in (cli_out, api_out))
     assert len(api["features"]) > 0
-    for name in ("features", "coords"):
-        np.testing.assert_array_equal(api[name], cli[name])
+    np.testing.assert_array_equal(api["coords"], cli["coords"])
+    # Two runs are batched differently by the server: float rounding, never a row's worth.
+    np.testing.assert_allclose(api["features"], cli["features"], rtol=1e-4, atol=1e-5)
     assert api["attrs"]["config_hash"] == cli["attrs"]["config_hash"]
     for path in (api_out / "h5_files" / "api.h5", api_out / "pt_files" / "api.pt"):
         back = histoserve.read_features(path)
