@@ -9,13 +9,14 @@ features file's), ``coords`` ``[N, 2]``. Attributes: ``model``,
 ``package_sha256``, ``classes`` (JSON), ``slide_id``, ``tile_features`` (the
 features file, relative to ``<root>``), ``tile_model`` and
 ``tile_package_sha256`` (from the features file), ``config_hash``, the
-features file's digest and stat (:mod:`~histoserve.results.siblings`) and
-``complete`` (written last).
+features file's digest and stat as the head's input was read
+(:mod:`~histoserve.results.siblings`) and ``complete`` (written last).
 
 Written under a temp name and renamed (:func:`~histoserve.atomic.atomic_path`).
 :func:`is_done` is resume: complete, the same ``config_hash`` (model,
 package, mode), and made from the features file as it is now (its stat, else
-its SHA-256): re-embedded features are aggregated again.
+its SHA-256): re-embedded features are aggregated again, and
+:func:`made_from_current` keeps a stale result out of ``slides.csv``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ import numpy as np
 from histoserve.atomic import atomic_path, open_regular
 from histoserve.heads.head import HeadInfo
 from histoserve.results.output import config_hash
-from histoserve.results.siblings import sibling_problem, sibling_record
+from histoserve.results.siblings import record_of, sibling_problem
 from histoserve.results.sources import FeatureSource
 
 RESULTS_PREFIX = "slide_features_"
@@ -76,8 +77,12 @@ def write_result(
     answer: SlideAnswer,
     coords: np.ndarray,
     attrs: Mapping[str, Any],
+    features_read: Mapping[str, Any],
 ) -> Path:
     """Writes the slide's result file; returns it.
+
+    ``features_read`` is the features file's digest and stat as the head's
+    input was read (``read_features(digest=True)``), never as it is now.
 
     Raises:
         OSError: The folder cannot be written (or is a symlink: UnsafeFolder).
@@ -91,7 +96,7 @@ def write_result(
         "attention": answer.attention,
         "coords": np.asarray(coords, np.int64),
     }
-    siblings = sibling_record(source.root, source.path)
+    siblings = record_of(source.root, {source.path: features_read})
     with atomic_path(final, root=source.root) as tmp, h5py.File(tmp, "w") as f:
         for name, array in datasets.items():
             if array is not None:
@@ -136,6 +141,23 @@ def is_done(source: FeatureSource, model: str, chash: str) -> bool:
     if attrs is None or attrs.get("config_hash") != chash:
         return False
     return not sibling_problem(source.root, source.path, attrs)
+
+
+def made_from_current(path: Path, attrs: Mapping[str, Any]) -> bool:
+    """Whether the result at ``path`` was made from its features file as it is now.
+
+    The features file is the result's ``tile_features`` under ``<root>`` (a
+    relative path inside it; anything else is no current source): vanished,
+    replaced or rewritten features make the result stale.
+    """
+    root = path.parent.parent
+    name = attrs.get("tile_features")
+    if not isinstance(name, str) or not name:
+        return False
+    relative = PurePosixPath(name)
+    if relative.is_absolute() or ".." in relative.parts:
+        return False
+    return not sibling_problem(root, root / relative, attrs)
 
 
 def read_result_attrs(path: Path) -> dict[str, Any] | None:

@@ -65,7 +65,9 @@ def run_slide_head(ctx: HeadContext, source: FeatureSource) -> SlideAnswer:
         SlideError: A bad features file, another width, the server refusing it
             (its message), retries used up: each naming the file.
     """
-    sf = read_features(source.path)
+    sf = read_features(source.path, digest=True)  # the record is of the bytes sent
+    if not len(sf.features):
+        raise SlideError(f"{source.path}: no tiles (an empty slide): nothing to aggregate")
     check_fits(ctx.info, source.path, sf)
     info = ctx.info
     inputs = {"features": sf.features}
@@ -83,7 +85,7 @@ def run_slide_head(ctx: HeadContext, source: FeatureSource) -> SlideAnswer:
     )
     attrs = result_attrs(source, info, ctx.config_hash, sf.attrs)
     try:
-        write_result(source, info, answer, sf.coords, attrs)
+        write_result(source, info, answer, sf.coords, attrs, sf.record or {})
     except OSError as exc:
         raise SlideError(f"{source.path}: its slide result cannot be written ({exc})") from exc
     if ctx.qc and answer.attention is not None:

@@ -8,11 +8,15 @@ file: each row has its own model's classes filled in, the others empty.
 
 Like ``report.html`` it is built at the end of every run from every complete
 result file (``slide_features_*/<id>.h5``, :mod:`~histoserve.heads.results`)
-under the folders given, so it covers earlier runs and the other shards
-too; the last shard to finish writes the whole table. Every cell goes
-through :func:`~histoserve.text.csv_cell` (a class or slide id
-starting with ``=`` is no formula in a spreadsheet); :func:`read_table`
-gives the text back. Written whole under a temp name and renamed.
+under the folders given, so it covers earlier runs and the other shards too;
+the last shard to finish writes the whole table. It is a view of the results
+that hold now: a result whose features file vanished, or was replaced or
+rewritten since, has no row (:func:`~histoserve.heads.results.made_from_current`).
+Every cell of text goes through :func:`~histoserve.text.csv_cell` (a class or
+slide id starting with ``=`` is no formula in a spreadsheet); predictions are
+numbers and written as numbers (``-0.5``, which a spreadsheet or pandas reads
+as a number); :func:`read_table` gives the text back. Written whole under a
+temp name and renamed.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from histoserve.atomic import atomic_path, read_regular
-from histoserve.heads.results import RESULTS_PREFIX, read_result
+from histoserve.heads.results import RESULTS_PREFIX, made_from_current, read_result
 from histoserve.text import csv_cell, csv_text
 
 TABLE_FILE = "slides.csv"
@@ -43,8 +47,8 @@ def collect_rows(roots: Iterable[Path]) -> tuple[list[str], list[dict[str, str]]
             if path.name.startswith("."):
                 continue
             result = read_result(path)
-            if result is None:
-                continue
+            if result is None or not made_from_current(path, result[0]):
+                continue  # no numbers for a slide whose features vanished or changed
             row = _row(*result)
             classes.update(dict.fromkeys(k for k in row if k not in FIXED_COLUMNS))
             rows.append(row)
@@ -83,8 +87,10 @@ def write_table(out_dir: Path, roots: Iterable[Path]) -> Path:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow([csv_cell(c) for c in columns])
-    for row in rows:
-        writer.writerow([csv_cell(row.get(c, "")) if row.get(c) else "" for c in columns])
+    for row in rows:  # class cells are numbers (`_row`), written as numbers: -0.5, not '-0.5
+        writer.writerow(
+            [row.get(c) or "" if c in classes else csv_cell(row.get(c) or "") for c in columns]
+        )
     path = Path(out_dir) / TABLE_FILE
     with atomic_path(path) as tmp:
         tmp.write_text(buf.getvalue(), encoding="utf-8")

@@ -26,7 +26,7 @@ import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from histoserve.atomic import open_regular
 
@@ -40,8 +40,31 @@ def sibling_record(out_dir: Path, *siblings: Path) -> dict[str, str]:
     Raises:
         OSError: A sibling cannot be read, or is no regular file.
     """
-    names = {p.relative_to(out_dir).as_posix(): _digest_and_stat(p) for p in siblings}
+    return record_of(out_dir, {p: _digest_and_stat(p) for p in siblings})
+
+
+def record_of(out_dir: Path, read: Mapping[Path, Mapping[str, Any]]) -> dict[str, str]:
+    """The done file's record of files already digested as they were read (:func:`digest_open`).
+
+    What a result derives from is recorded as it was read, not as it is when
+    the result is written: a file renamed over it meanwhile is another file.
+    """
+    names = {p.relative_to(out_dir).as_posix(): dict(entry) for p, entry in read.items()}
     return {SIBLINGS_ATTR: json.dumps(names, sort_keys=True)}
+
+
+def digest_open(handle: BinaryIO) -> dict[str, Any]:
+    """``sha256`` of every byte of an open regular file and its stat keys; the offset back at 0."""
+    handle.seek(0)
+    st = os.fstat(handle.fileno())
+    digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    handle.seek(0)
+    return {"sha256": digest, **dict(zip(_STAT_KEYS, _stat_key(st), strict=True))}
+
+
+def unchanged_since(handle: BinaryIO, entry: Mapping[str, Any]) -> bool:
+    """Whether the open file still has the size, mtime, ctime and inode of ``entry``."""
+    return _stat_key(os.fstat(handle.fileno())) == [entry.get(k) for k in _STAT_KEYS]
 
 
 def sibling_problem(out_dir: Path, path: Path, attrs: Mapping[str, Any]) -> str:
@@ -74,9 +97,7 @@ def sibling_problem(out_dir: Path, path: Path, attrs: Mapping[str, Any]) -> str:
 def _digest_and_stat(path: Path) -> dict[str, Any]:
     """``sha256`` of every byte and the stat keys, from one descriptor of the regular file."""
     with open(open_regular(path), "rb") as handle:
-        st = os.fstat(handle.fileno())
-        digest = hashlib.file_digest(handle, "sha256").hexdigest()
-    return {"sha256": digest, **dict(zip(_STAT_KEYS, _stat_key(st), strict=True))}
+        return digest_open(handle)
 
 
 def _stat_key(st: os.stat_result) -> list[int]:

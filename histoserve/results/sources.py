@@ -15,9 +15,9 @@ depends on the layout (:func:`find_sources`):
 Every layout's file holds ``features`` ``[N, D]`` and ``coords`` ``[N, 2]``
 (level-0 top-left x, y). :func:`read_features` reads one back and checks it:
 a regular file (no symlink, no FIFO), not marked incomplete, both datasets
-there with N rows, N > 0, finite features; anything else is a
-:class:`~histoserve.errors.SlideError` naming the file and the
-reason. The tile edge at level 0 comes from the attributes each tool writes
+there with N rows (N = 0 for a slide without tissue), finite features;
+anything else is a :class:`~histoserve.errors.SlideError` naming the file
+and the reason (a slide head refuses N = 0 itself). The tile edge at level 0 comes from the attributes each tool writes
 (``patch_size_level0``; CLAM's ``patch_size`` x ``downsample``), else from
 the coordinates' grid step.
 """
@@ -35,6 +35,7 @@ import numpy as np
 
 from histoserve.atomic import open_regular
 from histoserve.errors import SlideError, UsageError
+from histoserve.results.siblings import digest_open, unchanged_since
 
 SOURCE_LAYOUTS = ("auto", "flat", "trident", "clam")
 _TRIDENT_COORDS = re.compile(r".+x_\d+px_\d+px_overlap$")
@@ -66,6 +67,7 @@ class SlideFeatures:
         patch_level0: Tile edge at level 0 (px).
         extent: Level-0 ``(width, height)`` of the slide (else of the tiles).
         attrs: The file's attributes (JSON text decoded where it is JSON).
+        record: The SHA-256 and stat of the bytes read (``read_features(digest=True)``).
     """
 
     features: np.ndarray
@@ -73,6 +75,7 @@ class SlideFeatures:
     patch_level0: int
     extent: tuple[int, int]
     attrs: dict[str, Any] = field(default_factory=dict)
+    record: dict[str, Any] | None = None
 
     @property
     def slide_path(self) -> Path | None:
@@ -157,8 +160,13 @@ def _trident_feature_folders(
     return found
 
 
-def read_features(path: Path) -> SlideFeatures:
+def read_features(path: Path, digest: bool = False) -> SlideFeatures:
     """The features file at ``path``, checked (see the module docstring).
+
+    With ``digest``, the bytes parsed are the bytes hashed: one descriptor is
+    hashed, then parsed, and must not have changed in between; the record
+    (``SlideFeatures.record``) is what a result made from them stores, so a
+    file renamed over ``path`` later is never taken for the one read.
 
     Raises:
         SlideError: ``"<path>: <reason>"``.
@@ -169,11 +177,16 @@ def read_features(path: Path) -> SlideFeatures:
         fd = open_regular(path)
     except OSError as exc:
         raise SlideError(f"{path}: cannot be read ({exc})") from exc
+    record = None
     try:
-        with open(fd, "rb") as handle, h5py.File(handle, "r") as f:
-            attrs = {k: _attr(v) for k, v in f.attrs.items()}
-            features, coords = _dataset(f, "features", path), _dataset(f, "coords", path)
-            coord_attrs = {k: _attr(v) for k, v in f["coords"].attrs.items()}
+        with open(fd, "rb") as handle:
+            record = digest_open(handle) if digest else None
+            with h5py.File(handle, "r") as f:
+                attrs = {k: _attr(v) for k, v in f.attrs.items()}
+                features, coords = _dataset(f, "features", path), _dataset(f, "coords", path)
+                coord_attrs = {k: _attr(v) for k, v in f["coords"].attrs.items()}
+            if record is not None and not unchanged_since(handle, record):
+                raise SlideError(f"{path}: changed while it was read (another run writing it?)")
     except SlideError:
         raise
     except Exception as exc:  # h5py raises OSError, KeyError, ValueError, TypeError...
@@ -183,7 +196,7 @@ def read_features(path: Path) -> SlideFeatures:
     features, coords = _checked(path, features, coords)
     patch = _patch_level0(attrs, coord_attrs, coords)
     extent = _extent(attrs, coord_attrs, coords, patch)
-    return SlideFeatures(features, coords, patch, extent, {**coord_attrs, **attrs})
+    return SlideFeatures(features, coords, patch, extent, {**coord_attrs, **attrs}, record)
 
 
 def _dataset(f: Any, name: str, path: Path) -> np.ndarray:
@@ -194,7 +207,7 @@ def _dataset(f: Any, name: str, path: Path) -> np.ndarray:
 
 
 def _checked(path: Path, features: np.ndarray, coords: np.ndarray) -> tuple[np.ndarray, ...]:
-    """``features`` ``[N, D]`` floating and finite, ``coords`` ``[N, 2]`` int64, N > 0."""
+    """``features`` ``[N, D]`` floating and finite, ``coords`` ``[N, 2]`` int64 (N may be 0)."""
     if features.ndim == 3 and features.shape[0] == 1:  # [1, N, D] as some tools save it
         features = features[0]
     if features.ndim != 2 or not np.issubdtype(features.dtype, np.floating):
@@ -205,8 +218,6 @@ def _checked(path: Path, features: np.ndarray, coords: np.ndarray) -> tuple[np.n
         raise SlideError(f"{path}: coords is {coords.dtype} {list(coords.shape)}, not [N, 2]")
     if len(coords) != len(features):
         raise SlideError(f"{path}: {len(features)} feature rows but {len(coords)} coords")
-    if not len(features):
-        raise SlideError(f"{path}: no tiles (an empty slide): nothing to aggregate")
     bad = int(features.size - np.count_nonzero(np.isfinite(features)))
     if bad:
         raise SlideError(f"{path}: features have {bad} non-finite values (NaN or infinity)")
@@ -235,6 +246,8 @@ def _extent(
         w, h = source.get("level0_width"), source.get("level0_height")
         if _positive(w) and _positive(h):
             return int(w), int(h)
+    if not len(coords):
+        return 0, 0
     top = coords.max(axis=0) + patch
     return int(top[0]), int(top[1])
 

@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 import pytest
 
+import histoserve
 from harness import slides
 from harness.embed import by_status, independent_tiles, run_embed, status_rows
 from harness.packages import package_in
@@ -86,6 +87,14 @@ def test_empty_slide_is_zero_by_d_everywhere(runs: dict[str, Path]) -> None:
     import torch
 
     assert tuple(torch.load(runs["clam"] / "pt_files/blank.pt").shape) == (0, 1536)
+    clam = runs["clam"]
+    for path in (
+        runs["flat"] / "blank.h5", job / "features_h0-mini/blank.h5",
+        clam / "h5_files/blank.h5", clam / "pt_files/blank.pt",
+    ):  # fmt: skip
+        back = histoserve.read_features(path)  # what a notebook loop over the cohort calls
+        assert back.features.shape == (0, 1536) and back.coords.shape == (0, 2), path
+        assert back.attrs["slide_id"] == "blank"
 
 
 def test_clam_patch_attributes_are_the_area_read(

@@ -105,6 +105,50 @@ def test_shards_are_disjoint_and_cover_the_folder(tmp_path: Path, server: SlideS
     assert len(read_table(tmp_path)) == 5  # the last shard's table covers every slide
 
 
+def test_slides_csv_has_rows_only_for_results_made_from_the_features_as_they_are(
+    tmp_path: Path, server: SlideServer
+) -> None:
+    """Issue 33, case 2: a deleted or replaced features file takes its numbers with it."""
+    _cohort("flat", tmp_path, 3)
+    aggregate(_config(tmp_path, server))
+    assert [r["slide_id"] for r in read_table(tmp_path)] == ["S0", "S1", "S2"]
+    (tmp_path / "S1.h5").unlink()  # the features are gone
+    coords = ff.tissue_coords(40)
+    nan = ff.features_for(coords, seed=5)
+    nan[0, 0] = np.nan
+    ff.write("flat", tmp_path, "S2", nan, coords)  # replaced by one that now fails
+    summary = aggregate(_config(tmp_path, server))
+    assert summary.skipped == ["S0"] and list(summary.failed) == ["S2"]
+    assert [r["slide_id"] for r in read_table(tmp_path)] == ["S0"]
+
+
+def test_the_record_of_the_features_is_of_the_bytes_the_head_answered(
+    tmp_path: Path, server: SlideServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33, case 4: features renamed over the file while the head answers are not 'done'."""
+    from histoserve.remote.dispatch import Dispatcher
+
+    _cohort("flat", tmp_path, 1)
+    other = tmp_path / "elsewhere"
+    coords = ff.tissue_coords(70)
+    ff.write("flat", other, "S0", ff.features_for(coords, seed=7), coords)
+    infer = Dispatcher.infer
+
+    def renamed_meanwhile(self, *args, **kwargs):
+        os.replace(other / "S0.h5", tmp_path / "S0.h5")
+        return infer(self, *args, **kwargs)
+
+    monkeypatch.setattr(Dispatcher, "infer", renamed_meanwhile)
+    assert aggregate(_config(tmp_path, server)).done == ["S0"]
+    monkeypatch.undo()
+    assert read_table(tmp_path) == []  # the answer is of the old features: not today's row
+    again = aggregate(_config(tmp_path, server))
+    assert again.done == ["S0"]  # resume runs the new features, never skips them for good
+    with h5py.File(_result(tmp_path, "flat", "S0")) as f:
+        assert f["attention"].shape == (70,)
+    assert [r["slide_id"] for r in read_table(tmp_path)] == ["S0"]
+
+
 def _bad_files(out: Path) -> dict[str, str]:
     """Bad feature files beside good ones: slide id -> what its failure must say."""
     coords = ff.tissue_coords(30)

@@ -95,3 +95,20 @@ def test_slides_csv_neutralises_formulas(tmp_path: Path, monkeypatch: pytest.Mon
     assert "=HYPERLINK(1)" in read_table(tmp_path)[0]
     write_table(tmp_path, [tmp_path])  # rebuilding gives the same table
     assert (tmp_path / "slides.csv").read_text() == text
+
+
+def test_slides_csv_writes_predictions_as_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A negative prediction is -0.5, not the text '-0.5 (pandas read such a column as strings)."""
+    import csv
+
+    from histoserve.heads import table
+
+    row = {"slide_id": "-S1", "model": "m", "package_sha256": "", "tile_model": "", "p": "-0.5"}
+    monkeypatch.setattr(table, "collect_rows", lambda _roots: (["p", "q"], [row]))
+    write_table(tmp_path, [tmp_path])
+    (cells,) = list(csv.DictReader((tmp_path / "slides.csv").open()))
+    assert cells["p"] == "-0.5" and float(cells["p"]) == -0.5 and cells["q"] == ""
+    assert cells["slide_id"] == "'-S1"  # text that could start a formula stays escaped
+    assert read_table(tmp_path)[0]["slide_id"] == "-S1"
