@@ -16,7 +16,10 @@ What the picture is, in order:
    (``aggregate`` over features alone);
 4. a title bar with the slide, the model and the prediction (every class's
    value, the top one first), and a colour bar from the lowest to the highest
-   percentile.
+   percentile, with the raw attention at both ends: ranks spread any range
+   over the whole colour map, so a nearly flat attention (highest and lowest
+   within :data:`FLAT_SPREAD` of each other) is said in the title bar
+   (:func:`range_note`), never left to look like a confident map.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ ALPHA = 0.55  # over a thumbnail: the tissue shows through
 ALPHA_BLANK = 0.92  # over a blank canvas: colours as on the colour bar
 TEXT_PX = 18
 BAR_W = 26
+FLAT_SPREAD = 0.05
+"""Attention whose highest and lowest differ by at most this share of the larger is nearly flat."""
 # viridis (matplotlib's, van der Walt & Smith), 17 stops; interpolated to 256.
 _VIRIDIS_STOPS = (
     (68, 1, 84), (72, 26, 108), (71, 47, 125), (65, 68, 135), (57, 86, 140), (49, 104, 142),
@@ -67,6 +72,23 @@ def drawn_attention(attention: np.ndarray, prediction: np.ndarray | None) -> tup
     k = int(np.argmax(prediction)) if prediction is not None and len(prediction) else 0
     k = min(k, attention.shape[1] - 1)
     return attention[:, k], k
+
+
+def range_note(attention: np.ndarray) -> tuple[str, str, str]:
+    """The raw attention's lowest and highest as text, and a warning when it is nearly flat (else "")."""
+    values = np.asarray(attention, np.float64).reshape(-1)
+    if not len(values):
+        return "", "", ""
+    low, high = float(values.min()), float(values.max())
+    spread = high - low
+    if len(values) == 1 or spread > FLAT_SPREAD * max(abs(low), abs(high)):
+        return f"{low:.3g}", f"{high:.3g}", ""
+    share = spread / max(abs(low), abs(high), 1e-30)
+    warning = (
+        f"attention nearly flat: {low:.4g} to {high:.4g} ({share:.1%} apart); "
+        "the colours rank tiles that the model barely tells apart"
+    )
+    return f"{low:.4g}", f"{high:.4g}", warning
 
 
 def tile_average(
@@ -141,7 +163,7 @@ def render_heatmap(
     picture = Image.fromarray(np.clip(blended, 0, 255).astype(np.uint8))
     if level0_mpp and level0_mpp > 0:
         _scale_bar(picture, level0_mpp / scale)
-    return _framed(picture, title, prediction_text)
+    return _framed(picture, title, prediction_text, range_note(attention))
 
 
 def _scale_bar(picture: Image.Image, um_per_px: float) -> None:
@@ -158,17 +180,27 @@ def _scale_bar(picture: Image.Image, um_per_px: float) -> None:
     draw.text((x0, y1 - 26), label, fill=(0, 0, 0), font=font)
 
 
-def _framed(picture: Image.Image, title: str, prediction_text: str) -> Image.Image:
-    """``picture`` with a title bar above and a colour bar to the right."""
+def _framed(
+    picture: Image.Image, title: str, prediction_text: str, raw: tuple[str, str, str]
+) -> Image.Image:
+    """``picture`` with a title bar above and a colour bar to the right (``raw``: range_note)."""
     font = ImageFont.load_default(size=TEXT_PX)
     small = ImageFont.load_default(size=TEXT_PX - 4)
     lines = [title, *_wrap(prediction_text, font, max(picture.width, 640) + 90)]
+    warned = len(lines)
+    if raw[2]:
+        lines += _wrap(raw[2].replace("; ", ", "), font, max(picture.width, 640) + 90)
     bar_h = len(lines) * (TEXT_PX + 6) + 10
     width = max(picture.width, 640) + 100
     out = Image.new("RGB", (width, picture.height + bar_h), (255, 255, 255))
     out.paste(picture, (0, bar_h))
     draw = ImageDraw.Draw(out)
-    draw.multiline_text((8, 6), "\n".join(lines), fill=(0, 0, 0), font=font, spacing=6)
+    draw.multiline_text((8, 6), "\n".join(lines[:warned]), fill=(0, 0, 0), font=font, spacing=6)
+    if raw[2]:
+        y = 6 + warned * (TEXT_PX + 6)
+        draw.multiline_text(
+            (8, y), "\n".join(lines[warned:]), fill=(190, 0, 0), font=font, spacing=6
+        )
     x0, y0 = width - 90, bar_h + 24
     y1 = bar_h + max(60, min(picture.height - 24, 420))
     ramp = viridis()[np.linspace(255, 0, max(2, y1 - y0)).astype(np.uint8)]
@@ -180,6 +212,9 @@ def _framed(picture: Image.Image, title: str, prediction_text: str) -> Image.Ima
     draw.text((x0 + BAR_W + 4, (y0 + y1) // 2 - 6), "50%", fill=(0, 0, 0), font=small)
     draw.text((x0 + BAR_W + 4, y1 - 8), "0%", fill=(0, 0, 0), font=small)
     draw.text((x0 - 4, y1 + 6), "percentile", fill=(0, 0, 0), font=small)
+    if raw[0]:
+        draw.text((x0 - 4, y1 + 24), f"raw {raw[0]}", fill=(0, 0, 0), font=small)
+        draw.text((x0 - 4, y0 - 38), f"raw {raw[1]}", fill=(0, 0, 0), font=small)
     return out
 
 

@@ -30,6 +30,24 @@ def test_overlapping_tiles_are_averaged() -> None:
     assert count[0].tolist() == [1, 1, 2, 2, 1, 1, 0, 0]
 
 
+def test_a_nearly_flat_attention_is_said_with_its_raw_range() -> None:
+    """Issue 33, case 6: 0.0998-0.1004 drawn from full purple to full yellow said nothing."""
+    rng = np.random.default_rng(0)
+    flat, spiky = 0.0998 + rng.random(80) * 0.0006, rng.dirichlet(np.full(80, 0.3))
+    low, high, warning = heatmap.range_note(flat)
+    assert (low, high) == (f"{flat.min():.4g}", f"{flat.max():.4g}")
+    assert warning.startswith("attention nearly flat") and "0.6% apart" in warning
+    assert heatmap.range_note(spiky)[2] == "" and heatmap.range_note(np.array([0.3]))[2] == ""
+    coords = np.array([(x * 224, y * 224) for y in range(8) for x in range(10)])
+
+    def red_in_title(attention: np.ndarray) -> int:
+        picture = heatmap.render_heatmap(None, (2240, 1792), coords, 224, attention, "S1", "p")
+        top = np.asarray(picture)[:90].astype(int)
+        return int(np.sum((top[..., 0] > 150) & (top[..., 1] < 60) & (top[..., 2] < 60)))
+
+    assert red_in_title(flat) > 200 and red_in_title(spiky) == 0
+
+
 def test_viridis_runs_dark_to_bright() -> None:
     lut = heatmap.viridis().astype(int)
     assert (
