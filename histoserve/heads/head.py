@@ -59,6 +59,7 @@ class HeadInfo:
         max_tiles: The most tiles the server takes in one slide (0: not said).
         encoder_sha256: The package digest of the tile encoder whose features
             the head takes, when the server says it ("" when not).
+        encoder_name: That tile encoder's spec name, when the server says it ("" when not).
     """
 
     model: str
@@ -70,6 +71,7 @@ class HeadInfo:
     spec: Mapping[str, Any] = field(default_factory=dict)
     max_tiles: int = 0
     encoder_sha256: str = ""
+    encoder_name: str = ""
 
 
 def fetch_head_info(
@@ -138,6 +140,7 @@ def head_from_config(model: str, config: Mapping[str, Any]) -> HeadInfo:
     classes = tuple(str(c) for c in names)
     encoder = config.get("tile_encoder") or spec.get("tile_encoder")
     encoder_sha = encoder.get("package_sha256") if isinstance(encoder, Mapping) else None
+    encoder_name = encoder.get("name") if isinstance(encoder, Mapping) else encoder
     limit = config.get("max_tiles_per_slide")
     return HeadInfo(
         model=model,
@@ -149,6 +152,7 @@ def head_from_config(model: str, config: Mapping[str, Any]) -> HeadInfo:
         spec=spec,
         max_tiles=limit if isinstance(limit, int) and limit > 0 else 0,
         encoder_sha256=str(encoder_sha or spec.get("tile_encoder_sha256") or ""),
+        encoder_name=encoder_name if isinstance(encoder_name, str) else "",
     )
 
 

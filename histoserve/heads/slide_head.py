@@ -5,9 +5,10 @@
 just wrote), so both give the same numbers. In order:
 
 1. the features file read back and checked
-   (:func:`~histoserve.results.sources.read_features`), its width
-   compared with the head's (a :class:`SlideError` naming the file and both
-   widths, before anything is sent);
+   (:func:`~histoserve.results.sources.read_features`, its digest taken from
+   the bytes parsed), the slide id it records compared with the id it is read
+   under, its encoder and width with the head's (a :class:`SlideError` naming
+   the file and both sides, before anything is sent; an empty slide too);
 2. one request: ``features`` (FP32, or FP16 as stored) and ``coords``
    (INT64, unless ``send_coords`` is off); the answer checked
    (:class:`~histoserve.heads.head.SlideAnswerCheck`: retried
@@ -21,6 +22,7 @@ just wrote), so both give the same numbers. In order:
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,7 @@ def run_slide_head(ctx: HeadContext, source: FeatureSource) -> SlideAnswer:
     sf = read_features(source.path, digest=True)  # the record is of the bytes sent
     if not len(sf.features):
         raise SlideError(f"{source.path}: no tiles (an empty slide): nothing to aggregate")
+    check_identity(ctx.info, source, sf)
     check_fits(ctx.info, source.path, sf)
     info = ctx.info
     inputs = {"features": sf.features}
@@ -91,6 +94,30 @@ def run_slide_head(ctx: HeadContext, source: FeatureSource) -> SlideAnswer:
     if ctx.qc and answer.attention is not None:
         write_pictures(ctx.out_dir, source.slide_id, info, sf, answer)
     return answer
+
+
+def check_identity(info: HeadInfo, source: FeatureSource, sf: SlideFeatures) -> None:
+    """SlideError unless the file is the features of ``source``'s slide, from the head's encoder.
+
+    The slide id the file records (``histoserve embed`` writes it; other tools'
+    files may not) must be the id it is read under: a copied or renamed file
+    is another slide's features. The encoder is compared by spec name when the
+    head names its tile encoder and the file records the spec that made it
+    (a digest the head does not know says nothing about the encoder).
+    """
+    named = sf.attrs.get("slide_id")
+    if isinstance(named, str) and named and named != source.slide_id:
+        raise SlideError(
+            f"{source.path}: holds the features of slide {named!r}, not of "
+            f"{source.slide_id!r} (a copied or renamed file): embed {source.slide_id!r} itself"
+        )
+    spec = sf.attrs.get("spec")
+    made_by = spec.get("name") if isinstance(spec, Mapping) else None
+    if info.encoder_name and isinstance(made_by, str) and made_by != info.encoder_name:
+        raise SlideError(
+            f"{source.path}: features made by tile encoder {made_by!r}, but {info.model!r} "
+            f"takes the features of {info.encoder_name!r}"
+        )
 
 
 def check_fits(info: HeadInfo, path: Path, sf: SlideFeatures) -> None:

@@ -149,6 +149,26 @@ def test_the_record_of_the_features_is_of_the_bytes_the_head_answered(
     assert [r["slide_id"] for r in read_table(tmp_path)] == ["S0"]
 
 
+def test_features_under_another_name_or_from_another_encoder_fail_naming_both(
+    tmp_path: Path, server: SlideServer
+) -> None:
+    """Issue 33, case 5: cp S1.h5 S9.h5 gave S9 S1's prediction; another encoder's passed."""
+    import shutil
+
+    _cohort("flat", tmp_path, 2)
+    shutil.copy(tmp_path / "S1.h5", tmp_path / "S9.h5")
+    coords = ff.tissue_coords(40)
+    ff.write("flat", tmp_path, "S7", ff.features_for(coords), coords)
+    with h5py.File(tmp_path / "S7.h5", "r+") as f:  # as embed writes it, behind another encoder
+        f.attrs["spec"] = json.dumps({"name": "h-optimus-0", "family": "embedding"})
+    summary = aggregate(_config(tmp_path, server))
+    assert sorted(summary.done) == ["S0", "S1"]
+    assert "features of slide 'S1', not of 'S9'" in summary.failed["S9"]
+    assert "tile encoder 'h-optimus-0'" in summary.failed["S7"]
+    assert "of 'h0-mini'" in summary.failed["S7"]
+    assert [r["slide_id"] for r in read_table(tmp_path)] == ["S0", "S1"]
+
+
 def _bad_files(out: Path) -> dict[str, str]:
     """Bad feature files beside good ones: slide id -> what its failure must say."""
     coords = ff.tissue_coords(30)
