@@ -1,8 +1,12 @@
 """One slide's pictures of a slide head's answer, in ``qc/``.
 
 - ``qc/<id>.<model>.heatmap.jpg`` (:mod:`~histoserve.heads.heatmap`),
-  over the slide's thumbnail when the slide the features file names
-  (``slide_path``) can be read, else over a blank canvas at the tiles' extent;
+  over the slide's thumbnail when the slide the features file was made from
+  can be read and is that slide, else over a blank canvas at the tiles'
+  extent with the reason in its title (:func:`verified_slide`: the slide is
+  opened by the absolute path its recorded identity names, not by the path
+  as ``embed`` was given it, and must have the recorded content digest and
+  level-0 size: a heatmap is never drawn over another slide);
 - ``qc/<id>.<model>.geojson`` (:mod:`~histoserve.heads.qupath`);
 - ``qc/<id>.<model>.top.jpg``: the :data:`TOP_K` tiles of highest attention
   (the drawn branch) as crops, each read at the coarsest level that still
@@ -19,6 +23,7 @@ never a failed slide.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +33,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from histoserve.atomic import atomic_path
+from histoserve.errors import SlideError
 from histoserve.heads import heatmap, qupath
 from histoserve.heads.head import HeadInfo
 from histoserve.heads.results import SlideAnswer
@@ -57,12 +63,14 @@ def write_pictures(
         text += " | every tile has the same attention"
     pct = heatmap.percentiles(drawn)
     try:
-        with _slide(sf) as reader:
+        with _slide(sf) as (reader, why_not):
             background, extent = _background(reader, sf)
+            title = f"{slide_id}  |  {info.model}  |  {len(sf.coords)} tiles"
+            if why_not:
+                title += f"  |  slide not drawn: {why_not}"
             picture = heatmap.render_heatmap(
-                background, extent, sf.coords, sf.patch_level0, drawn,
-                f"{slide_id}  |  {info.model}  |  {len(sf.coords)} tiles", text, _mpp(sf),
-            )  # fmt: skip
+                background, extent, sf.coords, sf.patch_level0, drawn, title, text, _mpp(sf)
+            )
             _save(out_dir, jpg, lambda p: picture.save(p, "JPEG", quality=90))
             if reader is not None:
                 sheet = _top_sheet(reader, sf, drawn, pct, f"{slide_id}: most attended tiles")
@@ -86,23 +94,65 @@ def _mpp(sf: SlideFeatures) -> float | None:
     return float(mpp) if isinstance(mpp, int | float) and not isinstance(mpp, bool) else None
 
 
+def verified_slide(sf: SlideFeatures) -> tuple[Path | None, str]:
+    """The slide the features were made from, or None and why not (``""``: none recorded).
+
+    The features file records the slide's identity (its resolved absolute path,
+    size and sampled digest, :mod:`~histoserve.slides.identity`) and level-0
+    size. The slide at that path must still have that content; a path that
+    was relative where ``embed`` ran names another file elsewhere, and a file
+    moved since is not found (the blank canvas says so).
+    """
+    from histoserve.slides.identity import IDENTITY_ATTR, SlideIdentity, slide_identity
+
+    raw = sf.attrs.get(IDENTITY_ATTR)
+    recorded = SlideIdentity.from_attr(json.dumps(raw) if isinstance(raw, dict) else raw)
+    if recorded is None:
+        return None, "" if sf.slide_path is None else "the features record no slide identity"
+    path = Path(recorded.path)
+    try:
+        current = slide_identity(path)
+    except SlideError:
+        return None, f"{path.name} is not there any more"
+    if current.size != recorded.size or current.digest != recorded.digest:
+        return None, f"{path.name} is not the slide the features were made from"
+    return path, ""
+
+
 @contextlib.contextmanager
-def _slide(sf: SlideFeatures) -> Iterator[Any]:
-    """The slide the features name, open; None when there is none or it cannot be read."""
-    path = sf.slide_path
+def _slide(sf: SlideFeatures) -> Iterator[tuple[Any, str]]:
+    """The verified slide, open, and ``""``; or None and why it is not drawn."""
+    path, why_not = verified_slide(sf)
     reader = None
-    if path is not None and path.exists():
+    if path is not None:
         try:
             from histoserve.slides.readers import SlideReader
 
             reader = SlideReader.open(path)
         except Exception as exc:  # pictures only: a blank canvas instead
-            logger.info("slide %s cannot be read for pictures (%s)", path, exc)
+            why_not = f"{path.name} cannot be read ({type(exc).__name__})"
+    if reader is not None and not _same_size(reader, sf):
+        why_not = (
+            f"{path} is {reader.dimensions[0]}x{reader.dimensions[1]} px, not the size recorded"
+        )
+        reader.close()
+        reader = None
+    if why_not:
+        slide_id = sf.attrs.get("slide_id")
+        logger.warning("slide %s: heatmap drawn without its slide: %s", slide_id, why_not)
     try:
-        yield reader
+        yield reader, why_not
     finally:
         if reader is not None:
             reader.close()
+
+
+def _same_size(reader: Any, sf: SlideFeatures) -> bool:
+    """Whether the open slide's level 0 is the size the features file records (when it does)."""
+    w, h = sf.attrs.get("level0_width"), sf.attrs.get("level0_height")
+    if not isinstance(w, int) or not isinstance(h, int):
+        return True
+    return tuple(int(v) for v in reader.dimensions) == (w, h)
 
 
 def _background(reader: Any, sf: SlideFeatures) -> tuple[np.ndarray | None, tuple[int, int]]:

@@ -13,7 +13,9 @@ from PIL import Image
 from harness.slide_server import CLASSES, SlideServer
 from histoserve.heads import heatmap
 from histoserve.heads.aggregate import AggregateConfig, aggregate
+from histoserve.heads.pictures import verified_slide
 from histoserve.heads.table import read_table, write_table
+from histoserve.results.sources import read_features
 from tests.unit.histoserve.heads import features as ff
 
 
@@ -130,3 +132,49 @@ def test_slides_csv_writes_predictions_as_numbers(
     assert cells["p"] == "-0.5" and float(cells["p"]) == -0.5 and cells["q"] == ""
     assert cells["slide_id"] == "'-S1"  # text that could start a formula stays escaped
     assert read_table(tmp_path)[0]["slide_id"] == "-S1"
+
+
+def _features_of(slide: Path, out: Path, slide_id: str, given_as: str) -> np.ndarray:
+    """A features file as ``embed`` writes it for ``slide`` (given to it as ``given_as``)."""
+    import h5py
+
+    from histoserve.slides.identity import slide_identity
+
+    coords = np.array([(x, y) for y in (448, 896) for x in (448, 896, 1344)], np.int64)
+    ff.write("flat", out, slide_id, ff.features_for(coords), coords)
+    with h5py.File(out / f"{slide_id}.h5", "r+") as f:
+        f.attrs.update(
+            level0_width=3584, level0_height=2688, patch_size_level0=448, level0_mpp=0.25,
+            slide_path=given_as, slide_identity=slide_identity(slide).to_attr(),
+        )  # fmt: skip
+    return coords
+
+
+def _top_crop_brightness(out: Path, slide_id: str) -> float:
+    sheet = np.asarray(Image.open(out / "qc" / f"{slide_id}.abmil-demo.top.jpg").convert("L"))
+    return float(sheet[40:250, 10:230].mean())  # the first crop (8, 34) + 224 px
+
+
+def test_pictures_draw_the_slide_the_features_were_made_from_or_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33, case 1: aggregate run elsewhere opened another slide by the relative path."""
+    from harness import slides
+
+    lab, elsewhere = tmp_path / "lab", tmp_path / "other"
+    mine = slides.aperio_svs(lab / "slides" / "S1.svs").path  # tissue under the tiles
+    glass = slides.SlideSpec(width=3584, height=2688, boxes=())
+    slides.write_slide(elsewhere / "slides" / "S1.svs", glass)  # the same relative path
+    first, second = tmp_path / "first", tmp_path / "second"
+    for out in (first, second):
+        _features_of(mine, out, "S1", "slides/S1.svs")  # embed ran in lab/
+    monkeypatch.chdir(elsewhere)
+    with SlideServer("abmil-demo", ff.D) as s:
+        assert aggregate(AggregateConfig(first, (s.url,), "abmil-demo")).done == ["S1"]
+        assert _top_crop_brightness(first, "S1") < 215  # tissue: the lab's slide, not the glass
+        slides.write_slide(mine, glass)  # the lab's slide replaced since the features were made
+        assert aggregate(AggregateConfig(second, (s.url,), "abmil-demo")).done == ["S1"]
+    assert (second / "qc" / "S1.abmil-demo.heatmap.jpg").is_file()
+    assert not (second / "qc" / "S1.abmil-demo.top.jpg").exists()  # no crops of another slide
+    path, why = verified_slide(read_features(second / "S1.h5"))
+    assert path is None and why == "S1.svs is not the slide the features were made from"
