@@ -5,6 +5,7 @@
     HistoserveError
     ├── InvalidInput (ValueError)        client input is wrong:  400 / INVALID_ARGUMENT
     │   └── PayloadTooLarge               body over the limit:    413 / RESOURCE_EXHAUSTED
+    ├── NonFiniteOutput                   NaN or inf out, never retried: 422 / FAILED_PRECONDITION
     ├── Unavailable                       try again later:        503 / UNAVAILABLE
     │   ├── ForwardError (RuntimeError)   the batch's forward failed
     │   │   └── DeviceLost                ...and the device is unusable (liveness fails)
@@ -85,6 +86,16 @@ class InvalidInput(HistoserveError, ValueError):
 
 class PayloadTooLarge(InvalidInput):
     """A request body over ``--max_body_bytes`` (declared or streamed)."""
+
+
+class NonFiniteOutput(HistoserveError):
+    """The model answered this request with NaN or infinity; never a 200.
+
+    Deterministic for the request (the same input gives the same overflow on
+    any replica), so its status is one clients do not retry; it affects only
+    its own request. The message names the output and, where there is one,
+    the tile.
+    """
 
 
 class Unavailable(HistoserveError):

@@ -60,7 +60,7 @@ from histoserve.remote.served_model import ServerInfo, fetch_server_info
 from histoserve.remote.transport import RecyclePolicy
 from histoserve.results.claims import ClaimStore
 from histoserve.results.layouts import DoneCheck, Layout, slide_id_from_path
-from histoserve.results.output import config_hash
+from histoserve.results.output import check_holder, config_hash
 from histoserve.results.status import StatusLog
 from histoserve.review.qc import QC_DIR
 from histoserve.review.report import write_report
@@ -318,6 +318,8 @@ class _SlideRunner:
     def _check(self, entry: SlideEntry, chash: str, identity: SlideIdentity) -> DoneCheck:
         cfg = self.ctx.config
         if cfg.force:
+            done_file = self.ctx.layout.done_file(entry.slide_id)
+            check_holder(done_file, entry.slide_id)  # --force never overwrites another id's file
             return DoneCheck(False)
         return self.ctx.layout.check_done(entry.slide_id, chash, identity, cfg.accept_bad_tiles)
 

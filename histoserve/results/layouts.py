@@ -217,8 +217,13 @@ class Layout:
         (:func:`~histoserve.slides.identity.identity_change`), and every
         other file of the slide is the one the done file recorded
         (:func:`~histoserve.results.siblings.sibling_problem`).
+
+        Raises:
+            SlideError: The file there holds another slide id (``output.check_holder``).
         """
-        attrs = output.done_attrs(self.done_file(slide_id), config_hash, max_bad_tiles)
+        done_file = self.done_file(slide_id)
+        output.check_holder(done_file, slide_id)
+        attrs = output.done_attrs(done_file, config_hash, max_bad_tiles)
         if attrs is None:
             return DoneCheck(False)
         recorded = SlideIdentity.from_attr(attrs.get(IDENTITY_ATTR))

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from histoserve.atomic import atomic_path, open_regular, remove_file
+from histoserve.errors import SlideError
 from histoserve.slides.grid import TilePlan
 from histoserve.slides.readers import SlideReader
 
@@ -98,6 +99,39 @@ def is_done(out_dir: Path, slide_id: str, config_hash: str, max_bad_tiles: int =
 def h5_is_complete(path: Path, config_hash: str, max_bad_tiles: int = 0) -> bool:
     """Whether the HDF5 file at ``path`` is complete with ``config_hash`` (see :func:`is_done`)."""
     return done_attrs(path, config_hash, max_bad_tiles) is not None
+
+
+def check_holder(done_file: Path, slide_id: str) -> None:
+    """SlideError when ``done_file`` (``slide_id``'s) records another slide id.
+
+    On a case-insensitive or normalising volume (macOS, SMB, some NFS) ``S1``
+    and ``s1`` are one file: it is never resumed nor overwritten (``--force``
+    included) for the other id.
+    """
+    holder = recorded_slide_id(done_file)
+    if holder is not None and holder != slide_id:
+        raise SlideError(
+            f"{done_file} holds slide {holder!r}, not {slide_id!r}: on this volume the two "
+            "ids name one file (they differ only by case or Unicode form); give one another id"
+        )
+
+
+def recorded_slide_id(path: Path) -> str | None:
+    """The ``slide_id`` the HDF5 file at ``path`` records; None when none is there or readable."""
+    import h5py
+
+    try:
+        fd = open_regular(path)
+    except OSError:
+        return None
+    try:
+        with open(fd, "rb") as handle, h5py.File(handle, "r") as f:
+            value = f.attrs.get("slide_id")
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return value if isinstance(value, str) else None
 
 
 def done_attrs(path: Path, config_hash: str, max_bad_tiles: int = 0) -> dict[str, Any] | None:

@@ -16,9 +16,12 @@ Batching: one slide a forward (``max_batch_size`` is 1 slide). The queue is
 bounded in tiles: a slide counts its ``N`` against ``--max_queue_size``
 (raised to ``--max_tiles_per_slide`` so the largest slide fits alone), and
 ``N`` is bounded by ``--max_tiles_per_slide`` and the package's own range.
-Stage 1 (a thread) refuses non-finite features (400, naming the tile) and
-casts to float32; stage 2 moves the slide to the device in the package's
-dtype and runs it. The demo modules are in :mod:`predictor.package.slide_models`.
+Stage 1 (a thread) refuses non-finite features and features beyond the
+package dtype's finite range (FP16's 65504: the cast would overflow), 400
+naming the tile, and casts to float32; stage 2 moves the slide to the device
+in the package's dtype, runs it and checks every output finite there: NaN or
+infinity is a :class:`~predictor.errors.NonFiniteOutput` for that slide
+(422, never a 200). The demo modules are in :mod:`predictor.package.slide_models`.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
 from predictor.codecs.v2_slide import COORDS, FEATURES, SlideV2Codec
 from predictor.device.normalizer import synchronize, unshared
 from predictor.device.slot import DeviceSlot
-from predictor.errors import InvalidInput, SpecError, SpecMismatch
+from predictor.errors import InvalidInput, NonFiniteOutput, SpecError, SpecMismatch
 from predictor.package.loader import LoadedPackage
 from predictor.package.metadata import provenance
 from predictor.package.probe import format_shapes
@@ -71,6 +74,7 @@ class SlideServerModel(BaseServerModel):
         options = kwargs.pop("options", None) or ServingOptions()
         kwargs["options"] = slide_options(options, kwargs.get("package"))
         self._attention_shape: list[int] = [-1]
+        self._input_limit = float(np.finfo(np.float32).max)
         super().__init__(model_spec, *args, **kwargs)
 
     # -- export and start-up ----------------------------------------------------------
@@ -118,6 +122,7 @@ class SlideServerModel(BaseServerModel):
         check_slide_outputs(self._spec, shapes[-1])
         attention = shapes[-1][names.index("attention")]
         self._attention_shape = [-1, *attention[1:]]
+        self._input_limit = input_limit(package.input_dtype)
         return list(shapes[-1])
 
     def _probe(
@@ -186,6 +191,14 @@ class SlideServerModel(BaseServerModel):
                 input_name=FEATURES,
                 tile=tile,
             )
+        beyond = first_beyond(features, self._input_limit)
+        if beyond is not None:
+            raise InvalidInput(
+                f"feature {beyond[1]:g} is beyond the package's finite range "
+                f"(+-{self._input_limit:g}): the model would overflow",
+                input_name=FEATURES,
+                tile=beyond[0],
+            )
         copy = features.dtype != np.float32 or not features.flags.writeable
         x = np.array(features, dtype=np.float32, order="C") if copy else features
         extra = {} if request.coords is None else {COORDS: request.coords}
@@ -209,6 +222,7 @@ class SlideServerModel(BaseServerModel):
         for sample in samples:
             x = torch.from_numpy(sample.tile).to(package.device, dtype=package.input_dtype)
             outputs = unshared(package(x.contiguous()), [x])
+            check_finite(dict(zip(names, outputs, strict=True)))
             host = {n: self.output_to_host(o) for n, o in zip(names, outputs, strict=True)}
             synchronize(package.device)
             responses.append(ModelResponse({n: host[n].numpy() for n in wanted}))
@@ -244,6 +258,44 @@ class SlideServerModel(BaseServerModel):
             "tile_encoder": encoder,
             "max_tiles_per_slide": self._options.limits.max_tiles_per_slide,
         }
+
+
+def input_limit(dtype: torch.dtype) -> float:
+    """The largest feature magnitude a package taking ``dtype`` holds without overflow."""
+    if not dtype.is_floating_point:
+        return float(np.finfo(np.float32).max)
+    return min(float(torch.finfo(dtype).max), float(np.finfo(np.float32).max))
+
+
+def first_beyond(features: np.ndarray, limit: float) -> tuple[int, float] | None:
+    """``(tile, value)`` of the first feature whose magnitude is over ``limit``; None if none."""
+    if limit >= float(np.finfo(np.float32).max) and features.dtype.itemsize <= 4:
+        return None  # float32 or narrower: nothing finite is beyond it
+    over = np.abs(features) > limit
+    if not over.any():
+        return None
+    tile = int(np.argmax(over.any(axis=tuple(range(1, over.ndim)))))
+    return tile, float(features[tile][over[tile]].flat[0])
+
+
+def check_finite(outputs: Mapping[str, torch.Tensor]) -> None:
+    """NonFiniteOutput naming the first output (and attention's tile) with a NaN or infinity.
+
+    Checked on the device, one reduction per output: only a failed slide
+    copies anything more.
+    """
+    for name, out in outputs.items():
+        if bool(torch.isfinite(out).all()):
+            continue
+        where = ""
+        if name == "attention":
+            rows = (~torch.isfinite(out)).reshape(out.shape[0], -1).any(dim=1)
+            where = f" at tile {int(torch.nonzero(rows)[0, 0])}"
+        raise NonFiniteOutput(
+            f"output {name!r} is not finite (NaN or infinity){where}: the model overflowed on "
+            "this slide's features (a package exported in FP16 or BF16, or features out of "
+            "the range it was trained on); the same input fails on every replica"
+        )
 
 
 def slide_options(options: ServingOptions, package: LoadedPackage | None) -> ServingOptions:

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 from predictor.errors import (
     HistoserveError,
     InvalidInput,
+    NonFiniteOutput,
     Overloaded,
     PayloadTooLarge,
     StartupError,
@@ -48,6 +49,7 @@ class Status:
 
 ERROR_TABLE: Mapping[type[BaseException], Status] = {
     InvalidInput: Status(HTTPStatus.BAD_REQUEST, grpc.StatusCode.INVALID_ARGUMENT),
+    NonFiniteOutput: Status(HTTPStatus.UNPROCESSABLE_ENTITY, grpc.StatusCode.FAILED_PRECONDITION),
     PayloadTooLarge: Status(
         HTTPStatus.REQUEST_ENTITY_TOO_LARGE, grpc.StatusCode.RESOURCE_EXHAUSTED
     ),

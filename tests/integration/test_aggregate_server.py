@@ -99,6 +99,23 @@ def test_features_of_another_width_fail_their_slide_only(head: Server, tmp_path:
     assert "narrow.h5: features are 768 wide but 'abmil-demo' takes 1536" in run.stderr
 
 
+def test_a_slide_the_head_overflows_on_fails_once_never_retried(
+    head: Server, tmp_path: Path
+) -> None:
+    """Issue 33, case 11: a 200 with NaN used to be retried eight times, then fail."""
+    folder = _folder("flat", tmp_path)
+    coords = ff.tissue_coords(6)
+    huge = np.random.default_rng(5).standard_normal((len(coords), D)).astype(np.float32)
+    huge[1] = 3e38
+    ff.write("flat", folder, "huge", huge, coords)
+    start = len(head.log())
+    run = _aggregate(folder, head.base)
+    assert run.returncode == 1 and "3 done" in run.stderr and "1 failed" in run.stderr
+    assert "HTTP 422" in run.stderr and "output 'prediction' is not finite" in run.stderr
+    during = head.log()[start:]  # what the server logged while this run went
+    assert during.count('/infer HTTP/1.1" 422') == 1  # one attempt, not eight
+
+
 def test_embed_with_a_slide_model_gives_features_table_heatmap_geojson_and_report(
     head: Server, embedding_server: Server, tmp_path: Path
 ) -> None:

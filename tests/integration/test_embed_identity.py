@@ -120,6 +120,34 @@ def test_a_slide_replaced_in_place_re_embeds_and_a_moved_cohort_does_not(
     assert row["status"] == "skipped", row
 
 
+def test_an_id_whose_file_holds_another_slide_id_fails_and_leaves_it(
+    embedding_server: Server, two_slides: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Issue 33, case 8: on a case-insensitive volume ``s1.h5`` opens ``S1.h5``.
+
+    This file system is case-sensitive, so the volume is FAKED by renaming S1's
+    done file to the name ``s1`` opens (what macOS or SMB would show).
+    """
+    a, b = two_slides
+    url, out = embedding_server.base, tmp_path / "out"
+    assert _embed(url, _manifest(tmp_path / "m1.csv", [("S1", a)]), out)["S1"]["status"] == "done"
+    (out / "S1.h5").rename(out / "s1.h5")
+    kept = (out / "s1.h5").read_bytes()
+    result = run_embed(
+        "--manifest", _manifest(tmp_path / "m2.csv", [("s1", b)]), "--url", url, "--out", out, *RUN
+    )  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    row = status_rows(out)[-1]
+    assert row["slide_id"] == "s1" and row["status"] == "failed"
+    assert "holds slide 'S1', not 's1'" in row["error"]
+    assert (out / "s1.h5").read_bytes() == kept  # S1's features, never overwritten
+    forced = run_embed(
+        "--manifest", tmp_path / "m2.csv", "--url", url, "--out", out, *RUN, "--force"
+    )
+    assert forced.returncode == 1 and "holds slide 'S1'" in status_rows(out)[-1]["error"]
+    assert (out / "s1.h5").read_bytes() == kept
+
+
 @pytest.mark.parametrize("layout", ["clam", "trident"])
 def test_a_torn_pair_is_embedded_again_never_skipped(
     embedding_server: Server, two_slides: tuple[Path, Path], tmp_path: Path, layout: str

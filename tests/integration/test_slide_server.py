@@ -137,6 +137,24 @@ def test_each_mode_returns_its_output(server) -> None:
     assert [(o["name"], o["shape"]) for o in default["outputs"]] == [("prediction", [2])]
 
 
+def test_an_output_that_overflows_is_a_422_never_a_200_with_nan(server, grpc, module) -> None:
+    """Issue 33, case 11: finite features that overflow the head answered 200 with NaN."""
+    features = _slide(5, seed=11)
+    features[2] = 3e38  # finite in FP32; the projection's sum is not
+    with torch.no_grad():
+        assert not all(bool(torch.isfinite(o).all()) for o in module(torch.from_numpy(features)))
+    with pytest.raises(InferenceServerException) as rest:
+        _rest(server, features, "prediction,attention")
+    assert rest.value.status() == "422", rest.value.message()
+    assert "output 'prediction' is not finite" in rest.value.message()
+    with pytest.raises(GrpcError) as refused:
+        grpc(features, "prediction")
+    assert refused.value.status == "StatusCode.FAILED_PRECONDITION"
+    assert "is not finite" in refused.value.message
+    good = _slide(3, seed=3)  # that slide only: the next one is answered
+    _check(_rest(server, good, "prediction,embedding,attention"), _truth(module, good))
+
+
 @pytest.mark.parametrize(
     ("features", "words"),
     [

@@ -15,7 +15,7 @@ from predictor.codecs.samples import ModelRequest, ModelResponse
 from predictor.config import BatchingConfig, LimitsConfig
 from predictor.errors import InvalidInput, SpecError
 from predictor.families import build_demo_model, model_class_for
-from predictor.families.slide import SlideServerModel, slide_options
+from predictor.families.slide import SlideServerModel, first_beyond, input_limit, slide_options
 from predictor.serving.options import ServingOptions
 from predictor.spec import BUILTIN_SPECS, spec_from_dict
 
@@ -110,6 +110,26 @@ def test_a_non_finite_feature_is_a_400_naming_its_tile(model: SlideServerModel) 
     assert (err.value.input_name, err.value.tile) == ("features", 3)
     with pytest.raises(InvalidInput, match="takes V2 'features'"):
         model.prepare_sample(ModelRequest(index=0, image_data=b"png"))
+
+
+def test_a_feature_beyond_the_package_dtype_is_a_400_naming_its_tile(
+    model: SlideServerModel,
+) -> None:
+    """Issue 33, case 11: 1e5 cast into an FP16 package became inf, then NaN with a 200."""
+    import torch
+
+    assert input_limit(torch.float16) == 65504.0 and input_limit(torch.float32) == float(
+        np.finfo(np.float32).max
+    )
+    x = np.ones((5, 1536), np.float32)
+    x[3, 10] = -1e5
+    assert first_beyond(x, input_limit(torch.float16)) == (3, -1e5)
+    assert first_beyond(x, input_limit(torch.float32)) is None
+    model.prepare_sample(ModelRequest(index=0, features=x))  # an FP32 package takes it
+    model._input_limit = input_limit(torch.float16)  # what bind_device sets for an FP16 package
+    with pytest.raises(InvalidInput, match="beyond the package's finite range") as err:
+        model.prepare_sample(ModelRequest(index=0, features=x))
+    assert (err.value.input_name, err.value.tile) == ("features", 3)
 
 
 def test_stage_1_gives_writable_contiguous_float32(model: SlideServerModel) -> None:

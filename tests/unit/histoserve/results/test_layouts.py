@@ -172,7 +172,7 @@ def test_a_done_file_from_another_slide_is_never_done(
     moved = SlideIdentity("/new/mount/a.svs", identity.size, 7, identity.digest)
     assert layout.check_done("S1", HASH, moved).done  # moved, not changed
     older = {k: v for k, v in slide_attrs.items() if k != IDENTITY_ATTR}  # an older histoserve
-    layout.write("S2", _result(older))
+    layout.write("S2", _result({**older, "slide_id": "S2"}))
     legacy = layout.check_done("S2", HASH, identity)
     assert not legacy.done and "records no slide identity" in legacy.reason
 
@@ -316,7 +316,7 @@ def test_the_longest_id_fits_every_file_a_slide_gets(
     assert len(longest.encode()) == MAX_SLIDE_ID_BYTES
     for name in ("flat", "trident", "clam"):
         layout = _layout(name, tmp_path / name)
-        layout.write(longest, _result(slide_attrs))
+        layout.write(longest, _result({**slide_attrs, "slide_id": longest}))
         assert layout.is_done(longest, HASH, identity)
     claim = ClaimStore(tmp_path).try_claim(longest)
     assert claim is not None and claim.held
