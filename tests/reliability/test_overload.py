@@ -2,8 +2,11 @@
 
 64 clients send 1-4-tile requests back to back (raw pixels, PNG tiles, gRPC) to a server
 whose queue holds 16 tiles (two batches). Rejections must be fast 503s with ``Retry-After`` naming
-the full queue, accepted requests must meet a latency bound and carry their own
-numbers, and the server's memory must stay flat.
+the full queue, accepted requests must carry their own numbers, and the server's memory
+must stay flat. A rejection is faster than a success in every run; the bounds in seconds
+(accepted p99, rejected p99) are the long run's, serial on a quiet machine (``make
+test-long``): the fast run shares two cores with the other ``make test`` worker, where a
+second is no measure of the server.
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ def is_http(outcome: Outcome) -> bool:
     return not outcome.kind.startswith("grpc")
 
 
-def check_overload(outcomes: list[Outcome]) -> dict:
+def check_overload(outcomes: list[Outcome], *, seconds: bool) -> dict:
+    """Nothing lost or mixed up, rejections fast 503s; with ``seconds``, the latency bounds too."""
     summary = summarise(outcomes, allowed=frozenset({503}))
     assert not summary.lost and not summary.mixed_up and not summary.wrong_status
     accepted = [o for o in outcomes if o.status == 200]
@@ -75,8 +79,9 @@ def check_overload(outcomes: list[Outcome]) -> dict:
     # client threads, adds up to a second of its own (measured apart, it is as fast).
     ok_s = [o.latency_s for o in accepted if is_http(o)]
     no_s = [o.latency_s for o in rejected if is_http(o)]
-    assert percentile(ok_s, 99) < ACCEPTED_P99_S, f"accepted p99 {percentile(ok_s, 99):.2f}s"
-    assert percentile(no_s, 99) < REJECTED_P99_S, f"rejected p99 {percentile(no_s, 99):.2f}s"
+    if seconds:
+        assert percentile(ok_s, 99) < ACCEPTED_P99_S, f"accepted p99 {percentile(ok_s, 99):.2f}s"
+        assert percentile(no_s, 99) < REJECTED_P99_S, f"rejected p99 {percentile(no_s, 99):.2f}s"
     assert percentile(no_s, 50) < percentile(ok_s, 50), "a rejection is slower than a success"
     return summary.figures() | {
         "accepted_p50_ms": round(1000 * percentile(ok_s, 50)),
@@ -87,13 +92,15 @@ def check_overload(outcomes: list[Outcome]) -> dict:
     }
 
 
-def run_overload(server: Server, pool: TilePool, duration_s: float, warmup_s: float) -> dict:
+def run_overload(
+    server: Server, pool: TilePool, duration_s: float, warmup_s: float, *, seconds: bool
+) -> dict:
     """Overload after a warm-up (the allocator settles at its high-water mark), then checks."""
     rejected_before = metric_value(server.metrics(), "histoserve_tiles_total", outcome="rejected")
     with RssSampler(server.proc.pid) as rss:
         hammer(server, pool, warmup_s)
         outcomes = hammer(server, pool, duration_s)
-    figures = check_overload(outcomes)
+    figures = check_overload(outcomes, seconds=seconds)
     memory = memory_figures(rss.samples, warmup_s)
     assert memory["rss_growth_mib"] < RSS_GROWTH_MIB, f"RSS grew under overload: {memory}"
     rejected = metric_value(server.metrics(), "histoserve_tiles_total", outcome="rejected")
@@ -102,15 +109,15 @@ def run_overload(server: Server, pool: TilePool, duration_s: float, warmup_s: fl
     return figures | memory | {"rss_peak_mib": round(peak), "queue": QUEUE}
 
 
-def test_overload_is_fast_503s_with_bounded_latency_and_flat_memory(
+def test_overload_is_fast_503s_that_lose_nothing_with_flat_memory(
     small_queue_server: Server, tile_pool: TilePool
 ):
-    result = run_overload(small_queue_server, tile_pool, duration_s=6.0, warmup_s=3.0)
+    result = run_overload(small_queue_server, tile_pool, 6.0, warmup_s=3.0, seconds=False)
     record_figures("overload", result)
 
 
 @pytest.mark.slow
 def test_overload_long(small_queue_server: Server, tile_pool: TilePool):
     duration = env_float("HISTOSERVE_OVERLOAD_S", 90.0)
-    result = run_overload(small_queue_server, tile_pool, duration, warmup_s=30.0)
+    result = run_overload(small_queue_server, tile_pool, duration, warmup_s=30.0, seconds=True)
     record_figures("overload_long", result)

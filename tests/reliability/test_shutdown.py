@@ -164,8 +164,14 @@ def figures(run: dict, refused: re.Pattern = REFUSED) -> dict:
     }
 
 
-def shutdown_once(model_dir: Path, tmp: Path, pool: TilePool) -> dict:
-    """One server, SIGTERM mid-load; every promise checked; returns the figures."""
+def shutdown_once(model_dir: Path, tmp: Path, pool: TilePool, *, seconds: bool) -> dict:
+    """One server, SIGTERM mid-load; every promise checked; returns the figures.
+
+    ``seconds``: readiness must also fail within 2 s of SIGTERM, a bound for the
+    serial long run (``make test-long``); beside the other ``make test`` worker
+    on two cores a second measures the machine, so the fast run holds it to
+    :func:`readiness_turns_false`'s generous deadline alone.
+    """
     tmp.mkdir(parents=True, exist_ok=True)
     flags = (*LIMITED_FLAGS, "--drain_timeout_s", str(DRAIN_TIMEOUT_S))
     server = start_server(model_dir, tmp, *flags)
@@ -178,7 +184,8 @@ def shutdown_once(model_dir: Path, tmp: Path, pool: TilePool) -> dict:
     check_http_reconciles(server, run["outcomes"])
     assert run["exit_code"] == 0, server.log()[-2000:]
     assert run["in_flight_completed"] > 0, "SIGTERM did not land mid-load"
-    assert run["unready_after_s"] < 2.0  # as seen by a probe polling a busy 2-core server
+    if seconds:
+        assert run["unready_after_s"] < 2.0  # as seen by a probe polling a busy 2-core server
     assert run["drain_s"] < EXIT_MARGIN_S, "the drain of a short backlog took too long"
     return figures(run) | {"drain_timeout_s": DRAIN_TIMEOUT_S}
 
@@ -186,7 +193,8 @@ def shutdown_once(model_dir: Path, tmp: Path, pool: TilePool) -> dict:
 def test_sigterm_mid_load_loses_no_accepted_request(
     embedding_package_dir: Path, tmp_path: Path, tile_pool: TilePool
 ):
-    record_figures("shutdown", shutdown_once(embedding_package_dir, tmp_path, tile_pool))
+    figures = shutdown_once(embedding_package_dir, tmp_path, tile_pool, seconds=False)
+    record_figures("shutdown", figures)
 
 
 @pytest.mark.slow
@@ -194,7 +202,7 @@ def test_sigterm_mid_load_repeated(
     embedding_package_dir: Path, tmp_path: Path, tile_pool: TilePool
 ):
     runs = [
-        shutdown_once(embedding_package_dir, tmp_path / str(i), tile_pool)
+        shutdown_once(embedding_package_dir, tmp_path / str(i), tile_pool, seconds=True)
         for i in range(int(env_float("HISTOSERVE_SHUTDOWN_RUNS", 8)))
     ]
     keys = ("sent", "ok", "refused", "lost", "mixed_up", "in_flight_at_sigterm")
