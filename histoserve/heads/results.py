@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from histoserve.atomic import atomic_path, open_regular
+from histoserve.atomic import atomic_path
 from histoserve.heads.head import HeadInfo
-from histoserve.results.output import config_hash
+from histoserve.results.output import config_hash, read_h5
 from histoserve.results.siblings import record_of, sibling_problem
 from histoserve.results.sources import FeatureSource
 
@@ -168,19 +168,13 @@ def read_result_attrs(path: Path) -> dict[str, Any] | None:
 
 def read_result(path: Path) -> tuple[dict[str, Any], np.ndarray | None] | None:
     """A complete result file's attributes and prediction; None for any doubt."""
-    import h5py
 
-    try:
-        fd = open_regular(path)
-    except OSError:
-        return None
-    try:
-        with open(fd, "rb") as handle, h5py.File(handle, "r") as f:
-            attrs = {k: _text(v) for k, v in f.attrs.items()}
-            prediction = np.asarray(f["prediction"][()]) if "prediction" in f else None
-    except Exception:  # h5py: OSError, KeyError, ValueError... any doubt is "not done"
-        return None
-    return (attrs, prediction) if attrs.get("complete") else None
+    def read(f: Any) -> tuple[dict[str, Any], np.ndarray | None]:
+        attrs = {k: _text(v) for k, v in f.attrs.items()}
+        return attrs, np.asarray(f["prediction"][()]) if "prediction" in f else None
+
+    result = read_h5(path, read, (Exception,))  # h5py raises many kinds: any doubt is "not done"
+    return result if result is not None and result[0].get("complete") else None
 
 
 def _text(value: Any) -> Any:

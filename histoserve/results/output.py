@@ -40,7 +40,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -49,6 +49,7 @@ from histoserve.errors import SlideError
 from histoserve.slides.grid import TilePlan
 from histoserve.slides.readers import SlideReader
 
+T = TypeVar("T")
 INCOMPLETE_DIR = "incomplete"
 COMPLETE_ATTR = "complete"
 
@@ -116,8 +117,11 @@ def check_holder(done_file: Path, slide_id: str) -> None:
         )
 
 
-def recorded_slide_id(path: Path) -> str | None:
-    """The ``slide_id`` the HDF5 file at ``path`` records; None when none is there or readable."""
+def read_h5(
+    path: Path, read: Callable[[Any], T], errors: tuple[type[BaseException], ...]
+) -> T | None:
+    """``read(file)`` of the HDF5 file at ``path``; None when it is missing, no regular file
+    (opened without blocking or following a symlink), or ``read`` raises one of ``errors``."""
     import h5py
 
     try:
@@ -126,9 +130,17 @@ def recorded_slide_id(path: Path) -> str | None:
         return None
     try:
         with open(fd, "rb") as handle, h5py.File(handle, "r") as f:
-            value = f.attrs.get("slide_id")
-    except (OSError, KeyError, ValueError, TypeError):
+            return read(f)
+    except errors:
         return None
+
+
+_H5_ERRORS = (OSError, KeyError, ValueError, TypeError)
+
+
+def recorded_slide_id(path: Path) -> str | None:
+    """The ``slide_id`` the HDF5 file at ``path`` records; None when none is there or readable."""
+    value = read_h5(path, lambda f: f.attrs.get("slide_id"), _H5_ERRORS)
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
     return value if isinstance(value, str) else None
@@ -140,27 +152,21 @@ def done_attrs(path: Path, config_hash: str, max_bad_tiles: int = 0) -> dict[str
     None for any doubt, as :func:`is_done` says (a missing file included, and
     anything but a regular file: opened without blocking or following a symlink).
     """
-    import h5py
 
-    try:
-        fd = open_regular(path)
-    except OSError:
-        return None
-    try:
-        with open(fd, "rb") as handle, h5py.File(handle, "r") as f:
-            attrs = dict(f.attrs)
-            if not bool(attrs.get(COMPLETE_ATTR, False)):
-                return None
-            if str(attrs.get("config_hash", "")) != config_hash:
-                return None
-            if int(attrs.get("n_bad_tiles", 0)) > max_bad_tiles:
-                return None
-            n = f["coords"].shape[0]
-            names = ("features", "predictions", "tissue_fraction")
-            lengths = [f[name].shape[0] for name in names if name in f]
-            return attrs if all(length == n for length in lengths) else None
-    except (OSError, KeyError, ValueError, TypeError):
-        return None
+    def read(f: Any) -> dict[str, Any] | None:
+        attrs = dict(f.attrs)
+        if not bool(attrs.get(COMPLETE_ATTR, False)):
+            return None
+        if str(attrs.get("config_hash", "")) != config_hash:
+            return None
+        if int(attrs.get("n_bad_tiles", 0)) > max_bad_tiles:
+            return None
+        n = f["coords"].shape[0]
+        names = ("features", "predictions", "tissue_fraction")
+        lengths = [f[name].shape[0] for name in names if name in f]
+        return attrs if all(length == n for length in lengths) else None
+
+    return read_h5(path, read, _H5_ERRORS)
 
 
 @dataclass
