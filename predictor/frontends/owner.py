@@ -126,7 +126,7 @@ class DeviceOwner:
         if previous is not None:  # its connection is over and its tiles are settled
             await previous.finished.wait()
         slab = self._slabs[index]
-        link = _Link(self._model, slab, FrameWriter(writer), self._state)
+        link = _Link(self._model, slab, FrameWriter(writer), self._state, self._tell_liveness)
         self._links[index] = link
         layout = slab.layout
         welcome = {**self._info, "slab": slab.name, "layout": dataclasses.astuple(layout)}
@@ -147,6 +147,16 @@ class DeviceOwner:
     def _state(self) -> tuple[int, bool]:
         batcher = self._model.batcher
         return (batcher.queue_depth if batcher is not None else 0), self._model.live
+
+    def _tell_liveness(self, state: tuple[int, bool]) -> None:
+        """Tells every front end a liveness it has not heard, before any answer carries it.
+
+        A client that saw a request fail on a lost device and then probes
+        another front end must find liveness already false there.
+        """
+        for link in list(self._links.values()):
+            if not link.closed and link.told[1] != state[1]:
+                link.send_state(state)
 
     async def _refresh_states(self) -> None:
         """Tells each front end the depth and liveness when its last word is too pessimistic.
@@ -176,11 +186,13 @@ class _Link:
         slab: Slab,
         writer: FrameWriter,
         state: Callable[[], tuple[int, bool]],
+        tell_liveness: Callable[[tuple[int, bool]], None] = lambda state: None,
     ) -> None:
         self._model = model
         self.slab = slab
         self._writer = writer
         self._state = state
+        self._tell_liveness = tell_liveness
         self._outstanding = 0
         self.told: tuple[int, bool] = (0, True)
         """The depth and liveness this front end last heard (its proxy starts at these)."""
@@ -253,6 +265,8 @@ class _Link:
         if self._writer.closing:
             return
         state = self._state()
+        if state[1] != self.told[1]:
+            self._tell_liveness(state)
         try:
             self._writer.send(("done", rid, *state, outcomes))
         except Exception as exc:  # an outcome that does not pickle: the request still fails
