@@ -71,6 +71,11 @@ MAX_MASK_NESTING = 32
 # Vertices over every feature: tissue annotations have thousands, QuPath's
 # tissue detection on a large slide tens of thousands.
 MAX_MASK_VERTICES = 1_000_000
+# JSON values (numbers, strings, arrays, objects) a GeoJSON mask may hold,
+# counted before parsing: a vertex is three (its array and two numbers), so a
+# mask at the vertex cap fits, and parsing can never build more than this
+# (a maximal mask peaks near 0.5 GB while parsed, whatever its byte size).
+MAX_MASK_JSON_VALUES = 4 * MAX_MASK_VERTICES
 # |x| and |y| in level-0 px: no slide is a billion pixels wide (250 mm at
 # 0.25 um/px is 1e6); beyond this a coordinate is garbage, not a position.
 MAX_MASK_COORDINATE = 1e9

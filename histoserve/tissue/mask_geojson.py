@@ -27,6 +27,7 @@ from histoserve.errors import SlideError
 from histoserve.limits import (
     MAX_MASK_BYTES,
     MAX_MASK_COORDINATE,
+    MAX_MASK_JSON_VALUES,
     MAX_MASK_NESTING,
     MAX_MASK_VERTICES,
 )
@@ -63,18 +64,25 @@ def read_bounded(path: Path, max_bytes: int, kind: str) -> bytes:
     return raw
 
 
-def json_depth(raw: bytes) -> int:
-    """The deepest nesting of objects and arrays in JSON ``raw`` (strings skipped); bounded memory."""
+def json_shape(raw: bytes) -> tuple[int, int]:
+    """``(depth, values)`` of JSON ``raw``: its deepest nesting and an upper bound on its values.
+
+    Strings are skipped, so brackets and commas inside them do not count. The
+    values are bounded by commas plus containers plus one: what ``json.loads``
+    would build, known before it builds anything. Bounded memory.
+    """
     bare = np.frombuffer(_STRING.sub(b'""', raw), np.uint8)
     deepest = level = 0
+    values = 1
     for start in range(0, len(bare), _DEPTH_BLOCK):
         block = bare[start : start + _DEPTH_BLOCK]
-        step = (block == ord("[")).astype(np.int8) + (block == ord("{"))
-        step -= (block == ord("]")).astype(np.int8) + (block == ord("}"))
+        opens = (block == ord("[")).astype(np.int8) + (block == ord("{"))
+        step = opens - (block == ord("]")).astype(np.int8) - (block == ord("}"))
+        values += int(np.count_nonzero(opens)) + int(np.count_nonzero(block == ord(",")))
         levels = level + np.cumsum(step, dtype=np.int64)
         if len(levels):
             deepest, level = max(deepest, int(levels.max())), int(levels[-1])
-    return deepest
+    return deepest, values
 
 
 def read_geojson(path: Path) -> tuple[list[Rings], list[Rings]]:
@@ -89,11 +97,16 @@ def read_geojson(path: Path) -> tuple[list[Rings], list[Rings]]:
     """
     path = Path(path)
     raw = read_bounded(path, MAX_MASK_BYTES, "GeoJSON")
-    depth = json_depth(raw)
+    depth, values = json_shape(raw)
     if depth > MAX_MASK_NESTING:
         raise SlideError(
             f"mask {path}: JSON nested {depth} deep, more than the {MAX_MASK_NESTING} GeoJSON "
             f"needs; {_FIX}"
+        )
+    if values > MAX_MASK_JSON_VALUES:
+        raise SlideError(
+            f"mask {path}: about {values:,} JSON values, more than the {MAX_MASK_JSON_VALUES:,} "
+            f"a mask of {MAX_MASK_VERTICES:,} vertices needs; simplify the outlines or {_FIX}"
         )
     try:
         data = json.loads(raw.decode("utf-8-sig"))

@@ -13,7 +13,8 @@ from histoserve.embedding.config import EmbedConfig
 from histoserve.errors import UsageError
 from histoserve.slides import readers
 from histoserve.slides.manifest import read_manifest
-from histoserve.tissue.mask_geojson import json_depth
+from histoserve.tissue import mask_geojson
+from histoserve.tissue.mask_geojson import json_shape
 
 BASE = {"urls": ("http://127.0.0.1:8080",), "out_dir": Path("out"), "slides": (Path("a.svs"),)}
 
@@ -57,6 +58,10 @@ def test_max_tiles_per_slide_flag(tmp_path: Path) -> None:
         config_from_args(build_parser().parse_args([*argv, "0"]), {})
 
 
+def depth(raw: bytes) -> int:
+    return json_shape(raw)[0]
+
+
 def test_json_depth_counts_nesting_not_brackets_in_strings() -> None:
     collection = {
         "type": "FeatureCollection",
@@ -70,16 +75,51 @@ def test_json_depth_counts_nesting_not_brackets_in_strings() -> None:
     }
     raw = json.dumps(collection).encode()
     assert b'\\"' in raw  # an escaped quote inside a string
-    assert json_depth(raw) == 8  # collection, features, feature, geometry, 4 lists of coordinates
-    assert json_depth(b"[" * 100_000 + b"]" * 100_000) == 100_000
-    assert json_depth(b'"[[["') == 0 and json_depth(b"") == 0
-    assert json_depth(b"[]" * (3 << 22)) == 1  # across the scan's blocks
+    assert depth(raw) == 8  # collection, features, feature, geometry, 4 lists of coordinates
+    assert depth(b"[" * 100_000 + b"]" * 100_000) == 100_000
+    assert depth(b'"[[["') == 0 and depth(b"") == 0
+    assert depth(b"[]" * (3 << 22)) == 1  # across the scan's blocks
 
 
 def test_json_depth_across_block_boundaries(monkeypatch: pytest.MonkeyPatch) -> None:
-    from histoserve.tissue import mask_geojson
-
     raw = b'{"a": [[1, [2]], {"b": [[[3]]]}], "c": "]]]]"}'
-    assert json_depth(raw) == 6
+    assert depth(raw) == 6
     monkeypatch.setattr(mask_geojson, "_DEPTH_BLOCK", 3)
-    assert json_depth(raw) == 6
+    assert json_shape(raw) == (6, 12)  # 8 containers, 3 commas, 1
+
+
+def _polygon(vertices: int) -> bytes:
+    ring = [[float(i % 997) + 0.5, float(i // 997) + 0.25] for i in range(vertices - 1)]
+    ring.append(ring[0])
+    feature = {"type": "Feature", "properties": {"name": "a, [b], {c}"}}
+    feature["geometry"] = {"type": "Polygon", "coordinates": [ring]}
+    return json.dumps({"type": "FeatureCollection", "features": [feature]}).encode()
+
+
+def test_json_values_are_counted_unparsed_and_a_mask_at_the_vertex_cap_fits() -> None:
+    assert json_shape(b'[1, 2, [3, "4,5"], {"a": 6, "b": [7]}]')[1] == 10
+    _, values = json_shape(_polygon(limits.MAX_MASK_VERTICES))
+    assert 3 * limits.MAX_MASK_VERTICES <= values <= limits.MAX_MASK_JSON_VALUES
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" + b"0.5," * (limits.MAX_MASK_JSON_VALUES) + b"0]",  # one flat list of numbers
+        b"[" + b"[1,2]," * (limits.MAX_MASK_JSON_VALUES // 3) + b"[1,2]]",  # small vertices
+    ],
+    ids=["flat-numbers", "tiny-vertices"],
+)
+def test_a_mask_with_more_values_than_the_vertex_cap_needs_is_refused_before_parsing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: bytes
+) -> None:
+    path = tmp_path / "bomb.geojson"
+    path.write_bytes(b'{"type": "FeatureCollection", "features": ' + body + b"}")
+    assert path.stat().st_size <= limits.MAX_MASK_BYTES  # the byte cap alone lets it through
+
+    def parse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("parsed before its size in values was judged")
+
+    monkeypatch.setattr(mask_geojson.json, "loads", parse)
+    with pytest.raises(mask_geojson.SlideError, match=r"bomb.geojson: about [\d,]+ JSON values"):
+        mask_geojson.read_geojson(path)
