@@ -35,7 +35,7 @@ __version__ = "0.1.0"
 
 _WHERE = {
     "HistoserveClient": "histoserve.remote.client",
-    "InferenceError": "histoserve.remote.client",
+    "InferenceError": "histoserve.errors",
     "embed": "histoserve.api",
     "read_features": "histoserve.api",
     "EmbedConfig": "histoserve.embedding.config",

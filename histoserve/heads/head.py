@@ -26,7 +26,6 @@ retried elsewhere like a 503, never written.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,11 +33,11 @@ from typing import Any
 import numpy as np
 
 from histoserve import wire
-from histoserve.errors import EmbedError, UsageError
+from histoserve.errors import BadAnswer, EmbedError, UsageError
 from histoserve.remote.auth import Credentials
 from histoserve.remote.dispatch import RetryPolicy
-from histoserve.remote.served_model import _Getter, info_url
-from histoserve.remote.transport import BadAnswer
+from histoserve.remote.served_model import fetch_config, info_url
+from histoserve.remote.transport import answer_bound
 
 SLIDE_OUTPUTS = ("prediction", "attention", "slide_embedding")
 _MODE_WORDS = {"prediction": "prediction", "attention": "attention", "embedding": "slide_embedding"}
@@ -100,15 +99,7 @@ def fetch_head_info(
 def _ask(
     url: str, model: str, timeout_s: float, retry: RetryPolicy, credentials: Credentials
 ) -> HeadInfo:
-    with _Getter(url, timeout_s, retry, time.sleep, credentials) as getter:
-        response = getter.get(f"/v2/models/{model}/config")
-        if response.status_code == 404:
-            raise UsageError(f"{url} serves no model {model!r}: {getter.message(response)}")
-        getter.check(response)
-        try:
-            config = response.json()
-        except ValueError as exc:
-            raise EmbedError(f"{url}: the config of {model!r} is not JSON") from exc
+    _, config = fetch_config(url, model, timeout_s, retry, credentials)
     return head_from_config(model, config)
 
 
@@ -201,6 +192,13 @@ class SlideAnswerCheck:
     """What an answer to one slide must be (see the module docstring)."""
 
     info: HeadInfo
+
+    def max_answer_bytes(self, n_tiles: int) -> int:
+        """The most bytes an answer for ``n_tiles`` tiles can need: attention, prediction, embedding."""
+        classes = len(self.info.classes) or 64
+        width = max((shape[-1] for _, shape in self.info.outputs.values() if shape), default=-1)
+        width = width if width > 0 else 16384
+        return answer_bound(1, (n_tiles + 1) * classes + width)
 
     def verify(self, answer: Mapping[str, Any], n_tiles: int, url: str) -> None:
         """Returns when ``answer`` fits a slide of ``n_tiles`` tiles; else BadAnswer."""

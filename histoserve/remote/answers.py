@@ -21,13 +21,12 @@ tiles must be:
 - when the answer names its model (V2's ``model_name``), the model asked;
   when it names its package (``parameters.package_sha256``), the package the
   run's config reported: replicas behind one URL (a Service) mid-upgrade
-  must not mix two packages' features in one slide. (The histoserve server
-  does not put its digest in answers yet; every URL's config is compared up
-  front by :func:`~histoserve.remote.served_model.fetch_server_info`.)
+  must not mix two packages' features in one slide (every URL's config is
+  also compared up front by
+  :func:`~histoserve.remote.served_model.fetch_server_info`).
 
-Anything else raises :class:`~histoserve.remote.transport.BadAnswer`
-(importable from here too), a
-:class:`~histoserve.remote.transport.RetryableError`: the dispatcher
+Anything else raises :class:`~histoserve.errors.BadAnswer`, a
+:class:`~histoserve.errors.RetryableError`: the dispatcher
 treats it as a failed attempt, exactly like a 503 (retried, preferably on
 another URL), and when attempts run out the slide fails with the URL and
 what was wrong. A wrong answer is never written.
@@ -42,7 +41,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from histoserve import wire
-from histoserve.remote.transport import BadAnswer
+from histoserve.errors import BadAnswer
+from histoserve.remote.transport import answer_bound
 
 if TYPE_CHECKING:
     from histoserve.remote.served_model import ServerInfo
@@ -101,6 +101,16 @@ class AnswerCheck:
         """The check for requests to a tissue-segmentation model (``mask``)."""
         expected = _expected(info, TISSUE_OUTPUTS)
         return cls(expected, f"tissue model {info.model!r}", info.model, info.reported_sha256)
+
+    def max_answer_bytes(self, n_tiles: int) -> int:
+        """The most bytes an answer to ``n_tiles`` tiles can need (larger ones are not read)."""
+        per_row = 0
+        for expected in self.outputs:
+            trailing = expected.shape[1:] if expected.shape is not None else (-1,)
+            if any(d < 0 for d in trailing):
+                return answer_bound(n_tiles, None)
+            per_row += int(np.prod(trailing, dtype=np.int64))
+        return answer_bound(n_tiles, per_row)
 
     def verify(self, answer: Mapping[str, object], n_tiles: int, url: str) -> None:
         """Returns when ``answer`` fits a request of ``n_tiles`` tiles.

@@ -62,6 +62,8 @@ class Credentials:
         token: Bearer token (None: no ``Authorization`` header). Not in ``repr``.
         headers: Extra ``(name, value)`` pairs. Not in ``repr``.
         token_source: How messages name the token (``the token from --token-file F``).
+        trust_env: Use the environment's proxy variables (``--trust-env``); by
+            default they are ignored, so no proxy sees the token or the tiles.
 
     Raises:
         UsageError: A header name or value, or the token, that cannot be sent
@@ -72,6 +74,7 @@ class Credentials:
     token: str | None = field(default=None, repr=False)
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     token_source: str = "the token"
+    trust_env: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "headers", tuple(tuple(h) for h in self.headers))
@@ -240,6 +243,7 @@ def load_credentials(
     token_file: Path | None,
     headers: Sequence[str],
     env: Mapping[str, str],
+    trust_env: bool = False,
 ) -> Credentials:
     """Credentials from the flags: the token from ``token_file``, else ``$HISTOSERVE_TOKEN``.
 
@@ -251,6 +255,8 @@ def load_credentials(
         raise UsageError(f"--ca-cert {ca_cert}: no such file")
     token, source = env.get(TOKEN_ENV) or None, f"the token from ${TOKEN_ENV}"
     if token is not None:
+        if not isinstance(token, str):
+            raise UsageError(f"${TOKEN_ENV}: expected a string, got {type(token).__name__}")
         token = token.strip()
     if token_file is not None:
         source = f"the token from --token-file {token_file}"
@@ -267,6 +273,7 @@ def load_credentials(
         token or None,
         tuple(parse_header(h, i) for i, h in enumerate(headers, start=1)),
         source,
+        trust_env,
     )
 
 

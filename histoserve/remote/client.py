@@ -21,20 +21,16 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-import httpx
 import numpy as np
 
 from histoserve import wire
+from histoserve.errors import InferenceError
+from histoserve.remote.auth import Credentials
+from histoserve.remote.http import Reply, new_client, send
 from histoserve.remote.retry_after import parse_retry_after
+from histoserve.remote.transport import DEFAULT_MAX_ANSWER_BYTES
 
-
-class InferenceError(RuntimeError):
-    """The server refused the request; ``status`` is the HTTP status."""
-
-    def __init__(self, status: int, message: str, retry_after_s: float | None = None):
-        self.status = status
-        self.retry_after_s = retry_after_s
-        super().__init__(f"HTTP {status}: {message}")
+__all__ = ["HistoserveClient", "InferenceError"]
 
 
 class HistoserveClient:
@@ -43,15 +39,30 @@ class HistoserveClient:
     Args:
         url: Base URL, e.g. ``http://localhost:8080``.
         model: Model name in URLs (the spec name by default on the server).
-        timeout_s: Per-request timeout.
+        timeout_s: Whole-request deadline (connect to last byte).
+        max_answer_bytes: Larger answers are refused unread.
+        credentials: CA bundle, token, headers and proxy use (default: none, no proxy).
+
+    Errors are :class:`~histoserve.errors.InferenceError` (the server's status
+    and message) and :class:`~histoserve.errors.RemoteError` (the network, the
+    deadline, an oversized answer).
     """
 
-    def __init__(self, url: str, model: str, timeout_s: float = 300.0):
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        timeout_s: float = 300.0,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+        credentials: Credentials | None = None,
+    ):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        self._http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s)
+        if not 0 < timeout_s < float("inf"):
+            raise ValueError(f"timeout_s must be > 0 and finite, got {timeout_s}")
+        self._credentials = credentials or Credentials()
+        self._http = new_client(url.rstrip("/"), timeout_s, self._credentials)
+        self._timeout_s, self._max_bytes = timeout_s, max_answer_bytes
         self.model = model
 
     def __enter__(self) -> HistoserveClient:
@@ -93,10 +104,21 @@ class HistoserveClient:
         """The full spec, provenance and effective batching configuration."""
         return self._get(f"/v2/models/{self.model}/config")
 
+    def _send(self, method: str, path: str, **request: Any) -> Reply:
+        reply = send(
+            self._http,
+            self._credentials,
+            method,
+            path,
+            timeout_s=self._timeout_s,
+            max_bytes=self._max_bytes,
+            **request,
+        )
+        _raise_for_status(reply, self._credentials)
+        return reply
+
     def _get(self, path: str) -> dict[str, Any]:
-        response = self._http.get(path)
-        _raise_for_status(response)
-        return response.json()
+        return self._send("GET", path).json()
 
     def _infer(
         self, inputs: dict[str, wire.Tensor], mode: str | None, bulk_rna: np.ndarray | None
@@ -104,18 +126,14 @@ class HistoserveClient:
         if bulk_rna is not None:
             inputs["bulk_rna"] = np.asarray(bulk_rna, dtype=np.float32)
         body, headers = wire.encode_request(inputs, parameters={"mode": mode} if mode else None)
-        response = self._http.post(f"/v2/models/{self.model}/infer", content=body, headers=headers)
-        _raise_for_status(response)
-        outputs, _ = wire.decode_response(response.content, response.headers.get(wire.HEADER))
+        path = f"/v2/models/{self.model}/infer"
+        reply = self._send("POST", path, content=body, headers=headers)
+        outputs, _ = wire.decode_response(reply.body, reply.headers.get(wire.HEADER))
         return outputs
 
 
-def _raise_for_status(response: httpx.Response) -> None:
-    if response.status_code < 400:
+def _raise_for_status(reply: Reply, credentials: Credentials) -> None:
+    if reply.status < 400:
         return
-    try:
-        message = response.json().get("error", response.text)
-    except ValueError:
-        message = response.text
-    retry_after_s = parse_retry_after(response.headers.get("retry-after"))
-    raise InferenceError(response.status_code, message, retry_after_s)
+    retry_after_s = parse_retry_after(reply.headers.get("retry-after"))
+    raise InferenceError(reply.status, reply.message(credentials), retry_after_s)

@@ -26,22 +26,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from histoserve.errors import EmbedError
+from histoserve.errors import RequestFailed, RetryableError, ServerRefused
 from histoserve.remote.auth import Credentials
-from histoserve.remote.transport import (
-    HttpTransport,
-    RecyclePolicy,
-    RetryableError,
-    ServerRefused,
-)
+from histoserve.remote.transport import DEFAULT_MAX_ANSWER_BYTES, HttpTransport, RecyclePolicy
 
-
-class RequestFailed(EmbedError):
-    """A request the server refused (4xx) or that failed on every attempt."""
+T = TypeVar("T")
 
 
 class Transport(Protocol):
@@ -50,7 +43,11 @@ class Transport(Protocol):
     url: str
 
     def infer(
-        self, model: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        parameters: Mapping[str, Any],
+        max_answer_bytes: int,
     ) -> dict[str, np.ndarray]: ...
 
     def close(self) -> None: ...
@@ -61,6 +58,10 @@ class Check(Protocol):
 
     def verify(self, answer: Mapping[str, Any], n_tiles: int, url: str) -> None:
         """Returns when ``answer`` fits; raises a :class:`RetryableError` when it does not."""
+        ...
+
+    def max_answer_bytes(self, n_tiles: int) -> int:
+        """The most bytes an answer to ``n_tiles`` rows can need; larger ones are not read."""
         ...
 
 
@@ -94,6 +95,33 @@ class RetryPolicy:
                 f"need 0 <= backoff_base_s <= backoff_max_s, got "
                 f"{self.backoff_base_s}, {self.backoff_max_s}"
             )
+
+    def run(
+        self,
+        attempt: Callable[[int], T],
+        sleep: Callable[[float], Any],
+        rng: random.Random,
+        what: str = "request",
+    ) -> T:
+        """``attempt(n)`` (``n`` from 1) until it returns; the one retry loop of the client.
+
+        A :class:`RetryableError` is waited out (:meth:`delay_s`) and tried
+        again, up to ``max_attempts`` in all; anything else propagates at once.
+
+        Raises:
+            RequestFailed: Every attempt failed (the last error is its cause).
+        """
+        last: RetryableError | None = None
+        for n in range(1, self.max_attempts + 1):
+            try:
+                return attempt(n)
+            except RetryableError as exc:
+                last = exc
+            if n < self.max_attempts:
+                sleep(self.delay_s(n, last.retry_after_s, rng))
+        raise RequestFailed(
+            f"{what} failed {self.max_attempts} times; last error: {last}"
+        ) from last
 
     def delay_s(self, attempt: int, retry_after_s: float | None, rng: random.Random) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
@@ -183,23 +211,19 @@ class Dispatcher:
         Raises:
             RequestFailed: A 4xx (server's message), or every attempt failed (last error).
         """
-        avoid: _Slot | None = None
-        last: RetryableError | None = None
         n_tiles = len(next(iter(inputs.values()))) if inputs else 0
-        for attempt in range(1, self._retry.max_attempts + 1):
-            slot = self._pick(avoid)
+        tried: list[_Slot] = []
+
+        def attempt(_: int) -> dict[str, np.ndarray]:
+            slot = self._pick(tried[-1] if tried else None)
+            tried.append(slot)
             try:
                 return self._attempt(slot, model, inputs, parameters or {}, check, n_tiles)
             except RetryableError as exc:
-                last, avoid = exc, slot
-            self._count_failure(slot, last.retry_after_s)
-            if attempt < self._retry.max_attempts:
-                with self._lock:
-                    delay = self._retry.delay_s(attempt, last.retry_after_s, self._rng)
-                self._sleep(delay)
-        raise RequestFailed(
-            f"request failed {self._retry.max_attempts} times; last error: {last}"
-        ) from last
+                self._count_failure(slot, exc.retry_after_s)
+                raise
+
+        return self._retry.run(attempt, self._sleep, self._rng)
 
     def _attempt(
         self,
@@ -213,7 +237,8 @@ class Dispatcher:
         """One attempt on ``slot``: its checked answer, or a RetryableError (4xx: RequestFailed)."""
         url = slot.transport.url
         try:
-            answer = slot.transport.infer(model, inputs, parameters)
+            bound = check.max_answer_bytes(n_tiles) if check else DEFAULT_MAX_ANSWER_BYTES
+            answer = slot.transport.infer(model, inputs, parameters, bound)
             if check is not None:
                 check.verify(answer, n_tiles, url)
             return answer

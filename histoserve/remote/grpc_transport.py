@@ -20,16 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from histoserve.errors import EmbedError, UsageError
+from histoserve.errors import BadAnswer, EmbedError, RetryableError, ServerRefused, UsageError
 from histoserve.remote.auth import MESSAGE_MAX_CHARS, Credentials
+from histoserve.remote.http import HEADER_HEADROOM_BYTES
 from histoserve.remote.transport import (
     DECODE_ERRORS,
+    DEFAULT_MAX_ANSWER_BYTES,
     Answer,
-    BadAnswer,
     RecyclePolicy,
     Recycler,
-    RetryableError,
-    ServerRefused,
 )
 
 RETRY_CODES = frozenset(
@@ -49,8 +48,8 @@ _DATATYPES = {
     np.dtype(np.float16): "FP16",  # a slide head's features as stored
     np.dtype(np.int64): "INT64",  # a slide head's coords
 }
-# tritonclient's default channel caps messages at 2 GiB; 64 raw 224px tiles are ~9.6 MB.
-_MAX_MESSAGE = 2**31 - 1
+# What a request may send: 64 raw 224px tiles are ~9.6 MB; a slide head's features more.
+_MAX_SEND = 2**31 - 1
 
 
 def host_port(url: str) -> str:
@@ -58,7 +57,9 @@ def host_port(url: str) -> str:
     return url.split("://", 1)[1].rstrip("/")
 
 
-def _client(url: str, credentials: Credentials) -> Any:
+def _client(url: str, credentials: Credentials, max_receive_bytes: int) -> Any:
+    """A channel that receives at most ``max_receive_bytes`` a message and uses the
+    environment's proxy only when the credentials say so (gRPC's default is to use it)."""
     import tritonclient.grpc as grpcclient
 
     ca = credentials.ca_cert
@@ -67,8 +68,9 @@ def _client(url: str, credentials: Credentials) -> Any:
         ssl=url.startswith("grpcs://"),
         root_certificates=str(ca) if ca is not None else None,
         channel_args=[
-            ("grpc.max_send_message_length", _MAX_MESSAGE),
-            ("grpc.max_receive_message_length", _MAX_MESSAGE),
+            ("grpc.max_send_message_length", _MAX_SEND),
+            ("grpc.max_receive_message_length", min(max_receive_bytes, 2**31 - 1)),
+            ("grpc.enable_http_proxy", int(credentials.trust_env)),
         ],
     )
 
@@ -107,7 +109,11 @@ class GrpcTransport:
         self.url = url
         self._timeout_s = timeout_s
         creds = self._credentials = credentials or Credentials()
-        self._recycler = Recycler(lambda: _client(url, creds), lambda c: c.close(), policy)
+        self._max_receive = HEADER_HEADROOM_BYTES
+        """The largest answer any request so far could need: the channels' receive bound."""
+        self._recycler = Recycler(
+            lambda: _client(url, creds, self._max_receive), lambda c: c.close(), policy
+        )
 
     @property
     def pools_opened(self) -> int:
@@ -115,9 +121,18 @@ class GrpcTransport:
         return self._recycler.pools_opened
 
     def infer(
-        self, model: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        parameters: Mapping[str, Any],
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> Answer:
-        """Sends one call; returns ``{output: array}`` (same errors as HTTP)."""
+        """Sends one call; returns ``{output: array}`` (same errors as HTTP).
+
+        The call's deadline is ``timeout_s``; the channel refuses an answer
+        larger than the largest any request so far could need (a new channel
+        is opened when this request may need more).
+        """
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
@@ -127,6 +142,9 @@ class GrpcTransport:
             item = grpcclient.InferInput(name, list(array.shape), _DATATYPES[array.dtype])
             item.set_data_from_numpy(array)
             infer_inputs.append(item)
+        if max_answer_bytes > self._max_receive:
+            self._max_receive = max_answer_bytes
+            self._recycler.retire_current()
         pool = self._recycler.acquire()
         try:
             result = pool.client.infer(
@@ -182,7 +200,7 @@ def grpc_metadata(
     if model is None:
         raise UsageError(f"{url}: pass --model NAME (a gRPC URL cannot list its models)")
     credentials = credentials or Credentials()
-    client = _client(url, credentials)
+    client = _client(url, credentials, DEFAULT_MAX_ANSWER_BYTES)
     try:
         meta = client.get_model_metadata(
             model,

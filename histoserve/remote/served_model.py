@@ -32,15 +32,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
-from histoserve.errors import EmbedError, UsageError
-from histoserve.remote.auth import MESSAGE_MAX_CHARS, Credentials
+from histoserve.errors import EmbedError, RemoteError, RequestFailed, UsageError
+from histoserve.remote.auth import Credentials
 from histoserve.remote.dispatch import RetryPolicy
-from histoserve.remote.retry_after import parse_retry_after
-from histoserve.remote.transport import RETRY_STATUS, http_client, server_message
+from histoserve.remote.http import Reply, new_client, send
+from histoserve.remote.transport import RETRY_STATUS, status_error
 
 INFO_TIMEOUT_S = 30.0
+MAX_CONFIG_BYTES = 16 << 20
+"""Largest model list or config read: a multimodal config lists its genes (60,000 names ~ 1 MB)."""
 GRPC_DIGEST = "grpc-metadata:"
 """How :attr:`ServerInfo.package_sha256` starts when it comes from gRPC metadata (no digest)."""
 METADATA_DIGEST = "metadata:"
@@ -149,8 +149,8 @@ def _ask(
     """One URL's description: its config over HTTP(S), its metadata over gRPC."""
     if not url.startswith(("http://", "https://")):
         return _grpc_info(url, name, timeout_s, credentials)
-    with _Getter(url, timeout_s, retry, sleep, credentials) as getter:
-        return _http_info(getter, name)
+    name, config = fetch_config(url, name, timeout_s, retry, credentials, sleep)
+    return info_from_config(name, config)
 
 
 def _ask_another(ask: Callable[..., ServerInfo], url: str, name: str, first: str) -> ServerInfo:
@@ -166,18 +166,36 @@ def _ask_another(ask: Callable[..., ServerInfo], url: str, name: str, first: str
         ) from exc
 
 
-def _http_info(getter: _Getter, model: str | None) -> ServerInfo:
-    """``model``'s (else the only model's) info from one HTTP URL's config endpoint."""
-    name = model or _only_model(getter)
-    response = getter.get(f"/v2/models/{name}/config")
-    if response.status_code == 404:
-        raise UsageError(f"{getter.base} serves no model {name!r}: {getter.message(response)}")
-    getter.check(response)
-    try:
-        config = response.json()
-    except ValueError as exc:
-        raise EmbedError(f"{getter.base}: the config of {name!r} is not JSON") from exc
-    return info_from_config(name, config)
+def fetch_config(
+    url: str,
+    model: str | None,
+    timeout_s: float,
+    retry: RetryPolicy,
+    credentials: Credentials | None = None,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> tuple[str, Mapping[str, Any]]:
+    """``(name, config)`` of ``model`` (else the only model) at one HTTP(S) URL.
+
+    The one config fetch of the client (tile models, slide heads, tissue
+    models): retried like inference requests on connection errors, 5xx and 429.
+
+    Raises:
+        UsageError: No such model, or no model named and the server serves several.
+        EmbedError: The server cannot be reached or answers something unexpected.
+    """
+    with _Getter(url, timeout_s, retry, sleep, credentials) as getter:
+        name = model or _only_model(getter)
+        reply = getter.get(f"/v2/models/{name}/config")
+        if reply.status == 404:
+            raise UsageError(f"{getter.base} serves no model {name!r}: {getter.message(reply)}")
+        getter.check(reply)
+        try:
+            config = reply.json()
+        except ValueError as exc:
+            raise EmbedError(f"{getter.base}: the config of {name!r} is not JSON") from exc
+    if not isinstance(config, Mapping):
+        raise EmbedError(f"{getter.base}: the config of {name!r} is not a JSON object")
+    return name, config
 
 
 def check_same_model(infos: Sequence[tuple[str, ServerInfo]]) -> None:
@@ -278,10 +296,10 @@ def _spec_outputs(spec: Mapping[str, Any]) -> dict[str, OutputInfo]:
 
 def _only_model(getter: _Getter) -> str:
     base = getter.base
-    response = getter.get("/v1/models")
-    getter.check(response)
+    reply = getter.get("/v1/models")
+    getter.check(reply)
     try:
-        models = [str(m) for m in response.json().get("models") or []]
+        models = [str(m) for m in reply.json().get("models") or []]
     except (ValueError, AttributeError, TypeError) as exc:
         raise EmbedError(f"{base}/v1/models: not a model list") from exc
     if len(models) != 1:
@@ -292,7 +310,7 @@ def _only_model(getter: _Getter) -> str:
 
 
 class _Getter:
-    """GETs against one base URL, retried on connection errors, 5xx and 429."""
+    """GETs against one base URL through the client's one core, retried by the one policy."""
 
     def __init__(
         self,
@@ -303,8 +321,9 @@ class _Getter:
         credentials: Credentials | None = None,
     ):
         self.base, self._retry, self._sleep = base, retry, sleep
+        self._timeout_s = timeout_s
         self._credentials = credentials or Credentials()
-        self._http = http_client(base, timeout_s, self._credentials)
+        self._http = new_client(base, timeout_s, self._credentials)
         self._rng = random.Random()
 
     def __enter__(self) -> _Getter:
@@ -313,38 +332,38 @@ class _Getter:
     def __exit__(self, *exc: object) -> None:
         self._http.close()
 
-    def get(self, path: str) -> httpx.Response:
-        """The answer (any status but a retryable one), or EmbedError when attempts run out."""
-        for attempt in range(1, self._retry.max_attempts + 1):
-            retry_after = None
-            try:
-                response = self._http.get(path)
-            except httpx.HTTPError as exc:
-                error = (
-                    f"{type(exc).__name__}: {self._credentials.scrub(str(exc), MESSAGE_MAX_CHARS)}"
-                )
-            else:
-                if response.status_code not in RETRY_STATUS:
-                    return response
-                error = f"HTTP {response.status_code}: {self.message(response)}"
-                retry_after = parse_retry_after(response.headers.get("retry-after"))
-            if attempt < self._retry.max_attempts:
-                self._sleep(self._retry.delay_s(attempt, retry_after, self._rng))
-        raise EmbedError(
-            f"cannot reach {self.base}{path} ({self._retry.max_attempts} attempts): {error}"
-        )
+    def get(self, path: str) -> Reply:
+        """The answer (any status but a retryable one), or RemoteError when attempts run out."""
 
-    def message(self, response: httpx.Response) -> str:
-        """The server's error message, credentials scrubbed out."""
-        return server_message(response, self._credentials)
-
-    def check(self, response: httpx.Response) -> None:
-        """EmbedError for a 4xx/5xx answer, with the server's (scrubbed) message."""
-        if response.status_code >= 400:
-            path = response.request.url.path
-            raise EmbedError(
-                f"{self.base}{path}: HTTP {response.status_code}: {self.message(response)}"
+        def attempt(_: int) -> Reply:
+            reply = send(
+                self._http,
+                self._credentials,
+                "GET",
+                path,
+                timeout_s=self._timeout_s,
+                max_bytes=MAX_CONFIG_BYTES,
             )
+            if reply.status in RETRY_STATUS:
+                raise status_error(reply.url, reply, self._credentials)
+            return reply
+
+        try:
+            return self._retry.run(attempt, self._sleep, self._rng, what=f"GET {self.base}{path}")
+        except RequestFailed as exc:
+            raise RemoteError(
+                f"cannot reach {self.base}{path} ({self._retry.max_attempts} attempts): "
+                f"{exc.__cause__}"
+            ) from exc
+
+    def message(self, reply: Reply) -> str:
+        """The server's error message, credentials scrubbed out."""
+        return reply.message(self._credentials)
+
+    def check(self, reply: Reply) -> None:
+        """RemoteError for a 4xx/5xx answer, with the server's (scrubbed) message."""
+        if reply.status >= 400:
+            raise RemoteError(f"{reply.url}: HTTP {reply.status}: {self.message(reply)}")
 
 
 def _grpc_info(

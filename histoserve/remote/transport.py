@@ -11,6 +11,10 @@ raises one of two errors the dispatcher acts on:
   tile, a wrong gene count); retrying cannot help, and the slide fails with
   the server's message.
 
+Every request goes through :func:`~histoserve.remote.http.send`: bounded in
+time (``timeout_s`` is the whole request) and in size (what the request can
+expect, :func:`answer_bound`).
+
 An answer is an :class:`Answer`: the outputs, plus what the answer says about
 who answered (``model_name``, ``model_version``, ``parameters``), checked by
 :class:`~histoserve.remote.answers.AnswerCheck`. An answer that cannot
@@ -37,8 +41,9 @@ import httpx
 import numpy as np
 
 from histoserve import wire
-from histoserve.errors import EmbedError
+from histoserve.errors import BadAnswer, EmbedError, RetryableError, ServerRefused
 from histoserve.remote.auth import MESSAGE_MAX_CHARS, Credentials
+from histoserve.remote.http import HEADER_HEADROOM_BYTES, Reply, new_client, send
 from histoserve.remote.retry_after import parse_retry_after
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -58,27 +63,6 @@ class Answer(dict):
     def __init__(self, outputs: Mapping[str, np.ndarray], identity: Mapping[str, Any] = ()):
         super().__init__(outputs)
         self.identity = dict(identity)
-
-
-class RetryableError(EmbedError):
-    """This attempt failed in a way another attempt (elsewhere or later) may not."""
-
-    def __init__(self, message: str, retry_after_s: float | None = None):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class BadAnswer(RetryableError):
-    """An answer that does not fit its request (:mod:`~histoserve.remote.answers`) or
-    does not decode: a failed attempt, retried elsewhere like a 503."""
-
-
-class ServerRefused(EmbedError):
-    """The server refused the request as invalid (4xx): never retried."""
-
-    def __init__(self, status: str, message: str):
-        super().__init__(f"{status}: {message}")
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -153,6 +137,13 @@ class Recycler:
                 self._current = None
                 self._retire(pool)
 
+    def retire_current(self) -> None:
+        """Stops handing out the current pool (new settings); closed when idle."""
+        with self._lock:
+            pool, self._current = self._current, None
+            if pool is not None:
+                self._retire(pool)
+
     def close(self) -> None:
         """Closes the current pool (and any idle retired one)."""
         with self._lock:
@@ -170,14 +161,18 @@ class Recycler:
             self._close(pool.client)
 
 
+DEFAULT_MAX_ANSWER_BYTES = 64 << 20
+"""An answer's bound when the request's check cannot size it (an output of unknown shape)."""
+
+
 class HttpTransport:
     """V2 REST with the binary tensor extension to one base URL.
 
     Args:
         url: ``http(s)://host:port``.
-        timeout_s: Per-request timeout (connect, read, write).
+        timeout_s: Whole-request deadline (connect to last byte).
         policy: Keep-alive recycling.
-        credentials: CA bundle and headers (token) for every request.
+        credentials: CA bundle, headers (token) and proxy use for every request.
     """
 
     def __init__(
@@ -193,7 +188,7 @@ class HttpTransport:
         self._recycler = Recycler(self._new_client, lambda c: c.close(), policy)
 
     def _new_client(self) -> httpx.Client:
-        return http_client(self.url, self._timeout_s, self._credentials)
+        return new_client(self.url, self._timeout_s, self._credentials)
 
     @property
     def pools_opened(self) -> int:
@@ -201,13 +196,17 @@ class HttpTransport:
         return self._recycler.pools_opened
 
     def infer(
-        self, model: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        parameters: Mapping[str, Any],
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> Answer:
         """Sends one request; returns ``{output: array}`` (an :class:`Answer`).
 
         Raises:
-            RetryableError: 5xx/429/408, connection errors, timeouts, an
-                answer that cannot be decoded.
+            RetryableError: 5xx/429/408, connection errors, the deadline, an
+                answer that cannot be decoded or is larger than ``max_answer_bytes``.
             ServerRefused: Any other 4xx, with the server's message.
         """
         body, headers = wire.encode_request(inputs, parameters=parameters)
@@ -219,19 +218,25 @@ class HttpTransport:
         del body
         pool = self._recycler.acquire()
         try:
-            response = pool.client.post(
-                f"/v2/models/{model}/infer", content=content, headers=headers
+            reply = send(
+                pool.client,
+                self._credentials,
+                "POST",
+                f"/v2/models/{model}/infer",
+                timeout_s=self._timeout_s,
+                max_bytes=max_answer_bytes,
+                content=content,
+                headers=headers,
             )
-        except httpx.HTTPError as exc:
+        except RetryableError:
             self._recycler.discard(pool)
-            message = self._credentials.scrub(str(exc), MESSAGE_MAX_CHARS)
-            raise RetryableError(f"{self.url}: {type(exc).__name__}: {message}") from exc
+            raise
         finally:
             self._recycler.release(pool)
-        if response.status_code >= 400:
-            raise _status_error(self.url, response, self._credentials)
+        if reply.status >= 400:
+            raise status_error(self.url, reply, self._credentials)
         return decode_answer(
-            self.url, response.content, response.headers.get(wire.HEADER), self._credentials
+            self.url, reply.body, reply.headers.get(wire.HEADER), self._credentials
         )
 
     def close(self) -> None:
@@ -245,41 +250,35 @@ def decode_answer(
     """A V2 REST answer's outputs and identity.
 
     Raises:
-        RetryableError: ``"<url>: malformed answer: ..."`` for anything that
-            does not decode (another URL may answer right).
+        BadAnswer: ``"<url>: malformed answer: ..."`` for anything that does
+            not decode (another URL may answer right).
     """
     try:
         outputs, header = wire.decode_response(body, header_length)
     except DECODE_ERRORS as exc:
         message = credentials.scrub(str(exc), MESSAGE_MAX_CHARS)
-        raise RetryableError(f"{url}: malformed answer: {message}") from exc
+        raise BadAnswer(f"{url}: malformed answer: {message}") from exc
     return Answer(outputs, {k: header[k] for k in _IDENTITY_KEYS if k in header})
 
 
-def http_client(base_url: str, timeout_s: float, credentials: Credentials) -> httpx.Client:
-    """An ``httpx.Client`` that verifies with the CA bundle and sends the credential headers."""
-    return httpx.Client(
-        base_url=base_url,
-        timeout=timeout_s,
-        headers=credentials.http_header_bytes(),
-        verify=credentials.httpx_verify(),
-    )
-
-
-def server_message(response: httpx.Response, credentials: Credentials) -> str:
-    """The server's ``{"error": ...}`` (else its text), credentials scrubbed out, then cut."""
-    try:
-        message = str(response.json().get("error", response.text))
-    except (ValueError, AttributeError):  # not JSON, or JSON that is not an object
-        message = response.text
-    return credentials.scrub(message, MESSAGE_MAX_CHARS)
-
-
-def _status_error(url: str, response: httpx.Response, credentials: Credentials) -> EmbedError:
-    message = server_message(response, credentials)
-    status = f"HTTP {response.status_code}"
-    if response.status_code in RETRY_STATUS:
+def status_error(url: str, reply: Reply, credentials: Credentials) -> EmbedError:
+    """The error a 4xx/5xx answer is: retryable (408, 429, 5xx) or a refusal."""
+    message = reply.message(credentials)
+    status = f"HTTP {reply.status}"
+    if reply.status in RETRY_STATUS:
         return RetryableError(
-            f"{url}: {status}: {message}", parse_retry_after(response.headers.get("retry-after"))
+            f"{url}: {status}: {message}", parse_retry_after(reply.headers.get("retry-after"))
         )
     return ServerRefused(status, message)
+
+
+def answer_bound(rows: int, elements_per_row: int | None) -> int:
+    """Bytes an answer of ``rows`` rows of ``elements_per_row`` values may take.
+
+    24 bytes a value covers any value written as JSON text, so a server that
+    answers JSON rather than binary tensors is within it too; None (a shape not
+    known): :data:`DEFAULT_MAX_ANSWER_BYTES`.
+    """
+    if elements_per_row is None:
+        return DEFAULT_MAX_ANSWER_BYTES
+    return HEADER_HEADROOM_BYTES + 24 * max(rows, 1) * max(elements_per_row, 1)

@@ -7,6 +7,7 @@ refuses what can never fit, no race with other load).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,9 @@ from harness.reference import Reference, normalise_reference
 from harness.server import Server, start_server
 from harness.tiles import encode_png, random_tiles
 from histoserve.remote import client as histoserve_client
+from histoserve.remote.auth import Credentials
 from histoserve.remote.client import HistoserveClient, InferenceError, _raise_for_status
+from histoserve.remote.http import Reply
 
 pytestmark = pytest.mark.integration
 ATOL = 1e-4
@@ -125,15 +128,16 @@ def test_retry_after_in_either_form_keeps_the_servers_error(
     retry_after: str, expected: float | None
 ) -> None:
     """A real httpx response (our server sends seconds only; a proxy may send a date)."""
-    response = httpx.Response(503, headers={"retry-after": retry_after}, json={"error": "busy"})
+    headers = httpx.Headers({"retry-after": retry_after})
+    reply = Reply("http://h/v2", 503, headers, json.dumps({"error": "busy"}).encode())
     with pytest.raises(InferenceError, match="HTTP 503: busy") as err:
-        _raise_for_status(response)
+        _raise_for_status(reply, Credentials())
     assert err.value.retry_after_s == expected
 
 
 def test_both_clients_read_retry_after_with_one_parser() -> None:
-    from histoserve.remote import served_model, transport
+    from histoserve.remote import transport
     from histoserve.remote.retry_after import parse_retry_after
 
     assert histoserve_client.parse_retry_after is parse_retry_after
-    assert transport.parse_retry_after is served_model.parse_retry_after is parse_retry_after
+    assert transport.parse_retry_after is parse_retry_after

@@ -215,10 +215,10 @@ def test_one_warning_for_credentials_over_plain_urls(caplog: pytest.LogCaptureFi
 
 def test_latin1_values_go_on_the_wire_as_latin1() -> None:
     from harness.bad_server import BadServer
-    from histoserve.remote.transport import http_client
+    from histoserve.remote.http import new_client
 
     creds = load_credentials(None, None, ["X-Site: Zürich"], {"HISTOSERVE_TOKEN": "tök"})
-    with BadServer(config={"name": "m"}) as fake, http_client(fake.url, 5.0, creds) as client:
+    with BadServer(config={"name": "m"}) as fake, new_client(fake.url, 5.0, creds) as client:
         assert client.get("/v1/models").status_code == 200
         seen = fake.seen_headers[0]
     assert (seen["X-Site"], seen["Authorization"]) == ("Zürich", "Bearer tök")

@@ -14,8 +14,10 @@ import httpx
 import numpy as np
 import pytest
 
+from histoserve.errors import RetryableError
 from histoserve.remote.auth import MESSAGE_MAX_CHARS, Credentials
-from histoserve.remote.transport import RetryableError, decode_answer, server_message
+from histoserve.remote.http import Reply
+from histoserve.remote.transport import decode_answer
 
 SECRET = "s3cr3t-0123456789abcdef"
 URL = "http://127.0.0.1:1"
@@ -25,16 +27,16 @@ URL = "http://127.0.0.1:1"
 def test_a_token_straddling_the_cut_leaves_no_prefix(kind: str) -> None:
     creds = Credentials(token=SECRET)
     said = "." * (MESSAGE_MAX_CHARS - 10) + f"Bearer {SECRET} refused"  # 500: 3 chars into it
-    response = (
-        httpx.Response(401, text=said)
-        if kind == "text"
-        else httpx.Response(401, json={"error": said})
-    )
-    message = server_message(response, creds)
+    body = said if kind == "text" else json.dumps({"error": said})
+    message = _reply(401, body).message(creds)
     assert SECRET[:3] not in message  # scrubbed whole first, then cut
     assert message == "." * (MESSAGE_MAX_CHARS - 10) + "Bearer ***... (8 more characters)"
-    short = server_message(httpx.Response(401, text=f"Bearer {SECRET} refused"), creds)
+    short = _reply(401, f"Bearer {SECRET} refused").message(creds)
     assert short == "Bearer *** refused"
+
+
+def _reply(status: int, text: str) -> Reply:
+    return Reply(URL, status, httpx.Headers(), text.encode())
 
 
 def _body(output: dict) -> bytes:
