@@ -36,7 +36,7 @@ _SEVERAL = ("url", "tissue_url", "slide_url", "header")
 _KINDS = {
     **dict.fromkeys(("out", "manifest", "masks", "ca_cert", "token_file"), "path"),
     **dict.fromkeys(("model", "mode", "progress", "layout", "tissue", "slide_model"), "text"),
-    **dict.fromkeys(("force", "qc"), "flag"),
+    **dict.fromkeys(("force", "qc", "trust_env"), "flag"),
     **dict.fromkeys(
         ("target_mpp", "mpp_override", "mpp_tolerance", "min_tissue", "timeout_s", "recycle_s"),
         "number",
@@ -80,6 +80,7 @@ def embed(
     progress: str = "auto",
     ca_cert: PathLike | None = None,
     token_file: PathLike | None = None,
+    trust_env: bool = False,
     header: str | Sequence[str] = (),
     layout: str = "flat",
     target_mpp: float | None = None,
@@ -155,7 +156,7 @@ def embed_config(options: Mapping[str, Any], env: Mapping[str, str]) -> EmbedCon
         if not (value is None and defaults.get(name, 0) is None) and not _IS_KIND[kind](value):
             raise UsageError(f"{name}: expected a {kind}, got {type(value).__name__}")
     several = {name: _several(name, options[name]) for name in _SEVERAL}
-    own = {*_SEVERAL, "slides", "out", "shard", "ca_cert", "token_file"}
+    own = {*_SEVERAL, "slides", "out", "shard", "ca_cert", "token_file", "trust_env"}
     config = {k: v for k, v in options.items() if k not in own}
     return EmbedConfig(
         **config,
@@ -166,7 +167,11 @@ def embed_config(options: Mapping[str, Any], env: Mapping[str, str]) -> EmbedCon
         slide_urls=several["slide_url"],
         shard=_shard(options["shard"], env),
         credentials=load_credentials(
-            options["ca_cert"], options["token_file"], several["header"], env
+            options["ca_cert"],
+            options["token_file"],
+            several["header"],
+            env,
+            options["trust_env"],
         ),
     )
 

@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-attempts", type=int, default=8, help="attempts per request (503, 429, resets)")
     add("--ca-cert", type=Path, help="CA bundle (PEM) for https:// and grpcs:// servers")
     add("--token-file", type=Path, help="bearer token file (default: $HISTOSERVE_TOKEN)")
+    add(
+        "--trust-env",
+        action="store_true",
+        help="use the environment's proxy variables (HTTP_PROXY, ...); ignored by default",
+    )
     add("--header", action="append", dest="headers", default=[], metavar="'NAME: VALUE'",
         help="extra header on every request; repeat for several")  # fmt: skip
     return parser
@@ -74,7 +79,9 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Aggreg
         slides_in_flight=args.slides_in_flight,
         timeout_s=args.timeout_s,
         max_attempts=args.max_attempts,
-        credentials=load_credentials(args.ca_cert, args.token_file, args.headers, env),
+        credentials=load_credentials(
+            args.ca_cert, args.token_file, args.headers, env, args.trust_env
+        ),
     )
 
 

@@ -118,6 +118,11 @@ def _input_flags(parser: argparse.ArgumentParser) -> None:
     add("--ca-cert", type=Path, help="CA bundle (PEM) for https:// and grpcs:// servers")
     add("--token-file", type=Path, help="bearer token file (default: $HISTOSERVE_TOKEN)")
     add(
+        "--trust-env",
+        action="store_true",
+        help="use the environment's proxy variables (HTTP_PROXY, ...); ignored by default",
+    )
+    add(
         "--header",
         action="append",
         dest="headers",

@@ -36,7 +36,8 @@ from histoserve import wire
 from histoserve.errors import BadAnswer, EmbedError, UsageError
 from histoserve.remote.auth import Credentials
 from histoserve.remote.dispatch import RetryPolicy
-from histoserve.remote.served_model import fetch_config, info_url
+from histoserve.remote.model_config import fetch_config
+from histoserve.remote.served_model import info_url
 from histoserve.remote.transport import answer_bound
 
 SLIDE_OUTPUTS = ("prediction", "attention", "slide_embedding")

@@ -26,21 +26,20 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from histoserve.errors import EmbedError, RemoteError, RequestFailed, UsageError
+import numpy as np
+
+from histoserve.errors import EmbedError, UsageError
+from histoserve.limits import MAX_READ_PX, mpp_problem
 from histoserve.remote.auth import Credentials
 from histoserve.remote.dispatch import RetryPolicy
-from histoserve.remote.http import Reply, new_client, send
-from histoserve.remote.transport import RETRY_STATUS, status_error
+from histoserve.remote.model_config import fetch_config
 
 INFO_TIMEOUT_S = 30.0
-MAX_CONFIG_BYTES = 16 << 20
-"""Largest model list or config read: a multimodal config lists its genes (60,000 names ~ 1 MB)."""
 GRPC_DIGEST = "grpc-metadata:"
 """How :attr:`ServerInfo.package_sha256` starts when it comes from gRPC metadata (no digest)."""
 METADATA_DIGEST = "metadata:"
@@ -148,9 +147,13 @@ def _ask(
 ) -> ServerInfo:
     """One URL's description: its config over HTTP(S), its metadata over gRPC."""
     if not url.startswith(("http://", "https://")):
-        return _grpc_info(url, name, timeout_s, credentials)
+        info = _grpc_info(url, name, timeout_s, credentials)
+        check_served_numbers(url, info)
+        return info
     name, config = fetch_config(url, name, timeout_s, retry, credentials, sleep)
-    return info_from_config(name, config)
+    info = info_from_config(name, config)
+    check_served_numbers(url, info)
+    return info
 
 
 def _ask_another(ask: Callable[..., ServerInfo], url: str, name: str, first: str) -> ServerInfo:
@@ -164,38 +167,6 @@ def _ask_another(ask: Callable[..., ServerInfo], url: str, name: str, first: str
             f"{exc}; every --url is asked before any slide whether it serves the same "
             f"model package as {first}: drop this one, or run again when it is up"
         ) from exc
-
-
-def fetch_config(
-    url: str,
-    model: str | None,
-    timeout_s: float,
-    retry: RetryPolicy,
-    credentials: Credentials | None = None,
-    sleep: Callable[[float], Any] = time.sleep,
-) -> tuple[str, Mapping[str, Any]]:
-    """``(name, config)`` of ``model`` (else the only model) at one HTTP(S) URL.
-
-    The one config fetch of the client (tile models, slide heads, tissue
-    models): retried like inference requests on connection errors, 5xx and 429.
-
-    Raises:
-        UsageError: No such model, or no model named and the server serves several.
-        EmbedError: The server cannot be reached or answers something unexpected.
-    """
-    with _Getter(url, timeout_s, retry, sleep, credentials) as getter:
-        name = model or _only_model(getter)
-        reply = getter.get(f"/v2/models/{name}/config")
-        if reply.status == 404:
-            raise UsageError(f"{getter.base} serves no model {name!r}: {getter.message(reply)}")
-        getter.check(reply)
-        try:
-            config = reply.json()
-        except ValueError as exc:
-            raise EmbedError(f"{getter.base}: the config of {name!r} is not JSON") from exc
-    if not isinstance(config, Mapping):
-        raise EmbedError(f"{getter.base}: the config of {name!r} is not a JSON object")
-    return name, config
 
 
 def check_same_model(infos: Sequence[tuple[str, ServerInfo]]) -> None:
@@ -274,6 +245,49 @@ def info_from_config(name: str, config: Mapping[str, Any]) -> ServerInfo:
         raise EmbedError(f"model {name!r}: unexpected config answer ({exc!r})") from exc
 
 
+MAX_OUTPUT_ELEMENTS = 1 << 24
+"""Most values one tile's output may have (a 2048 x 2048 x 4 mask); more is a broken config."""
+MAX_GENES = 1_000_000
+
+
+def check_served_numbers(url: str, info: ServerInfo) -> None:
+    """Every number of the served model the run uses, in range, before any slide.
+
+    Raises:
+        UsageError: ``"<url>: model 'm' reports <field> <value>: <why>"``, for
+            the first number out of range: a tile size outside 1..``MAX_READ_PX``,
+            an mpp outside the plausible range (0, NaN and infinity included), a
+            gene count or an output shape no model has.
+    """
+    problems = []
+    if not 1 <= info.tile_size <= MAX_READ_PX:
+        problems.append(("tile_size", info.tile_size, f"outside 1..{MAX_READ_PX} px"))
+    if info.mpp is not None:
+        problem = mpp_problem(info.mpp)
+        if problem is not None:
+            problems.append(("mpp", info.mpp, problem))
+    if not 0 <= info.n_genes <= MAX_GENES:
+        problems.append(("genes_in", info.n_genes, f"more than {MAX_GENES:,} genes"))
+    for name, (_, shape) in info.outputs.items():
+        trailing = shape[1:]
+        if any(d < -1 for d in shape) or any(d == 0 for d in trailing):
+            problems.append((f"output {name!r} shape", list(shape), "a size below -1 or of 0"))
+        elif int(np.prod([max(d, 1) for d in trailing], dtype=np.float64)) > MAX_OUTPUT_ELEMENTS:
+            problems.append(
+                (
+                    f"output {name!r} shape",
+                    list(shape),
+                    f"over {MAX_OUTPUT_ELEMENTS:,} values a tile",
+                )
+            )
+    if problems:
+        field_name, value, why = problems[0]
+        raise UsageError(
+            f"{url}: model {info.model!r} reports {field_name} {value!r}: {why}; "
+            "the server's config is wrong (check its spec and package)"
+        )
+
+
 def _listed_outputs(listed: Any) -> dict[str, OutputInfo]:
     """``[{"name", "datatype", "shape"}, ...]`` (config or gRPC metadata) as :data:`OutputInfo`."""
     return {
@@ -292,78 +306,6 @@ def _spec_outputs(spec: Mapping[str, Any]) -> dict[str, OutputInfo]:
     if family == "multimodal":
         outputs["prediction"] = ("FP32", (-1, -1))
     return outputs
-
-
-def _only_model(getter: _Getter) -> str:
-    base = getter.base
-    reply = getter.get("/v1/models")
-    getter.check(reply)
-    try:
-        models = [str(m) for m in reply.json().get("models") or []]
-    except (ValueError, AttributeError, TypeError) as exc:
-        raise EmbedError(f"{base}/v1/models: not a model list") from exc
-    if len(models) != 1:
-        raise UsageError(
-            f"{base} serves {len(models)} models ({', '.join(models) or 'none'}): pick one with --model"
-        )
-    return str(models[0])
-
-
-class _Getter:
-    """GETs against one base URL through the client's one core, retried by the one policy."""
-
-    def __init__(
-        self,
-        base: str,
-        timeout_s: float,
-        retry: RetryPolicy,
-        sleep: Callable,
-        credentials: Credentials | None = None,
-    ):
-        self.base, self._retry, self._sleep = base, retry, sleep
-        self._timeout_s = timeout_s
-        self._credentials = credentials or Credentials()
-        self._http = new_client(base, timeout_s, self._credentials)
-        self._rng = random.Random()
-
-    def __enter__(self) -> _Getter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._http.close()
-
-    def get(self, path: str) -> Reply:
-        """The answer (any status but a retryable one), or RemoteError when attempts run out."""
-
-        def attempt(_: int) -> Reply:
-            reply = send(
-                self._http,
-                self._credentials,
-                "GET",
-                path,
-                timeout_s=self._timeout_s,
-                max_bytes=MAX_CONFIG_BYTES,
-            )
-            if reply.status in RETRY_STATUS:
-                raise status_error(reply.url, reply, self._credentials)
-            return reply
-
-        try:
-            return self._retry.run(attempt, self._sleep, self._rng, what=f"GET {self.base}{path}")
-        except RequestFailed as exc:
-            raise RemoteError(
-                f"cannot reach {self.base}{path} ({self._retry.max_attempts} attempts): "
-                f"{exc.__cause__}"
-            ) from exc
-
-    def message(self, reply: Reply) -> str:
-        """The server's error message, credentials scrubbed out."""
-        return reply.message(self._credentials)
-
-    def check(self, reply: Reply) -> None:
-        """RemoteError for a 4xx/5xx answer, with the server's (scrubbed) message."""
-        if reply.status >= 400:
-            raise RemoteError(f"{reply.url}: HTTP {reply.status}: {self.message(reply)}")
 
 
 def _grpc_info(

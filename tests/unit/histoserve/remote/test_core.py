@@ -36,7 +36,7 @@ def test_one_module_builds_http_clients_and_pools() -> None:
 def test_one_retry_loop() -> None:
     assert _calls("delay_s") == {"remote/dispatch.py": 1}  # RetryPolicy.run
     runs = _calls("run")
-    assert {"remote/dispatch.py", "remote/served_model.py"} <= set(runs)
+    assert {"remote/dispatch.py", "remote/model_config.py"} <= set(runs)
 
 
 def test_one_error_tree() -> None:
