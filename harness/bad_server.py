@@ -20,7 +20,11 @@ real server behind it, then tampered with:
   untampered answers name the config's ``package_sha256`` when it has one, as
   a server reporting its package per answer would): a replica of another
   package behind the same URL;
-- ``503``: 503 with ``Retry-After: 0`` instead of an answer.
+- ``503``: 503 with ``Retry-After: 0`` instead of an answer;
+- ``huge``: a 512 MiB body of zeros, its size declared (``Content-Length``);
+- ``unsized``: the same without a declared size (read until the connection closes);
+- ``gzip``: ``Content-Encoding: gzip``, 1 MB that inflates to 1 GiB;
+- ``drip``: the right answer, one byte every ``drip_s`` seconds.
 
 The first ``after`` inference answers are left alone, then at most ``times``
 are tampered with (None: all). ``source="pixels"`` answers inference itself
@@ -38,10 +42,13 @@ client quotes). Every request's headers are recorded (``seen_headers``).
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import socket
 import threading
+import time
+import zlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
@@ -53,7 +60,12 @@ import numpy as np
 from harness.loopback import LoopbackHTTP
 from histoserve import wire
 
-TAMPERS = ("none", "short", "empty", "rename", "dtype", "shape", "nan", "model", "package", "503")
+TAMPERS = (
+    "none", "short", "empty", "rename", "dtype", "shape", "nan", "model", "package", "503",
+    "huge", "unsized", "gzip", "drip",
+)  # fmt: skip
+_HUGE_BYTES = 512 << 20
+_BOMB_BYTES = 1 << 30
 OTHER_PACKAGE = "0" * 64
 """The digest ``package`` answers name."""
 
@@ -80,7 +92,7 @@ def pixel_mask(tiles: np.ndarray) -> np.ndarray:
 
 def tamper(kind: str, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``outputs`` changed as ``kind`` says (see the module docstring; not ``503``)."""
-    if kind in ("none", "model", "package"):  # those change the answer's header only
+    if kind in ("none", "model", "package", "huge", "unsized", "gzip", "drip"):  # not the outputs
         return dict(outputs)
     if kind == "short":
         return {k: v[:1] for k, v in outputs.items()}
@@ -148,6 +160,7 @@ class BadServer:
         echo_credentials: Collection[str] = (),
         echo_after_chars: int | None = None,
         dim: int = 1536,
+        drip_s: float = 0.25,
     ):
         if tamper not in TAMPERS or source not in ("upstream", "pixels", "mask"):
             raise ValueError(f"tamper {tamper!r} / source {source!r}")
@@ -156,6 +169,8 @@ class BadServer:
         )  # fmt: skip
         self.config, self.echo = dict(config or {}), frozenset(echo_credentials)
         self.echo_after_chars = echo_after_chars
+        self.drip_s = drip_s
+        self.bytes_sent = 0  # of streamed (huge, unsized, drip) bodies, before the client left
         self.infer_requests = self.tampered = self.faulted = 0
         self.seen_headers: list[dict[str, str]] = []  # every request's headers, in order
         self._rng, self._faults = random.Random(faults.seed), faults
@@ -220,7 +235,20 @@ class BadServer:
         entries = [wire.encode_tensor(n, v) for n, v in tamper(kind, outputs).items()]
         header = {**self._identity(kind, path), "outputs": [e for e, _ in entries]}
         data, out_headers = wire.binary_body(header, [raw for _, raw in entries])
-        return 200, out_headers, data
+        if kind == "drip":
+            return 200, out_headers, Stream(_drip(data, self.drip_s), len(data))
+        return 200, out_headers, self._oversize(kind, out_headers) or data
+
+    def _oversize(self, kind: str, headers: dict[str, str]) -> Stream | bytes | None:
+        """The body the streaming tampers send instead of ``data`` (headers adjusted)."""
+        if kind in ("huge", "unsized"):
+            headers.pop(wire.HEADER, None)
+            return Stream(_zeros(_HUGE_BYTES), _HUGE_BYTES if kind == "huge" else None)
+        if kind == "gzip":
+            headers.pop(wire.HEADER, None)
+            headers["content-encoding"] = "gzip"
+            return gzip_bomb()
+        return None
 
     def _identity(self, kind: str, path: str) -> dict[str, Any]:
         """The answer's ``model_name`` (and ``parameters.package_sha256``), as ``kind`` says."""
@@ -246,6 +274,35 @@ class BadServer:
                 return "none"
             self.tampered += 1
             return self.tamper
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A body sent piece by piece: ``chunks`` (an iterator of bytes), its ``length`` if declared."""
+
+    chunks: Any
+    length: int | None
+
+
+def _zeros(total: int) -> Any:
+    block = bytes(1 << 20)
+    for _ in range(total // len(block)):
+        yield block
+
+
+def _drip(data: bytes, every_s: float) -> Any:
+    for i in range(len(data)):
+        time.sleep(every_s)
+        yield data[i : i + 1]
+
+
+@functools.cache
+def gzip_bomb() -> bytes:
+    """1 GiB of zeros, gzip-compressed (about 1 MB); made once per process."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: the gzip container
+    block = bytes(1 << 20)
+    parts = [packer.compress(block) for _ in range(_BOMB_BYTES // len(block))]
+    return b"".join(parts) + packer.flush()
 
 
 _FORWARD = {"content-type", wire.HEADER.lower()}
@@ -281,13 +338,29 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:  # quiet: tests read the counters
         return
 
-    def _reply(self, status: int, headers: Mapping[str, str], data: bytes) -> None:
+    def _reply(self, status: int, headers: Mapping[str, str], data: bytes | Stream) -> None:
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)
-        self.send_header("content-length", str(len(data)))
+        if isinstance(data, bytes):
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        if data.length is None:
+            self.send_header("connection", "close")  # the body ends when the connection does
+            self.close_connection = True
+        else:
+            self.send_header("content-length", str(data.length))
         self.end_headers()
-        self.wfile.write(data)
+        try:
+            for chunk in data.chunks:
+                self.wfile.write(chunk)
+                self.wfile.flush()
+                with self.fake._lock:
+                    self.fake.bytes_sent += len(chunk)
+        except OSError:  # the client stopped reading and closed: what the test wants
+            self.close_connection = True
 
     def _echoed(self) -> bool:
         with self.fake._lock:

@@ -70,6 +70,37 @@ def run_embed(
     )
 
 
+_MEASURE = (
+    "import resource, subprocess, sys\n"
+    "code = subprocess.run(sys.argv[1:]).returncode\n"
+    "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
+    "print(f'peak_rss_kb={peak}', file=sys.stderr)\n"
+    "sys.exit(code)\n"
+)
+
+
+def run_embed_measured(
+    *args: str | Path, timeout_s: float = EMBED_TIMEOUT_S, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, float]:
+    """:func:`run_embed`, and the embed process's peak resident memory in MB.
+
+    The CLI runs as the only child of a small wrapper, whose children's peak is
+    then the CLI's alone (this test process's other children do not count).
+    """
+    extra = () if "--progress" in args else ("--progress", "plain")
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURE, *embed_command(*args, *extra)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+        env=env,
+    )
+    peak_kb = int(done.stderr.rsplit("peak_rss_kb=", 1)[1].split()[0])
+    return done, peak_kb / 1024
+
+
 def read_output(path: Path) -> dict[str, Any]:
     """Datasets (numpy arrays), ``attrs`` (file attributes) and ``coords_attrs`` of one file."""
     import h5py
