@@ -18,7 +18,9 @@ is refused (:class:`UnsafeFolder`), never followed: no file outside
 Temp names carry a full uuid4 (:func:`temp_path`), never a PID: the pods of a
 Kubernetes Job are all PID 1 and share the output volume. A killed run's temp
 file is removed by the next run that claims the same slide
-(:func:`remove_stale_temps`), since only the claim's holder may write it.
+(:func:`remove_stale_temps`), since only the claim's holder may write it; the
+temp files no claim covers (QC pictures, the report) are swept at a run's
+start when no live process holds their lock (:func:`sweep_dead_temps`).
 
 Reading what is in ``--out`` (:func:`open_regular`): opened with
 ``O_NONBLOCK`` (a FIFO planted at a name never hangs the run), without
@@ -30,10 +32,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import re
 import stat
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -82,10 +86,8 @@ def atomic_path(
         name = temp_path(final).name
         fd = os.open(name, _CREATE_FLAGS, 0o666, dir_fd=dir_fd)
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while alive: see sweep_dead_temps
             created = os.fstat(fd)
-        finally:
-            os.close(fd)
-        try:
             yield final.parent / name
             _sync_temp(dir_fd, name, (created.st_dev, created.st_ino), final.parent)
             if before_replace is not None:
@@ -96,6 +98,8 @@ def atomic_path(
             with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=dir_fd)
             raise
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager
@@ -224,6 +228,61 @@ def remove_stale_temps(final: Path, *, root: Path | None = None) -> int:
                         os.unlink(entry.name, dir_fd=fd)
                         removed += 1
     return removed
+
+
+SWEEP_MIN_AGE_S = 60.0
+"""A temp file younger than this is left alone (its writer may be about to lock it)."""
+
+
+def sweep_dead_temps(folder: Path, *, root: Path, now_s: float | None = None) -> int:
+    """Removes the temp files (:func:`temp_path`) in ``folder`` whose writer is gone.
+
+    A writer holds an exclusive ``flock`` on its temp file from creation to
+    rename (:func:`atomic_path`), so a temp file whose lock can be taken, and
+    older than :data:`SWEEP_MIN_AGE_S`, belongs to a run that was killed: its
+    QC pictures, report or features stay behind otherwise. A live run's temp
+    files (another shard's, on a shared volume) are never touched. Returns how
+    many went; a missing folder is 0.
+
+    Raises:
+        UnsafeFolder: A folder below ``root`` is a symlink or no folder.
+    """
+    now_s = time.time() if now_s is None else now_s
+    removed = 0
+    with open_folder(root, folder, create=False) as dir_fd:
+        if dir_fd is None:
+            return 0
+        with os.scandir(dir_fd) as entries:
+            names = [e.name for e in entries if _is_temp_name(e.name)]
+        for name in names:
+            removed += _remove_if_dead(dir_fd, name, now_s)
+    return removed
+
+
+def _is_temp_name(name: str) -> bool:
+    return name.startswith(".") and _TEMP_TAG.fullmatch(name[-len("0" * 32 + ".tmp") :]) is not None
+
+
+def _remove_if_dead(dir_fd: int, name: str, now_s: float) -> int:
+    try:
+        fd = os.open(name, _READ_FLAGS | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError:  # gone, or a symlink: not ours to judge
+        return 0
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or now_s - info.st_mtime < SWEEP_MIN_AGE_S:
+            return 0
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return 0  # a live writer holds it
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return 0
+        return 1
+    finally:
+        os.close(fd)
 
 
 def remove_file(path: Path, *, root: Path) -> bool:

@@ -15,13 +15,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from histoserve.errors import UsageError
-from histoserve.limits import DEFAULT_MAX_TILES_PER_SLIDE, mpp_problem
+from histoserve.limits import DEFAULT_MAX_TILES_PER_SLIDE, MAX_READ_PX, mpp_problem
 from histoserve.remote.auth import Credentials, check_url, redact_url
 from histoserve.wire import MODES
 
 LAYOUTS = ("flat", "trident", "clam")
 PROGRESS = ("auto", "bar", "plain", "none")
 URL_SCHEMES = ("http://", "https://", "grpc://", "grpcs://")
+# Upper bounds of the numeric options: beyond them a value is a typo (or
+# infinity), and would overflow a timer or exhaust threads rather than help.
+MAX_SECONDS = 86_400.0
+MAX_BATCH = 4096
+MAX_ATTEMPTS = 100
+MAX_THREADS = 1024
+MAX_SLIDES_IN_FLIGHT = 64
+MAX_COUNT = 1 << 31
 # Requests in flight per URL by default: one being computed, one queued behind
 # it and one on the wire keep a server's batcher fed without deep queues.
 DEFAULT_CONCURRENCY_PER_URL = 4
@@ -187,6 +195,23 @@ class EmbedConfig:
                 raise UsageError(f"{flag} {value!r}: {problem}")
 
     def _check_numbers(self) -> None:
+        for flag, value, most in (
+            ("--timeout-s", self.timeout_s, MAX_SECONDS),
+            ("--recycle-s", self.recycle_s, MAX_SECONDS),
+            ("--tile-size", self.tile_size, MAX_READ_PX),
+            ("--overlap", self.overlap, MAX_READ_PX),
+            ("--batch-size", self.batch_size, MAX_BATCH),
+            ("--max-attempts", self.max_attempts, MAX_ATTEMPTS),
+            ("--concurrency", self.concurrency, MAX_THREADS),
+            ("--read-workers", self.read_workers, MAX_THREADS),
+            ("--queue-batches", self.queue_batches, MAX_THREADS),
+            ("--slides-in-flight", self.slides_in_flight, MAX_SLIDES_IN_FLIGHT),
+            ("--recycle-requests", self.recycle_requests, MAX_COUNT),
+            ("--max-tiles-per-slide", self.max_tiles_per_slide, MAX_COUNT),
+            ("--accept-bad-tiles", self.accept_bad_tiles, MAX_COUNT),
+        ):
+            if value is not None and not value <= most:  # NaN and infinity fail too
+                raise UsageError(f"{flag} must be at most {most:,}, got {value!r}")
         positive = {
             "--target-mpp": self.target_mpp,
             "--mpp-override": self.mpp_override,

@@ -4,6 +4,7 @@ no folder inside ``--out`` written through a symlink, no FIFO opened blocking.""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -211,3 +212,35 @@ def test_a_fifo_is_refused_at_once_never_opened_blocking(tmp_path: Path) -> None
     (tmp_path / "big.json").write_bytes(b"x" * 2048)
     with pytest.raises(OSError, match="over 1,024 bytes"):
         read_regular(tmp_path / "big.json", 1024)
+
+
+def test_a_dead_runs_temp_files_are_swept_and_a_live_ones_are_not(tmp_path: Path) -> None:
+    """A killed writer's temp goes; a writer still inside atomic_path keeps its temp."""
+    import subprocess
+    import sys
+
+    from histoserve.atomic import SWEEP_MIN_AGE_S, sweep_dead_temps
+
+    qc = tmp_path / "qc"
+    qc.mkdir()
+    killed = subprocess.run(  # a writer killed mid-write: its temp stays behind, unlocked
+        [sys.executable, "-c",
+         "import os, sys; from pathlib import Path; from histoserve.atomic import atomic_path\n"
+         f"with atomic_path(Path({str(qc / 'a.jpg')!r})) as tmp:\n"
+         "    tmp.write_bytes(b'half'); os._exit(9)"],
+        check=False,
+    )  # fmt: skip
+    assert killed.returncode == 9
+    later = time.time() + SWEEP_MIN_AGE_S + 1
+    with atomic_path(qc / "b.jpg") as live:  # this process is alive and writing
+        live.write_bytes(b"whole soon")
+        temps = sorted(p.name for p in qc.iterdir())
+        assert len(temps) == 2 and all(t.endswith(".tmp") for t in temps)
+        assert sweep_dead_temps(qc, root=tmp_path, now_s=time.time()) == 0  # too young
+        assert sweep_dead_temps(qc, root=tmp_path, now_s=later) == 1
+        assert live.exists()
+    assert sorted(p.name for p in qc.iterdir()) == ["b.jpg"]
+    (qc / "c.jpg").write_bytes(b"not a temp")
+    (qc / ".x.0123.tmp").write_bytes(b"not our name")
+    assert sweep_dead_temps(qc, root=tmp_path, now_s=later) == 0
+    assert sweep_dead_temps(tmp_path / "missing", root=tmp_path) == 0

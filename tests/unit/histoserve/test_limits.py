@@ -123,3 +123,39 @@ def test_a_mask_with_more_values_than_the_vertex_cap_needs_is_refused_before_par
     monkeypatch.setattr(mask_geojson.json, "loads", parse)
     with pytest.raises(mask_geojson.SlideError, match=r"bomb.geojson: about [\d,]+ JSON values"):
         mask_geojson.read_geojson(path)
+
+
+@pytest.mark.parametrize(
+    ("field", "flag", "value"),
+    [
+        ("timeout_s", "--timeout-s", float("inf")),
+        ("timeout_s", "--timeout-s", float("nan")),
+        ("timeout_s", "--timeout-s", 1e12),
+        ("recycle_s", "--recycle-s", float("inf")),
+        ("batch_size", "--batch-size", 10**9),
+        ("max_attempts", "--max-attempts", 10**6),
+        ("concurrency", "--concurrency", 10**6),
+        ("read_workers", "--read-workers", 10**5),
+        ("slides_in_flight", "--slides-in-flight", 10**4),
+        ("tile_size", "--tile-size", 10**6),
+        ("overlap", "--overlap", 10**6),
+        ("max_tiles_per_slide", "--max-tiles-per-slide", 10**30),
+    ],
+)
+def test_every_number_option_has_an_upper_bound(field: str, flag: str, value: float) -> None:
+    with pytest.raises(UsageError, match=rf"{flag} must be at most [\d,.]+, got"):
+        EmbedConfig(**BASE, **{field: value})
+
+
+def test_timeout_inf_on_the_command_line_is_a_usage_error(tmp_path: Path) -> None:
+    argv = ["a.svs", "--url", "http://h:1", "--out", str(tmp_path), "--timeout-s", "inf"]
+    with pytest.raises(UsageError, match="--timeout-s must be at most 86,400"):
+        config_from_args(build_parser().parse_args(argv), {})
+
+
+def test_a_token_of_another_type_in_env_is_a_usage_error(tmp_path: Path) -> None:
+    from histoserve.api import embed_config, embed_defaults
+
+    options = {**embed_defaults(), "slides": "a.svs", "url": "http://h:1", "out": tmp_path}
+    with pytest.raises(UsageError, match=r"\$HISTOSERVE_TOKEN: expected a string, got int"):
+        embed_config(options, {"HISTOSERVE_TOKEN": 123})  # type: ignore[dict-item]
