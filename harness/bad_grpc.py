@@ -21,15 +21,19 @@ class BadGrpcServer:
 
     Every call is forwarded as raw bytes; the answers of the first ``times``
     ``ModelInfer`` calls (None: all) have each raw output buffer cut by
-    ``cut_bytes`` (``tampered`` counts them).
+    ``cut_bytes`` (``tampered`` counts them), or, with ``pad_bytes``, grown by
+    that many zeros (an answer far larger than its request can need).
     """
 
-    def __init__(self, upstream: str, cut_bytes: int = 4, times: int | None = None):
+    def __init__(
+        self, upstream: str, cut_bytes: int = 4, times: int | None = None, pad_bytes: int = 0
+    ):
         from concurrent import futures
 
         import grpc
 
         self.cut_bytes, self.times, self.tampered = cut_bytes, times, 0
+        self.pad_bytes = pad_bytes
         self._lock = threading.Lock()
         options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
         self._channel = grpc.insecure_channel(upstream, options=options)
@@ -56,7 +60,10 @@ class BadGrpcServer:
                 return answer
             self.tampered += 1
         message = pb.ModelInferResponse.FromString(answer)
-        cut = [raw[: max(0, len(raw) - self.cut_bytes)] for raw in message.raw_output_contents]
+        if self.pad_bytes:
+            cut = [raw + bytes(self.pad_bytes) for raw in message.raw_output_contents]
+        else:
+            cut = [raw[: max(0, len(raw) - self.cut_bytes)] for raw in message.raw_output_contents]
         del message.raw_output_contents[:]
         message.raw_output_contents.extend(cut)
         return message.SerializeToString()

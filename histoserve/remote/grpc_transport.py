@@ -84,6 +84,8 @@ def _wrap(url: str, exc: Exception, credentials: Credentials) -> EmbedError:
     code = _status(exc)
     message = exc.message() if hasattr(exc, "message") else str(exc)
     message = credentials.scrub(str(message), MESSAGE_MAX_CHARS)
+    if code == "RESOURCE_EXHAUSTED" and "larger than max" in message:  # our channel's bound
+        return BadAnswer(f"{url}: an answer larger than this request can need ({message})")
     if code in RETRY_CODES or not code:
         return RetryableError(f"{url}: gRPC {code or 'error'}: {message}")
     return ServerRefused(f"gRPC {code}", message)

@@ -151,3 +151,29 @@ def test_a_served_config_out_of_range_is_one_message_before_any_slide(
     assert f"{fake.url}: model {config['name']!r} reports {said}" in done.stderr
     assert "Traceback" not in done.stderr and requests == 0
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.h5"))
+
+
+def test_an_oversized_grpc_answer_is_refused_by_the_channel(
+    embedding_server: Server, slide: slides.GeneratedSlide, tmp_path: Path
+) -> None:
+    """64 MiB more than a 4-tile answer: the channel's receive bound refuses it, nothing written."""
+    from harness.bad_grpc import BadGrpcServer
+
+    flags = (
+        "--model",
+        "h0-mini",
+        "--target-mpp",
+        "0.5",
+        "--batch-size",
+        "4",
+        "--max-attempts",
+        "2",
+    )
+    with BadGrpcServer(embedding_server.grpc_url, pad_bytes=64 << 20) as bad:
+        done, peak_mb = run_embed_measured(slide.path, "--url", bad.url, "--out", tmp_path, *flags)
+        assert bad.tampered >= 1
+    assert done.returncode == 1, done.stderr
+    reason = _failed_reason(tmp_path)
+    assert "an answer larger than this request can need" in reason, reason
+    assert "larger than max" in reason and peak_mb < PEAK_RSS_MB
+    assert not list(tmp_path.glob("*.h5"))
