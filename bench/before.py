@@ -25,20 +25,22 @@ BEFORE_COMMIT = "33e2509"
 (before the trace lines went off, the REST fast path, cached metrics)."""
 
 
-def source_tree(commit: str = BEFORE_COMMIT) -> Path:
-    """A folder holding ``predictor/`` as of ``commit`` (extracted once, then reused).
+def source_tree(commit: str = BEFORE_COMMIT, package: str = "predictor") -> Path:
+    """A folder holding ``package`` (``predictor/``, ``histoserve/``) as of ``commit``.
+
+    Extracted once, then reused.
 
     Raises:
         RuntimeError: git is missing or the history lacks ``commit`` (a shallow clone).
     """
-    target = cache_root() / f"predictor-{commit}"
-    if (target / "predictor" / "__main__.py").is_file():
+    target = cache_root() / f"{package}-{commit}"
+    if (target / package / "__main__.py").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".predictor-{commit}-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{package}-{commit}-", dir=target.parent))
     try:
         archive = subprocess.run(
-            ["git", "-C", str(REPO), "archive", "--format=tar", commit, "predictor"],
+            ["git", "-C", str(REPO), "archive", "--format=tar", commit, package],
             capture_output=True,
             check=True,
         )
@@ -46,10 +48,10 @@ def source_tree(commit: str = BEFORE_COMMIT) -> Path:
         os.replace(staging, target)
     except (OSError, subprocess.CalledProcessError) as exc:
         shutil.rmtree(staging, ignore_errors=True)
-        if (target / "predictor" / "__main__.py").is_file():
+        if (target / package / "__main__.py").is_file():
             return target  # another run extracted it meanwhile
         detail = getattr(exc, "stderr", b"") or b""
         raise RuntimeError(
-            f"cannot extract predictor/ at {commit}: {exc} {detail.decode(errors='replace')}"
+            f"cannot extract {package}/ at {commit}: {exc} {detail.decode(errors='replace')}"
         ) from exc
     return target
