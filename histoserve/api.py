@@ -125,7 +125,8 @@ def embed(
     finished, then raises KeyboardInterrupt; every file is whole or absent, and a re-run resumes.
 
     Raises:
-        UsageError: A bad option, found before any slide is read.
+        UsageError: A bad option, found before any slide is read; an ``out`` made with
+            other settings (without ``force``).
         EmbedError: The server cannot be reached or described.
     """
     options = {name: value for name, value in locals().items() if name != "env"}

@@ -108,7 +108,12 @@ def _input_flags(parser: argparse.ArgumentParser) -> None:
     add("--out", type=Path, required=True, help="output folder (<slide_id>.h5, status.csv)")
     add("--model", help="model name (default: the only model the server serves)")
     add("--mode", choices=MODES)
-    add("--force", action="store_true", help="re-embed slides that are already done")
+    add(
+        "--force",
+        action="store_true",
+        help="re-embed slides that are already done; into an --out made with other settings, "
+        "record this run's",
+    )
     add(
         "--shard",
         help="I/N: every N-th slide from the I-th; N alone: I from $JOB_COMPLETION_INDEX or "

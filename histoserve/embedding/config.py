@@ -68,7 +68,9 @@ class EmbedConfig:
         queue_batches: Batches read ahead and waiting (back pressure; bounded memory).
         slides_in_flight: Slides in progress at once (the next is planned and read
             while the previous one's last requests are answered).
-        force: Re-embed slides whose output is already complete.
+        force: Re-embed slides whose output is already complete; an ``out_dir``
+            made with other settings then records this run's (without it:
+            UsageError, :mod:`histoserve.results.run_record`).
         shard: ``(index, count)``: this process takes every count-th slide from index.
         progress: ``auto`` (bar on a terminal, plain lines otherwise), ``bar``, ``plain``, ``none``.
         max_attempts: Attempts per request (503, 429, connection errors are retried).

@@ -34,6 +34,7 @@ warning.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -52,6 +53,13 @@ from histoserve.embedding.config import EmbedConfig
 from histoserve.embedding.embed_stage import check_slide_model, run_slide_model
 from histoserve.embedding.memory import large_buffers_use_mmap
 from histoserve.embedding.progress import Progress
+from histoserve.embedding.settings import (
+    RUN_SETTINGS_ATTR,
+    check_done_files,
+    differences,
+    run_settings,
+    slide_settings,
+)
 from histoserve.embedding.slide_job import RunContext, embed_slide
 from histoserve.errors import EmbedError, SlideError, UsageError
 from histoserve.remote.auth import load_credentials, warn_if_plaintext
@@ -61,16 +69,15 @@ from histoserve.remote.transport import RecyclePolicy
 from histoserve.results.claims import ClaimStore
 from histoserve.results.layouts import DoneCheck, Layout, slide_id_from_path
 from histoserve.results.output import check_holder, config_hash
+from histoserve.results.run_record import FolderHold, hold_folder
 from histoserve.results.status import StatusLog
 from histoserve.review.qc import QC_DIR
 from histoserve.review.report import write_report
 from histoserve.slides.bulk_rna import read_bulk_rna
-from histoserve.slides.grid import interpolation_of
 from histoserve.slides.identity import (
     IDENTITY_ATTR,
     SlideIdentity,
     check_unchanged,
-    file_sha256,
     slide_identity,
 )
 from histoserve.slides.manifest import (
@@ -80,8 +87,6 @@ from histoserve.slides.manifest import (
     read_manifest,
     select_shard,
 )
-from histoserve.tissue.detect import OTSU_VERSION
-from histoserve.tissue.masks import mask_file
 
 logger = logging.getLogger("histoserve.embed")
 
@@ -146,7 +151,7 @@ def _context(
         "min_tissue": config.min_tissue,
         "histoserve_version": __version__,
     }
-    return RunContext(
+    ctx = RunContext(
         config,
         info,
         tissue_info,
@@ -158,6 +163,15 @@ def _context(
         threading.BoundedSemaphore(config.concurrency),
         _layout(config, info, target_mpp, tile_size),
     )
+    attrs[RUN_SETTINGS_ATTR] = run_settings(ctx)  # every done file's copy of the record
+    return ctx
+
+
+def _hold_folder(ctx: RunContext) -> FolderHold:
+    """The run's hold on ``--out`` with its settings (:mod:`~histoserve.results.run_record`)."""
+    out, settings = ctx.config.out_dir, ctx.base_attrs[RUN_SETTINGS_ATTR]
+    check = functools.partial(check_done_files, out, settings)
+    return hold_folder(out, settings, differences, check, force=ctx.config.force)
 
 
 def _info(config: EmbedConfig, urls: Any, model: str | None, retry: RetryPolicy) -> ServerInfo:
@@ -172,38 +186,6 @@ def _layout(config: EmbedConfig, info: ServerInfo, target_mpp: float, tile_size:
             dim = int(out["shape"][-1])
     layout, out = config.layout, config.out_dir
     return Layout(layout, out, target_mpp, tile_size, info.model, int(dim), config.overlap)
-
-
-def slide_settings(ctx: RunContext, entry: SlideEntry) -> dict[str, Any]:
-    """Everything that shapes a slide's output: its config hash is made of these.
-
-    Raises:
-        SlideError: ``--masks`` has no mask for the slide.
-    """
-    cfg = ctx.config
-    mask = mask_file(entry.slide_id, entry.mask, cfg.masks)
-    settings = {
-        "model": ctx.info.model,
-        "package_sha256": ctx.info.package_sha256,
-        "target_mpp": ctx.target_mpp,
-        "tile_size": ctx.tile_size,
-        "mode": cfg.mode,
-        "tissue": cfg.tissue,
-        "tissue_package": ctx.tissue_info.package_sha256 if ctx.tissue_info else "",
-        "min_tissue": cfg.min_tissue,
-        "mpp_override": cfg.mpp_override,
-        "mpp_tolerance": cfg.mpp_tolerance,
-        "manifest_mpp": entry.mpp,
-        "bulk_rna_sha256": file_sha256(entry.bulk_rna) if entry.bulk_rna else "",
-        "resize_interpolation": interpolation_of(ctx.info.spec, ctx.info.model),
-        **({"layout": cfg.layout} if cfg.layout != "flat" else {}),
-        **({"overlap": cfg.overlap} if cfg.overlap else {}),  # hashes without it unchanged
-    }
-    if cfg.tissue == "otsu" and mask is None:
-        settings["tissue_algorithm"] = OTSU_VERSION
-    if mask is not None:  # only then: hashes of runs without masks stay as they were
-        settings["mask_sha256"] = file_sha256(mask)
-    return settings
 
 
 def embed(config: EmbedConfig, stream: Any = None) -> EmbedSummary:
@@ -235,13 +217,14 @@ def embed(config: EmbedConfig, stream: Any = None) -> EmbedSummary:
             tissue_urls, config.timeout_s, retry, recycle, config.credentials
         )
     main = Dispatcher.from_urls(config.urls, config.timeout_s, retry, recycle, config.credentials)
-    with main as dispatcher:
-        try:
-            _run(config, entries, dispatcher, tissue, stream, summary)
-        finally:
-            if tissue is not None:
-                tissue.close()
-    run_slide_model(config, summary)
+    with contextlib.ExitStack() as held:  # the folder's hold lasts to the slide model's end
+        with main as dispatcher:
+            try:
+                _run(config, entries, dispatcher, tissue, stream, summary, held)
+            finally:
+                if tissue is not None:
+                    tissue.close()
+        run_slide_model(config, summary)
     summary.seconds = time.monotonic() - start
     return summary
 
@@ -253,8 +236,10 @@ def _run(
     tissue: Dispatcher | None,
     stream: Any,
     summary: EmbedSummary,
+    held: contextlib.ExitStack,
 ) -> None:
     ctx = _context(config, dispatcher, tissue)
+    held.enter_context(_hold_folder(ctx))  # UsageError: the folder was made otherwise
     progress = Progress(config.progress, len(entries), stream, stats=summary.stats)
     runner = _SlideRunner(ctx, progress, summary)
     # Slides overlap (--slides-in-flight): the next one is opened, planned and read

@@ -294,7 +294,8 @@ def _check_exactly_once(out: Path, slides: dict) -> None:
     bad = [r for r in rows if r["status"] != "done"]
     assert not bad, bad
     names = sorted(p.name for p in out.iterdir())
-    expected = [*(f"{s}.h5" for s in slides), "status.csv", ".claims", "qc", "report.html"]
+    listed = ("status.csv", ".claims", ".histoserve-run.json", "qc", "report.html")
+    expected = [*(f"{s}.h5" for s in slides), *listed]
     assert names == sorted(expected), names
     qc = sorted(p.name for p in (out / "qc").iterdir())
     assert qc == sorted(f"{s}.{ext}" for s in slides for ext in ("jpg", "geojson", "json")), qc
