@@ -60,7 +60,11 @@ class NotRegularFile(OSError):
 
 @contextlib.contextmanager
 def atomic_path(
-    final: Path, *, root: Path | None = None, before_replace: Callable[[], None] | None = None
+    final: Path,
+    *,
+    root: Path | None = None,
+    before_replace: Callable[[], None] | None = None,
+    lock: bool = True,
 ) -> Iterator[Path]:
     """Yields a fresh hidden temp file beside ``final``; renamed onto it (fsynced) if no error.
 
@@ -76,6 +80,9 @@ def atomic_path(
     once the temp file is whole and synced, right before the rename: what it
     raises leaves ``final`` untouched. On any error the temp file is removed
     and ``final`` is untouched (a reader sees the old file or the new, never half).
+    ``lock``: hold an exclusive ``flock`` on the temp file while writing, which
+    tells :func:`sweep_dead_temps` it is alive; False for HDF5, whose library
+    takes that same lock on the file itself while it writes.
 
     Raises:
         UnsafeFolder: A folder below ``root`` is a symlink or no folder.
@@ -86,7 +93,8 @@ def atomic_path(
         name = temp_path(final).name
         fd = os.open(name, _CREATE_FLAGS, 0o666, dir_fd=dir_fd)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while alive: see sweep_dead_temps
+            if lock:  # held while alive: see sweep_dead_temps
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             created = os.fstat(fd)
             yield final.parent / name
             _sync_temp(dir_fd, name, (created.st_dev, created.st_ino), final.parent)

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from histoserve import __version__
+from histoserve.atomic import open_folder, sweep_dead_temps
 from histoserve.embedding.batches import BatchStats
 from histoserve.embedding.config import EmbedConfig
 from histoserve.embedding.embed_stage import check_slide_model, run_slide_model
@@ -168,10 +169,18 @@ def _context(
 
 
 def _hold_folder(ctx: RunContext) -> FolderHold:
-    """The run's hold on ``--out`` with its settings (:mod:`~histoserve.results.run_record`)."""
+    """The run's hold on its folder with its settings (:mod:`~histoserve.results.run_record`).
+
+    The folder is ``--out``, or for TRIDENT the coords folder of this run's
+    geometry: TRIDENT keeps each geometry (magnification, size, overlap) in
+    its own folder of one job folder, so only runs into the same one must agree.
+    """
     out, settings = ctx.config.out_dir, ctx.base_attrs[RUN_SETTINGS_ATTR]
-    check = functools.partial(check_done_files, out, settings)
-    return hold_folder(out, settings, differences, check, force=ctx.config.force)
+    folder = ctx.layout.coords_dir if ctx.layout.name == "trident" else out
+    with open_folder(out, folder):  # made here, never through a symlink
+        pass
+    check = functools.partial(check_done_files, folder, settings)
+    return hold_folder(folder, settings, differences, check, force=ctx.config.force)
 
 
 def _info(config: EmbedConfig, urls: Any, model: str | None, retry: RetryPolicy) -> ServerInfo:
@@ -265,6 +274,8 @@ class _SlideRunner:
         self.ctx, self.progress, self.summary = ctx, progress, summary
         out = ctx.config.out_dir
         ctx.layout.check_folders(*((QC_DIR,) if ctx.config.qc else ()))  # UsageError: a symlink
+        for folder in (out, out / QC_DIR):  # what killed runs left that no claim covers
+            sweep_dead_temps(folder, root=out)
         self.status, self.claims = StatusLog(out), ClaimStore(out)
         self._lock = threading.Lock()
 

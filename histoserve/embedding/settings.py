@@ -190,7 +190,12 @@ def _plain(value: Any) -> Any:
 
 def _done_files(out: Path) -> Iterator[tuple[Path, str]]:
     """Every layout's done files (:meth:`~histoserve.results.layouts.Layout.done_file`)."""
-    patterns = (("*.h5", "flat"), ("h5_files/*.h5", "clam"), ("*/features_*/*.h5", "trident"))
+    patterns = (
+        ("*.h5", "flat"),
+        ("h5_files/*.h5", "clam"),
+        ("*/features_*/*.h5", "trident"),
+        ("features_*/*.h5", "trident"),  # ``out`` is a TRIDENT coords folder
+    )
     for pattern, layout in patterns:
         for path in sorted(out.glob(pattern)):
             if not path.name.startswith("."):

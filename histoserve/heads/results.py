@@ -97,7 +97,7 @@ def write_result(
         "coords": np.asarray(coords, np.int64),
     }
     siblings = record_of(source.root, {source.path: features_read})
-    with atomic_path(final, root=source.root) as tmp, h5py.File(tmp, "w") as f:
+    with atomic_path(final, root=source.root, lock=False) as tmp, h5py.File(tmp, "w") as f:
         for name, array in datasets.items():
             if array is not None:
                 f.create_dataset(name, data=np.asarray(array))

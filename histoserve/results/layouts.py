@@ -378,7 +378,7 @@ def _write_h5(
 ) -> Path:
     import h5py
 
-    commit = atomic_path(final, root=root, before_replace=before_commit)
+    commit = atomic_path(final, root=root, before_replace=before_commit, lock=False)
     with commit as tmp, h5py.File(tmp, "w") as f:
         for name, array in datasets.items():
             f.create_dataset(name, data=array)

@@ -298,7 +298,7 @@ def write_slide(
     out_dir = Path(out_dir)
     arrays = checked_arrays(result)
     final = final_path(out_dir, slide_id)
-    commit = atomic_path(final, root=root, before_replace=before_commit)
+    commit = atomic_path(final, root=root, before_replace=before_commit, lock=False)
     with commit as tmp, h5py.File(tmp, "w") as f:
         for name, array in arrays.items():
             f.create_dataset(name, data=array)

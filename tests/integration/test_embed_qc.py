@@ -205,3 +205,28 @@ def test_masks_folder_without_the_slides_mask_fails_that_slide(
     (row,) = status_rows(out)
     assert row["status"] == "failed" and "no mask for slide 'tiff'" in row["error"]
     assert "tiff.geojson" in row["error"]
+
+
+def test_a_killed_runs_qc_and_report_temps_are_swept_at_the_next_start(
+    embedding_server: Server, slide_set: dict, tmp_path: Path
+) -> None:
+    """Temp files no live process holds (their writer was killed) go; a live one's stays."""
+    import fcntl
+    import os
+
+    out = tmp_path / "out"
+    (out / "qc").mkdir(parents=True)
+    dead = [out / f".report.html.{'a' * 32}.tmp", out / "qc" / f".x.jpg.{'b' * 32}.tmp"]
+    live = out / "qc" / f".y.jpg.{'c' * 32}.tmp"
+    for path in (*dead, live):
+        path.write_bytes(b"half a picture")
+        os.utime(path, (1e9, 1e9))  # long ago
+    holder = os.open(live, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # as a live writer in another run holds it
+    try:
+        result = run_embed(slide_set["tiff"].path, "--url", embedding_server.base, "--out", out)
+        assert live.exists()
+    finally:
+        os.close(holder)
+    assert result.returncode == 0, result.stderr
+    assert not any(p.exists() for p in dead)

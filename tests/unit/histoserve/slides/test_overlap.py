@@ -45,10 +45,10 @@ def test_plan_tiles_with_overlap(slide: Path) -> None:
     assert len(half.coords) > 3 * len(plain.coords)
 
 
-def _run(out: Path, slide: Path, url: str, overlap: int, force: bool = False) -> object:
+def _run(out: Path, slide: Path, url: str, overlap: int) -> object:
     config = EmbedConfig(
         urls=(url,), out_dir=out, slides=(slide,), model="h0-mini", layout="trident",
-        tissue="none", progress="none", overlap=overlap, qc=False, force=force,
+        tissue="none", progress="none", overlap=overlap, qc=False,
     )  # fmt: skip
     return embed(config)
 
@@ -57,9 +57,9 @@ def test_trident_records_the_overlap_and_resume_is_keyed_by_it(tmp_path: Path, s
     with BadServer(config=TILE_CONFIG, source="pixels", dim=DIM) as tiles:
         assert _run(tmp_path, slide, tiles.url, 112).done == ["W1"]
         assert _run(tmp_path, slide, tiles.url, 112).skipped == ["W1"]
-        with pytest.raises(UsageError, match=r"overlap \(--overlap\): 112 -> 0"):
-            _run(tmp_path, slide, tiles.url, 0)  # the job folder records its geometry
-        assert _run(tmp_path, slide, tiles.url, 0, force=True).done == ["W1"]  # its own folder
+        assert _run(tmp_path, slide, tiles.url, 0).done == ["W1"]  # another folder, another hash
+        assert (tmp_path / "20x_224px_112px_overlap" / ".histoserve-run.json").is_file()
+        assert (tmp_path / "20x_224px_0px_overlap" / ".histoserve-run.json").is_file()
     features = tmp_path / "20x_224px_112px_overlap" / "features_h0-mini" / "W1.h5"
     with h5py.File(features) as f:
         assert f["coords"].attrs["overlap"] == 112
@@ -87,7 +87,7 @@ def test_slide_model_takes_the_run_s_own_trident_folder(tmp_path: Path, slide: P
             config = EmbedConfig(
                 urls=(tiles.url,), out_dir=tmp_path, slides=(slide,), model="h0-mini",
                 layout="trident", tissue="none", progress="none", overlap=112,
-                slide_model="abmil-demo", slide_urls=(head.url,), force=True,
+                slide_model="abmil-demo", slide_urls=(head.url,),
             )  # fmt: skip
             summary = embed(config)
     assert summary.done == ["W1"] and not summary.failed
