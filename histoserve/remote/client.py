@@ -26,8 +26,7 @@ import numpy as np
 from histoserve import wire
 from histoserve.errors import InferenceError
 from histoserve.remote.auth import Credentials
-from histoserve.remote.http import Reply, new_client, send
-from histoserve.remote.retry_after import parse_retry_after
+from histoserve.remote.http import Reply, new_client, parse_retry_after, send
 from histoserve.remote.transport import DEFAULT_MAX_ANSWER_BYTES
 
 __all__ = ["HistoserveClient", "InferenceError"]

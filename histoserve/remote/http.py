@@ -22,6 +22,10 @@ an ``httpx.Client`` made by :func:`new_client`, which holds it to:
   URL through a proxy is refused (the proxy would read it; an ``https://`` URL
   is tunnelled).
 
+``Retry-After`` (RFC 9110, section 10.2.3: delta-seconds or an HTTP-date)
+has its one parser here (:func:`parse_retry_after`); a malformed header
+never hides the error that carried it.
+
 TLS (the CA bundle) and the credential headers come from
 :class:`~histoserve.remote.auth.Credentials`.
 """
@@ -29,12 +33,14 @@ TLS (the CA bundle) and the credential headers come from
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpcore
@@ -296,3 +302,35 @@ def read_bounded(response: httpx.Response, max_bytes: int, *, cut: bool = False)
                 return bytes(body[:max_bytes])
             return f"an answer of more than the {max_bytes:,} bytes this request can need"
     return bytes(body)
+
+
+def parse_retry_after(value: str | None, *, now_s: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header value.
+
+    Args:
+        value: The header as received; None or empty when absent.
+        now_s: The current time (seconds since the epoch) an HTTP-date is
+            measured from; the wall clock when None.
+
+    Returns:
+        Seconds (``>= 0``; a date in the past is ``0.0``), or None when the
+        header is absent, negative, not finite or neither form.
+    """
+    if not value or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        return _seconds_until(text, time.time() if now_s is None else now_s)
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _seconds_until(text: str, now_s: float) -> float | None:
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is always GMT
+        return None
+    return max(0.0, when.timestamp() - now_s)

@@ -43,8 +43,7 @@ import numpy as np
 from histoserve import wire
 from histoserve.errors import BadAnswer, EmbedError, RetryableError, ServerRefused
 from histoserve.remote.auth import MESSAGE_MAX_CHARS, Credentials
-from histoserve.remote.http import HEADER_HEADROOM_BYTES, Reply, new_client, send
-from histoserve.remote.retry_after import parse_retry_after
+from histoserve.remote.http import HEADER_HEADROOM_BYTES, Reply, new_client, parse_retry_after, send
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 DECODE_ERRORS = (ValueError, TypeError, ArithmeticError, LookupError, AttributeError)

@@ -137,7 +137,7 @@ def test_retry_after_in_either_form_keeps_the_servers_error(
 
 def test_both_clients_read_retry_after_with_one_parser() -> None:
     from histoserve.remote import transport
-    from histoserve.remote.retry_after import parse_retry_after
+    from histoserve.remote.http import parse_retry_after
 
     assert histoserve_client.parse_retry_after is parse_retry_after
     assert transport.parse_retry_after is parse_retry_after

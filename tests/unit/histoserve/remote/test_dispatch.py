@@ -24,7 +24,7 @@ import pytest
 from harness.loopback import LoopbackHTTP
 from histoserve import wire
 from histoserve.remote.dispatch import Dispatcher, RequestFailed, RetryPolicy
-from histoserve.remote.retry_after import parse_retry_after
+from histoserve.remote.http import parse_retry_after
 from histoserve.remote.transport import HttpTransport, RecyclePolicy
 
 Action = Callable[["_Handler"], None]
