@@ -198,6 +198,7 @@ def slide_settings(ctx: RunContext, entry: SlideEntry) -> dict[str, Any]:
         "resize_interpolation": interpolation_of(ctx.info.spec, ctx.info.model),
         **({"layout": cfg.layout} if cfg.layout != "flat" else {}),
         **({"overlap": cfg.overlap} if cfg.overlap else {}),  # hashes without it unchanged
+        **cfg.read_settings,
     }
     if cfg.tissue == "otsu" and mask is None:
         settings["tissue_algorithm"] = OTSU_VERSION
