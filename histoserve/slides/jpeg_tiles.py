@@ -131,6 +131,7 @@ def decode_tile(stream: bytes, width: int, height: int, factor: int = 1) -> np.n
     """
     import simplejpeg
 
+    want = (-(-height // factor), -(-width // factor), 3)
     try:
         h, w, _, _ = simplejpeg.decode_jpeg_header(stream)
     except ValueError as exc:
@@ -138,12 +139,17 @@ def decode_tile(stream: bytes, width: int, height: int, factor: int = 1) -> np.n
     if (w, h) != (width, height):
         raise JpegTileError(f"its JPEG says {w}x{h} px, the TIFF's tiles are {width}x{height}")
     try:
-        pixels = simplejpeg.decode_jpeg(
-            stream, colorspace="RGB", fastdct=False, fastupsample=False, min_factor=factor
+        pixels = simplejpeg.decode_jpeg(  # the scale is the least at least min_height/width
+            stream,
+            colorspace="RGB",
+            fastdct=False,
+            fastupsample=False,
+            min_height=want[0],
+            min_width=want[1],
+            min_factor=factor,
         )
     except ValueError as exc:
         raise JpegTileError(f"corrupt JPEG data ({exc})") from exc
-    want = (-(-height // factor), -(-width // factor), 3)
     if pixels.shape != want:
         raise JpegTileError(f"decoded at 1/{factor} to {pixels.shape}, expected {want}")
     return pixels
