@@ -57,7 +57,7 @@ def test_area_and_reduced_are_close_to_bicubic_but_not_it(slide_a: Path, resize:
 def test_reduced_needs_the_native_reader_and_an_exact_step(slide_a: Path, tmp_path: Path) -> None:
     with (
         SlideReader.open(slide_a, "openslide") as slide,
-        pytest.raises(SlideError, match="--resize reduced.*openslide, not the native reader"),
+        pytest.raises(SlideError, match=r"--resize reduced.*openslide, not the native reader"),
     ):
         plan_tiles(slide, resolve_mpp(slide, None, None, 0.05), 0.5, 224, 0.05, resize="reduced")
     with (
