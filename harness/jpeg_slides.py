@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from harness import slides
-from histoserve.slides.jpeg_tiles import APP0, APP14, segments
+from histoserve.slides.tiff.jpeg_tiles import APP0, APP14, segments
 
 _ADOBE = {"ycbcr": 1, "rgb": 0}
 

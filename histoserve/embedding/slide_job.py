@@ -54,7 +54,7 @@ from histoserve.slides.grid import (
 )
 from histoserve.slides.manifest import SlideEntry
 from histoserve.slides.readers import MppInfo, SlideReader, resolve_mpp
-from histoserve.slides.readers_native import TileCache
+from histoserve.slides.tiff.native import TileCache
 from histoserve.tissue.detect import THUMB_MPP, thumbnail
 from histoserve.tissue.masks import TissueMap, find_tissue, mask_file
 

@@ -6,7 +6,7 @@ files or one of them, ...) and falls back to ``tiffslide`` (pure Python) for
 files OpenSlide does not open. Zeiss ``.czi`` files are read with
 ``pylibCZIrw`` (:mod:`~histoserve.slides.readers_czi`). ``reader="auto"``
 or ``"native"`` reads JPEG-tiled TIFF and Aperio SVS directly
-(:mod:`~histoserve.slides.readers_native`, OpenSlide's pixels). A TIFF whose tile data runs past
+(:mod:`~histoserve.slides.tiff.native`, OpenSlide's pixels). A TIFF whose tile data runs past
 the end of the file (a broken copy) is refused at open with a clear message,
 because tiffslide would otherwise open it and fail tile by tile. Backend
 errors become :class:`~histoserve.errors.SlideError` so that one bad
@@ -40,7 +40,7 @@ from histoserve.errors import SlideError
 # writer's default (72 dpi is 352.8 um/px), not a microscope's scale. The same
 # range holds --mpp-override, --target-mpp and the manifest's mpp column.
 from histoserve.limits import PLAUSIBLE_MPP
-from histoserve.slides.tiff_checks import check_tiff_complete
+from histoserve.slides.tiff.checks import check_tiff_complete
 
 _FIX = "give it with --mpp-override X or the manifest's mpp column"
 _BACKENDS = ("openslide", "tiffslide", "czi", "native")
@@ -91,8 +91,8 @@ class SlideReader:
         """Open ``path`` with OpenSlide, else tiffslide (``.czi``: pylibCZIrw; a folder: DICOM).
 
         ``reader`` (one of ``READERS``): ``auto`` reads natively where
-        :mod:`~histoserve.slides.readers_native` applies, ``native`` only so;
-        ``cache``: a shared :class:`~histoserve.slides.readers_native.TileCache`.
+        :mod:`~histoserve.slides.tiff.native` applies, ``native`` only so;
+        ``cache``: a shared :class:`~histoserve.slides.tiff.native.TileCache`.
 
         Raises:
             SlideError: The file is missing, truncated, or neither backend opens
@@ -248,8 +248,8 @@ def _open_czi(path: Path) -> Any:
 
 
 def _open_native(path: Path, cache: Any, required: bool) -> Any:
-    """A :class:`~histoserve.slides.readers_native.NativeTiff`, else None (SlideError if required)."""
-    from histoserve.slides.readers_native import NativeTiff, NotNative
+    """A :class:`~histoserve.slides.tiff.native.NativeTiff`, else None (SlideError if required)."""
+    from histoserve.slides.tiff.native import NativeTiff, NotNative
 
     try:
         return NativeTiff.open(path, cache)

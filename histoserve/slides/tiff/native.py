@@ -15,7 +15,7 @@ Same slide, same numbers, same pixels:
   OpenSlide once, for its metadata), so the mpp, levels, dimensions and
   identity are what the OpenSlide path reports, by construction.
 - A region at whole level pixels is decoded as OpenSlide decodes
-  (:mod:`~histoserve.slides.jpeg_tiles`), edge tiles cropped at the level's
+  (:mod:`~histoserve.slides.tiff.jpeg_tiles`), edge tiles cropped at the level's
   edge, and white beyond it (OpenSlide's transparent, composited on white).
 - A region starting between level pixels (a level-0 position that is not a
   multiple of the level's downsample) is resampled by OpenSlide (cairo); such
@@ -48,7 +48,7 @@ import numpy as np
 
 from histoserve.errors import SlideError
 from histoserve.limits import MAX_TIFF_TILE_PX
-from histoserve.slides.jpeg_tiles import JpegTileError, decode_tile, jpeg_problem, tile_stream
+from histoserve.slides.tiff.jpeg_tiles import JpegTileError, decode_tile, jpeg_problem, tile_stream
 
 _VENDORS = ("aperio", "generic-tiff")
 _JPEG, _RGB, _YCBCR = 7, 2, 6

@@ -16,7 +16,7 @@ from harness import jpeg_slides, slides
 from histoserve.errors import SlideError
 from histoserve.slides.grid import plan_tiles, read_tiles
 from histoserve.slides.readers import SlideReader, resolve_mpp
-from histoserve.slides.readers_native import NativeTiff, TileCache
+from histoserve.slides.tiff.native import NativeTiff, TileCache
 
 APERIO = slides.SlideSpec(mpp=(0.25, 0.25), vendor="aperio", **slides.standard_layout(448))
 GENERIC = slides.SlideSpec(
