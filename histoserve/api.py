@@ -35,7 +35,9 @@ _SEVERAL = ("url", "tissue_url", "slide_url", "header")
 # What each other option must be; None is allowed where it is the default.
 _KINDS = {
     **dict.fromkeys(("out", "manifest", "masks", "ca_cert", "token_file"), "path"),
-    **dict.fromkeys(("model", "mode", "progress", "layout", "tissue", "slide_model"), "text"),
+    **dict.fromkeys(
+        ("model", "mode", "progress", "layout", "tissue", "slide_model", "reader", "resize"), "text"
+    ),
     **dict.fromkeys(("force", "qc", "trust_env"), "flag"),
     **dict.fromkeys(
         ("target_mpp", "mpp_override", "mpp_tolerance", "min_tissue", "timeout_s", "recycle_s"),
@@ -94,6 +96,8 @@ def embed(
     accept_bad_tiles: int = 0,
     qc: bool = True,
     overlap: int = 0,
+    reader: str = "auto",
+    resize: str = "bicubic",
     slide_model: str | None = None,
     slide_url: str | Sequence[str] = (),
     max_tiles_per_slide: int = DEFAULT_MAX_TILES_PER_SLIDE,

@@ -54,6 +54,11 @@ DEFAULT_MAX_TILES_PER_SLIDE = 2_000_000
 # of RGBA) is 18 times the tile, more than a pyramid's 4x steps ever need.
 MAX_READ_PX = 4096
 
+# A TIFF tile the native reader decodes (px an edge, as the TIFF declares it
+# and as its JPEG must say too): scanners write 240-1024 px tiles; a larger
+# declared size is a broken or hostile file, refused before any byte is read.
+MAX_TIFF_TILE_PX = 4096
+
 # The tissue thumbnail (Otsu, the "none" grid, GeoJSON rasterising, QC picture,
 # a served tissue model's input) has at most this many pixels: 2^25 is 96 MiB
 # of RGB and about 500 MB at the tissue mask's peak. At 4 um/px it covers

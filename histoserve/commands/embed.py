@@ -33,7 +33,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-from histoserve.embedding.config import LAYOUTS, MODES, PROGRESS, EmbedConfig
+from histoserve.embedding.config import LAYOUTS, MODES, PROGRESS, READERS, RESIZES, EmbedConfig
 from histoserve.text import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -172,6 +172,16 @@ def _scale_flags(parser: argparse.ArgumentParser) -> None:
     )
     add("--no-qc", dest="qc", action="store_false", help="no qc/ pictures and no report.html")
     add("--overlap", type=int, metavar="PX", help="pixels neighbouring tiles share")
+    add(
+        "--reader",
+        choices=READERS,
+        help="native: JPEG-tiled TIFF/SVS read directly (OpenSlide's pixels); auto: where it applies",
+    )
+    add(
+        "--resize",
+        choices=RESIZES,
+        help="read squares to tiles: the spec's filter, area averaging, or a reduced JPEG decode",
+    )
     add("--slide-model", help="a served slide model run over each slide's features when done")
     add(
         "--slide-url",

@@ -17,6 +17,8 @@ from pathlib import Path
 from histoserve.errors import UsageError
 from histoserve.limits import DEFAULT_MAX_TILES_PER_SLIDE, MAX_READ_PX, mpp_problem
 from histoserve.remote.auth import Credentials, check_url, redact_url
+from histoserve.slides.readers import READERS
+from histoserve.slides.resample import RESIZES
 from histoserve.wire import MODES
 
 LAYOUTS = ("flat", "trident", "clam")
@@ -92,6 +94,10 @@ class EmbedConfig:
         slide_urls: Where ``slide_model`` is served (default: the ``--url`` servers).
         overlap: Pixels (at the tile mpp) neighbouring tiles share (TRIDENT's
             ``--overlap``; less than the tile size, checked once it is known).
+        reader: ``auto`` (the native JPEG-TIFF reader where it applies, else
+            OpenSlide), ``openslide`` or ``native`` (:mod:`histoserve.slides.readers`).
+        resize: How larger read squares become tiles: ``bicubic``, ``area`` or
+            ``reduced`` (:mod:`histoserve.slides.resample`).
     """
 
     urls: tuple[str, ...]
@@ -128,6 +134,8 @@ class EmbedConfig:
     slide_model: str | None = None
     slide_urls: tuple[str, ...] = ()
     overlap: int = 0
+    reader: str = "auto"
+    resize: str = "bicubic"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -171,6 +179,12 @@ class EmbedConfig:
             raise UsageError("no slides given: pass slide paths or --manifest slides.csv")
         if self.mode not in MODES:
             raise UsageError(f"--mode {self.mode!r}: must be one of {', '.join(MODES)}")
+        for flag, value, choices in (
+            ("--reader", self.reader, READERS),
+            ("--resize", self.resize, RESIZES),
+        ):
+            if value not in choices:
+                raise UsageError(f"{flag} {value!r}: must be one of {', '.join(choices)}")
         if self.layout not in LAYOUTS:
             raise UsageError(f"--layout {self.layout!r}: must be one of {', '.join(LAYOUTS)}")
         if self.slide_model is not None and self.mode == "prediction":

@@ -84,6 +84,10 @@ RUN_SETTINGS: tuple[Setting, ...] = (
     Setting("resize_interpolation", "resize interpolation (the model's spec)", _interpolation),
     Setting("layout", "layout (--layout)", lambda c: c.config.layout, omit="flat"),
     Setting("overlap", "overlap (--overlap)", lambda c: c.config.overlap, omit=0, attr="overlap"),
+    Setting("reader", "slide reader (--reader)", lambda c: c.config.reader, omit="auto",
+            attr="reader"),
+    Setting("resize", "resize (--resize)", lambda c: c.config.resize, omit="bicubic",
+            attr="resize"),
 )
 # fmt: on
 _BY_KEY = {s.key: s for s in RUN_SETTINGS}

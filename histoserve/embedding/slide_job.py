@@ -54,6 +54,7 @@ from histoserve.slides.grid import (
 )
 from histoserve.slides.manifest import SlideEntry
 from histoserve.slides.readers import MppInfo, SlideReader, resolve_mpp
+from histoserve.slides.tiff.native import TileCache
 from histoserve.tissue.detect import THUMB_MPP, thumbnail
 from histoserve.tissue.masks import TissueMap, find_tissue, mask_file
 
@@ -141,6 +142,7 @@ def plan_slide(
         max_tiles=cfg.max_tiles_per_slide,
         interpolation=interpolation_of(ctx.info.spec, ctx.info.model),
         overlap=cfg.overlap,
+        resize=cfg.resize,
     )
     mask_path = mask_file(entry.slide_id, entry.mask, cfg.masks)
 
@@ -149,6 +151,7 @@ def plan_slide(
 
     tissue = find_tissue(reader, mpp, plan, cfg.tissue, mask_path, model_mask)
     attrs = {**plan_attrs(reader, plan), "resize_interpolation": plan.interpolation}
+    attrs.update(reader=cfg.reader, resize=cfg.resize)  # the reader used: slide_backend
     if mask_path is not None:
         attrs.update(tissue="mask", mask=str(mask_path))
     return plan, tissue, attrs
@@ -172,13 +175,13 @@ def embed_slide(
         CorruptTiles: After writing, when some tiles could not be read.
     """
     cfg = ctx.config
-    with SlideReader.open(entry.path) as reader:
+    with SlideReader.open(entry.path, cfg.reader) as reader:
         plan, tissue, slide_attrs = plan_slide(ctx, entry, reader)
         keep = tissue.fractions >= cfg.min_tissue
         coords, fractions = plan.coords[keep], tissue.fractions[keep].astype(np.float32)
         write_qc = _qc_writer(ctx, entry, reader, plan, tissue, coords)
     on_started(len(coords))
-    readers = _ThreadReaders(entry.path, plan, coords, cfg.batch_size)
+    readers = _ThreadReaders(entry.path, plan, coords, cfg.batch_size, cfg.reader)
     try:
         assembled = run_batches(
             len(coords),
@@ -194,7 +197,10 @@ def embed_slide(
     finally:
         readers.close()
     all_attrs = {**attrs, **slide_attrs}
-    return _write(ctx, entry, coords, fractions, assembled, all_attrs, write_qc, before_commit)
+    try:
+        return _write(ctx, entry, coords, fractions, assembled, all_attrs, write_qc, before_commit)
+    except CorruptTiles as exc:  # say why the first bad tile was bad (file, tile, reason)
+        raise CorruptTiles(f"{exc}; first: {readers.first_error}", exc.bad) from exc
 
 
 def _qc_writer(
@@ -299,11 +305,18 @@ def _sender(
 
 
 class _ThreadReaders:
-    """One slide handle per reader thread; bad tiles found tile by tile on fresh handles."""
+    """One slide handle per reader thread; bad tiles found tile by tile on fresh handles.
 
-    def __init__(self, path: Path, plan: TilePlan, coords: np.ndarray, batch_size: int):
+    The native reader's decoded slide tiles are shared by the threads (one
+    :class:`TileCache` per slide, bounded in bytes).
+    """
+
+    def __init__(
+        self, path: Path, plan: TilePlan, coords: np.ndarray, batch_size: int, kind: str = "auto"
+    ):
         self._path, self._plan, self._coords = path, plan, coords
-        self._batch_size = batch_size
+        self._batch_size, self._kind, self._cache = batch_size, kind, TileCache()
+        self.first_error = ""
         self._local = threading.local()
         self._all: list[SlideReader] = []
         self._lock = threading.Lock()
@@ -311,7 +324,8 @@ class _ThreadReaders:
     def _reader(self) -> SlideReader:
         reader = getattr(self._local, "reader", None)
         if reader is None:
-            reader = self._local.reader = SlideReader.open(self._path)
+            reader = SlideReader.open(self._path, self._kind, self._cache)
+            self._local.reader = reader
             with self._lock:
                 self._all.append(reader)
         return reader
@@ -338,8 +352,8 @@ class _ThreadReaders:
                     tiles[i] = read_tile(reader, self._plan, xy)
                     ok[i] = True
                     break
-                except Exception:  # recorded as a bad tile below when both tries fail
-                    continue
+                except Exception as exc:  # recorded as a bad tile below when both tries fail
+                    self.first_error = self.first_error or str(exc)
         reader.reopen()
         return tiles, ok
 

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
 from histoserve.errors import SlideError
 from histoserve.limits import (
@@ -41,14 +40,7 @@ from histoserve.limits import (
     MAX_SLIDE_PIXELS,
 )
 from histoserve.slides.readers import MppInfo, SlideReader
-
-# Spec interpolation names -> Pillow filters (Pillow antialiases all of them when reducing).
-INTERPOLATIONS = {
-    "bicubic": Image.Resampling.BICUBIC,
-    "bilinear": Image.Resampling.BILINEAR,
-    "lanczos": Image.Resampling.LANCZOS,
-    "box": Image.Resampling.BOX,
-}
+from histoserve.slides.resample import INTERPOLATIONS, RESIZES, reduced_factor, resize_square
 
 
 @dataclass(frozen=True)
@@ -73,6 +65,8 @@ class TilePlan:
         overlap: Pixels (at the target mpp) a tile shares with its neighbour
             (``--overlap``, TRIDENT's ``overlap``); the grid step at level 0 is
             :attr:`step_level0`.
+        resize: How a larger read square becomes the tile (``--resize``, one of
+            ``RESIZES``; :mod:`~histoserve.slides.resample`).
     """
 
     target_mpp: float
@@ -87,6 +81,7 @@ class TilePlan:
     level0_height: int
     interpolation: str = "bicubic"
     overlap: int = 0
+    resize: str = "bicubic"
 
     @property
     def step_level0(self) -> int:
@@ -141,10 +136,12 @@ def plan_tiles(
     max_tiles: int = DEFAULT_MAX_TILES_PER_SLIDE,
     interpolation: str = "bicubic",
     overlap: int = 0,
+    resize: str = "bicubic",
 ) -> TilePlan:
     """Plan the tiles of ``reader``'s slide at ``target_mpp`` and ``tile_size``.
 
-    ``overlap``: pixels at the target mpp neighbouring tiles share (0: none).
+    ``overlap``: pixels at the target mpp neighbouring tiles share (0: none);
+    ``resize``: one of ``RESIZES``.
 
     Reads no pixels: the size checks come first.
 
@@ -153,13 +150,18 @@ def plan_tiles(
             ``tolerance``, or an unknown ``interpolation``.
         SlideError: The slide is larger than glass, its grid has more than
             ``max_tiles`` tiles, a tile's read square is over ``MAX_READ_PX``, or
-            the target needs upsampling (see :func:`choose_level`).
+            the target needs upsampling (see :func:`choose_level`), or ``reduced``
+            cannot take the read square to the tile (not native, not 2x/4x/8x).
     """
     _check_arguments(target_mpp, tile_size, tolerance, interpolation)
+    if resize not in RESIZES:
+        raise ValueError(f"resize must be one of {RESIZES}, got {resize!r}")
     if not 0 <= overlap < tile_size:
         raise ValueError(f"overlap must be in [0, {tile_size}) px, got {overlap!r}")
     check_physical_size(reader, mpp)
     level, read_size, patch = _read_geometry(reader, mpp, target_mpp, tile_size, tolerance)
+    if resize == "reduced" and read_size != tile_size:
+        _check_reduced(reader, read_size, tile_size)
     bounds = reader.bounds()
     step = step_level0(patch, tile_size, overlap)
     _check_tile_count(reader, bounds, patch, max_tiles, step)
@@ -177,7 +179,22 @@ def plan_tiles(
         level0_height=height,
         interpolation=interpolation,
         overlap=int(overlap),
+        resize=resize,
     )
+
+
+def _check_reduced(reader: SlideReader, read_size: int, tile_size: int) -> None:
+    """SlideError unless a reduced-scale decode takes ``read_size`` px to ``tile_size`` exactly."""
+    why = None
+    if reader.backend != "native":
+        why = f"it is read with {reader.backend}, not the native reader (JPEG-tiled TIFF/SVS)"
+    elif reduced_factor(read_size, tile_size) is None:
+        why = f"{read_size} px to {tile_size} px is not an exact 2x, 4x or 8x step"
+    if why is not None:
+        raise SlideError(
+            f"slide {reader.path}: --resize reduced cannot make its tiles: {why}; use "
+            "--resize area or bicubic for this cohort"
+        )
 
 
 def _read_geometry(
@@ -279,22 +296,17 @@ def grid_coords(
     return np.stack([gx.ravel(), gy.ravel()], axis=1)
 
 
-def _resize(region: np.ndarray, tile_size: int, interpolation: str = "bicubic") -> np.ndarray:
-    if region.shape[0] == tile_size and region.shape[1] == tile_size:
-        return region
-    image = Image.fromarray(region).resize((tile_size, tile_size), INTERPOLATIONS[interpolation])
-    return np.asarray(image)
-
-
 def read_tile(reader: SlideReader, plan: TilePlan, xy: np.ndarray | tuple[int, int]) -> np.ndarray:
     """One tile at level-0 ``xy``: uint8 ``[tile_size, tile_size, 3]``.
 
     Raises:
         SlideError: The region cannot be read.
     """
-    size = (plan.read_size, plan.read_size)
-    region = reader.read_region((int(xy[0]), int(xy[1])), plan.read_level, size)
-    return _resize(region, plan.tile_size, plan.interpolation)
+    size, xy = (plan.read_size, plan.read_size), (int(xy[0]), int(xy[1]))
+    if plan.resize == "reduced" and plan.resized:
+        return reader.read_reduced(xy, plan.read_level, size, plan.read_size // plan.tile_size)
+    region = reader.read_region(xy, plan.read_level, size)
+    return resize_square(region, plan.tile_size, plan.interpolation, plan.resize)
 
 
 def read_tiles(reader: SlideReader, plan: TilePlan, coords: np.ndarray) -> np.ndarray:

@@ -4,7 +4,9 @@
 wheel: svs, ndpi, mrxs, scn, tiff, DICOM WSI given as a folder of ``.dcm``
 files or one of them, ...) and falls back to ``tiffslide`` (pure Python) for
 files OpenSlide does not open. Zeiss ``.czi`` files are read with
-``pylibCZIrw`` (:mod:`~histoserve.slides.readers_czi`). A TIFF whose tile data runs past
+``pylibCZIrw`` (:mod:`~histoserve.slides.readers_czi`). ``reader="auto"``
+or ``"native"`` reads JPEG-tiled TIFF and Aperio SVS directly
+(:mod:`~histoserve.slides.tiff.native`, OpenSlide's pixels). A TIFF whose tile data runs past
 the end of the file (a broken copy) is refused at open with a clear message,
 because tiffslide would otherwise open it and fail tile by tile. Backend
 errors become :class:`~histoserve.errors.SlideError` so that one bad
@@ -38,10 +40,12 @@ from histoserve.errors import SlideError
 # writer's default (72 dpi is 352.8 um/px), not a microscope's scale. The same
 # range holds --mpp-override, --target-mpp and the manifest's mpp column.
 from histoserve.limits import PLAUSIBLE_MPP
+from histoserve.slides.tiff.checks import check_tiff_complete
 
 _FIX = "give it with --mpp-override X or the manifest's mpp column"
-_BACKENDS = ("openslide", "tiffslide", "czi")
-_TIFF_SUFFIXES = (".tif", ".tiff", ".svs", ".btf", ".tf8", ".qptiff", ".scn", ".ndpi", ".bif")
+_BACKENDS = ("openslide", "tiffslide", "czi", "native")
+READERS = ("auto", "openslide", "native")
+"""``--reader``: native where it applies (auto), never, or always (a slide it cannot read fails)."""
 
 
 class SlideReader:
@@ -49,7 +53,7 @@ class SlideReader:
 
     Attributes:
         path: The slide file.
-        backend: ``"openslide"``, ``"tiffslide"`` or ``"czi"``.
+        backend: ``"openslide"``, ``"tiffslide"``, ``"czi"`` or ``"native"``.
         dimensions: Level-0 ``(w, h)``.
         level_dimensions: ``(w, h)`` per level.
         level_downsamples: Downsample of each level relative to level 0.
@@ -83,18 +87,29 @@ class SlideReader:
         self.properties: Mapping[str, str] = dict(properties)
 
     @classmethod
-    def open(cls, path: Path) -> SlideReader:
+    def open(cls, path: Path, reader: str = "openslide", cache: Any = None) -> SlideReader:
         """Open ``path`` with OpenSlide, else tiffslide (``.czi``: pylibCZIrw; a folder: DICOM).
 
+        ``reader`` (one of ``READERS``): ``auto`` reads natively where
+        :mod:`~histoserve.slides.tiff.native` applies, ``native`` only so;
+        ``cache``: a shared :class:`~histoserve.slides.tiff.native.TileCache`.
+
         Raises:
-            SlideError: The file is missing, truncated, or neither backend opens it.
+            SlideError: The file is missing, truncated, or neither backend opens
+                it; ``native`` on a slide the native reader cannot read (why).
         """
         path = Path(path)
+        if reader not in READERS:
+            raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
         if path.suffix.lower() == ".czi" and path.is_file():
             return cls(_open_czi(path), path, "czi")
         if not _openslide_target(path).is_file():
             raise SlideError(f"slide file not found: {path} (a folder must hold DICOM files)")
-        _check_tiff_complete(path)
+        check_tiff_complete(path)
+        if reader != "openslide":
+            native = _open_native(path, cache, reader == "native")
+            if native is not None:
+                return cls(native, path, "native")
         handle, backend, first_error = _open_openslide(path), "openslide", None
         if isinstance(handle, Exception):
             first_error, handle, backend = handle, _open_tiffslide(path), "tiffslide"
@@ -146,10 +161,12 @@ class SlideReader:
         """
         x, y = int(xy_level0[0]), int(xy_level0[1])
         try:
-            if self.backend in ("openslide", "czi"):
+            if self.backend in ("openslide", "czi", "native"):
                 region = np.asarray(self._handle.read_region((x, y), level, size))
             else:
                 region = np.asarray(self._handle.read_region((x, y), level, size, as_array=True))
+        except SlideError:
+            raise
         except Exception as exc:  # the backends raise many types for a corrupt tile
             raise SlideError(
                 f"slide {self.path}: cannot read region x={x} y={y} level={level} size={size}: "
@@ -157,11 +174,26 @@ class SlideReader:
             ) from exc
         return _to_rgb(region)
 
+    def read_reduced(
+        self, xy_level0: tuple[int, int], level: int, size: tuple[int, int], factor: int
+    ) -> np.ndarray:
+        """``size`` px at ``level`` decoded at 1/``factor`` (native reader only; ``--resize reduced``).
+
+        Raises:
+            SlideError: Not read natively, or a tile cannot be decoded.
+        """
+        if self.backend != "native":
+            raise SlideError(f"slide {self.path}: a reduced-scale decode needs the native reader")
+        return self._handle.read_reduced(xy_level0, level, size, factor)
+
     def reopen(self) -> None:
         """Replace the handle with a fresh one (after a read error OpenSlide's handle is dead)."""
         old = self._handle
-        if self.backend == "czi":
-            self._handle = _open_czi(self.path)
+        if self.backend in ("czi", "native"):
+            if self.backend == "czi":
+                self._handle = _open_czi(self.path)
+            else:  # the same decoded-tile cache: a fresh handle, the same slide
+                self._handle = _open_native(self.path, old.cache, True)
             _close_quietly(old)
             return
         fresh = _open_openslide(self.path) if self.backend == "openslide" else None
@@ -215,6 +247,21 @@ def _open_czi(path: Path) -> Any:
         raise SlideError(f"cannot open CZI slide {path}: {type(exc).__name__}: {exc}") from exc
 
 
+def _open_native(path: Path, cache: Any, required: bool) -> Any:
+    """A :class:`~histoserve.slides.tiff.native.NativeTiff`, else None (SlideError if required)."""
+    from histoserve.slides.tiff.native import NativeTiff, NotNative
+
+    try:
+        return NativeTiff.open(path, cache)
+    except NotNative as exc:
+        if required:
+            raise SlideError(
+                f"slide {path}: --reader native cannot read it: {exc}; use --reader auto "
+                "(OpenSlide where the native reader does not apply) or --reader openslide"
+            ) from exc
+        return None
+
+
 def _open_openslide(path: Path) -> Any:
     try:
         import openslide
@@ -231,55 +278,6 @@ def _open_tiffslide(path: Path) -> Any:
         return tiffslide.TiffSlide(path)
     except Exception as exc:  # tifffile raises many types on a non-TIFF or broken file
         return exc
-
-
-def _check_tiff_complete(path: Path) -> None:
-    """Refuse a TIFF whose tile data or IFD chain runs past the end of the file.
-
-    Reads only the TIFF directories (tile offset and byte-count arrays), not the
-    pixels. Files that are not TIFF are left to the backends.
-    """
-    if path.suffix.lower() not in _TIFF_SUFFIXES:
-        return
-    import tifffile
-
-    size = path.stat().st_size
-    try:
-        with tifffile.TiffFile(path) as tif:
-            pages = list(tif.pages)
-            if pages and _next_ifd_offset(tif, pages[-1].offset) >= size:
-                raise SlideError(
-                    f"slide {path} is truncated: its directory chain points past the end of "
-                    f"the file ({size} bytes); copy the slide again"
-                )
-            for index, page in enumerate(pages):
-                offsets = np.asarray(page.dataoffsets, dtype=np.int64)
-                counts = np.asarray(page.databytecounts, dtype=np.int64)
-                end = int((offsets + counts).max()) if offsets.size else 0
-                if end > size:
-                    raise SlideError(
-                        f"slide {path} is truncated: image {index} needs {end} bytes but the "
-                        f"file has {size}; copy the slide again"
-                    )
-    except SlideError:
-        raise
-    except Exception:  # not a TIFF tifffile understands: OpenSlide decides
-        return
-
-
-def _next_ifd_offset(tif: Any, ifd_offset: int) -> int:
-    """The "next IFD" pointer stored after the directory at ``ifd_offset`` (0: last one)."""
-    import struct
-
-    header = tif.tiff
-    handle = tif.filehandle
-    handle.seek(ifd_offset)
-    (count,) = struct.unpack(header.tagnoformat, handle.read(header.tagnosize))
-    handle.seek(ifd_offset + header.tagnosize + count * header.tagsize)
-    raw = handle.read(header.offsetsize)
-    if len(raw) < header.offsetsize:
-        return 1 << 62  # the directory itself is cut short
-    return int(struct.unpack(header.offsetformat, raw)[0])
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,155 @@
+"""A JPEG-compressed TIFF tile as one decodable stream, decoded exactly as OpenSlide does.
+
+A TIFF's JPEG tile is often an abbreviated stream: its quantisation and
+Huffman tables sit once per page in the ``JPEGTables`` tag (347).
+:func:`tile_stream` makes a whole stream of one tile: SOI, an Adobe APP14
+marker saying YCbCr (transform 1), the shared tables' segments, then the
+tile's own segments after its SOI, with any JFIF APP0 or Adobe APP14 of the
+tile left out.
+
+Why the forced YCbCr: OpenSlide 4.0.1 decodes every three-component JPEG
+tile of an Aperio or generic TIFF as YCbCr, whatever its markers say
+(measured on generated TIFFs: a tile coded in RGB, with an Adobe transform-0
+marker or components named R, G, B, comes out with its colours converted as
+if it were YCbCr). The marker makes libjpeg-turbo take the same path on
+every tile, so the pixels are OpenSlide's. A slide whose tiles really are
+RGB-coded is not read natively (:func:`jpeg_problem` says so), so the native
+reader never gives pixels it knows to be wrong, nor pixels that differ from
+OpenSlide's.
+
+Decoding is libjpeg-turbo through ``simplejpeg`` with libjpeg's defaults
+(accurate integer DCT, fancy upsampling), as OpenSlide decodes, and strict:
+a libjpeg warning (corrupt data, a premature end) is an error, as OpenSlide
+makes it. The header is read first: a tile whose JPEG does not declare the
+TIFF's tile size is refused before its pixels are allocated.
+
+A stream (:func:`tile_stream`) is also what a V2 input carrying the slide's
+own tiles would send: the tables are spliced in, nothing is decoded.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+SOI, EOI, SOS, APP0, APP14 = 0xD8, 0xD9, 0xDA, 0xE0, 0xEE
+# Huffman-coded frames (baseline, extended, progressive): what OpenSlide's libjpeg decodes.
+_HUFFMAN_FRAMES = (0xC0, 0xC1, 0xC2)
+_ALL_FRAMES = (*_HUFFMAN_FRAMES, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF)
+_STANDALONE = (0x01, *range(0xD0, 0xD8))
+_ADOBE_YCBCR = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x01"
+# Component ids 'R', 'G', 'B': libjpeg reads such a frame as RGB-coded.
+_RGB_IDS = (82, 71, 66)
+
+
+class JpegTileError(ValueError):
+    """A tile's JPEG data is malformed, truncated or not the size the TIFF declares."""
+
+
+def segments(data: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
+    """The marker segments after SOI up to the first SOS, and the rest (SOS onwards).
+
+    Raises:
+        JpegTileError: No SOI, a segment running past the data, no SOS or EOI.
+    """
+    if data[:2] != b"\xff\xd8":
+        raise JpegTileError("no JPEG start-of-image marker")
+    out, i, size = [], 2, len(data)
+    while i < size:
+        if data[i] != 0xFF:
+            raise JpegTileError(f"expected a marker at byte {i}, found 0x{data[i]:02x}")
+        while i < size and data[i] == 0xFF:  # fill bytes
+            i += 1
+        if i >= size:
+            break
+        marker = data[i]
+        if marker in (SOS, EOI):
+            return out, data[i - 1 :]
+        if marker in _STANDALONE:
+            i += 1
+            continue
+        if i + 3 > size:
+            break
+        (length,) = struct.unpack(">H", data[i + 1 : i + 3])
+        if length < 2 or i + 1 + length > size:
+            raise JpegTileError(f"marker 0x{marker:02x} at byte {i} runs past the data")
+        out.append((marker, data[i - 1 : i + 1 + length]))
+        i += 1 + length
+    raise JpegTileError("the data ends before its scan (truncated)")
+
+
+def tile_stream(tables: bytes | None, tile: bytes) -> bytes:
+    """One tile as a whole JPEG stream decoded as YCbCr (see the module's docstring).
+
+    Raises:
+        JpegTileError: Malformed tables or tile headers.
+    """
+    own, rest = segments(tile)
+    parts = [b"\xff\xd8", _ADOBE_YCBCR]
+    if tables:
+        shared, _ = segments(tables)
+        parts += [seg for marker, seg in shared if marker not in (APP0, APP14)]
+    parts += [seg for marker, seg in own if marker not in (APP0, APP14)]
+    parts.append(rest)
+    return b"".join(parts)
+
+
+def jpeg_problem(tables: bytes | None, tile: bytes) -> str | None:
+    """Why a page whose tile this is cannot be decoded as OpenSlide does (None: it can).
+
+    Looks at the markers only: the frame (Huffman-coded, three 8-bit components)
+    and the colour coding (RGB-coded tiles are left to OpenSlide).
+    """
+    try:
+        own, _ = segments(tile)
+        shared = segments(tables)[0] if tables else []
+    except JpegTileError as exc:
+        return f"its first tile is not JPEG data ({exc})"
+    frames = [seg for marker, seg in own + shared if marker in _ALL_FRAMES]
+    if not frames or frames[0][1] not in _HUFFMAN_FRAMES:
+        return "its JPEG tiles are not Huffman-coded (lossless, arithmetic or none)"
+    frame = frames[0]
+    if len(frame) < 10 or frame[4] != 8 or frame[9] != 3:
+        return "its JPEG tiles are not three 8-bit components"
+    ids = tuple(frame[10 + 3 * k] for k in range(3)) if len(frame) >= 19 else ()
+    adobe = [seg for marker, seg in own + shared if marker == APP14 and seg[4:9] == b"Adobe"]
+    if ids == _RGB_IDS or (adobe and len(adobe[0]) > 15 and adobe[0][15] == 0):
+        return "its JPEG tiles are RGB-coded (OpenSlide converts them as YCbCr)"
+    return None
+
+
+def decode_tile(stream: bytes, width: int, height: int, factor: int = 1) -> np.ndarray:
+    """Decode a whole tile stream at 1/``factor`` scale: uint8 ``[h, w, 3]`` RGB.
+
+    ``factor`` 1, 2, 4 or 8 (libjpeg-turbo's DCT scaling); the result is
+    ``ceil(height / factor) x ceil(width / factor)``.
+
+    Raises:
+        JpegTileError: The JPEG declares another size than ``width x height``,
+            or its data is corrupt or truncated.
+    """
+    import simplejpeg
+
+    want = (-(-height // factor), -(-width // factor), 3)
+    try:
+        h, w, _, _ = simplejpeg.decode_jpeg_header(stream)
+    except ValueError as exc:
+        raise JpegTileError(f"unreadable JPEG header ({exc})") from exc
+    if (w, h) != (width, height):
+        raise JpegTileError(f"its JPEG says {w}x{h} px, the TIFF's tiles are {width}x{height}")
+    try:
+        pixels = simplejpeg.decode_jpeg(  # the scale is the least at least min_height/width
+            stream,
+            colorspace="RGB",
+            fastdct=False,
+            fastupsample=False,
+            min_height=want[0],
+            min_width=want[1],
+            min_factor=factor,
+        )
+    except ValueError as exc:
+        raise JpegTileError(f"corrupt JPEG data ({exc})") from exc
+    if pixels.shape != want:
+        raise JpegTileError(f"decoded at 1/{factor} to {pixels.shape}, expected {want}")
+    return pixels
