@@ -73,10 +73,17 @@ def test_auto_reads_jpeg_svs_natively_and_the_rest_with_openslide_and_resumes_by
         return by_status(status_rows(tmp_path)[len(rows) :])
 
     assert statuses() == {"skipped": ["b"]}
-    assert statuses("--reader", "openslide") == {"done": ["b"]}  # another hash: embedded again
+    refused = run_embed(folder / "b.svs", "--url", embedding_server.base, "--out", tmp_path,
+                        "--reader", "openslide")  # fmt: skip
+    assert (
+        refused.returncode == 2 and "slide reader (--reader): auto -> openslide" in refused.stderr
+    )
+    assert statuses("--reader", "openslide", "--force") == {
+        "done": ["b"]
+    }  # the folder's new record
     assert read_output(tmp_path / "b.h5")["attrs"]["slide_backend"] == "openslide"
     assert statuses("--reader", "openslide") == {"skipped": ["b"]}
-    assert statuses("--reader", "openslide", "--resize", "area") == {"done": ["b"]}
+    assert statuses("--reader", "openslide", "--resize", "area", "--force") == {"done": ["b"]}
 
 
 def test_resize_choices_on_slide_a_and_reduced_refused_without_the_native_reader(

@@ -66,7 +66,7 @@ def test_an_absent_key_means_its_old_behaviour_and_unknown_keys_are_compared(
     new = run_settings(_ctx(tmp_path))
     old = {k: v for k, v in new.items() if k not in ("layout", "overlap")}
     assert differences(old, new) == []  # a record from before these settings existed
-    assert differences({**new, "reader": "native"}, new) == ["reader: native -> (none)"]
+    assert differences({**new, "later": "x"}, new) == ["later: x -> (none)"]
     assert differences({**new, "mpp_override": None}, {**new, "mpp_override": 0.25}) == [
         "mpp override (--mpp-override): (none) -> 0.25"
     ]
