@@ -40,13 +40,13 @@ import numpy as np
 
 from histoserve.errors import EmbedError, SlideError
 from histoserve.heads.head import HeadInfo, SlideAnswerCheck
-from histoserve.heads.picture_files import (
+from histoserve.heads.pictures import (
     PictureFiles,
     picture_files,
     remove_pictures,
     shown_answer,
+    write_pictures,
 )
-from histoserve.heads.pictures import write_pictures
 from histoserve.heads.results import (
     SlideAnswer,
     read_answer,

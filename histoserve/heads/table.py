@@ -13,7 +13,7 @@ result file (``slide_features_*/<id>.h5``, :mod:`~histoserve.heads.results`)
 under the folders given (``aggregate`` gives every TRIDENT coords folder of
 the job folder: runs of another magnification, tile size or overlap are rows
 of their own, their ``tiling`` naming their pictures,
-:mod:`~histoserve.heads.picture_files`), so it covers earlier runs and the other shards too;
+:mod:`~histoserve.heads.pictures`), so it covers earlier runs and the other shards too;
 the last shard to finish writes the whole table. It is a view of the results
 that hold now: a result whose features file vanished, or was replaced or
 rewritten since, has no row (:func:`~histoserve.heads.results.made_from_current`).

@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import quote
 
 from histoserve.atomic import atomic_path
-from histoserve.heads.picture_files import picture_base
+from histoserve.heads.pictures import picture_base
 from histoserve.heads.table import FIXED_COLUMNS, read_table
 from histoserve.results.status import STATUS_FILE, read_status_checked
 from histoserve.review.qc import QC_DIR, read_facts

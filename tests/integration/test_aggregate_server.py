@@ -8,13 +8,13 @@ binary REST and gRPC, the client in its own interpreter without torch or kserve.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
+from harness.embed import run_aggregate
 from harness.packages import copy_package_dir, demo_package
 from harness.server import Server, start_server
 from predictor.spec import BUILTIN_SPECS
@@ -44,14 +44,8 @@ def head(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _aggregate(folder: Path, *urls: str) -> subprocess.CompletedProcess:
-    code = (
-        "import sys; sys.modules.update(torch=None, kserve=None); "
-        "from histoserve.commands.main import main; sys.exit(main(['aggregate', *sys.argv[1:]]))"
-    )
     args = [str(folder), "--model", "abmil-demo", *(w for u in urls for w in ("--url", u))]
-    return subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
+    return run_aggregate(*args)
 
 
 def _folder(layout: str, root: Path) -> Path:

@@ -22,7 +22,7 @@ from histoserve.commands.embed import main as embed_main
 from histoserve.embedding.config import EmbedConfig
 from histoserve.embedding.pipeline import embed
 from histoserve.heads.aggregate import AggregateConfig, aggregate
-from histoserve.heads.picture_files import picture_files
+from histoserve.heads.pictures import picture_files
 from histoserve.heads.table import read_table
 from histoserve.results.sources import find_sources, read_features
 from tests.unit.histoserve.heads.features import TILE_CONFIG

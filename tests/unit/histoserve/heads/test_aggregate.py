@@ -20,7 +20,7 @@ import pytest
 from harness.slide_server import CLASSES, DIGEST, SlideServer
 from histoserve.commands.aggregate import main
 from histoserve.heads.aggregate import AggregateConfig, aggregate
-from histoserve.heads.picture_files import picture_files
+from histoserve.heads.pictures import picture_files
 from histoserve.heads.table import read_table
 from histoserve.results.sources import find_sources
 from tests.unit.histoserve.heads import features as ff
