@@ -41,6 +41,7 @@ from histoserve.heads.results import done_result, head_hash
 from histoserve.heads.slide_head import (
     HeadContext,
     pictures_behind,
+    remove_stale_temps,
     run_slide_head,
     settle_pictures,
 )
@@ -212,6 +213,7 @@ class _Runner:
         if claim is None:
             return "skipped", "being aggregated by another process"
         with claim:
+            remove_stale_temps(self.ctx, source)  # of a run killed while writing them
             if (done := self._done(source, claimed=True)) is not None:
                 return done
             return "done", run_slide_head(self.ctx, source)

@@ -142,6 +142,26 @@ def _pictures(
     )
 
 
+def remove_stale_temps(ctx: HeadContext, source: FeatureSource) -> None:
+    """Removes what a killed run left half-written of the slide's result and pictures.
+
+    Only under the slide's claim (no live process writes them then).
+
+    Raises:
+        SlideError: Their folder is unsafe (a symlink) or cannot be read.
+    """
+    from histoserve import atomic
+
+    try:
+        atomic.remove_stale_temps(result_path(source, ctx.info.model), root=source.root)
+        for path in ctx.pictures(source).all():
+            atomic.remove_stale_temps(path, root=ctx.out_dir)
+    except OSError as exc:
+        raise SlideError(
+            f"{source.path}: its result or pictures cannot be written ({exc})"
+        ) from exc
+
+
 def pictures_behind(ctx: HeadContext, source: FeatureSource, attrs: Mapping[str, Any]) -> bool:
     """Whether a done result's pictures need :func:`settle_pictures`.
 

@@ -121,9 +121,11 @@ def test_a_run_killed_while_drawing_leaves_no_picture_of_another_result_and_resu
     )
     assert killed.returncode == 137, killed.stderr
     _no_picture_of_another_result(out)
+    assert list(out.rglob(".*.tmp"))  # what the killed run was writing
     said = _aggregate(out, head_server)
     assert "case-1: done" in said
     _agree(out, out)
+    assert not list(out.rglob(".*.tmp"))
     assert _result(out)["prediction"].tolist() != _result(embedded[1])["prediction"].tolist()
 
 

@@ -277,3 +277,14 @@ def test_the_cli_runs_without_torch_or_kserve(tmp_path: Path, server: SlideServe
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert "1 done" in run.stderr
+
+
+def test_slides_that_is_no_folder_is_a_usage_error_before_any_slide(
+    tmp_path: Path, server: SlideServer, capsys: pytest.CaptureFixture
+) -> None:
+    _cohort("flat", tmp_path, 1)
+    args = [str(tmp_path), "--url", server.url, "--model", "abmil-demo"]
+    assert main([*args, "--slides", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert f"--slides {tmp_path / 'nowhere'}: no such folder of slides" in err
+    assert not (tmp_path / "slides_status.csv").exists()
