@@ -187,21 +187,26 @@ def settle_pictures(ctx: HeadContext, source: FeatureSource) -> str:
     """Redraws a done result's pictures from its file (without ``qc``: removes them); what was done.
 
     Raises:
-        SlideError: The result or the features file can no longer be read.
-        OSError: Older pictures cannot be removed.
+        SlideError: The result or the features file can no longer be read, or
+            older pictures cannot be removed.
     """
     files = ctx.pictures(source)
     read = read_answer(result_path(source, ctx.info.model))
     if read is None:
         raise SlideError(f"{source.path}: its slide result cannot be read back")
     answer, _, digest = read
-    if not ctx.qc or answer.attention is None:
-        remove_pictures(ctx.out_dir, *files.all())
-        return "pictures of another result removed"
-    sf = read_features(source.path)
-    note = write_pictures(
-        ctx.out_dir, files, ctx.info, sf, answer, digest, source.slide_id, ctx.slides_dir
-    )
+    try:
+        if not ctx.qc or answer.attention is None:
+            remove_pictures(ctx.out_dir, *files.all())
+            return "pictures of another result removed"
+        sf = read_features(source.path)
+        note = write_pictures(
+            ctx.out_dir, files, ctx.info, sf, answer, digest, source.slide_id, ctx.slides_dir
+        )
+    except OSError as exc:
+        raise SlideError(
+            f"{files.heatmap.parent}: older pictures cannot be removed ({exc})"
+        ) from exc
     return note or "pictures redrawn from its result (missing or of another result)"
 
 
