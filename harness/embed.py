@@ -4,6 +4,8 @@
   interpreter, so its ``tritonclient.grpc`` never meets the test process's kserve,
   and with ``torch`` and ``kserve`` unimportable there: every run proves the
   client side works without the server's dependencies (``pip install histoserve``);
+- :func:`run_aggregate`: ``histoserve aggregate`` the same way, from any
+  working folder, with an optional fault injected into that very process;
 - :func:`read_output`: one ``<slide_id>.h5`` as plain numpy arrays and attributes;
 - :func:`tiles_served`: a server's ``histoserve_tiles_total`` by outcome, from ``/metrics``;
 - :func:`independent_tiles`: tiles read straight from OpenSlide and resized with
@@ -14,6 +16,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import subprocess
 import sys
@@ -99,6 +102,29 @@ def run_embed_measured(
     )
     peak_kb = int(done.stderr.rsplit("peak_rss_kb=", 1)[1].split()[0])
     return done, peak_kb / 1024
+
+
+def run_aggregate(
+    *args: str | Path, cwd: Path = REPO, before: str = "", timeout_s: float = EMBED_TIMEOUT_S
+) -> subprocess.CompletedProcess:
+    """``histoserve aggregate ARGS`` run from ``cwd``, torch and kserve unimportable; output as text.
+
+    ``before``: Python run first in that interpreter (a fault put into the
+    very process, e.g. a drawing step that kills it with ``os._exit``).
+    """
+    code = (
+        "import sys; sys.modules.update(torch=None, kserve=None)\n"
+        f"{before}\n"
+        "from histoserve.commands.main import main; sys.exit(main(['aggregate', *sys.argv[1:]]))"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout_s, check=False, env=env,
+    )  # fmt: skip
 
 
 def read_output(path: Path) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Session fixtures: real demo ``.pt2`` packages and a live embedding server.
+"""Session fixtures: real demo ``.pt2`` packages, a live embedding server and a live slide head.
 
 Packages come from the on-disk cache in :mod:`harness.packages` (compiled once,
 shared across sessions and with the benchmark). Every ``*_package_dir``
@@ -71,6 +71,21 @@ def embedding_server(
         "8",
         "--max_latency_ms",
         "20",
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def head_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The real ``python -m predictor`` serving the ``abmil-demo`` slide head (200,000 tiles a slide).
+
+    One for the whole session: the tests that take it only send requests.
+    """
+    package = demo_package("abmil-demo", max_batch=200_000)  # test_slide_server's export
+    model_dir = _session_dir(tmp_path_factory, "abmil", package)
+    server = start_server(
+        model_dir, tmp_path_factory.mktemp("abmil-log"), "--model_name", "abmil-demo"
     )
     yield server
     server.stop()

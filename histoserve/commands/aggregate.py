@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--force", action="store_true", help="run slides that already have a result")
     add("--no-coords", dest="send_coords", action="store_false", help="send features only")
     add("--no-qc", dest="qc", action="store_false", help="no heatmaps, no QuPath GeoJSON")
+    add("--slides", dest="slides_dir", type=Path, metavar="DIR",
+        help="where to find the slides under the pictures, by file name or slide id, checked "
+        "against the features' recorded identity (default: each features file's recorded path)")  # fmt: skip
     add("--slides-in-flight", type=int, default=2, help="slides in progress at once")
     add("--timeout-s", type=float, default=300.0, help="per-request timeout")
     add("--max-attempts", type=int, default=8, help="attempts per request (503, 429, resets)")
@@ -76,6 +79,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Aggreg
         force=args.force,
         send_coords=args.send_coords,
         qc=args.qc,
+        slides_dir=args.slides_dir,
         slides_in_flight=args.slides_in_flight,
         timeout_s=args.timeout_s,
         max_attempts=args.max_attempts,

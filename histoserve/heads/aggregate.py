@@ -9,13 +9,15 @@ embed --slide-model`` calls once its tiles are done. In order:
 2. the head from the server (:func:`~histoserve.heads.head.fetch_head_info`);
 3. per slide: skipped when its result is complete with the same model,
    package and mode and was made from the features file as it is now
-   (unless ``force``); otherwise claimed (``.claims/<id>.<model>.head.lock``:
-   two processes never run one slide), run
-   (:func:`~histoserve.heads.slide_head.run_slide_head`) and one line
+   (unless ``force``), and its pictures are of that result (else they are
+   redrawn from it, or removed without ``qc``:
+   :func:`~histoserve.heads.slide_head.settle_pictures`); otherwise claimed
+   (``.claims/<id>.<model>.head.lock``: two processes never run one slide),
+   run (:func:`~histoserve.heads.slide_head.run_slide_head`) and one line
    in ``slides_status.csv`` (``done``, ``skipped``, ``failed`` with the reason,
-   formula-safe as ``status.csv``);
-4. ``slides.csv`` rebuilt from every result of the folder
-   (:mod:`~histoserve.heads.table`).
+   formula-safe as ``status.csv``; a slide without pictures says why);
+4. ``slides.csv`` rebuilt from every result of the folder, every TRIDENT
+   coords folder of the job folder included (:mod:`~histoserve.heads.table`).
 
 A slide that fails (a bad file, another width, a 4xx, retries used up, any
 surprise) fails alone with the file and the reason; the others go on.
@@ -35,17 +37,24 @@ from pathlib import Path
 
 from histoserve.errors import EmbedError, UsageError
 from histoserve.heads.head import fetch_head_info
-from histoserve.heads.results import head_hash, is_done
-from histoserve.heads.slide_head import HeadContext, run_slide_head
+from histoserve.heads.results import done_result, head_hash
+from histoserve.heads.slide_head import (
+    HeadContext,
+    pictures_behind,
+    remove_stale_temps,
+    run_slide_head,
+    settle_pictures,
+)
 from histoserve.heads.table import write_table
 from histoserve.remote.auth import Credentials, load_credentials
 from histoserve.remote.dispatch import Dispatcher, RetryPolicy
 from histoserve.remote.transport import RecyclePolicy
 from histoserve.results.claims import ClaimStore
-from histoserve.results.sources import FeatureSource, find_sources
+from histoserve.results.sources import FeatureSource, every_tiling, find_sources
 from histoserve.results.status import StatusLog
 
 SLIDES_STATUS_FILE = "slides_status.csv"
+ALREADY_DONE = "already done with this model and these features"
 logger = logging.getLogger("histoserve.aggregate")
 
 
@@ -67,6 +76,8 @@ class AggregateConfig:
         force: Run slides whose result is already complete.
         send_coords: Send ``coords`` beside the features.
         qc: Write heatmaps and QuPath GeoJSON.
+        slides_dir: Where to find the slides under the pictures (``--slides``; None:
+            each features file's recorded path), checked against the recorded identity.
         slides_in_flight: Slides in progress at once.
         timeout_s: Per-request timeout.
         max_attempts: Attempts per request.
@@ -85,6 +96,7 @@ class AggregateConfig:
     force: bool = False
     send_coords: bool = True
     qc: bool = True
+    slides_dir: Path | None = None
     slides_in_flight: int = 2
     timeout_s: float = 300.0
     max_attempts: int = 8
@@ -99,6 +111,10 @@ class AggregateConfig:
             raise UsageError(f"--slides-in-flight must be >= 1, got {self.slides_in_flight}")
         object.__setattr__(self, "features_dir", Path(self.features_dir))
         object.__setattr__(self, "out_dir", Path(self.out_dir or self.features_dir))
+        if self.slides_dir is not None:
+            object.__setattr__(self, "slides_dir", Path(self.slides_dir).absolute())
+            if not self.slides_dir.is_dir():
+                raise UsageError(f"--slides {self.slides_dir}: no such folder of slides")
 
 
 @dataclass
@@ -147,13 +163,13 @@ def aggregate(
     with Dispatcher.from_urls(config.urls, config.timeout_s, retry, recycle, creds) as dispatcher:
         ctx = HeadContext(
             info, dispatcher, config.out_dir, head_hash(info, config.send_coords),
-            config.send_coords, config.qc,
+            config.send_coords, config.qc, config.slides_dir,
         )  # fmt: skip
         runner = _Runner(ctx, config, summary, on_slide)
         with ThreadPoolExecutor(config.slides_in_flight, thread_name_prefix="head") as pool:
             list(pool.map(runner.run, mine))
     try:
-        write_table(config.out_dir, {s.root for s in sources})
+        write_table(config.out_dir, every_tiling(s.root for s in sources))
     except OSError as exc:
         logger.warning("slides.csv not written: %s", exc)
     summary.seconds = time.monotonic() - start
@@ -191,17 +207,29 @@ class _Runner:
         self._record(source, status, reason, time.monotonic() - start)
 
     def _run(self, source: FeatureSource) -> tuple[str, str]:
-        model, chash = self.ctx.info.model, self.ctx.config_hash
-        if not self.config.force and is_done(source, model, chash):
-            return "skipped", "already done with this model and these features"
-        claim = self.claims.try_claim(f"{source.slide_id}.{model}.head")
+        if (done := self._done(source, claimed=False)) is not None:
+            return done
+        claim = self.claims.try_claim(f"{source.slide_id}.{self.ctx.info.model}.head")
         if claim is None:
             return "skipped", "being aggregated by another process"
         with claim:
-            if not self.config.force and is_done(source, model, chash):
-                return "skipped", "already done with this model and these features"
-            run_slide_head(self.ctx, source)
-        return "done", ""
+            remove_stale_temps(self.ctx, source)  # of a run killed while writing them
+            if (done := self._done(source, claimed=True)) is not None:
+                return done
+            return "done", run_slide_head(self.ctx, source)
+
+    def _done(self, source: FeatureSource, claimed: bool) -> tuple[str, str] | None:
+        """``skipped`` and why when the result is done (its pictures settled once claimed)."""
+        if self.config.force:
+            return None
+        attrs = done_result(source, self.ctx.info.model, self.ctx.config_hash)
+        if attrs is None:
+            return None
+        if not pictures_behind(self.ctx, source, attrs):
+            return "skipped", ALREADY_DONE
+        if not claimed:
+            return None  # the pictures are redrawn under the slide's claim
+        return "skipped", f"{ALREADY_DONE}; {settle_pictures(self.ctx, source)}"
 
     def _record(self, source: FeatureSource, status: str, reason: str, seconds: float) -> None:
         reason = " ".join(reason.split())

@@ -1,175 +1,212 @@
-"""One slide's pictures of a slide head's answer, in ``qc/``.
+"""One slide's pictures of a head's answer in ``qc/``: their names, what they record, one unit.
 
-- ``qc/<id>.<model>.heatmap.jpg`` (:mod:`~histoserve.heads.heatmap`),
-  over the slide's thumbnail when the slide the features file was made from
-  can be read and is that slide, else over a blank canvas at the tiles'
-  extent with the reason in its title (:func:`verified_slide`: the slide is
-  opened by the absolute path its recorded identity names, not by the path
-  as ``embed`` was given it, and must have the recorded content digest and
-  level-0 size: a heatmap is never drawn over another slide);
-- ``qc/<id>.<model>.geojson`` (:mod:`~histoserve.heads.qupath`);
-- ``qc/<id>.<model>.top.jpg``: the :data:`TOP_K` tiles of highest attention
-  (the drawn branch) as crops, each read at the coarsest level that still
-  gives :data:`CROP_PX` pixels, labelled with rank, percentile and level-0
-  ``x, y`` (what CLAM users ask of its heatmap script: the coordinates of the
-  top tiles); only when the slide can be read (the coordinates are in the
-  GeoJSON and the result file all the same).
+Names (:func:`picture_files`): ``qc/<id>.<model>.heatmap.jpg``, ``.top.jpg``
+and ``.geojson``; for a TRIDENT job folder the coords folder the features
+come from is in the name too (``qc/<id>.<model>.20x_224px_0px_overlap.heatmap.jpg``,
+:func:`~histoserve.results.sources.tiling_of`), so runs of another
+magnification, tile size or overlap into one folder keep their own pictures.
 
-Each file is written whole under a temp name and renamed. Pictures are for
-people: what fails here (an unreadable slide, a full disk) is a warning,
-never a failed slide.
+Each picture records the :func:`~histoserve.heads.results.answer_sha256` of
+the result it shows: the JPEGs in their comment (``histoserve
+answer_sha256=<hex>``), the GeoJSON as its collection's ``answer_sha256``
+property. The heatmap is renamed into place after the others (and the result
+after it), so it speaks for the set: :func:`shown_answer` reads its comment
+(the JPEG header only, no pixels) and resume compares it with the result's.
+The pictures:
+
+- the heatmap (:mod:`~histoserve.heads.heatmap`), over the slide's thumbnail
+  when the slide the features were made from is found and verified
+  (:mod:`~histoserve.heads.background`; ``aggregate --slides DIR`` looks
+  there), else over a blank canvas at the tiles' extent with the reason in
+  its title: a heatmap is never drawn over another slide;
+- the QuPath GeoJSON (:mod:`~histoserve.heads.qupath`);
+- the top tiles: the :data:`TOP_K` tiles of highest attention (the drawn
+  branch) as crops, each read at the coarsest level that still gives
+  :data:`CROP_PX` pixels, labelled with rank, percentile and level-0 ``x, y``
+  (what CLAM users ask of its heatmap script); only when the slide is
+  verified (the coordinates are in the GeoJSON and the result file all the same).
+
+:func:`write_pictures` is all or nothing: the heatmap of this result is
+removed first, every picture is staged under a temp name, then the GeoJSON,
+the top tiles and the heatmap are renamed into place, the heatmap last (the
+result itself after them: :func:`~histoserve.heads.results.write_result`'s
+``before_replace``). A top-tiles sheet not drawn this time (the slide not
+verified) is removed, never left from an earlier run. What fails while
+drawing (a full disk, an unreadable region) leaves none of the slide's
+pictures, and the reason is returned for the slide's status line: pictures
+are for people, a slide never fails for them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-from collections.abc import Iterator
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from histoserve.atomic import atomic_path
-from histoserve.errors import SlideError
+from histoserve.atomic import atomic_path, open_folder, open_regular
 from histoserve.heads import heatmap, qupath
+from histoserve.heads.background import background, open_slide
 from histoserve.heads.head import HeadInfo
 from histoserve.heads.results import SlideAnswer
 from histoserve.results.sources import SlideFeatures
 
 QC_DIR = "qc"
+COMMENT_PREFIX = "histoserve answer_sha256="
 TOP_K = 8
 CROP_PX = 224
 _LABEL_PX = 34
 logger = logging.getLogger("histoserve.aggregate")
 
 
-def qc_paths(out_dir: Path, slide_id: str, model: str) -> tuple[Path, Path, Path]:
-    """``qc/<id>.<model>.heatmap.jpg``, ``.geojson`` and ``.top.jpg``."""
-    base = Path(out_dir) / QC_DIR / f"{slide_id}.{model}"
-    return Path(f"{base}.heatmap.jpg"), Path(f"{base}.geojson"), Path(f"{base}.top.jpg")
+@dataclass(frozen=True)
+class PictureFiles:
+    """The paths of one slide's pictures for one model (see the module docstring)."""
+
+    heatmap: Path
+    top: Path
+    geojson: Path
+
+    def all(self) -> tuple[Path, Path, Path]:
+        """The three, the heatmap first (it goes first and comes back last)."""
+        return self.heatmap, self.top, self.geojson
+
+
+def picture_base(slide_id: str, model: str, tiling: str = "") -> str:
+    """``<id>.<model>`` (``.<tiling>`` added when there is one): the pictures' shared name."""
+    return f"{slide_id}.{model}" + (f".{tiling}" if tiling else "")
+
+
+def picture_files(out_dir: Path, slide_id: str, model: str, tiling: str = "") -> PictureFiles:
+    """Where the slide's pictures go under ``out_dir/qc``."""
+    base = Path(out_dir) / QC_DIR / picture_base(slide_id, model, tiling)
+    return PictureFiles(
+        Path(f"{base}.heatmap.jpg"), Path(f"{base}.top.jpg"), Path(f"{base}.geojson")
+    )
+
+
+def jpeg_comment(digest: str) -> bytes:
+    """What a JPEG picture records of the result it shows."""
+    return f"{COMMENT_PREFIX}{digest}".encode("ascii")
+
+
+def recorded_answer(path: Path) -> str | None:
+    """The result digest the JPEG at ``path`` records; None when missing, unreadable or none."""
+    try:
+        with open(open_regular(path), "rb") as handle, Image.open(handle) as picture:
+            comment = picture.info.get("comment")
+    except Exception:  # PIL raises many kinds: any doubt is "no record"
+        return None
+    text = comment.decode("ascii", "replace") if isinstance(comment, bytes) else ""
+    return text[len(COMMENT_PREFIX) :] if text.startswith(COMMENT_PREFIX) else None
+
+
+def shown_answer(files: PictureFiles) -> str | None:
+    """The digest of the result the slide's pictures show; None when they are not all there."""
+    if not files.geojson.is_file():
+        return None
+    return recorded_answer(files.heatmap)
+
+
+def remove_pictures(out_dir: Path, *paths: Path) -> bool:
+    """Removes these pictures (in this order: a set's heatmap first); whether there were any.
+
+    Raises:
+        OSError: One cannot be removed (``qc/`` a symlink: UnsafeFolder).
+    """
+    removed = False
+    if not paths:
+        return False
+    with open_folder(Path(out_dir), paths[0].parent, create=False) as fd:
+        if fd is None:
+            return False
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path.name, dir_fd=fd)
+                removed = True
+    return removed
 
 
 def write_pictures(
-    out_dir: Path, slide_id: str, info: HeadInfo, sf: SlideFeatures, answer: SlideAnswer
+    out_dir: Path,
+    files: PictureFiles,
+    info: HeadInfo,
+    sf: SlideFeatures,
+    answer: SlideAnswer,
+    digest: str,
+    slide_id: str,
+    slides_dir: Path | None = None,
+) -> str:
+    """Writes the slide's pictures of the result ``digest`` (see the module docstring).
+
+    Returns ``""``, or why the slide has no pictures now (its older ones removed).
+
+    Raises:
+        OSError: An older picture cannot be removed (it would outlive its result).
+    """
+    remove_pictures(out_dir, files.heatmap)
+    try:
+        with contextlib.ExitStack() as stack:
+            _draw(stack, out_dir, files, info, sf, answer, digest, slides_dir, slide_id)
+        return ""  # renamed: the GeoJSON, the top tiles, then the heatmap
+    except Exception as exc:  # pictures are for people: never a failed slide
+        logger.warning("slide %s: pictures not written: %s", slide_id, exc)
+        remove_pictures(out_dir, *files.all())
+        return f"no pictures: {type(exc).__name__}: {exc}"
+
+
+def _draw(
+    stack: contextlib.ExitStack,
+    out_dir: Path,
+    files: PictureFiles,
+    info: HeadInfo,
+    sf: SlideFeatures,
+    answer: SlideAnswer,
+    digest: str,
+    slides_dir: Path | None,
+    slide_id: str,
 ) -> None:
-    """Writes the slide's pictures (see the module docstring); failures are warnings."""
-    jpg, geojson, top = qc_paths(out_dir, slide_id, info.model)
+    """Stages every picture in ``stack`` (renamed when it closes: last entered, first renamed)."""
+
+    def staged(path: Path) -> Path:
+        return stack.enter_context(atomic_path(path, root=out_dir))
+
+    comment = jpeg_comment(digest)
     drawn, branch = heatmap.drawn_attention(answer.attention, answer.prediction)
     text = heatmap.prediction_text(answer.prediction, info.classes, branch)
     if len(drawn) > 1 and float(np.ptp(drawn)) == 0.0:
         text += " | every tile has the same attention"
     pct = heatmap.percentiles(drawn)
-    try:
-        with _slide(sf) as (reader, why_not):
-            background, extent = _background(reader, sf)
-            title = f"{slide_id}  |  {info.model}  |  {len(sf.coords)} tiles"
-            if why_not:
-                title += f"  |  slide not drawn: {why_not}"
-            picture = heatmap.render_heatmap(
-                background, extent, sf.coords, sf.patch_level0, drawn, title, text, _mpp(sf)
-            )
-            _save(out_dir, jpg, lambda p: picture.save(p, "JPEG", quality=90))
-            if reader is not None:
-                sheet = _top_sheet(reader, sf, drawn, pct, f"{slide_id}: most attended tiles")
-                _save(out_dir, top, lambda p: sheet.save(p, "JPEG", quality=90))
-        props = {"slide_id": slide_id, "model": info.model, "prediction": text}
-        collection = qupath.detections(
-            sf.coords, sf.patch_level0, answer.attention, pct, info.classes, props
-        )
-        _save(out_dir, geojson, lambda p: p.write_text(qupath.dumps(collection), encoding="utf-8"))
-    except Exception as exc:  # pictures are for people: never a failed slide
-        logger.warning("slide %s: pictures not written: %s", slide_id, exc)
-
-
-def _save(out_dir: Path, path: Path, write: Any) -> None:
-    with atomic_path(path, root=out_dir) as tmp:
-        write(tmp)
+    reader, why_not = stack.enter_context(open_slide(sf, slide_id, slides_dir))
+    thumb, extent = background(reader, sf)
+    title = f"{slide_id}  |  {info.model}  |  {len(sf.coords)} tiles"
+    if why_not:
+        title += f"  |  slide not drawn: {why_not}"
+    picture = heatmap.render_heatmap(
+        thumb, extent, sf.coords, sf.patch_level0, drawn, title, text, _mpp(sf)
+    )
+    picture.save(staged(files.heatmap), "JPEG", quality=90, comment=comment)
+    if reader is not None:
+        sheet = _top_sheet(reader, sf, drawn, pct, f"{slide_id}: most attended tiles")
+        sheet.save(staged(files.top), "JPEG", quality=90, comment=comment)
+    else:
+        stack.callback(remove_pictures, out_dir, files.top)  # an older one; before the heatmap
+    props = {"slide_id": slide_id, "model": info.model, "prediction": text}
+    props["answer_sha256"] = digest
+    collection = qupath.detections(
+        sf.coords, sf.patch_level0, answer.attention, pct, info.classes, props
+    )
+    staged(files.geojson).write_text(qupath.dumps(collection), encoding="utf-8")
 
 
 def _mpp(sf: SlideFeatures) -> float | None:
     mpp = sf.attrs.get("level0_mpp")
     return float(mpp) if isinstance(mpp, int | float) and not isinstance(mpp, bool) else None
-
-
-def verified_slide(sf: SlideFeatures) -> tuple[Path | None, str]:
-    """The slide the features were made from, or None and why not (``""``: none recorded).
-
-    The features file records the slide's identity (its resolved absolute path,
-    size and sampled digest, :mod:`~histoserve.slides.identity`) and level-0
-    size. The slide at that path must still have that content; a path that
-    was relative where ``embed`` ran names another file elsewhere, and a file
-    moved since is not found (the blank canvas says so).
-    """
-    from histoserve.slides.identity import IDENTITY_ATTR, SlideIdentity, slide_identity
-
-    raw = sf.attrs.get(IDENTITY_ATTR)
-    recorded = SlideIdentity.from_attr(json.dumps(raw) if isinstance(raw, dict) else raw)
-    if recorded is None:
-        return None, "" if sf.slide_path is None else "the features record no slide identity"
-    path = Path(recorded.path)
-    try:
-        current = slide_identity(path)
-    except SlideError:
-        return None, f"{path.name} is not there any more"
-    if current.size != recorded.size or current.digest != recorded.digest:
-        return None, f"{path.name} is not the slide the features were made from"
-    return path, ""
-
-
-@contextlib.contextmanager
-def _slide(sf: SlideFeatures) -> Iterator[tuple[Any, str]]:
-    """The verified slide, open, and ``""``; or None and why it is not drawn."""
-    path, why_not = verified_slide(sf)
-    reader = None
-    if path is not None:
-        try:
-            from histoserve.slides.readers import SlideReader
-
-            reader = SlideReader.open(path)
-        except Exception as exc:  # pictures only: a blank canvas instead
-            why_not = f"{path.name} cannot be read ({type(exc).__name__})"
-    if reader is not None and not _same_size(reader, sf):
-        why_not = (
-            f"{path} is {reader.dimensions[0]}x{reader.dimensions[1]} px, not the size recorded"
-        )
-        reader.close()
-        reader = None
-    if why_not:
-        slide_id = sf.attrs.get("slide_id")
-        logger.warning("slide %s: heatmap drawn without its slide: %s", slide_id, why_not)
-    try:
-        yield reader, why_not
-    finally:
-        if reader is not None:
-            reader.close()
-
-
-def _same_size(reader: Any, sf: SlideFeatures) -> bool:
-    """Whether the open slide's level 0 is the size the features file records (when it does)."""
-    w, h = sf.attrs.get("level0_width"), sf.attrs.get("level0_height")
-    if not isinstance(w, int) or not isinstance(h, int):
-        return True
-    return tuple(int(v) for v in reader.dimensions) == (w, h)
-
-
-def _background(reader: Any, sf: SlideFeatures) -> tuple[np.ndarray | None, tuple[int, int]]:
-    """The slide's thumbnail and level-0 extent, else None and the tiles' extent."""
-    if reader is None:
-        return None, sf.extent
-    try:
-        from histoserve.slides.readers import MppInfo
-        from histoserve.tissue.detect import thumbnail
-
-        width, height = reader.dimensions
-        unit = MppInfo(1.0, "level-0 px")  # thumbnail scale in level-0 px per px
-        rgb, _ = thumbnail(reader, unit, max(width, height) / heatmap.DISPLAY_PX)
-        return rgb, (int(width), int(height))
-    except Exception as exc:  # pictures only: a blank canvas instead
-        logger.info("no thumbnail under the heatmap (%s)", exc)
-        return None, sf.extent
 
 
 def _top_sheet(

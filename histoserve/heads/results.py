@@ -10,9 +10,13 @@ features file's), ``coords`` ``[N, 2]``. Attributes: ``model``,
 features file, relative to ``<root>``), ``tile_model`` and
 ``tile_package_sha256`` (from the features file), ``config_hash``, the
 features file's digest and stat as the head's input was read
-(:mod:`~histoserve.results.siblings`) and ``complete`` (written last).
+(:mod:`~histoserve.results.siblings`), ``answer_sha256`` (:func:`answer_sha256`
+of its datasets: what the slide's pictures record of the result they show)
+and ``complete`` (written last).
 
-Written under a temp name and renamed (:func:`~histoserve.atomic.atomic_path`).
+Written under a temp name and renamed (:func:`~histoserve.atomic.atomic_path`);
+``before_replace`` runs once the file is whole, right before the rename, so
+what derives from it (the pictures) is in place before the result is.
 :func:`is_done` is resume: complete, the same ``config_hash`` (model,
 package, mode), and made from the features file as it is now (its stat, else
 its SHA-256): re-embedded features are aggregated again, and
@@ -21,8 +25,9 @@ its SHA-256): re-embedded features are aggregated again, and
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -37,6 +42,7 @@ from histoserve.results.sources import FeatureSource
 
 RESULTS_PREFIX = "slide_features_"
 RESULT_VERSION = "slide-head-v1"
+_DATASETS = ("features", "prediction", "attention", "coords")
 
 
 def results_dir(root: Path, model: str) -> Path:
@@ -78,11 +84,14 @@ def write_result(
     coords: np.ndarray,
     attrs: Mapping[str, Any],
     features_read: Mapping[str, Any],
+    before_replace: Callable[[str], None] | None = None,
 ) -> Path:
     """Writes the slide's result file; returns it.
 
     ``features_read`` is the features file's digest and stat as the head's
     input was read (``read_features(digest=True)``), never as it is now.
+    ``before_replace(answer_sha256)`` is called with the file whole, before
+    it is renamed into place; what it raises leaves the old result there.
 
     Raises:
         OSError: The folder cannot be written (or is a symlink: UnsafeFolder).
@@ -96,16 +105,39 @@ def write_result(
         "attention": answer.attention,
         "coords": np.asarray(coords, np.int64),
     }
+    digest = answer_sha256(datasets)
     siblings = record_of(source.root, {source.path: features_read})
-    with atomic_path(final, root=source.root, lock=False) as tmp, h5py.File(tmp, "w") as f:
+    hook = None if before_replace is None else lambda: before_replace(digest)
+    with (
+        atomic_path(final, root=source.root, before_replace=hook, lock=False) as tmp,
+        h5py.File(tmp, "w") as f,
+    ):
         for name, array in datasets.items():
             if array is not None:
                 f.create_dataset(name, data=np.asarray(array))
-        for key, value in {**attrs, **siblings}.items():
+        for key, value in {**attrs, **siblings, "answer_sha256": digest}.items():
             if value is not None:
                 f.attrs[key] = _attr(value)
         f.attrs["complete"] = True
     return final
+
+
+def answer_sha256(datasets: Mapping[str, np.ndarray | None]) -> str:
+    """SHA-256 of a result's datasets (name, dtype, shape and bytes, by name; None left out).
+
+    The same from the arrays written and from the file read back, so a
+    result written by an older histoserve (no ``answer_sha256`` attribute)
+    is digested from its datasets.
+    """
+    h = hashlib.sha256()
+    for name in sorted(datasets):
+        array = datasets[name]
+        if array is None:
+            continue
+        array = np.ascontiguousarray(array)
+        h.update(f"{name}|{array.dtype.str}|{list(array.shape)}|".encode())
+        h.update(array.tobytes())
+    return h.hexdigest()
 
 
 def result_attrs(
@@ -137,10 +169,15 @@ def _attr(value: Any) -> Any:
 
 def is_done(source: FeatureSource, model: str, chash: str) -> bool:
     """Whether ``source`` has a complete result with ``chash`` made from its features as now."""
+    return done_result(source, model, chash) is not None
+
+
+def done_result(source: FeatureSource, model: str, chash: str) -> dict[str, Any] | None:
+    """The attributes of ``source``'s result when :func:`is_done` holds, else None."""
     attrs = read_result_attrs(result_path(source, model))
     if attrs is None or attrs.get("config_hash") != chash:
-        return False
-    return not sibling_problem(source.root, source.path, attrs)
+        return None
+    return None if sibling_problem(source.root, source.path, attrs) else attrs
 
 
 def made_from_current(path: Path, attrs: Mapping[str, Any]) -> bool:
@@ -175,6 +212,19 @@ def read_result(path: Path) -> tuple[dict[str, Any], np.ndarray | None] | None:
 
     result = read_h5(path, read, (Exception,))  # h5py raises many kinds: any doubt is "not done"
     return result if result is not None and result[0].get("complete") else None
+
+
+def read_answer(path: Path) -> tuple[SlideAnswer, np.ndarray, str] | None:
+    """A complete result's answer, coords and :func:`answer_sha256` of them; None for any doubt."""
+
+    def read(f: Any) -> tuple[SlideAnswer, np.ndarray, str] | None:
+        if not f.attrs.get("complete") or "coords" not in f:
+            return None
+        got = {k: np.asarray(f[k][()]) if k in f else None for k in _DATASETS}
+        answer = SlideAnswer(got["prediction"], got["attention"], got["features"])
+        return answer, got["coords"], answer_sha256(got)
+
+    return read_h5(path, read, (Exception,))
 
 
 def _text(value: Any) -> Any:

@@ -13,10 +13,19 @@ just wrote), so both give the same numbers. In order:
    (INT64, unless ``send_coords`` is off); the answer checked
    (:class:`~histoserve.heads.head.SlideAnswerCheck`: retried
    elsewhere when wrong); a 4xx fails the slide with the server's message;
-3. ``slide_features_<model>/<id>.h5`` (:mod:`~histoserve.heads.results`);
-4. with ``qc``: the heatmap, the QuPath GeoJSON and the top tiles
-   (:mod:`~histoserve.heads.pictures`); a picture that cannot be
-   written is a warning, never a failed slide.
+3. ``slide_features_<model>/<id>.h5`` (:mod:`~histoserve.heads.results`)
+   and the slide's pictures as one unit: with ``qc``, the heatmap, the QuPath
+   GeoJSON and the top tiles (:mod:`~histoserve.heads.pictures`) staged and
+   renamed into place before the result is (a run killed in between leaves
+   the old result, which resume runs again or redraws for); without ``qc``
+   (or without attention) the slide's older pictures removed before it. So a
+   result never sits beside pictures of another one; pictures that cannot be
+   drawn leave none, said in the slide's status line, never a failed slide.
+
+:func:`pictures_behind` and :func:`settle_pictures` are resume's half: a
+done result whose pictures are missing or show another result (by the
+digest they record) gets them redrawn from the result file, the head not
+asked again; a run without ``qc`` removes such pictures.
 """
 
 from __future__ import annotations
@@ -31,10 +40,22 @@ import numpy as np
 
 from histoserve.errors import EmbedError, SlideError
 from histoserve.heads.head import HeadInfo, SlideAnswerCheck
-from histoserve.heads.pictures import write_pictures
-from histoserve.heads.results import SlideAnswer, result_attrs, write_result
+from histoserve.heads.pictures import (
+    PictureFiles,
+    picture_files,
+    remove_pictures,
+    shown_answer,
+    write_pictures,
+)
+from histoserve.heads.results import (
+    SlideAnswer,
+    read_answer,
+    result_attrs,
+    result_path,
+    write_result,
+)
 from histoserve.remote.dispatch import Dispatcher
-from histoserve.results.sources import FeatureSource, SlideFeatures, read_features
+from histoserve.results.sources import FeatureSource, SlideFeatures, read_features, tiling_of
 
 logger = logging.getLogger("histoserve.aggregate")
 
@@ -50,6 +71,7 @@ class HeadContext:
         config_hash: The results' hash (:func:`~histoserve.heads.results.head_hash`).
         send_coords: Send ``coords`` with the features.
         qc: Write the heatmap and the QuPath GeoJSON.
+        slides_dir: Where to look for the slides under the pictures (None: the recorded path).
     """
 
     info: HeadInfo
@@ -58,10 +80,17 @@ class HeadContext:
     config_hash: str
     send_coords: bool = True
     qc: bool = True
+    slides_dir: Path | None = None
+
+    def pictures(self, source: FeatureSource) -> PictureFiles:
+        """Where ``source``'s pictures for this model go."""
+        return picture_files(self.out_dir, source.slide_id, self.info.model, tiling_of(source.root))
 
 
-def run_slide_head(ctx: HeadContext, source: FeatureSource) -> SlideAnswer:
-    """Runs the head on ``source`` and writes its result (and pictures); returns the answer.
+def run_slide_head(ctx: HeadContext, source: FeatureSource) -> str:
+    """Runs the head on ``source`` and writes its result and pictures (see the module docstring).
+
+    Returns ``""``, or why the slide has no pictures (for its status line).
 
     Raises:
         SlideError: A bad features file, another width, the server refusing it
@@ -87,13 +116,98 @@ def run_slide_head(ctx: HeadContext, source: FeatureSource) -> SlideAnswer:
         _float(raw.get("slide_embedding")),
     )
     attrs = result_attrs(source, info, ctx.config_hash, sf.attrs)
+    note = ""
+
+    def pictures_first(digest: str) -> None:
+        nonlocal note
+        note = _pictures(ctx, source, sf, answer, digest)
+
     try:
-        write_result(source, info, answer, sf.coords, attrs, sf.record or {})
+        write_result(source, info, answer, sf.coords, attrs, sf.record or {}, pictures_first)
     except OSError as exc:
         raise SlideError(f"{source.path}: its slide result cannot be written ({exc})") from exc
-    if ctx.qc and answer.attention is not None:
-        write_pictures(ctx.out_dir, source.slide_id, info, sf, answer)
-    return answer
+    return note
+
+
+def _pictures(
+    ctx: HeadContext, source: FeatureSource, sf: SlideFeatures, answer: SlideAnswer, digest: str
+) -> str:
+    """The slide's pictures of the result ``digest``, or its older ones removed (without ``qc``)."""
+    files = ctx.pictures(source)
+    if not ctx.qc or answer.attention is None:
+        remove_pictures(ctx.out_dir, *files.all())
+        return ""
+    return write_pictures(
+        ctx.out_dir, files, ctx.info, sf, answer, digest, source.slide_id, ctx.slides_dir
+    )
+
+
+def remove_stale_temps(ctx: HeadContext, source: FeatureSource) -> None:
+    """Removes what a killed run left half-written of the slide's result and pictures.
+
+    Only under the slide's claim (no live process writes them then).
+
+    Raises:
+        SlideError: Their folder is unsafe (a symlink) or cannot be read.
+    """
+    from histoserve import atomic
+
+    try:
+        atomic.remove_stale_temps(result_path(source, ctx.info.model), root=source.root)
+        for path in ctx.pictures(source).all():
+            atomic.remove_stale_temps(path, root=ctx.out_dir)
+    except OSError as exc:
+        raise SlideError(
+            f"{source.path}: its result or pictures cannot be written ({exc})"
+        ) from exc
+
+
+def pictures_behind(ctx: HeadContext, source: FeatureSource, attrs: Mapping[str, Any]) -> bool:
+    """Whether a done result's pictures need :func:`settle_pictures`.
+
+    Pictures there that are not all of the result ``attrs`` names (its
+    ``answer_sha256``; a result from an older histoserve without it is
+    digested from its datasets): a set torn by a killed run, or another
+    result's. With ``qc``, also none there for a result with attention.
+    """
+    files = ctx.pictures(source)
+    shown = shown_answer(files)
+    result = result_path(source, ctx.info.model)
+    if shown is None and not any(p.exists() for p in files.all()):  # none there
+        read = read_answer(result) if ctx.qc else None
+        return read is not None and read[0].attention is not None
+    digest = attrs.get("answer_sha256")
+    if not isinstance(digest, str):
+        read = read_answer(result)
+        digest = read[2] if read is not None else None
+    return shown is None or shown != digest
+
+
+def settle_pictures(ctx: HeadContext, source: FeatureSource) -> str:
+    """Redraws a done result's pictures from its file (without ``qc``: removes them); what was done.
+
+    Raises:
+        SlideError: The result or the features file can no longer be read, or
+            older pictures cannot be removed.
+    """
+    files = ctx.pictures(source)
+    read = read_answer(result_path(source, ctx.info.model))
+    if read is None:
+        raise SlideError(f"{source.path}: its slide result cannot be read back")
+    answer, _, digest = read
+    try:
+        if not ctx.qc or answer.attention is None:
+            remove_pictures(ctx.out_dir, *files.all())
+            return "pictures of another result removed"
+        sf = read_features(source.path)
+        note = write_pictures(
+            ctx.out_dir, files, ctx.info, sf, answer, digest, source.slide_id, ctx.slides_dir
+        )
+    except OSError as exc:
+        raise SlideError(
+            f"{files.heatmap.parent}: older pictures cannot be removed ({exc})"
+        ) from exc
+    return note or "pictures redrawn from its result (missing or of another result)"
 
 
 def check_identity(info: HeadInfo, source: FeatureSource, sf: SlideFeatures) -> None:

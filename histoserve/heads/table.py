@@ -1,6 +1,8 @@
 """``slides.csv``: one row per slide and slide model, rebuilt from the result files on disk.
 
-Columns: ``slide_id``, ``model``, ``package_sha256``, ``tile_model``, then one
+Columns: ``slide_id``, ``model``, ``package_sha256``, ``tile_model``,
+``tiling`` (the TRIDENT coords folder the features come from,
+``20x_224px_0px_overlap``; empty for flat and CLAM folders), then one
 column per class (the class names the model's spec gives, ``class_<i>`` when
 it gives none; a name equal to a fixed column gets ``class:`` in front), the
 prediction's value for that class. Several models in one folder share the
@@ -8,7 +10,10 @@ file: each row has its own model's classes filled in, the others empty.
 
 Like ``report.html`` it is built at the end of every run from every complete
 result file (``slide_features_*/<id>.h5``, :mod:`~histoserve.heads.results`)
-under the folders given, so it covers earlier runs and the other shards too;
+under the folders given (``aggregate`` gives every TRIDENT coords folder of
+the job folder: runs of another magnification, tile size or overlap are rows
+of their own, their ``tiling`` naming their pictures,
+:mod:`~histoserve.heads.pictures`), so it covers earlier runs and the other shards too;
 the last shard to finish writes the whole table. It is a view of the results
 that hold now: a result whose features file vanished, or was replaced or
 rewritten since, has no row (:func:`~histoserve.heads.results.made_from_current`).
@@ -31,10 +36,11 @@ import numpy as np
 
 from histoserve.atomic import atomic_path, read_regular
 from histoserve.heads.results import RESULTS_PREFIX, made_from_current, read_result
+from histoserve.results.sources import tiling_of
 from histoserve.text import csv_cell, csv_text
 
 TABLE_FILE = "slides.csv"
-FIXED_COLUMNS = ("slide_id", "model", "package_sha256", "tile_model")
+FIXED_COLUMNS = ("slide_id", "model", "package_sha256", "tile_model", "tiling")
 _MAX_BYTES = 1 << 30
 
 
@@ -49,10 +55,10 @@ def collect_rows(roots: Iterable[Path]) -> tuple[list[str], list[dict[str, str]]
             result = read_result(path)
             if result is None or not made_from_current(path, result[0]):
                 continue  # no numbers for a slide whose features vanished or changed
-            row = _row(*result)
+            row = {**_row(*result), "tiling": tiling_of(Path(root))}
             classes.update(dict.fromkeys(k for k in row if k not in FIXED_COLUMNS))
             rows.append(row)
-    rows.sort(key=lambda r: (r["slide_id"], r["model"]))
+    rows.sort(key=lambda r: (r["slide_id"], r["model"], r["tiling"]))
     return list(classes), rows
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,6 +95,24 @@ def detect_layout(features_dir: Path) -> str:
 
 def _trident_folders(features_dir: Path) -> list[Path]:
     return sorted(p for p in features_dir.iterdir() if p.is_dir() and _TRIDENT_COORDS.match(p.name))
+
+
+def tiling_of(root: Path) -> str:
+    """The TRIDENT coords folder's name (``20x_224px_0px_overlap``) a source root is, else ``""``.
+
+    What tells two runs into one TRIDENT job folder apart (magnification, tile
+    size, overlap); flat and CLAM folders hold one tiling only.
+    """
+    return root.name if _TRIDENT_COORDS.match(Path(root).name) else ""
+
+
+def every_tiling(roots: Iterable[Path]) -> set[Path]:
+    """``roots`` and every TRIDENT coords folder beside one of them (the job folder's other runs)."""
+    found = {Path(r) for r in roots}
+    for root in list(found):
+        if tiling_of(root) and root.parent.is_dir():
+            found.update(_trident_folders(root.parent))
+    return found
 
 
 def find_sources(

@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import quote
 
 from histoserve.atomic import atomic_path
+from histoserve.heads.pictures import picture_base
 from histoserve.heads.table import FIXED_COLUMNS, read_table
 from histoserve.results.status import STATUS_FILE, read_status_checked
 from histoserve.review.qc import QC_DIR, read_facts
@@ -210,9 +211,11 @@ def _head_html(slide_id: str, head: dict[str, str]) -> str:
     scores.sort(reverse=True)
     shown = ", ".join(f"<b>{html.escape(n)}</b> {v:.3g}" if i == 0 else f"{html.escape(n)} {v:.3g}"
                       for i, (v, n) in enumerate(scores[:4]))  # fmt: skip
-    base = f"{QC_DIR}/{quote(slide_id)}.{quote(head.get('model', ''))}"
+    model, tiling = head.get("model", ""), head.get("tiling", "")
+    base = f"{QC_DIR}/{quote(picture_base(slide_id, model, tiling))}"
+    label = f"{model} ({tiling})" if tiling else model
     return (
-        f"<div>{html.escape(head.get('model', ''))}: {shown or 'no prediction'}<br>"
+        f"<div>{html.escape(label)}: {shown or 'no prediction'}<br>"
         f'<a href="{base}.heatmap.jpg"><img src="{base}.heatmap.jpg" loading="lazy"></a>'
         f'<br><a href="{base}.geojson">QuPath GeoJSON</a></div>'
     )

@@ -8,15 +8,14 @@ binary REST and gRPC, the client in its own interpreter without torch or kserve.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
-from harness.packages import copy_package_dir, demo_package
-from harness.server import Server, start_server
+from harness.embed import run_aggregate
+from harness.server import Server
 from predictor.spec import BUILTIN_SPECS
 from tests.unit.histoserve.heads import features as ff
 
@@ -24,34 +23,13 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif("abmil-demo" not in BUILTIN_SPECS, reason="no slide family here yet"),
 ]
-REPO = Path(__file__).resolve().parents[2]
 D = 1536
 SIZES = (1, 7, 156)  # N = 1, 7 and a slide's worth
 
 
-@pytest.fixture(scope="module")
-def head(tmp_path_factory: pytest.TempPathFactory):
-    model_dir = copy_package_dir(
-        demo_package("abmil-demo", max_batch=200_000), tmp_path_factory.mktemp("abmil")
-    )  # test_slide_server's export: one compile for both
-    server = start_server(
-        model_dir, tmp_path_factory.mktemp("abmil-log"), "--model_name", "abmil-demo"
-    )
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def _aggregate(folder: Path, *urls: str) -> subprocess.CompletedProcess:
-    code = (
-        "import sys; sys.modules.update(torch=None, kserve=None); "
-        "from histoserve.commands.main import main; sys.exit(main(['aggregate', *sys.argv[1:]]))"
-    )
     args = [str(folder), "--model", "abmil-demo", *(w for u in urls for w in ("--url", u))]
-    return subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
+    return run_aggregate(*args)
 
 
 def _folder(layout: str, root: Path) -> Path:
@@ -64,17 +42,17 @@ def _folder(layout: str, root: Path) -> Path:
 
 
 def test_every_layout_and_transport_gives_one_answer_per_slide(
-    head: Server, tmp_path: Path
+    head_server: Server, tmp_path: Path
 ) -> None:
     answers: dict[str, list[dict[str, np.ndarray]]] = {}
     for layout, urls in (
-        ("flat", (head.base,)),
-        ("trident", (head.base,)),
-        ("clam", (head.base, f"grpc://{head.grpc_url}")),
+        ("flat", (head_server.base,)),
+        ("trident", (head_server.base,)),
+        ("clam", (head_server.base, f"grpc://{head_server.grpc_url}")),
     ):
         folder = _folder(layout, tmp_path)
         run = _aggregate(folder, *urls)
-        assert run.returncode == 0, run.stderr + head.tail()
+        assert run.returncode == 0, run.stderr + head_server.tail()
         for path in sorted(folder.rglob("slide_features_abmil-demo/*.h5")):
             with h5py.File(path) as f:
                 answers.setdefault(path.stem, []).append({k: f[k][()] for k in f})
@@ -89,18 +67,20 @@ def test_every_layout_and_transport_gives_one_answer_per_slide(
                 np.testing.assert_allclose(other[name], first[name], rtol=1e-5, atol=1e-6)
 
 
-def test_features_of_another_width_fail_their_slide_only(head: Server, tmp_path: Path) -> None:
+def test_features_of_another_width_fail_their_slide_only(
+    head_server: Server, tmp_path: Path
+) -> None:
     folder = _folder("flat", tmp_path)
     coords = ff.tissue_coords(5)
     ff.write("flat", folder, "narrow", np.ones((len(coords), 768), np.float32), coords)
-    run = _aggregate(folder, head.base)
+    run = _aggregate(folder, head_server.base)
     assert run.returncode == 1
     assert "3 done" in run.stderr and "1 failed" in run.stderr
     assert "narrow.h5: features are 768 wide but 'abmil-demo' takes 1536" in run.stderr
 
 
 def test_a_slide_the_head_overflows_on_fails_once_never_retried(
-    head: Server, tmp_path: Path
+    head_server: Server, tmp_path: Path
 ) -> None:
     """Issue 33, case 11: a 200 with NaN used to be retried eight times, then fail."""
     folder = _folder("flat", tmp_path)
@@ -108,16 +88,16 @@ def test_a_slide_the_head_overflows_on_fails_once_never_retried(
     huge = np.random.default_rng(5).standard_normal((len(coords), D)).astype(np.float32)
     huge[1] = 3e38
     ff.write("flat", folder, "huge", huge, coords)
-    start = len(head.log())
-    run = _aggregate(folder, head.base)
+    start = len(head_server.log())
+    run = _aggregate(folder, head_server.base)
     assert run.returncode == 1 and "3 done" in run.stderr and "1 failed" in run.stderr
     assert "HTTP 422" in run.stderr and "output 'prediction' is not finite" in run.stderr
-    during = head.log()[start:]  # what the server logged while this run went
+    during = head_server.log()[start:]  # what the server logged while this run went
     assert during.count('/infer HTTP/1.1" 422') == 1  # one attempt, not eight
 
 
 def test_embed_with_a_slide_model_gives_features_table_heatmap_geojson_and_report(
-    head: Server, embedding_server: Server, tmp_path: Path
+    head_server: Server, embedding_server: Server, tmp_path: Path
 ) -> None:
     """The issue's "done when": one command, tile features and the slide model's outputs."""
     from harness import slides
@@ -127,9 +107,9 @@ def test_embed_with_a_slide_model_gives_features_table_heatmap_geojson_and_repor
     out = tmp_path / "features"
     run = run_embed(
         slide, "--url", embedding_server.base, "--out", out, "--slide-model", "abmil-demo",
-        "--slide-url", head.base, "--batch-size", "8",
+        "--slide-url", head_server.base, "--batch-size", "8",
     )  # fmt: skip
-    assert run.returncode == 0, run.stderr + head.tail()
+    assert run.returncode == 0, run.stderr + head_server.tail()
     with h5py.File(out / "case-1.h5") as f:
         n = len(f["features"])
     with h5py.File(out / "slide_features_abmil-demo" / "case-1.h5") as f:

@@ -22,6 +22,7 @@ from histoserve.commands.embed import main as embed_main
 from histoserve.embedding.config import EmbedConfig
 from histoserve.embedding.pipeline import embed
 from histoserve.heads.aggregate import AggregateConfig, aggregate
+from histoserve.heads.pictures import picture_files
 from histoserve.heads.table import read_table
 from histoserve.results.sources import find_sources, read_features
 from tests.unit.histoserve.heads.features import TILE_CONFIG
@@ -74,9 +75,11 @@ def test_slide_model_after_the_tiles_equals_aggregate(
     (row,) = read_table(tmp_path)
     assert float(row[CLASSES[0]]) == pytest.approx(float(want["prediction"][0]), rel=1e-5)
     report = (tmp_path / "report.html").read_text()
-    assert "qc/W1.abmil-demo.heatmap.jpg" in report and "QuPath GeoJSON" in report
-    assert (tmp_path / "qc" / "W1.abmil-demo.heatmap.jpg").is_file()
-    top = Image.open(tmp_path / "qc" / "W1.abmil-demo.top.jpg")  # the slide is readable here
+    pictures = picture_files(tmp_path, "W1", "abmil-demo", row["tiling"])
+    assert row["tiling"] == ("20x_224px_0px_overlap" if layout == "trident" else "")
+    assert f"qc/{pictures.heatmap.name}" in report and "QuPath GeoJSON" in report
+    assert pictures.heatmap.is_file()
+    top = Image.open(pictures.top)  # the slide is readable here
     assert top.height > 224 and top.width >= 8 * 224
 
 

@@ -20,6 +20,7 @@ import pytest
 from harness.slide_server import CLASSES, DIGEST, SlideServer
 from histoserve.commands.aggregate import main
 from histoserve.heads.aggregate import AggregateConfig, aggregate
+from histoserve.heads.pictures import picture_files
 from histoserve.heads.table import read_table
 from histoserve.results.sources import find_sources
 from tests.unit.histoserve.heads import features as ff
@@ -71,8 +72,10 @@ def test_every_layout_gives_the_heads_numbers_beside_the_features(
             assert f["attention"].shape == (len(features),)
             assert f.attrs["package_sha256"] == DIGEST and f.attrs["complete"]
             assert json.loads(f.attrs["classes"]) == list(CLASSES)
-        assert (tmp_path / "qc" / f"{slide_id}.abmil-demo.heatmap.jpg").stat().st_size > 10_000
-        assert not (tmp_path / "qc" / f"{slide_id}.abmil-demo.top.jpg").exists()  # no slide
+        tiling = "10x_224px_0px_overlap" if layout == "trident" else ""
+        pictures = picture_files(tmp_path, slide_id, "abmil-demo", tiling)
+        assert pictures.heatmap.stat().st_size > 10_000
+        assert not pictures.top.exists()  # no slide
     rows = read_table(tmp_path)
     assert [r["slide_id"] for r in rows] == sorted(made)
     row = rows[0]
@@ -274,3 +277,14 @@ def test_the_cli_runs_without_torch_or_kserve(tmp_path: Path, server: SlideServe
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert "1 done" in run.stderr
+
+
+def test_slides_that_is_no_folder_is_a_usage_error_before_any_slide(
+    tmp_path: Path, server: SlideServer, capsys: pytest.CaptureFixture
+) -> None:
+    _cohort("flat", tmp_path, 1)
+    args = [str(tmp_path), "--url", server.url, "--model", "abmil-demo"]
+    assert main([*args, "--slides", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert f"--slides {tmp_path / 'nowhere'}: no such folder of slides" in err
+    assert not (tmp_path / "slides_status.csv").exists()

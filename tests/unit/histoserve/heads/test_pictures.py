@@ -13,7 +13,7 @@ from PIL import Image
 from harness.slide_server import CLASSES, SlideServer
 from histoserve.heads import heatmap
 from histoserve.heads.aggregate import AggregateConfig, aggregate
-from histoserve.heads.pictures import verified_slide
+from histoserve.heads.background import verified_slide
 from histoserve.heads.table import read_table, write_table
 from histoserve.results.sources import read_features
 from tests.unit.histoserve.heads import features as ff
