@@ -16,6 +16,8 @@ and overrides the seed's hooks, calling ``super()`` where the defaults serve:
 * start-up: :meth:`~TileHooks.check_package` (the first device's package),
   :meth:`~TileHooks.bind_device` (every device's), :meth:`~TileHooks.warm_up`;
 * protocol: :meth:`~TileHooks.v2_codec` (the V2 codec; tiles by default),
+  :meth:`~TileHooks.request_mode` (the mode, or the one named outputs imply:
+  :meth:`~TileHooks.mode_for_outputs`),
   :meth:`~TileHooks.resolve_mode` (a request's mode against the spec's);
 * description: :meth:`~TileHooks.output_names` (what a mode returns),
   :meth:`~TileHooks.output_datatypes`, :meth:`~TileHooks.output_shapes`,
@@ -43,8 +45,10 @@ from predictor.device.slot import DeviceSlot
 from predictor.device.workers import DeviceWorkers
 from predictor.errors import InvalidInput, ModelNotReady
 from predictor.package.loader import LoadedPackage
+from predictor.package.metadata import package_input_dtype
 from predictor.package.probe import expected_inputs, probe_outputs
 from predictor.serving.family import PackageFamily, check_shapes
+from predictor.serving.finite import non_finite_error, non_finite_rows
 from predictor.serving.options import ServingOptions
 from predictor.spec import ModelSpec
 
@@ -62,6 +66,45 @@ class RequestHooks:
         """The V2 codec (REST and gRPC) for this model: per-tile inputs by default."""
         limits, types = self._options.limits, self.output_datatypes()
         return V2Codec(self._spec, limits, model_name=model_name, datatypes=types)
+
+    def request_mode(self, mode: str | None, requested: Sequence[str] | None) -> str:
+        """A request's mode: as given, else the one its named outputs imply, else the default.
+
+        The V2 convention: a request that names outputs need not name a
+        mode; one that names both must name outputs the mode gives.
+
+        Raises:
+            InvalidInput: An unknown mode, outputs no mode gives, or a mode
+                and named outputs that conflict (naming both).
+        """
+        if not requested:
+            return self.resolve_mode(mode)
+        if mode is None:
+            return self.mode_for_outputs(requested)
+        resolved = self.resolve_mode(mode)
+        gives = self.output_names(resolved)
+        others = [name for name in requested if name not in gives]
+        if others:
+            raise InvalidInput(
+                f"mode {mode!r} gives outputs {list(gives)} but the request names outputs "
+                f"{list(requested)}: name only outputs the mode gives, or leave the mode out "
+                "(the named outputs then decide it)",
+                input_name="parameters.mode",
+            )
+        return resolved
+
+    def mode_for_outputs(self, names: Sequence[str]) -> str:
+        """The mode giving every output in ``names`` with the fewest others (spec order on ties).
+
+        Raises:
+            InvalidInput: No mode gives them all (the message lists what each mode gives).
+        """
+        modes = self._spec.modes
+        fits = [m for m in modes if set(names) <= set(self.output_names(m))]
+        if not fits:
+            gives = {m: list(self.output_names(m)) for m in modes}
+            raise InvalidInput(f"no mode gives outputs {list(names)}; the modes give {gives}")
+        return min(fits, key=lambda m: len(self.output_names(m)))
 
     def resolve_mode(self, mode: str | None) -> str:
         """The request's mode, or the spec's default when it names none.
@@ -103,6 +146,7 @@ class TileHooks(RequestHooks, PackageFamily):
         self._options = options
         self._fault_hook = fault_hook
         self._package = package
+        self._owner_config: Mapping[str, Any] = {}  # a front end's: the device owner's config
         self._normalizer: Normalizer | None = None  # the first device's, built by load
         # the further devices' slots, and each worker's (warmed up on CUDA)
         self._devices = DeviceWorkers(warm_up=self.warm_worker)
@@ -111,6 +155,34 @@ class TileHooks(RequestHooks, PackageFamily):
     def model_spec(self) -> ModelSpec:
         """The model's specification (tile size, normalisation, etc.)."""
         return self._spec
+
+    def served_from(self, owner_config: Mapping[str, Any]) -> None:
+        """A front end's package facts: the device owner's config (it never loads the package)."""
+        self._owner_config = dict(owner_config)
+
+    @property
+    def package_sha256(self) -> str:
+        """The served package's SHA-256 ("" before it is known)."""
+        if self._package is not None:
+            return self._package.sha256
+        return str(self._owner_config.get("package_sha256") or "")
+
+    @property
+    def package_dtype(self) -> torch.dtype:
+        """The dtype the package computes in (its tile input's); float32 before it is known."""
+        if self._package is not None:
+            return self._package.input_dtype
+        metadata = self._owner_config.get("package_metadata")
+        return package_input_dtype(metadata) if metadata else torch.float32
+
+    def answer_parameters(self) -> dict[str, str]:
+        """What every answer says about who made it: ``package_sha256``, the served package's digest.
+
+        Sent in every V2 answer (REST and gRPC ``parameters``), so a client
+        notices when the package behind its URL changed mid-run.
+        """
+        digest = self.package_sha256
+        return {"package_sha256": digest} if digest else {}
 
     def active_slot(self) -> DeviceSlot:
         """The calling worker's package, normaliser and stream (the model's own off a worker).
@@ -227,9 +299,12 @@ class TileHooks(RequestHooks, PackageFamily):
         """Runs one batch on the device: one response per sample, positionally aligned.
 
         Stacks, moves to the device, normalises there, runs the package,
-        synchronises, copies back. Any failure propagates as raised: the
-        batcher classifies it and wraps it once
-        (:func:`predictor.errors.forward_failure`) for the whole batch.
+        checks its outputs finite there, synchronises, copies back. Any
+        failure propagates as raised: the batcher classifies it and wraps it
+        once (:func:`predictor.errors.forward_failure`) for the whole batch.
+        A sample whose row of any output is NaN or infinite gets a
+        :class:`~predictor.errors.NonFiniteOutput` in place of its response,
+        which fails its own request only (:mod:`predictor.serving.finite`).
 
         Args:
             samples: Samples that passed :meth:`prepare_sample`.
@@ -240,10 +315,14 @@ class TileHooks(RequestHooks, PackageFamily):
             self._fault_hook.check([s.tile for s in samples])
         package = self.active_slot().package
         inputs = self.batch_inputs(samples)
-        outputs = unshared(package(*inputs), inputs)
-        host = [self.output_to_host(out[: len(samples)]) for out in outputs]
+        outputs = [out[: len(samples)] for out in unshared(package(*inputs), inputs)]
+        bad = non_finite_rows(outputs, self.package_outputs(self._spec))
+        host = [self.output_to_host(out) for out in outputs]
         synchronize(package.device)
-        return self.build_responses([t.numpy() for t in host], mode)
+        responses: list[Any] = self.build_responses([t.numpy() for t in host], mode)
+        for row, output in bad.items():
+            responses[row] = non_finite_error(output, requests[row].index)
+        return responses
 
     @torch.inference_mode()
     def forward(self, requests: list[ModelRequest]) -> torch.Tensor:
