@@ -17,9 +17,9 @@ real server behind it, then tampered with:
 - ``nan``: three values of each float output NaN;
 - ``model``: the answer names another model (``model_name``);
 - ``package``: the answer names another package (``parameters.package_sha256``;
-  untampered answers name the config's ``package_sha256`` when it has one, as
-  a server reporting its package per answer would): a replica of another
-  package behind the same URL;
+  untampered answers name the upstream answer's package, else the config's
+  ``package_sha256`` when it has one, as a histoserve server does): a replica
+  of another package behind the same URL;
 - ``503``: 503 with ``Retry-After: 0`` instead of an answer.
 
 The first ``after`` inference answers are left alone, then at most ``times``
@@ -206,6 +206,7 @@ class BadServer:
         if kind == "503":
             status, out_headers, data = _json(503, {"error": "busy (on purpose)"})
             return status, {**out_headers, "retry-after": "0"}, data
+        answered: Mapping[str, Any] = {}
         if self.source == "pixels":
             outputs = {"embedding": pixel_answer(_pixels(body, headers), self.dim)}
         elif self.source == "mask":
@@ -216,17 +217,22 @@ class BadServer:
             up = self._client.post(path, content=body, headers=forwarded)
             if up.status_code != 200:
                 return up.status_code, {"content-type": "application/json"}, up.content
-            outputs, _ = wire.decode_response(up.content, up.headers.get(wire.HEADER))
+            outputs, answered = wire.decode_response(up.content, up.headers.get(wire.HEADER))
         entries = [wire.encode_tensor(n, v) for n, v in tamper(kind, outputs).items()]
-        header = {**self._identity(kind, path), "outputs": [e for e, _ in entries]}
+        header = {**self._identity(kind, path, answered), "outputs": [e for e, _ in entries]}
         data, out_headers = wire.binary_body(header, [raw for _, raw in entries])
         return 200, out_headers, data
 
-    def _identity(self, kind: str, path: str) -> dict[str, Any]:
-        """The answer's ``model_name`` (and ``parameters.package_sha256``), as ``kind`` says."""
+    def _identity(self, kind: str, path: str, answered: Mapping[str, Any]) -> dict[str, Any]:
+        """The answer's ``model_name`` and ``parameters.package_sha256``, as ``kind`` says.
+
+        Untampered: the upstream answer's own package (``answered``), else the config's.
+        """
         name = path.split("/")[3] if path.count("/") >= 4 else ""
         identity: dict[str, Any] = {"model_name": "another-model" if kind == "model" else name}
-        package = OTHER_PACKAGE if kind == "package" else self.config.get("package_sha256")
+        upstream = (answered.get("parameters") or {}).get("package_sha256")
+        package = upstream or self.config.get("package_sha256")
+        package = OTHER_PACKAGE if kind == "package" else package
         if package:
             identity["parameters"] = {"package_sha256": package}
         return identity
