@@ -58,7 +58,7 @@ def blank_overflow_model(spec: ModelSpec) -> nn.Module:
             self.proj = nn.Parameter(torch.linspace(-1.0, 1.0, 3 * dim).reshape(3, dim))
             self.rna = nn.Parameter(torch.linspace(0.1, 1.0, 8 * 4).reshape(8, 4))
 
-        def forward(self, x: torch.Tensor, *more: torch.Tensor) -> Any:
+        def forward(self, x: torch.Tensor, bulk_rna: torch.Tensor | None = None) -> Any:
             blank = (x.amin(dim=(1, 2, 3)) > 0.97 * white).to(x.dtype)
             scale = 1.0 / (1.0 - blank)  # infinity for a blank tile
             if family == "segmentation":
@@ -67,7 +67,8 @@ def blank_overflow_model(spec: ModelSpec) -> nn.Module:
             embedding = (x.mean(dim=(2, 3)) @ self.proj) * scale[:, None]
             if family != "multimodal":
                 return embedding
-            rna = torch.nan_to_num(more[0].to(x.dtype), nan=0.0)
+            assert bulk_rna is not None
+            rna = torch.nan_to_num(bulk_rna.to(x.dtype), nan=0.0)
             prediction = nn.functional.softplus(rna @ self.rna) * scale[:, None]
             return prediction, embedding
 

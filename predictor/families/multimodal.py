@@ -185,12 +185,17 @@ class MultimodalServerModel(BaseServerModel):
         return [ModelResponse({name: arr[i] for name, arr in per_output.items()}) for i in range(n)]
 
     def _transform_predictions(self, log_prediction: np.ndarray) -> np.ndarray:
-        """``expm1`` and rounding; a non-finite row fails its own request (checked on the device)."""
+        """``expm1`` and rounding, finite for finite input (a non-finite row failed on the device).
+
+        Rounded in float64: float32 rounding scales by ``10**decimals`` first,
+        which overflows to infinity above ~3e35 (``expm1(88)`` is 1.6e38).
+        """
         spec = self.model_spec
         values = log_prediction
         if spec.prediction_transform == "expm1":
             values = np.expm1(np.minimum(values, _MAX_LOG_PREDICTION))
-        return np.round(values, spec.prediction_decimals).astype(np.float32, copy=False)
+        rounded = np.round(values.astype(np.float64), spec.prediction_decimals)
+        return rounded.astype(np.float32)
 
     # -- description --------------------------------------------------------------------
     def output_names(self, mode: str) -> tuple[str, ...]:
