@@ -45,11 +45,11 @@ from predictor.device.slot import DeviceSlot
 from predictor.device.workers import DeviceWorkers
 from predictor.errors import InvalidInput, ModelNotReady
 from predictor.package.loader import LoadedPackage
-from predictor.package.metadata import package_input_dtype
 from predictor.package.probe import expected_inputs, probe_outputs
 from predictor.serving.family import PackageFamily, check_shapes
 from predictor.serving.finite import non_finite_error, non_finite_rows
 from predictor.serving.options import ServingOptions
+from predictor.serving.served_package import ServedPackage
 from predictor.spec import ModelSpec
 
 
@@ -124,7 +124,7 @@ class RequestHooks:
         return mode
 
 
-class TileHooks(RequestHooks, PackageFamily):
+class TileHooks(RequestHooks, ServedPackage, PackageFamily):
     """The seed's tile model without KServe: its hooks, state and defaults.
 
     Args:
@@ -155,34 +155,6 @@ class TileHooks(RequestHooks, PackageFamily):
     def model_spec(self) -> ModelSpec:
         """The model's specification (tile size, normalisation, etc.)."""
         return self._spec
-
-    def served_from(self, owner_config: Mapping[str, Any]) -> None:
-        """A front end's package facts: the device owner's config (it never loads the package)."""
-        self._owner_config = dict(owner_config)
-
-    @property
-    def package_sha256(self) -> str:
-        """The served package's SHA-256 ("" before it is known)."""
-        if self._package is not None:
-            return self._package.sha256
-        return str(self._owner_config.get("package_sha256") or "")
-
-    @property
-    def package_dtype(self) -> torch.dtype:
-        """The dtype the package computes in (its tile input's); float32 before it is known."""
-        if self._package is not None:
-            return self._package.input_dtype
-        metadata = self._owner_config.get("package_metadata")
-        return package_input_dtype(metadata) if metadata else torch.float32
-
-    def answer_parameters(self) -> dict[str, str]:
-        """What every answer says about who made it: ``package_sha256``, the served package's digest.
-
-        Sent in every V2 answer (REST and gRPC ``parameters``), so a client
-        notices when the package behind its URL changed mid-run.
-        """
-        digest = self.package_sha256
-        return {"package_sha256": digest} if digest else {}
 
     def active_slot(self) -> DeviceSlot:
         """The calling worker's package, normaliser and stream (the model's own off a worker).

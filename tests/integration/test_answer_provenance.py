@@ -143,4 +143,3 @@ def test_an_answer_from_another_package_is_retried_and_never_written(
     # Batched differently by the server: rows agree to float rounding; the other
     # package's rows (channel means through a projection) would differ by far more.
     np.testing.assert_allclose(got["features"], want["features"], rtol=1e-4, atol=1e-5)
-

@@ -154,7 +154,9 @@ def test_a_mode_that_conflicts_with_the_named_outputs_is_a_400_naming_both(serve
     answer = httpx.post(f"{server.base}/v2/models/{server.model_name}/infer", json=body)
     assert answer.status_code == 400, answer.text
     message = answer.json()["error"]
-    assert "parameters.mode" in message and "mode 'prediction' gives outputs ['prediction']" in message
+    assert (
+        "parameters.mode" in message and "mode 'prediction' gives outputs ['prediction']" in message
+    )
     assert "['embedding']" in message
     grpc = GrpcClient(server.grpc_url)
     try:
