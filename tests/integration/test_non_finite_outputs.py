@@ -172,6 +172,12 @@ def test_embed_fails_the_slide_on_a_422_with_the_server_s_message_without_retryi
     assert "is not finite (NaN or infinity) for tile" in row["error"]
     assert "failed 8 times" not in row["error"] and "Traceback" not in result.stderr
     assert not list(out.rglob("*.h5"))
+    grpc = f"grpc://{embedding.grpc_url}"
+    flags = ("--model", "h0-mini", "--target-mpp", "0.5", "--tissue", "none")
+    over_grpc = run_embed(slide.path, "--url", grpc, "--out", tmp_path / "grpc", *flags)
+    assert over_grpc.returncode == 1, over_grpc.stderr
+    (row,) = status_rows(tmp_path / "grpc")
+    assert "refused the request: gRPC FAILED_PRECONDITION" in row["error"], row["error"]
     tissue = run_embed(slide.path, "--url", embedding.base, "--out", tmp_path / "tissue")
     assert tissue.returncode == 0, tissue.stderr  # tissue tiles only: every row finite
     assert np.isfinite(read_output(tmp_path / "tissue/s.h5")["features"]).all()
