@@ -17,9 +17,9 @@ real server behind it, then tampered with:
 - ``nan``: three values of each float output NaN;
 - ``model``: the answer names another model (``model_name``);
 - ``package``: the answer names another package (``parameters.package_sha256``;
-  untampered answers name the config's ``package_sha256`` when it has one, as
-  a server reporting its package per answer would): a replica of another
-  package behind the same URL;
+  untampered answers name the upstream answer's package, else the config's
+  ``package_sha256`` (the upstream's config when there is one), as a
+  histoserve server does): a replica of another package behind the same URL;
 - ``503``: 503 with ``Retry-After: 0`` instead of an answer;
 - ``huge``: a 512 MiB body of zeros, its size declared (``Content-Length``);
 - ``unsized``: the same without a declared size (read until the connection closes);
@@ -172,6 +172,7 @@ class BadServer:
         self.drip_s = drip_s
         self.bytes_sent = 0  # of streamed (huge, unsized, drip) bodies, before the client left
         self.infer_requests = self.tampered = self.faulted = 0
+        self.upstream_package = ""  # the upstream config's digest, once a client asked for it
         self.seen_headers: list[dict[str, str]] = []  # every request's headers, in order
         self._rng, self._faults = random.Random(faults.seed), faults
         self._lock = threading.Lock()
@@ -205,6 +206,8 @@ class BadServer:
         """A GET: forwarded upstream, else answered from ``config``."""
         if self._client is not None:
             up = self._client.get(path)
+            if path.endswith("/config") and up.status_code == 200:
+                self.upstream_package = str(up.json().get("package_sha256") or "")
             return up.status_code, {"content-type": up.headers.get("content-type", "")}, up.content
         name = self.config.get("name", "")
         if path == "/v1/models":
@@ -221,6 +224,7 @@ class BadServer:
         if kind == "503":
             status, out_headers, data = _json(503, {"error": "busy (on purpose)"})
             return status, {**out_headers, "retry-after": "0"}, data
+        answered: Mapping[str, Any] = {}
         if self.source == "pixels":
             outputs = {"embedding": pixel_answer(_pixels(body, headers), self.dim)}
         elif self.source == "mask":
@@ -231,9 +235,9 @@ class BadServer:
             up = self._client.post(path, content=body, headers=forwarded)
             if up.status_code != 200:
                 return up.status_code, {"content-type": "application/json"}, up.content
-            outputs, _ = wire.decode_response(up.content, up.headers.get(wire.HEADER))
+            outputs, answered = wire.decode_response(up.content, up.headers.get(wire.HEADER))
         entries = [wire.encode_tensor(n, v) for n, v in tamper(kind, outputs).items()]
-        header = {**self._identity(kind, path), "outputs": [e for e, _ in entries]}
+        header = {**self._identity(kind, path, answered), "outputs": [e for e, _ in entries]}
         data, out_headers = wire.binary_body(header, [raw for _, raw in entries])
         if kind == "drip":
             return 200, out_headers, Stream(_drip(data, self.drip_s), len(data))
@@ -250,11 +254,16 @@ class BadServer:
             return gzip_bomb()
         return None
 
-    def _identity(self, kind: str, path: str) -> dict[str, Any]:
-        """The answer's ``model_name`` (and ``parameters.package_sha256``), as ``kind`` says."""
+    def _identity(self, kind: str, path: str, answered: Mapping[str, Any]) -> dict[str, Any]:
+        """The answer's ``model_name`` and ``parameters.package_sha256``, as ``kind`` says.
+
+        Untampered: the upstream answer's own package (``answered``), else the config's.
+        """
         name = path.split("/")[3] if path.count("/") >= 4 else ""
         identity: dict[str, Any] = {"model_name": "another-model" if kind == "model" else name}
-        package = OTHER_PACKAGE if kind == "package" else self.config.get("package_sha256")
+        upstream = (answered.get("parameters") or {}).get("package_sha256")
+        package = upstream or self.config.get("package_sha256") or self.upstream_package
+        package = OTHER_PACKAGE if kind == "package" else package
         if package:
             identity["parameters"] = {"package_sha256": package}
         return identity

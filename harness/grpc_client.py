@@ -58,20 +58,36 @@ class GrpcClient:
         self, model: str, inputs: dict[str, tuple[str, np.ndarray]], parameters: dict | None = None
     ) -> dict[str, np.ndarray]:
         """One inference; raises :class:`GrpcError` with the gRPC status on failure."""
+        return self.answer(model, inputs, parameters)[0]
+
+    def answer(
+        self,
+        model: str,
+        inputs: dict[str, tuple[str, np.ndarray]],
+        parameters: dict | None = None,
+        outputs: list[str] | None = None,
+    ) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+        """One inference asking for ``outputs`` (None: not named): its outputs and parameters.
+
+        Raises:
+            GrpcError: With the gRPC status on failure.
+        """
         payload = {
             "op": "infer",
             "url": self.url,
             "model": model,
             "parameters": parameters,
+            "outputs": outputs,
             "inputs": [{"name": n, "datatype": d, "data": _npy(a)} for n, (d, a) in inputs.items()],
         }
         answer = self._call(payload)
         if "outputs" not in answer:
             raise GrpcError(answer["status"], answer["message"])
-        return {
+        arrays = {
             name: np.load(io.BytesIO(base64.b64decode(v)), allow_pickle=True)
             for name, v in answer["outputs"].items()
         }
+        return arrays, answer.get("parameters") or {}
 
     def is_model_ready(self, model: str) -> bool:
         """V2 gRPC model readiness."""

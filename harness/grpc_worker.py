@@ -4,8 +4,8 @@ tritonclient.grpc and kserve register the same protobuf symbols, so they
 cannot share the pytest process. The test side
 (:class:`harness.grpc_client.GrpcClient`) runs ``python -m
 harness.grpc_worker`` and sends one JSON line per call on stdin; this worker
-answers one JSON line: outputs as base64 ``.npy`` or the gRPC status and
-message.
+answers one JSON line: outputs as base64 ``.npy`` and the answer's
+parameters, or the gRPC status and message.
 """
 
 from __future__ import annotations
@@ -40,17 +40,24 @@ def handle(call: dict, clients: dict) -> dict:
         inp = grpcclient.InferInput(spec["name"], list(data.shape), spec["datatype"])
         inp.set_data_from_numpy(data)
         inputs.append(inp)
+    requested = [grpcclient.InferRequestedOutput(n) for n in call.get("outputs") or ()]
     try:
         result = client.infer(
             call["model"],
             inputs,
+            outputs=requested or None,
             parameters=call.get("parameters") or None,
             client_timeout=call.get("timeout_s", 120),
         )
     except InferenceServerException as exc:
         return {"status": str(exc.status()), "message": exc.message()}
-    outputs = {out.name: _dump(result.as_numpy(out.name)) for out in result.get_response().outputs}
-    return {"outputs": outputs}
+    response = result.get_response()
+    outputs = {out.name: _dump(result.as_numpy(out.name)) for out in response.outputs}
+    parameters = {
+        k: getattr(v, v.WhichOneof("parameter_choice") or "string_param")
+        for k, v in response.parameters.items()
+    }
+    return {"outputs": outputs, "parameters": parameters}
 
 
 def main() -> None:

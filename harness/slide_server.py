@@ -153,7 +153,11 @@ class SlideServer:
         answer = {k: v for k, v in self.expected(features).items() if k in wanted}
         outputs = _tampered(self.tamper, answer)
         entries = [wire.encode_tensor(n, v) for n, v in outputs.items()]
-        header = {"model_name": self.name, "outputs": [e for e, _ in entries]}
+        header = {
+            "model_name": self.name,
+            "parameters": {"package_sha256": DIGEST},  # as every histoserve answer names it
+            "outputs": [e for e, _ in entries],
+        }
         data, out_headers = wire.binary_body(header, [raw for _, raw in entries])
         return 200, data, out_headers
 

@@ -36,7 +36,12 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.grpc_predict_v2_pb2 import ModelInferResponse
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.servicer import InferenceServicer
-from kserve.protocol.infer_type import InferInput, RequestedOutput, to_http_parameters
+from kserve.protocol.infer_type import (
+    InferInput,
+    RequestedOutput,
+    to_grpc_parameters,
+    to_http_parameters,
+)
 from kserve.protocol.rest.server import RESTServer
 from kserve.protocol.rest.v2_datamodels import InferenceRequest, InferenceResponse
 from kserve.utils.utils import strtobool
@@ -69,6 +74,7 @@ __all__ = [
     "set_raw_data",
     "stage_histograms",
     "strtobool",
+    "to_grpc_parameters",
     "to_http_parameters",
     "trace_logger",
 ]

@@ -18,8 +18,10 @@ expected are those the mode names (every listed one for ``all`` or no mode).
 :class:`SlideAnswerCheck` holds an answer to one slide of N tiles to that: exactly
 the expected outputs, ``prediction`` ``[C]``, ``attention`` ``[N]`` or
 ``[N, C]``, ``slide_embedding`` ``[E]`` (E as listed), FP32 (any listed
-datatype), finite, and the model and package it names (if any) the ones
-asked. Anything else is a :class:`~histoserve.remote.transport.BadAnswer`:
+datatype), finite, and the model and package it names the ones asked
+(:func:`~histoserve.remote.answers.identity_problem`, shared with the tile
+client: an answer naming no package from a server whose config reported one
+is refused too). Anything else is a :class:`~histoserve.remote.transport.BadAnswer`:
 retried elsewhere like a 503, never written.
 """
 
@@ -34,6 +36,7 @@ import numpy as np
 
 from histoserve import wire
 from histoserve.errors import BadAnswer, EmbedError, UsageError
+from histoserve.remote.answers import identity_problem
 from histoserve.remote.auth import Credentials
 from histoserve.remote.dispatch import RetryPolicy
 from histoserve.remote.model_config import fetch_config
@@ -209,14 +212,11 @@ class SlideAnswerCheck:
 
     def problem(self, answer: Mapping[str, Any], n_tiles: int) -> str | None:
         """What is wrong with ``answer`` to a slide of ``n_tiles`` tiles, or None."""
+        info = self.info
         identity = getattr(answer, "identity", None) or {}
-        name, info = identity.get("model_name"), self.info
-        if name and str(name) != info.model:
-            return f"answered as model {str(name)[:80]!r}, not {info.model!r}"
-        params = identity.get("parameters")
-        digest = params.get("package_sha256") if isinstance(params, Mapping) else None
-        if digest and info.package_sha256 and str(digest) != info.package_sha256:
-            return f"answered with package {str(digest)[:80]}, not {info.package_sha256}"
+        problem = identity_problem(identity, info.model, info.package_sha256)
+        if problem is not None:
+            return problem
         wanted, got = list(info.outputs), sorted(answer)
         missing = [w for w in wanted if w not in answer]
         if missing:

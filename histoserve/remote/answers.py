@@ -19,11 +19,16 @@ tiles must be:
 - only finite values in float outputs (embeddings and predictions are
   promised finite);
 - when the answer names its model (V2's ``model_name``), the model asked;
-  when it names its package (``parameters.package_sha256``), the package the
-  run's config reported: replicas behind one URL (a Service) mid-upgrade
-  must not mix two packages' features in one slide (every URL's config is
-  also compared up front by
-  :func:`~histoserve.remote.served_model.fetch_server_info`).
+- its package (``parameters.package_sha256``, which every histoserve answer
+  carries) the package the model's config reported at the start of the run:
+  a package swapped behind one URL mid-run, or replicas of two packages
+  behind one Service mid-upgrade, must not mix two packages' features in one
+  slide. When the config reported a digest, an answer naming none is refused
+  too (the safe default: a histoserve server always names it; a server that
+  reports no digest, e.g. gRPC metadata only or another V2 server, is not
+  checked). :func:`identity_problem` is that check, shared with the slide
+  head's (:mod:`histoserve.heads.head`); every URL's config is also compared
+  up front by :func:`~histoserve.remote.served_model.fetch_server_info`.
 
 Anything else raises :class:`~histoserve.errors.BadAnswer`, a
 :class:`~histoserve.errors.RetryableError`: the dispatcher
@@ -144,20 +149,43 @@ class AnswerCheck:
         return None
 
     def _identity_problem(self, identity: Mapping[str, object]) -> str | None:
-        """An answer from another model or package (see the module docstring), or None."""
-        name = identity.get("model_name")
-        if self.model and name and str(name) != self.model:
-            return (
-                f"answered as model {str(name)[:80]!r}, not {self.model!r} (another model there?)"
-            )
-        parameters = identity.get("parameters")
-        digest = parameters.get("package_sha256") if isinstance(parameters, Mapping) else None
-        if self.package_sha256 and digest and str(digest) != self.package_sha256:
-            return (
-                f"answered with package {str(digest)[:80]}, not {self.package_sha256} as its "
-                "config said (replicas of two packages behind one URL, mid-upgrade?)"
-            )
+        return identity_problem(identity, self.model, self.package_sha256)
+
+
+DIGEST_CHARS = 16
+"""Hex digits of a package digest quoted in messages."""
+
+
+def identity_problem(identity: Mapping[str, object], model: str, package_sha256: str) -> str | None:
+    """What says an answer came from another model or package than the run's, or None.
+
+    Args:
+        identity: The answer's ``model_name`` and ``parameters`` (those it carries).
+        model: The model asked ("": not checked).
+        package_sha256: The package the model's config reported at the start of
+            the run ("": none reported, not checked).
+    """
+    name = identity.get("model_name")
+    if model and name and str(name) != model:
+        return f"answered as model {str(name)[:80]!r}, not {model!r} (another model there?)"
+    if not package_sha256:
         return None
+    parameters = identity.get("parameters")
+    digest = parameters.get("package_sha256") if isinstance(parameters, Mapping) else None
+    want = package_sha256[:DIGEST_CHARS]
+    if not digest:
+        return (
+            f"answered without naming its package (no parameters.package_sha256), though its "
+            f"config reported package {want} at the start of the run: not used (a histoserve "
+            "server names its package in every answer)"
+        )
+    if str(digest) != package_sha256:
+        return (
+            f"answered with package {str(digest)[:DIGEST_CHARS]}, not {want} that its config "
+            "reported at the start of the run (the package behind this URL changed mid-run, "
+            "or replicas of two packages serve it)"
+        )
+    return None
 
 
 def _expected(info: ServerInfo, names: tuple[str, ...]) -> tuple[Expected, ...]:

@@ -5,7 +5,8 @@ never beside ``kserve``: both register the same protobuf symbols. Status codes
 map like HTTP statuses (see :mod:`histoserve.remote.transport`): ``UNAVAILABLE``,
 ``RESOURCE_EXHAUSTED``, ``CANCELLED`` (a call that reached a draining server
 before dispatch), ``DEADLINE_EXCEEDED``, ``ABORTED`` and ``INTERNAL`` are
-retried; anything else (``INVALID_ARGUMENT``, ``NOT_FOUND``, ...) fails the slide.
+retried; anything else (``INVALID_ARGUMENT``, ``NOT_FOUND``, ``FAILED_PRECONDITION``
+for an output that overflowed, ...) fails the slide with the server's message.
 gRPC carries no ``Retry-After``, so retries back off with jitter. Channels are
 recycled like HTTP pools, so new replicas behind a Service get traffic. An
 answer whose tensors cannot be decoded (a raw buffer shorter than its shape)

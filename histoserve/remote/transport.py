@@ -8,8 +8,9 @@ raises one of two errors the dispatcher acts on:
   draining, a full queue, a replica gone). Carries the server's
   ``Retry-After`` when it sent one.
 - :class:`ServerRefused`: any other 4xx. The request itself is wrong (a bad
-  tile, a wrong gene count); retrying cannot help, and the slide fails with
-  the server's message.
+  tile, a wrong gene count) or cannot be answered (422: the model overflowed
+  to NaN or infinity on it, the same on every replica); retrying cannot
+  help, and the slide fails with the server's message.
 
 Every request goes through :func:`~histoserve.remote.http.send`: bounded in
 time (``timeout_s`` is the whole request) and in size (what the request can

@@ -4,7 +4,8 @@ Contract:
     * :meth:`DynamicBatcher.submit` enqueues a request's items (all or none) in
       one bounded FIFO queue and returns one :class:`asyncio.Future` per item,
       in order. Every future is settled exactly once: with its result, with a
-      :mod:`predictor.errors` error, or by the caller's cancellation.
+      :mod:`predictor.errors` error, or by the caller's cancellation. A
+      ``run_batch`` result that is an exception fails its item alone.
     * ``run_batch(items, key)`` is synchronous and runs in a dedicated worker
       thread, never on the event loop, so the loop keeps admitting (and the
       next batch keeps filling) while the device runs the current one.
@@ -41,7 +42,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
 
-from predictor.batching.queue import BatchQueue, Entry, fail
+from predictor.batching.queue import BatchQueue, Entry, fail, settle
 from predictor.batching.worker import (
     BatchObserver,
     GuardedObserver,
@@ -343,9 +344,7 @@ class DynamicBatcher(Generic[T, R]):
         self._observer.on_worker_forward(worker.name, len(entries), outcome.seconds, ok)
         if outcome.error is None:
             assert outcome.results is not None
-            for entry, result in zip(entries, outcome.results, strict=True):
-                if not entry.future.done():
-                    entry.future.set_result(result)
+            settle(entries, outcome.results)
             return
         kind = outcome.kind or classify(outcome.error, self._classify_error, self._name)
         if kind is ErrorKind.FATAL:

@@ -38,6 +38,22 @@ class Entry(Generic[T, R]):
     weight: int = 1
 
 
+def settle(entries: Sequence[Entry[Any, Any]], results: Sequence[Any]) -> None:
+    """Settle each entry not already done with its result, aligned.
+
+    A result that is an exception fails that item only (a forward that went
+    well for the batch but not for one item, e.g. its row came out non-finite):
+    the rest of the batch keeps its results.
+    """
+    for entry, result in zip(entries, results, strict=True):
+        if entry.future.done():
+            continue
+        if isinstance(result, BaseException):
+            entry.future.set_exception(result)
+        else:
+            entry.future.set_result(result)
+
+
 def fail(entries: Iterable[Entry[Any, Any]], error: BaseException) -> None:
     """Fail every future of ``entries`` not already done (e.g. cancelled by its caller)."""
     for entry in entries:

@@ -8,7 +8,7 @@ protocol it is serving. A new protocol is a new class with these methods
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from predictor.codecs.samples import DecodedRequest, ModelResponse
@@ -28,6 +28,14 @@ class Codec(Protocol):
         """Refuses, before any compute, outputs the request asks for that the mode lacks."""
 
     def encode(
-        self, decoded: Any, responses: Sequence[ModelResponse], output_names: Sequence[str]
+        self,
+        decoded: Any,
+        responses: Sequence[ModelResponse],
+        output_names: Sequence[str],
+        parameters: Mapping[str, str] | None = None,
     ) -> Any:
-        """The protocol's answer: one entry per tile, in request order."""
+        """The protocol's answer: one entry per tile, in request order.
+
+        ``parameters`` is what every answer says about who made it
+        (``package_sha256``); a protocol with answer parameters (V2) carries them.
+        """

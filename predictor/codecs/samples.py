@@ -76,11 +76,15 @@ class DecodedRequest:
         mode: Requested mode, or ``None`` for the model's default.
         tile_input: Name of the input the tiles came from (``tiles``,
             ``pixels`` or ``image_data``), used in error messages.
+        requested_outputs: Output names the request asks for, in its order, or
+            None for the mode's outputs (V2 ``outputs``; V1 names none). Named
+            outputs without a mode decide the mode.
     """
 
     items: list[ModelRequest]
     mode: str | None
     tile_input: str
+    requested_outputs: tuple[str, ...] | None = None
 
 
 @dataclass

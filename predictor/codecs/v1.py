@@ -84,8 +84,12 @@ class V1Codec:
         decoded: V1DecodedRequest,
         responses: Sequence[ModelResponse],
         output_names: Sequence[str],
+        parameters: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        """See :func:`encode_v1`; the echo fields come from ``decoded``."""
+        """See :func:`encode_v1`; the echo fields come from ``decoded``.
+
+        V1 answers have no parameters: ``parameters`` is not sent.
+        """
         return encode_v1(responses, output_names=output_names, echo=decoded.echo)
 
 

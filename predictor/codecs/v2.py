@@ -108,6 +108,7 @@ class V2Codec:
         decoded: V2DecodedRequest,
         responses: Sequence[ModelResponse],
         output_names: Sequence[str],
+        parameters: Mapping[str, str] | None = None,
     ) -> InferResponse:
         """See :func:`encode_v2`."""
         return encode_v2(
@@ -116,6 +117,7 @@ class V2Codec:
             output_names=output_names,
             decoded=decoded,
             datatypes=self._datatypes,
+            parameters=parameters,
         )
 
 

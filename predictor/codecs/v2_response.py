@@ -14,6 +14,10 @@ subclass keeps each output's data as a numpy array and:
 * gRPC: raw ``raw_output_contents`` always, as tritonclient expects for raw
   requests and handles for every request.
 
+Every answer carries the answer parameters the model hands over (REST
+``parameters``, gRPC ``parameters``): ``package_sha256``, the served
+package's digest, so a client notices a package swapped behind its URL.
+
 KServe's ``DataPlane.encode`` and gRPC servicer call ``to_rest`` / ``to_grpc``,
 so nothing else needs to change.
 """
@@ -32,7 +36,7 @@ from kserve import InferOutput, InferResponse
 from predictor.codecs.samples import DecodedRequest, ModelResponse
 from predictor.codecs.tensors import NUMERIC_DTYPES
 from predictor.errors import InvalidInput
-from predictor.kserve_compat import ModelInferResponse
+from predictor.kserve_compat import ModelInferResponse, to_grpc_parameters
 
 
 @dataclass
@@ -41,14 +45,12 @@ class V2DecodedRequest(DecodedRequest):
 
     Attributes:
         binary_output: Return outputs in the binary extension (``binary_data_output``).
-        requested_outputs: Output names the client asked for, or None for all.
         request_id: Echoed in the response.
         output_binary: Requested output name to its ``binary_data`` parameter,
             for the outputs where the client set one.
     """
 
     binary_output: bool = False
-    requested_outputs: tuple[str, ...] | None = None
     request_id: str | None = None
     output_binary: dict[str, bool] = field(default_factory=dict)
 
@@ -62,6 +64,7 @@ class V2Response(InferResponse):
         infer_outputs: Outputs whose ``data`` is a numpy array of their datatype.
         binary: Output name to whether REST sends it in the binary extension.
         model_version: Optional model version.
+        parameters: The answer's parameters (``package_sha256``), string values.
     """
 
     def __init__(
@@ -71,12 +74,14 @@ class V2Response(InferResponse):
         infer_outputs: list[InferOutput],
         binary: Mapping[str, bool],
         model_version: str | None = None,
+        parameters: Mapping[str, str] | None = None,
     ):
         super().__init__(
             response_id=response_id or str(uuid.uuid4()),
             model_name=model_name,
             infer_outputs=infer_outputs,
             model_version=model_version,
+            parameters=dict(parameters) if parameters else None,
             use_binary_outputs=any(binary.values()),
         )
         self.binary = dict(binary)
@@ -134,6 +139,7 @@ class V2Response(InferResponse):
             id=self.id,
             model_name=self.model_name,
             model_version=self.model_version or "",
+            parameters=to_grpc_parameters(dict(self.parameters or {})),
             outputs=tensors,
             raw_output_contents=raw,
         )
@@ -172,6 +178,7 @@ def encode_v2(
     output_names: Sequence[str],
     decoded: V2DecodedRequest,
     datatypes: Mapping[str, str],
+    parameters: Mapping[str, str] | None = None,
 ) -> InferResponse:
     """Stacks per-tile results into one V2 response tensor per output.
 
@@ -186,6 +193,7 @@ def encode_v2(
         output_names: The outputs this request's mode produces, in order.
         decoded: The request (id, requested outputs, binary choices).
         datatypes: Output name to V2 datatype (``FP32``, ``UINT8``).
+        parameters: The answer's parameters (``package_sha256``).
 
     Raises:
         InvalidInput: A requested output is not produced in this mode.
@@ -202,6 +210,7 @@ def encode_v2(
         model_name=model_name,
         infer_outputs=outputs,
         binary=binary,
+        parameters=parameters,
     )
 
 

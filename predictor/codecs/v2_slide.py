@@ -83,6 +83,7 @@ class SlideV2Codec(V2Codec):
         decoded: V2DecodedRequest,
         responses: Sequence[ModelResponse],
         output_names: Sequence[str],
+        parameters: Mapping[str, str] | None = None,
     ) -> InferResponse:
         """The slide's outputs, each with its own shape (no tile axis added)."""
         names = select_outputs(decoded, output_names)
@@ -102,6 +103,7 @@ class SlideV2Codec(V2Codec):
             model_name=self._model_name,
             infer_outputs=outputs,
             binary=binary,
+            parameters=parameters,
         )
 
     def _features(self, inp: Any) -> np.ndarray:

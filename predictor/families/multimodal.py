@@ -1,9 +1,10 @@
 """Multimodal tile + bulk RNA predictor (``m-optimus``).
 
 Per tile: an image and, optionally, a raw bulk RNA vector of ``G`` counts.
-Stage 1 validates the vector (length ``G``, finite, non-negative) and applies
-the spec's ``log1p``; a bad vector is a 400 for its request, never a batch
-failure. A tile without bulk RNA gets an all-NaN row, the package's sentinel
+Stage 1 validates the vector (length ``G``, finite, non-negative), applies
+the spec's ``log1p`` and refuses a value beyond the finite range of the
+dtype the package computes in (FP16: 65504); a bad vector is a 400 for its
+request, never a batch failure. A tile without bulk RNA gets an all-NaN row, the package's sentinel
 for "absent" (it substitutes a learned default), so one batch can mix tiles
 with and without bulk RNA. The package returns ``(prediction, embedding)``
 from one forward pass; predictions go out ``expm1``-transformed and rounded.
@@ -25,12 +26,13 @@ from torch import nn
 
 from predictor.codecs.common import first_non_finite
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
-from predictor.errors import ForwardError, InvalidInput, SpecMismatch
+from predictor.errors import InvalidInput, SpecMismatch
 from predictor.package import genes
 from predictor.package.demo_models import DEMO_GENES_IN, DEMO_GENES_OUT, DemoMultimodal, vit_for
 from predictor.package.loader import LoadedPackage
 from predictor.package.probe import declared_input_dim
 from predictor.serving.family import check_embedding_shape
+from predictor.serving.finite import first_beyond, input_limit
 from predictor.serving.model import BaseServerModel
 from predictor.spec import ModelSpec
 
@@ -130,10 +132,23 @@ class MultimodalServerModel(BaseServerModel):
         else:
             try:
                 rna = self.preprocess_bulk_rna(self._validated_counts(request.bulk_rna, n_genes))
+                self._check_range(rna)
             except InvalidInput as exc:
                 raise exc.at(input_name="bulk_rna") from exc
         sample.extra_tensors["bulk_rna"] = rna
         return sample
+
+    def _check_range(self, rna: np.ndarray) -> None:
+        """InvalidInput for a value (after the spec's transform) the package's dtype cannot hold."""
+        dtype = self.package_dtype
+        limit = input_limit(dtype)
+        beyond = first_beyond(rna[None], limit)
+        if beyond is not None:
+            name = str(dtype).removeprefix("torch.")
+            raise InvalidInput(
+                f"value {beyond[1]:g} (after the spec's transform) is beyond the finite range of "
+                f"the package's {name} (+-{limit:g}): the model would overflow"
+            )
 
     @staticmethod
     def _validated_counts(raw: np.ndarray, n_genes: int) -> np.ndarray:
@@ -170,13 +185,17 @@ class MultimodalServerModel(BaseServerModel):
         return [ModelResponse({name: arr[i] for name, arr in per_output.items()}) for i in range(n)]
 
     def _transform_predictions(self, log_prediction: np.ndarray) -> np.ndarray:
-        if not np.isfinite(log_prediction).all():
-            raise ForwardError("the package returned non-finite predictions for this batch")
+        """``expm1`` and rounding, finite for finite input (a non-finite row failed on the device).
+
+        Rounded in float64: float32 rounding scales by ``10**decimals`` first,
+        which overflows to infinity above ~3e35 (``expm1(88)`` is 1.6e38).
+        """
         spec = self.model_spec
         values = log_prediction
         if spec.prediction_transform == "expm1":
             values = np.expm1(np.minimum(values, _MAX_LOG_PREDICTION))
-        return np.round(values, spec.prediction_decimals).astype(np.float32, copy=False)
+        rounded = np.round(values.astype(np.float64), spec.prediction_decimals)
+        return rounded.astype(np.float32)
 
     # -- description --------------------------------------------------------------------
     def output_names(self, mode: str) -> tuple[str, ...]:

@@ -46,6 +46,7 @@ from predictor.package.loader import LoadedPackage
 from predictor.package.metadata import provenance
 from predictor.package.probe import format_shapes
 from predictor.package.slide_models import GatedABMIL, MeanPool
+from predictor.serving.finite import first_beyond, input_limit
 from predictor.serving.model import BaseServerModel
 from predictor.serving.options import ServingOptions
 from predictor.spec import ModelSpec
@@ -171,6 +172,17 @@ class SlideServerModel(BaseServerModel):
             raise InvalidInput(f"mode {mode!r} names a mode twice", input_name="parameters.mode")
         return ",".join(m for m in self._spec.modes if m in parts)
 
+    def mode_for_outputs(self, names: Sequence[str]) -> str:
+        """The modes of the named outputs, joined (``prediction,attention``): one forward."""
+        modes = {OUTPUT_OF_MODE[m]: m for m in self._spec.modes}
+        unknown = [name for name in names if name not in modes]
+        if unknown:
+            raise InvalidInput(
+                f"no mode gives output {unknown[0]!r}; model {self._spec.name!r} gives "
+                f"{list(modes)} (modes {list(self._spec.modes)})"
+            )
+        return ",".join(m for m in self._spec.modes if OUTPUT_OF_MODE[m] in names)
+
     # -- stage 1 ----------------------------------------------------------------------
     def prepare_sample(self, request: ModelRequest) -> PreparedSample:
         """The slide's features as contiguous float32 (a copy unless already writable fp32).
@@ -258,24 +270,6 @@ class SlideServerModel(BaseServerModel):
             "tile_encoder": encoder,
             "max_tiles_per_slide": self._options.limits.max_tiles_per_slide,
         }
-
-
-def input_limit(dtype: torch.dtype) -> float:
-    """The largest feature magnitude a package taking ``dtype`` holds without overflow."""
-    if not dtype.is_floating_point:
-        return float(np.finfo(np.float32).max)
-    return min(float(torch.finfo(dtype).max), float(np.finfo(np.float32).max))
-
-
-def first_beyond(features: np.ndarray, limit: float) -> tuple[int, float] | None:
-    """``(tile, value)`` of the first feature whose magnitude is over ``limit``; None if none."""
-    if limit >= float(np.finfo(np.float32).max) and features.dtype.itemsize <= 4:
-        return None  # float32 or narrower: nothing finite is beyond it
-    over = np.abs(features) > limit
-    if not over.any():
-        return None
-    tile = int(np.argmax(over.any(axis=tuple(range(1, over.ndim)))))
-    return tile, float(features[tile][over[tile]].flat[0])
 
 
 def check_finite(outputs: Mapping[str, torch.Tensor]) -> None:

@@ -131,6 +131,7 @@ def build_frontend_model(
         metrics=metrics,
         batcher=proxy,
     )
+    model.served_from(info["metadata"])
     model.load()
     return model
 

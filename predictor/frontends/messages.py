@@ -43,6 +43,7 @@ _ERRORS = {
         errors.ModelNotReady,
         errors.Unavailable,
         errors.InvalidInput,
+        errors.NonFiniteOutput,
     )
 }
 

@@ -16,6 +16,8 @@ and overrides the seed's hooks, calling ``super()`` where the defaults serve:
 * start-up: :meth:`~TileHooks.check_package` (the first device's package),
   :meth:`~TileHooks.bind_device` (every device's), :meth:`~TileHooks.warm_up`;
 * protocol: :meth:`~TileHooks.v2_codec` (the V2 codec; tiles by default),
+  :meth:`~TileHooks.request_mode` (the mode, or the one named outputs imply:
+  :meth:`~TileHooks.mode_for_outputs`),
   :meth:`~TileHooks.resolve_mode` (a request's mode against the spec's);
 * description: :meth:`~TileHooks.output_names` (what a mode returns),
   :meth:`~TileHooks.output_datatypes`, :meth:`~TileHooks.output_shapes`,
@@ -45,7 +47,9 @@ from predictor.errors import InvalidInput, ModelNotReady
 from predictor.package.loader import LoadedPackage
 from predictor.package.probe import expected_inputs, probe_outputs
 from predictor.serving.family import PackageFamily, check_shapes
+from predictor.serving.finite import non_finite_error, non_finite_rows
 from predictor.serving.options import ServingOptions
+from predictor.serving.served_package import ServedPackage
 from predictor.spec import ModelSpec
 
 
@@ -62,6 +66,45 @@ class RequestHooks:
         """The V2 codec (REST and gRPC) for this model: per-tile inputs by default."""
         limits, types = self._options.limits, self.output_datatypes()
         return V2Codec(self._spec, limits, model_name=model_name, datatypes=types)
+
+    def request_mode(self, mode: str | None, requested: Sequence[str] | None) -> str:
+        """A request's mode: as given, else the one its named outputs imply, else the default.
+
+        The V2 convention: a request that names outputs need not name a
+        mode; one that names both must name outputs the mode gives.
+
+        Raises:
+            InvalidInput: An unknown mode, outputs no mode gives, or a mode
+                and named outputs that conflict (naming both).
+        """
+        if not requested:
+            return self.resolve_mode(mode)
+        if mode is None:
+            return self.mode_for_outputs(requested)
+        resolved = self.resolve_mode(mode)
+        gives = self.output_names(resolved)
+        others = [name for name in requested if name not in gives]
+        if others:
+            raise InvalidInput(
+                f"mode {mode!r} gives outputs {list(gives)} but the request names outputs "
+                f"{list(requested)}: name only outputs the mode gives, or leave the mode out "
+                "(the named outputs then decide it)",
+                input_name="parameters.mode",
+            )
+        return resolved
+
+    def mode_for_outputs(self, names: Sequence[str]) -> str:
+        """The mode giving every output in ``names`` with the fewest others (spec order on ties).
+
+        Raises:
+            InvalidInput: No mode gives them all (the message lists what each mode gives).
+        """
+        modes = self._spec.modes
+        fits = [m for m in modes if set(names) <= set(self.output_names(m))]
+        if not fits:
+            gives = {m: list(self.output_names(m)) for m in modes}
+            raise InvalidInput(f"no mode gives outputs {list(names)}; the modes give {gives}")
+        return min(fits, key=lambda m: len(self.output_names(m)))
 
     def resolve_mode(self, mode: str | None) -> str:
         """The request's mode, or the spec's default when it names none.
@@ -81,7 +124,7 @@ class RequestHooks:
         return mode
 
 
-class TileHooks(RequestHooks, PackageFamily):
+class TileHooks(RequestHooks, ServedPackage, PackageFamily):
     """The seed's tile model without KServe: its hooks, state and defaults.
 
     Args:
@@ -103,6 +146,7 @@ class TileHooks(RequestHooks, PackageFamily):
         self._options = options
         self._fault_hook = fault_hook
         self._package = package
+        self._owner_config: Mapping[str, Any] = {}  # a front end's: the device owner's config
         self._normalizer: Normalizer | None = None  # the first device's, built by load
         # the further devices' slots, and each worker's (warmed up on CUDA)
         self._devices = DeviceWorkers(warm_up=self.warm_worker)
@@ -227,9 +271,12 @@ class TileHooks(RequestHooks, PackageFamily):
         """Runs one batch on the device: one response per sample, positionally aligned.
 
         Stacks, moves to the device, normalises there, runs the package,
-        synchronises, copies back. Any failure propagates as raised: the
-        batcher classifies it and wraps it once
-        (:func:`predictor.errors.forward_failure`) for the whole batch.
+        checks its outputs finite there, synchronises, copies back. Any
+        failure propagates as raised: the batcher classifies it and wraps it
+        once (:func:`predictor.errors.forward_failure`) for the whole batch.
+        A sample whose row of any output is NaN or infinite gets a
+        :class:`~predictor.errors.NonFiniteOutput` in place of its response,
+        which fails its own request only (:mod:`predictor.serving.finite`).
 
         Args:
             samples: Samples that passed :meth:`prepare_sample`.
@@ -240,10 +287,14 @@ class TileHooks(RequestHooks, PackageFamily):
             self._fault_hook.check([s.tile for s in samples])
         package = self.active_slot().package
         inputs = self.batch_inputs(samples)
-        outputs = unshared(package(*inputs), inputs)
-        host = [self.output_to_host(out[: len(samples)]) for out in outputs]
+        outputs = [out[: len(samples)] for out in unshared(package(*inputs), inputs)]
+        bad = non_finite_rows(outputs, self.package_outputs(self._spec))
+        host = [self.output_to_host(out) for out in outputs]
         synchronize(package.device)
-        return self.build_responses([t.numpy() for t in host], mode)
+        responses: list[Any] = self.build_responses([t.numpy() for t in host], mode)
+        for row, output in bad.items():
+            responses[row] = non_finite_error(output, requests[row].index)
+        return responses
 
     @torch.inference_mode()
     def forward(self, requests: list[ModelRequest]) -> torch.Tensor:

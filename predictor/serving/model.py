@@ -303,7 +303,7 @@ class BaseServerModel(TileHooks, Model):
         codec: Codec = self._v2 if isinstance(payload, InferRequest) else self._v1
         decoded = codec.decode(payload)
         try:
-            mode = self.resolve_mode(decoded.mode)
+            mode = self.request_mode(decoded.mode, decoded.requested_outputs)
             codec.check_outputs(decoded, self.output_names(mode))  # before any compute
             samples = await self._prepare_staged(decoded)
         except InvalidInput:
@@ -337,7 +337,7 @@ class BaseServerModel(TileHooks, Model):
         """Encodes the responses with the codec the request was decoded with."""
         prepared, responses = result
         names = self.output_names(prepared.mode)
-        return prepared.codec.encode(prepared.decoded, responses, names)
+        return prepared.codec.encode(prepared.decoded, responses, names, self.answer_parameters())
 
     async def _prepare_staged(self, decoded: DecodedRequest) -> list[PreparedSample]:
         """Stage 1 for every tile, refused up front (fast 503) when the queue is full."""

@@ -9,6 +9,7 @@ hands every other request on with its body intact.
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import re
@@ -29,6 +30,7 @@ from kserve.model_repository import ModelRepository
 from starlette.middleware import Middleware
 from timing_asgi import TimingMiddleware
 
+from harness.packages import package_in
 from harness.server import Server, start_server
 from harness.tiles import b64, encode_png, random_tiles
 from predictor.server.app import (
@@ -152,6 +154,21 @@ def test_json_requests_match(pair: dict, content_type: str | None) -> None:
     for binary_output in (False, True):
         answer = both(pair, json_tiles(pngs, binary_data_output=binary_output), headers)
         assert answer.status == 200, answer.body[:300]
+
+
+@pytest.mark.integration
+def test_the_fast_path_and_fastapi_both_name_the_package(
+    pair: dict, embedding_package_dir: Path
+) -> None:
+    """Issue 33, case 9: every answer's parameters carry the served package's digest."""
+    digest = hashlib.sha256(package_in(embedding_package_dir).read_bytes()).hexdigest()
+    pngs = [b64(encode_png(t)) for t in random_tiles(2, seed=7)]
+    plain = both(pair, json_tiles(pngs), {"Content-Type": "application/json"})
+    assert json.loads(plain.body)["parameters"] == {"package_sha256": digest}
+    body, headers = pixels_body(random_tiles(1, seed=8), binary_data_output=True)
+    binary = both(pair, body, headers)
+    length = int(dict(binary.headers)["inference-header-content-length"])
+    assert json.loads(binary.body[:length])["parameters"] == {"package_sha256": digest}
 
 
 @pytest.mark.integration

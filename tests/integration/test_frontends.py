@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import hashlib
 import re
 import signal
 import threading
@@ -105,6 +106,17 @@ def v2_json(server: Server, tiles: np.ndarray) -> np.ndarray:
 def json_body(tiles: np.ndarray) -> dict:
     data = [b64(encode_png(t)) for t in tiles]
     return {"inputs": [{"name": "tiles", "datatype": "BYTES", "shape": [len(data)], "data": data}]}
+
+
+def test_front_ends_answer_with_the_owner_s_package(
+    two: Server, embedding_package_dir: Path
+) -> None:
+    """Issue 33, case 9: a front end never loads the package; its answers name the owner's."""
+    digest = hashlib.sha256(package_in(embedding_package_dir).read_bytes()).hexdigest()
+    tiles = random_tiles(2, seed=21)
+    for _ in range(4):  # connections spread over both front ends
+        answer = httpx.post(infer_url(two), json=json_body(tiles), timeout=120).json()
+        assert answer["parameters"] == {"package_sha256": digest}
 
 
 @pytest.mark.parametrize("send", [binary_rest, grpc, v1, v2_json], ids=lambda f: f.__name__)

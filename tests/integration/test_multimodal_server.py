@@ -114,6 +114,66 @@ def test_v2_grpc_every_mode_with_png_tiles(server, truth, n_genes, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_named_outputs_without_a_mode_decide_it_over_rest_and_grpc(server, truth, n_genes, mode):
+    """The V2 convention: a request naming its outputs gets them; the mode follows."""
+    tiles, rna = random_tiles(2, seed=13), _counts(2, n_genes[0], 13)
+    want = truth(tiles, rna)
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        pix = httpclient.InferInput("pixels", list(tiles.shape), "UINT8")
+        pix.set_data_from_numpy(tiles, binary_data=True)
+        bulk = httpclient.InferInput("bulk_rna", list(rna.shape), "FP32")
+        bulk.set_data_from_numpy(rna, binary_data=True)
+        outs = [httpclient.InferRequestedOutput(n, binary_data=True) for n in OUTPUTS[mode]]
+        result = client.infer(server.model_name, [pix, bulk], outputs=outs)
+    finally:
+        client.close()
+    assert [o["name"] for o in result.get_response()["outputs"]] == list(OUTPUTS[mode])
+    grpc = GrpcClient(server.grpc_url)
+    try:
+        inputs = {"pixels": ("UINT8", tiles), "bulk_rna": ("FP32", rna)}
+        answered, _ = grpc.answer(server.model_name, inputs, outputs=list(OUTPUTS[mode]))
+    finally:
+        grpc.close()
+    assert sorted(answered) == sorted(OUTPUTS[mode])
+    for name in OUTPUTS[mode]:
+        np.testing.assert_allclose(result.as_numpy(name), want[name], atol=2e-3, rtol=1e-4)
+        np.testing.assert_allclose(answered[name], want[name], atol=2e-3, rtol=1e-4)
+
+
+def test_a_mode_that_conflicts_with_the_named_outputs_is_a_400_naming_both(server, n_genes):
+    tiles = random_tiles(1, seed=14)
+    body = {
+        "inputs": [
+            {"name": "pixels", "shape": [1, 224, 224, 3], "datatype": "UINT8",
+             "data": tiles.ravel().tolist()}
+        ],
+        "outputs": [{"name": "embedding"}],
+        "parameters": {"mode": "prediction"},
+    }  # fmt: skip
+    answer = httpx.post(f"{server.base}/v2/models/{server.model_name}/infer", json=body)
+    assert answer.status_code == 400, answer.text
+    message = answer.json()["error"]
+    assert (
+        "parameters.mode" in message and "mode 'prediction' gives outputs ['prediction']" in message
+    )
+    assert "['embedding']" in message
+    grpc = GrpcClient(server.grpc_url)
+    try:
+        with pytest.raises(GrpcError) as refused:
+            grpc.answer(
+                server.model_name,
+                {"pixels": ("UINT8", tiles)},
+                parameters={"mode": "embedding"},
+                outputs=["prediction"],
+            )
+    finally:
+        grpc.close()
+    assert refused.value.status == "StatusCode.INVALID_ARGUMENT"
+    assert "mode 'embedding' gives outputs ['embedding']" in refused.value.message
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_v1_every_mode_with_and_without_bulk_rna(server, truth, n_genes, mode):
     tiles, rna = random_tiles(2, seed=12), _counts(2, n_genes[0], 12)
     instances = [

@@ -137,6 +137,60 @@ def test_each_mode_returns_its_output(server) -> None:
     assert [(o["name"], o["shape"]) for o in default["outputs"]] == [("prediction", [2])]
 
 
+def test_answers_name_the_package_over_rest_and_grpc(server) -> None:
+    """Issue 33, case 9: the slide family's answers carry the package digest too."""
+    config = httpx.get(f"{server.base}/v2/models/{server.model_name}/config").json()
+    digest = config["package_sha256"]
+    assert len(digest) == 64
+    features = _slide(4, seed=9)
+    rest = _rest(server, features, "prediction")
+    assert rest.get_response()["parameters"] == {"package_sha256": digest}
+    client = GrpcClient(server.grpc_url)
+    try:
+        _, parameters = client.answer(server.model_name, {"features": ("FP32", features)})
+    finally:
+        client.close()
+    assert parameters == {"package_sha256": digest}
+
+
+def test_named_outputs_decide_the_mode_and_a_conflicting_mode_is_a_400(server) -> None:
+    """The V2 convention: outputs named without ``mode`` are what comes back."""
+    features = _slide(3, seed=12)
+    body = {
+        "inputs": [
+            {"name": "features", "shape": [3, 1536], "datatype": "FP32",
+             "data": features.ravel().tolist()}
+        ],
+        "outputs": [{"name": "attention"}, {"name": "slide_embedding"}],
+    }  # fmt: skip
+    url = f"{server.base}/v2/models/{server.model_name}/infer"
+    answer = httpx.post(url, json=body)
+    assert answer.status_code == 200, answer.text
+    shapes = {o["name"]: o["shape"] for o in answer.json()["outputs"]}
+    assert shapes == {"attention": [3], "slide_embedding": [512]}
+    conflict = httpx.post(url, json={**body, "parameters": {"mode": "prediction"}})
+    assert conflict.status_code == 400
+    message = conflict.json()["error"]
+    assert "mode 'prediction'" in message and "['attention', 'slide_embedding']" in message
+    client = GrpcClient(server.grpc_url)
+    try:
+        outputs, _ = client.answer(
+            server.model_name, {"features": ("FP32", features)}, outputs=["slide_embedding"]
+        )
+        assert list(outputs) == ["slide_embedding"] and outputs["slide_embedding"].shape == (512,)
+        with pytest.raises(GrpcError) as refused:
+            client.answer(
+                server.model_name,
+                {"features": ("FP32", features)},
+                parameters={"mode": "attention"},
+                outputs=["prediction"],
+            )
+    finally:
+        client.close()
+    assert refused.value.status == "StatusCode.INVALID_ARGUMENT"
+    assert "mode 'attention'" in refused.value.message
+
+
 def test_an_output_that_overflows_is_a_422_never_a_200_with_nan(server, grpc, module) -> None:
     """Issue 33, case 11: finite features that overflow the head answered 200 with NaN."""
     features = _slide(5, seed=11)

@@ -32,6 +32,7 @@ from predictor.errors import (
     DeviceLost,
     ForwardError,
     ModelNotReady,
+    NonFiniteOutput,
     Overloaded,
 )
 
@@ -897,3 +898,32 @@ def test_workers_are_validated() -> None:
         DynamicBatcher({}, cfg())
     with pytest.raises(ValueError, match="worker 'cuda:1' is not callable: 3"):
         DynamicBatcher({"cuda:0": Fake(), "cuda:1": 3}, cfg())  # type: ignore[dict-item]
+
+
+def test_a_result_that_is_an_error_fails_its_item_alone() -> None:
+    """A forward that went well for the batch but not for one item (its row non-finite)."""
+
+    class OneBad(Fake):
+        def __call__(self, items: list[Any], key: Hashable) -> list[Any]:
+            results = super().__call__(items, key)
+            return [
+                NonFiniteOutput(f"item {x}") if x == "b1" else r
+                for x, r in zip(items, results, strict=True)
+            ]
+
+    fake = OneBad()
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=5))  # full once both are in: no latency wait
+        first = await busy(fake, b)
+        a, other = b.submit(["a0", "a1"]), b.submit(["b0", "b1", "b2"])
+        fake.release()
+        got = await outcomes([first, *a, *other])
+        assert fake.sizes == [1, 5]  # both requests in one batch
+        assert got[:4] == ["rbusy", "ra0", "ra1", "rb0"] and got[5] == "rb2"
+        assert isinstance(other[1].exception(), NonFiniteOutput)  # raised, not a result
+        assert str(got[4]) == "item b1" and other[0].exception() is None
+        assert b.healthy
+        await b.close()
+
+    run(body)

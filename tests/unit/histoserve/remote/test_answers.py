@@ -248,12 +248,38 @@ def test_an_answer_naming_another_model_or_package_is_refused() -> None:
     check = AnswerCheck.for_mode(info, "embedding")
     same = {"model_name": "h0-mini", "parameters": {"package_sha256": "a" * 64}}
     assert check.problem(Answer(_good(2), same), 2) is None
-    assert (
-        check.problem(Answer(_good(2), {"model_name": "h0-mini", "model_version": None}), 2) is None
-    )
     other = Answer(_good(2), {**same, "parameters": {"package_sha256": "b" * 64}})
-    assert check.problem(other, 2).startswith(f"answered with package {'b' * 64}, not {'a' * 64}")
+    assert check.problem(other, 2).startswith(f"answered with package {'b' * 16}, not {'a' * 16}")
     renamed = Answer(_good(2), {**same, "model_name": "h1"})
     assert check.problem(renamed, 2).startswith("answered as model 'h1', not 'h0-mini'")
     made_up = AnswerCheck.for_mode(H0_MINI, "embedding")  # no digest reported: names only
     assert made_up.problem(other, 2) is None and made_up.problem(renamed, 2) is not None
+
+
+def test_an_answer_naming_no_package_is_refused_when_the_config_reported_one() -> None:
+    """Issue 33, case 9: a histoserve server names its package in every answer; silence is refused.
+
+    One check for the tile client and the slide head
+    (:func:`~histoserve.remote.answers.identity_problem`).
+    """
+    from histoserve.heads.head import SlideAnswerCheck, head_from_config
+    from histoserve.remote.answers import identity_problem
+    from histoserve.remote.transport import Answer
+
+    served = _config("h0-mini", [{"name": "embedding", "datatype": "FP32", "shape": [-1, 1536]}])
+    info = info_from_config("h0-mini", {**served, "package_sha256": "a" * 64})
+    silent = Answer(_good(2), {"model_name": "h0-mini", "model_version": None})
+    problem = AnswerCheck.for_mode(info, "embedding").problem(silent, 2)
+    assert problem.startswith("answered without naming its package"), problem
+    assert f"reported package {'a' * 16} at the start of the run" in problem
+    assert AnswerCheck.for_mode(H0_MINI, "embedding").problem(silent, 2) is None
+    head = head_from_config("abmil", _slide_config("a" * 64))
+    assert SlideAnswerCheck(head).problem(silent, 2) == identity_problem(
+        silent.identity, "abmil", "a" * 64
+    )
+
+
+def _slide_config(digest: str) -> dict:
+    outputs = [{"name": "prediction", "datatype": "FP32", "shape": [2]}]
+    spec = {"name": "abmil", "family": "slide", "classes": ["a", "b"], "feature_dim": 4}
+    return {"name": "abmil", "package_sha256": digest, "spec": spec, "outputs": outputs}
