@@ -21,7 +21,7 @@ the expected outputs, ``prediction`` ``[C]``, ``attention`` ``[N]`` or
 datatype), finite, and the model and package it names the ones asked
 (:func:`~histoserve.remote.answers.identity_problem`, shared with the tile
 client: an answer naming no package from a server whose config reported one
-is refused too). Anything else is a :class:`~histoserve.remote.transport.BadAnswer`:
+is refused too). Anything else is a :class:`~histoserve.errors.BadAnswer`:
 retried elsewhere like a 503, never written.
 """
 

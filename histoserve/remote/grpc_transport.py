@@ -10,7 +10,7 @@ for an output that overflowed, ...) fails the slide with the server's message.
 gRPC carries no ``Retry-After``, so retries back off with jitter. Channels are
 recycled like HTTP pools, so new replicas behind a Service get traffic. An
 answer whose tensors cannot be decoded (a raw buffer shorter than its shape)
-is a :class:`~histoserve.remote.transport.BadAnswer`: retried, preferably
+is a :class:`~histoserve.errors.BadAnswer`: retried, preferably
 on another URL, like a wrong answer over HTTP.
 """
 
