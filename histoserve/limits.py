@@ -98,6 +98,16 @@ MAX_MASK_PIXELS = MAX_THUMB_PIXELS
 MAX_CONTOUR_EDGES = 1 << 20
 
 
+# Upper bounds of the numeric options: beyond them a value is a typo (or
+# infinity), and would overflow a timer or exhaust threads rather than help.
+MAX_SECONDS = 86_400.0
+MAX_BATCH = 4096
+MAX_ATTEMPTS = 100
+MAX_THREADS = 1024
+MAX_SLIDES_IN_FLIGHT = 64
+MAX_COUNT = 1 << 31
+
+
 def mpp_problem(value: float) -> str | None:
     """Why ``value`` is not a plausible microns per pixel, or None when it is."""
     low, high = PLAUSIBLE_MPP

@@ -15,7 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from histoserve.errors import UsageError
-from histoserve.limits import DEFAULT_MAX_TILES_PER_SLIDE, MAX_READ_PX, mpp_problem
+from histoserve.limits import (
+    DEFAULT_MAX_TILES_PER_SLIDE,
+    MAX_ATTEMPTS,
+    MAX_BATCH,
+    MAX_COUNT,
+    MAX_READ_PX,
+    MAX_SECONDS,
+    MAX_SLIDES_IN_FLIGHT,
+    MAX_THREADS,
+    mpp_problem,
+)
 from histoserve.remote.auth import Credentials, check_url, redact_url
 from histoserve.slides.readers import READERS
 from histoserve.slides.resample import RESIZES
@@ -24,14 +34,6 @@ from histoserve.wire import MODES
 LAYOUTS = ("flat", "trident", "clam")
 PROGRESS = ("auto", "bar", "plain", "none")
 URL_SCHEMES = ("http://", "https://", "grpc://", "grpcs://")
-# Upper bounds of the numeric options: beyond them a value is a typo (or
-# infinity), and would overflow a timer or exhaust threads rather than help.
-MAX_SECONDS = 86_400.0
-MAX_BATCH = 4096
-MAX_ATTEMPTS = 100
-MAX_THREADS = 1024
-MAX_SLIDES_IN_FLIGHT = 64
-MAX_COUNT = 1 << 31
 # Requests in flight per URL by default: one being computed, one queued behind
 # it and one on the wire keep a server's batcher fed without deep queues.
 DEFAULT_CONCURRENCY_PER_URL = 4

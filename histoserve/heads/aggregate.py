@@ -46,6 +46,7 @@ from histoserve.heads.slide_head import (
     settle_pictures,
 )
 from histoserve.heads.table import write_table
+from histoserve.limits import MAX_ATTEMPTS, MAX_SECONDS, MAX_SLIDES_IN_FLIGHT
 from histoserve.remote.auth import Credentials, load_credentials
 from histoserve.remote.dispatch import Dispatcher, RetryPolicy
 from histoserve.remote.transport import RecyclePolicy
@@ -107,8 +108,13 @@ class AggregateConfig:
             raise UsageError("aggregate needs --url: where the slide model is served")
         if not self.model:
             raise UsageError("aggregate needs --model: the slide model's name")
-        if self.slides_in_flight < 1:
-            raise UsageError(f"--slides-in-flight must be >= 1, got {self.slides_in_flight}")
+        for flag, value, least, most in (
+            ("--slides-in-flight", self.slides_in_flight, 1, MAX_SLIDES_IN_FLIGHT),
+            ("--max-attempts", self.max_attempts, 1, MAX_ATTEMPTS),
+            ("--timeout-s", self.timeout_s, 1e-3, MAX_SECONDS),
+        ):
+            if not least <= value <= most:  # NaN and infinity fail too
+                raise UsageError(f"{flag} must be in {least:g}..{most:,}, got {value!r}")
         object.__setattr__(self, "features_dir", Path(self.features_dir))
         object.__setattr__(self, "out_dir", Path(self.out_dir or self.features_dir))
         if self.slides_dir is not None:

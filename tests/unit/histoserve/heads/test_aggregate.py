@@ -288,3 +288,18 @@ def test_slides_that_is_no_folder_is_a_usage_error_before_any_slide(
     err = capsys.readouterr().err
     assert f"--slides {tmp_path / 'nowhere'}: no such folder of slides" in err
     assert not (tmp_path / "slides_status.csv").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--timeout-s", "inf"), ("--timeout-s", "nan"), ("--timeout-s", "0"),
+     ("--max-attempts", "1000000"), ("--slides-in-flight", "0")],
+)  # fmt: skip
+def test_out_of_range_numbers_are_a_usage_error_before_any_slide(
+    tmp_path: Path, server: SlideServer, capsys: pytest.CaptureFixture, flag: str, value: str
+) -> None:
+    _cohort("flat", tmp_path, 1)
+    args = [str(tmp_path), "--url", server.url, "--model", "abmil-demo", flag, value]
+    assert main(args) == 2
+    assert f"{flag} must be in" in capsys.readouterr().err
+    assert not (tmp_path / "slides_status.csv").exists()
