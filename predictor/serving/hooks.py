@@ -38,7 +38,7 @@ from predictor.codecs.images import decode_tile
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample, tile_hwc
 from predictor.codecs.v2 import V2Codec
 from predictor.device.faults import FaultHook
-from predictor.device.normalizer import Normalizer, synchronize, unshared
+from predictor.device.normalizer import Normalizer, to_host, unshared
 from predictor.device.slot import DeviceSlot
 from predictor.device.workers import DeviceWorkers
 from predictor.errors import InvalidInput, ModelNotReady
@@ -226,10 +226,14 @@ class TileHooks(RequestHooks, PackageFamily):
     ) -> list[ModelResponse]:
         """Runs one batch on the device: one response per sample, positionally aligned.
 
-        Stacks, moves to the device, normalises there, runs the package,
-        synchronises, copies back. Any failure propagates as raised: the
-        batcher classifies it and wraps it once
-        (:func:`predictor.errors.forward_failure`) for the whole batch.
+        Stacks, moves to the device, normalises there, runs the package and
+        queues the copies back (:meth:`output_to_host`); then the slot
+        settles (:meth:`~predictor.device.slot.DeviceSlot.settle`): a
+        pipelined lane gives the device's turn back before it waits for the
+        copies, so the responses are built while the next batch computes.
+        Any failure propagates as raised: the batcher classifies it and
+        wraps it once (:func:`predictor.errors.forward_failure`) for the
+        whole batch.
 
         Args:
             samples: Samples that passed :meth:`prepare_sample`.
@@ -238,11 +242,11 @@ class TileHooks(RequestHooks, PackageFamily):
         """
         if self._fault_hook is not None:
             self._fault_hook.check([s.tile for s in samples])
-        package = self.active_slot().package
+        slot = self.active_slot()
         inputs = self.batch_inputs(samples)
-        outputs = unshared(package(*inputs), inputs)
+        outputs = unshared(slot.package(*inputs), inputs)
         host = [self.output_to_host(out[: len(samples)]) for out in outputs]
-        synchronize(package.device)
+        slot.settle()
         return self.build_responses([t.numpy() for t in host], mode)
 
     @torch.inference_mode()
@@ -267,8 +271,14 @@ class TileHooks(RequestHooks, PackageFamily):
         return (self.active_slot().normalizer([tile_hwc(s.tile, size) for s in samples]),)
 
     def output_to_host(self, output: torch.Tensor) -> torch.Tensor:
-        """Device output (trimmed to the real batch) to a host tensor; fp32 by default."""
-        return output.float().cpu() if output.is_floating_point() else output.cpu()
+        """Device output (trimmed to the real batch) to a host tensor; fp32 by default.
+
+        The copy may only be queued (:func:`~predictor.device.normalizer.to_host`,
+        non-blocking into pinned memory): :meth:`forward_batch` reads the
+        result after the slot settles. An override that calls ``.cpu()``
+        is correct too, only it waits with the device's turn held.
+        """
+        return to_host(output.float() if output.is_floating_point() else output)
 
     def build_responses(self, outputs: Sequence[np.ndarray], mode: str) -> list[ModelResponse]:
         """One response per sample from the host outputs (views, no copies): its embedding row."""
