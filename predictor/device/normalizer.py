@@ -165,6 +165,8 @@ class Normalizer:
         chw = (channels, height, width)
         out = self._out
         if out is None or out.shape[0] < rows or out.shape[1:] != chw or out.dtype != dtype:
+            if out is not None and out.is_cuda:  # freed only once this stream is past it
+                out.record_stream(torch.cuda.current_stream(self.device))
             size = (max(rows, self._capacity), *chw)
             out = self._out = torch.empty(size, dtype=dtype, device=self.device)
         return out[:rows]
