@@ -96,13 +96,14 @@ def _flat_inputs(spec: Any) -> bool:
 
 
 def as_torch_runner(loader: Any) -> Any:
-    """:class:`TorchRunner` over ``loader``; torch's own wrapper where the spec is not flat."""
+    """:class:`TorchRunner` over ``loader``; torch's own wrapper where the spec is not flat
+    (or this torch's loader or treespecs differ from what :class:`TorchRunner` reads)."""
     try:
         return TorchRunner(loader)
-    except ValueError as exc:
+    except (ValueError, AttributeError, TypeError, RuntimeError) as exc:
         from torch.export.pt2_archive._package import AOTICompiledModel
 
-        logger.info("forward runner: torch's call wrapper kept (%s)", exc)
+        logger.info("torch's call wrapper kept for this package (%s)", exc)
         return AOTICompiledModel(loader)
 
 
@@ -139,10 +140,10 @@ def load_kind(
             private_inputs=True,
         )
         logger.info(
-            "forward runner: the GIL-free C-ABI runner (torch %s) for %s on %s, %d model copies",
-            torch.__version__,
+            "%s on %s: loaded by the GIL-free C-ABI runner (torch %s), %d model copies",
             path.name,
             device,
+            torch.__version__,
             instances,
         )
         return runner
@@ -152,15 +153,17 @@ def load_kind(
         loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, copies, index)
     except (AttributeError, TypeError):
         logger.info(
-            "forward runner: torch %s has no AOTI loader API we know; aoti_load_package",
+            "%s on %s: torch %s lacks the AOTI loader API used; loading by aoti_load_package",
+            path.name,
+            device,
             torch.__version__,
         )
     else:
         logger.info(
-            "forward runner: torch's AOTI loader (torch %s) for %s on %s, %d model copies",
-            torch.__version__,
+            "%s on %s: loaded by torch's AOTI loader (torch %s), %d model copies",
             path.name,
             device,
+            torch.__version__,
             copies,
         )
         return as_torch_runner(loader)

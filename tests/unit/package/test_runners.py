@@ -7,6 +7,7 @@ recorder only where a GPU would be needed (the copies asked for on CUDA).
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -76,7 +77,7 @@ def test_a_package_with_nested_outputs_keeps_torchs_wrapper() -> None:
 
 @pytest.mark.parametrize(("device", "instances", "copies"), [("cuda:1", 1, 2), ("cuda:0", 3, 6)])
 def test_a_cuda_package_gets_one_model_copy_per_lane(
-    monkeypatch: pytest.MonkeyPatch, device: str, instances: int, copies: int
+    monkeypatch: pytest.MonkeyPatch, caplog: Any, device: str, instances: int, copies: int
 ) -> None:
     asked: list[tuple[int, int]] = []
 
@@ -88,7 +89,12 @@ def test_a_cuda_package_gets_one_model_copy_per_lane(
             return SpecOnly(torch.zeros(1)).get_call_spec()
 
     monkeypatch.setattr(torch._C._aoti, "AOTIModelPackageLoader", Recorder)
-    runner = runners.load_kind(demo_package("h0-mini"), torch.device(device), "torch", instances)
+    with caplog.at_level(logging.INFO, logger="histoserve"):
+        runner = runners.load_kind(
+            demo_package("h0-mini"), torch.device(device), "torch", instances
+        )
+    loaded = f"on {device}: loaded by torch's AOTI loader (torch {torch.__version__}), {copies}"
+    assert loaded in caplog.text  # the loader path and versions, at INFO
     assert isinstance(runner, TorchRunner)
     assert asked == [(copies, torch.device(device).index)]
     assert CUDA_COPIES_PER_INSTANCE == LANES  # one copy per pipelined lane
