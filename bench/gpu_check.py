@@ -6,9 +6,11 @@ Made for a GPU machine with Python 3.12, a preinstalled CUDA torch, numpy,
 pillow and grpcio, no network and no ``make``: what is missing there
 (KServe and its web stack, tritonclient, a newer grpcio) comes as wheels in
 ``.gpu-wheels/`` (``make wheelhouse``), unpacked by the check itself
-(:mod:`bench.gpu_env`). It exports its packages there from the project's
-own ViT builder (:mod:`bench.gpu_packages`: ViT-g first, each export with
-its own compile threads and deadline), then runs the stages of
+(:mod:`bench.gpu_env`). It records its budget first (:func:`budget`: every
+part's seconds, the plan and its slack of at least :data:`SLACK_S`), exports
+its packages there from the project's own ViT builder
+(:mod:`bench.gpu_packages`: one real model at a time, ViT-g last and timed,
+each export with its own compile threads and deadline), then runs the stages of
 :data:`STAGES` in order, the most valuable figures first, each only if its
 budget still fits the total deadline; after each it rewrites
 ``DIR/gpu-check.json`` and ``DIR/gpu-check.md``, so a timeout loses nothing
@@ -43,6 +45,8 @@ ALLOC_CONF = "expandable_segments:True"
 
 TOTAL_S = 540.0
 """The device call's plan: 9 minutes, start-up of the machine aside."""
+SLACK_S = 60.0
+"""What the plan leaves unspent at least (:func:`planned_seconds` + this <= :data:`TOTAL_S`)."""
 DEADLINE_S = 530.0
 """The check's own total deadline (``--deadline_s``): inside the plan, with a margin."""
 DRY_DEADLINE_S = 1500.0
@@ -64,26 +68,41 @@ class Stage:
 
 STAGES: tuple[Stage, ...] = (
     Stage("matmul_rate", "gpu_sweep:matmul_rate", 8),
-    Stage("sweep", "gpu_sweep:sweep", 55),
-    Stage("served", "gpu_served:served", 85),
+    Stage("sweep", "gpu_sweep:sweep", 40),
+    Stage("defaults", "gpu_defaults:defaults", 70),
+    Stage("served", "gpu_served:served", 20),
     Stage("served_equals_direct", "gpu_stages:served_equals_direct", 20),
     Stage("overlap", "gpu_served:overlap", 20),
     Stage("oom_split", "gpu_stages:oom_split", 12),
     Stage("bf16_families", "gpu_stages:bf16_families", 12),
     Stage("bf16_vs_fp32", "gpu_stages:bf16_vs_fp32", 8),
     Stage("copy_vs_compute", "gpu_timing:copy_vs_compute", 8),
-    Stage("throughput", "gpu_timing:throughput", 25),
+    Stage("throughput", "gpu_timing:throughput", 20),
     Stage("event_loop", "gpu_timing:event_loop", 6),
 )
 """Every stage after the export, most valuable first; a stage starts only if its budget fits."""
 
 
 def planned_seconds() -> float:
-    """The plan's own accounting: bootstrap, facts, the longest export deadline, every stage."""
-    from bench.gpu_packages import PLAN
+    """The plan's own accounting: bootstrap, facts, the export groups' deadlines, every stage."""
+    from bench.gpu_packages import planned_export_seconds
 
-    exports = max(e.deadline_s for e in PLAN)
-    return BOOTSTRAP_S + FACTS_S + exports + sum(s.budget_s for s in STAGES)
+    return BOOTSTRAP_S + FACTS_S + planned_export_seconds() + sum(s.budget_s for s in STAGES)
+
+
+def budget() -> dict[str, float]:
+    """The plan's cells, recorded beside the results: what each part may take, and the slack."""
+    from bench.gpu_packages import planned_export_seconds
+
+    return {
+        "bootstrap_s": BOOTSTRAP_S,
+        "facts_s": FACTS_S,
+        "exports_s": planned_export_seconds(),
+        **{f"{s.name}_s": s.budget_s for s in STAGES},
+        "planned_s": planned_seconds(),
+        "total_s": TOTAL_S,
+        "slack_s": TOTAL_S - planned_seconds(),
+    }
 
 
 def _function(target: str) -> Callable[[Any], dict[str, Any]]:
@@ -102,6 +121,8 @@ def environment(device: str, out: Path) -> dict[str, Any]:
     machine = machine_facts(out)  # first: written even where torch fails to import
     import torch
 
+    from predictor.package.runners import CUDA_COPIES_PER_INSTANCE
+
     facts: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -109,6 +130,8 @@ def environment(device: str, out: Path) -> dict[str, Any]:
         "device": device,
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "cpus": os.cpu_count(),
+        "loader": "torch's AOTIModelPackageLoader, called flat (predictor.package.runners)",
+        "model_copies_per_cuda_instance": CUDA_COPIES_PER_INSTANCE,
     }
     if device == "cuda":
         major, minor = torch.cuda.get_device_capability(0)
@@ -197,6 +220,7 @@ def run(args: argparse.Namespace) -> Report:
     logs = args.out / "logs"
     deadline.arm()
     try:
+        report.add("budget", budget())
         report.add("environment", _timed(lambda _: environment(device, args.out), None))
         packages = _export(args, report, logs)
         window_s = args.window_s if args.window_s else (0.5 if args.dry_run else 4.0)
@@ -252,6 +276,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         bootstrap(raw, args.work)  # returns only when nothing is missing
         os.environ.setdefault("HISTOSERVE_TEST_PACKAGE_CACHE", str(args.work / "packages"))
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)  # before torch is imported
+    import logging
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     report = run(args)
     print("\n".join(report.table()))
     failed = [s for s, r in report.data.items() if status(r) in ("FAIL", "error", "skipped")]

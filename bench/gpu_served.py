@@ -1,12 +1,14 @@
 """The GPU check's served figures: ViT-B and ViT-g behind the real server, and the worker's overlap.
 
-* ``served``: at each model's best batch from the sweep (``max_batch_size``),
+* ``served``: at ViT-B's best batch from the sweep (``max_batch_size``),
   16 clients x 64 tiles over V2 binary REST (4 x 2 on the dry run: one CPU
   forward a request, so a half-second window sees answers) against
-  the package alone at that batch (the sweep's tiles/s): ViT-B with one
-  instance, two instances and two front ends, ViT-g with one instance. Each
-  window records tiles/s, latency, the mean batch, the server's CPU cores
-  and NVML's utilisation, SM clock, power and memory.
+  the package alone at that batch (the sweep's tiles/s), one instance, one
+  front end: what HTTP costs on top of the device path. The grid of
+  ``max_batch_size`` and ``max_latency_ms`` per model is the ``defaults``
+  stage's (:mod:`bench.gpu_defaults`, in process). The window records
+  tiles/s, latency, the mean batch, the server's CPU cores and NVML's
+  utilisation, SM clock, power and memory.
 * ``overlap``: in process (the real start-up and batcher, no HTTP), ViT-B's
   tiles/s with the pipelined worker (next batch's staging and copy during
   the forward: :mod:`predictor.device.pipeline`) and without, alternating.
@@ -25,12 +27,7 @@ from typing import Any
 from bench.gpu_nvml import GpuSampler
 from bench.gpu_stages import Context
 
-CONFIGS = (
-    ("vit-b-bf16", 1, 1),
-    ("vit-b-bf16", 2, 1),
-    ("vit-b-bf16", 1, 2),
-    ("vit-g-bf16", 1, 1),
-)
+CONFIGS = (("vit-b-bf16", 1, 1),)
 """(package, instances per device, front ends) of the served windows, in order."""
 
 

@@ -6,7 +6,8 @@
   batch 32, 64, 128 and 256 (1 and 2 on the dry run) on an input already on
   the device: forward ms from CUDA events, tiles/s, TFLOP/s (from the
   geometry's FLOPs per tile, :meth:`ViTConfig.flops_per_tile`) and its share
-  of the matmul rate, peak memory, and NVML's utilisation, SM clock, power
+  of the matmul rate, peak memory (the allocator's, and the device's own
+  ``mem_get_info``, which also counts AOTInductor's weights), and NVML's utilisation, SM clock, power
   and memory during the window (:mod:`bench.gpu_nvml`). The batch with the
   most tiles/s is each model's ``best``, which the served stage uses.
 """
@@ -132,5 +133,25 @@ def _point(ctx: Context, package: Any, batch: int, flops: float) -> dict[str, An
         "tflops": tflops,
         "of_matmul": tflops / rate if rate else None,
         "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+        **device_memory(cuda),
         "gpu": gpu.summary(),
+    }
+
+
+def device_memory(cuda: bool) -> dict[str, float | None]:
+    """The device's own view beside the allocator's: ``mem_get_info``'s used and free MiB.
+
+    AOTInductor's weights live in plain ``cudaMalloc`` (about 2.3 GB for
+    ViT-g), outside the caching allocator's counters; ``used_mib`` counts
+    them, the allocator's figures do not.
+    """
+    import torch
+
+    if not cuda:
+        return {"used_mib": None, "free_mib": None, "reserved_mib": None}
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "used_mib": (total - free) / 2**20,
+        "free_mib": free / 2**20,
+        "reserved_mib": torch.cuda.memory_reserved() / 2**20,
     }

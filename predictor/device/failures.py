@@ -82,6 +82,12 @@ class OomCounter:
             if str(device) not in self._seen:
                 self._seen[str(device)] = self._stats(device).get("num_ooms")
 
+    def mark(self, device: torch.device) -> None:
+        """Reads ``device``'s count as the mark again (after the warm-up, say)."""
+        now = self._stats(device).get("num_ooms")
+        with self._lock:
+            self._seen[str(device)] = now
+
     def rose(self, device: torch.device) -> int:
         """OOMs counted on ``device`` since the mark (0 without a count); moves the mark."""
         now = self._stats(device).get("num_ooms")

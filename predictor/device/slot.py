@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from predictor.device.normalizer import Normalizer
+from predictor.device.normalizer import Normalizer, synchronize
 from predictor.device.pipeline import Lane
 from predictor.device.streams import StreamLike
 from predictor.spec import ModelSpec
@@ -47,6 +47,29 @@ class DeviceSlot:
     normalizer: Normalizer
     stream: StreamLike | None = None
     lane: Lane | None = None
+
+    def staged(self, batch: torch.Tensor) -> None:
+        """A batch the family moved to the device itself (not through the normaliser) is there.
+
+        A lane takes the turn for it (:meth:`~predictor.device.pipeline.Lane.handoff`),
+        so its forward runs on the compute stream like a tile batch's;
+        elsewhere nothing happens.
+        """
+        if self.lane is not None:
+            self.lane.handoff(batch)
+
+    def settle(self) -> None:
+        """The batch's device work, its copies to the host included, is queued: wait for it.
+
+        A lane gives the turn back first and then waits on an event
+        (:meth:`~predictor.device.pipeline.Lane.release`), so the answers
+        are built while the other lane's forward runs; elsewhere the
+        calling thread's stream is synchronised. After it the outputs
+        copied to the host (:func:`~predictor.device.normalizer.to_host`)
+        are complete.
+        """
+        if self.lane is None or not self.lane.release():
+            synchronize(self.package.device)
 
 
 def build_normalizer(package: DevicePackage, spec: ModelSpec) -> Normalizer:

@@ -61,10 +61,34 @@ class WorkerStream:
         """Work queued on this stream from now on waits for ``event`` (no host wait)."""
         self.stream.wait_event(event)
 
+    def wait_host(self, event: torch.cuda.Event) -> None:
+        """Blocks the calling thread (GIL released) until ``event`` has completed."""
+        event.synchronize()
+
     def keep(self, tensor: torch.Tensor) -> None:
         """Tells the allocator ``tensor`` (made on another stream) is used on this one."""
         if tensor.is_cuda:
             tensor.record_stream(self.stream)
+
+
+class CurrentStream:
+    """The calling thread's current CUDA stream on ``device``, as a fence for one copy.
+
+    A normaliser outside a lane records its copy's event here (on whatever
+    stream the worker made current) and waits for it before rewriting its
+    staging buffer.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = torch.device(device)
+
+    def record(self) -> torch.cuda.Event:
+        """An event recorded now on the calling thread's current stream."""
+        return torch.cuda.current_stream(self.device).record_event()
+
+    def wait_host(self, event: torch.cuda.Event) -> None:
+        """Blocks the calling thread (GIL released) until ``event`` has completed."""
+        event.synchronize()
 
 
 def worker_stream(device: torch.device) -> StreamLike | None:

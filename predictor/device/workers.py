@@ -48,6 +48,7 @@ from predictor.device.failures import (
     DeviceSync,
     MemoryStats,
     OomCounter,
+    classify_error,
     counting_ooms,
     cuda_memory_stats,
     cuda_synchronize,
@@ -56,6 +57,7 @@ from predictor.device.failures import (
 from predictor.device.pipeline import lanes
 from predictor.device.slot import DeviceSlot
 from predictor.device.streams import StreamLike
+from predictor.errors import ErrorKind, StartupError
 from predictor.package.device_context import on_device
 
 log = logging.getLogger(__name__)
@@ -199,26 +201,45 @@ class DeviceWorkers:
 
         The thread returns its cuBLAS handle to torch's pool as it ends and
         the allocator keeps the blocks cached for that stream, so a worker's
-        first full batch pays for neither. A failure is logged, never fatal:
-        the batcher splits an out-of-memory batch at run time.
+        first full batch pays for neither. Each warm-up ends with a device
+        sync, so an asynchronous error surfaces here, and a failure is
+        classified like a batch's (OOMs counted, then a sync,
+        :func:`~predictor.device.failures.reclassified`): an out-of-memory
+        is logged (the batcher splits such batches at run time); anything
+        else would fail every batch of that worker, so start-up fails.
+
+        Raises:
+            StartupError: A worker's warm-up failed other than out of memory
+                (the message names the worker, the batch and whether the
+                device is lost).
         """
         if self._warm_up is None or batch < 1:
             return
         warm_up = self._warm_up
         for name, slot in slots.items():
-            if slot.package.device.type not in self._warm_types:
+            device = slot.package.device
+            if device.type not in self._warm_types:
                 continue
+            failed: list[Exception] = []
 
-            def one(slot: DeviceSlot = slot, name: str = name) -> None:
+            def one(
+                slot: DeviceSlot = slot,
+                device: torch.device = device,
+                failed: list[Exception] = failed,
+            ) -> None:
                 try:
-                    with torch.inference_mode():
+                    with torch.inference_mode(), counting_ooms(device, self._ooms):
                         _on_slot(slot, lambda *_: warm_up(slot, batch), [], None)
+                        self._sync(device)
                 except Exception as exc:
-                    log.warning("warm-up of worker %s at batch %d failed: %s", name, batch, exc)
+                    failed.append(reclassified(device, exc, self._sync))
 
             thread = threading.Thread(target=one, name=f"warm-up {name}")
             thread.start()
             thread.join()
+            if failed:
+                _warm_up_failed(name, batch, failed[0])
+            self._ooms.mark(device)  # counted from here: a warm-up's OOM is not a batch's
 
     def _bound(
         self, slot: DeviceSlot, forward: Forward, *, bind: bool = True, threads: int | None = None
@@ -251,6 +272,18 @@ class DeviceWorkers:
                 self._local.slot = None
 
         return run
+
+
+def _warm_up_failed(name: str, batch: int, error: Exception) -> None:
+    """Logs a warm-up OOM; raises :class:`StartupError` for any other warm-up failure."""
+    kind = classify_error(error)
+    if kind is ErrorKind.OOM:
+        log.warning("warm-up of worker %s at batch %d ran out of memory: %s", name, batch, error)
+        return
+    what = "the device is unusable" if kind is ErrorKind.FATAL else "every such batch would fail"
+    raise StartupError(
+        f"warm-up of worker {name} at batch {batch} failed ({what}): {error}"
+    ) from error
 
 
 def _on_slot(slot: DeviceSlot, forward: Forward, samples: list[Any], mode: Any) -> list[Any]:

@@ -39,7 +39,7 @@ from predictor.codecs.base import Codec
 from predictor.codecs.common import first_non_finite
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
 from predictor.codecs.v2_slide import COORDS, FEATURES, SlideV2Codec
-from predictor.device.normalizer import synchronize, unshared
+from predictor.device.normalizer import unshared
 from predictor.device.slot import DeviceSlot
 from predictor.errors import InvalidInput, NonFiniteOutput, SpecError, SpecMismatch
 from predictor.package.loader import LoadedPackage
@@ -227,16 +227,18 @@ class SlideServerModel(BaseServerModel):
         """One package forward per slide (the batcher hands one slide a batch)."""
         if self._fault_hook is not None:
             self._fault_hook.check([s.tile for s in samples])
-        package = self.active_slot().package
+        slot = self.active_slot()
+        package = slot.package
         names = self.package_outputs(self._spec)
         wanted = self.output_names(mode)
         responses = []
         for sample in samples:
             x = torch.from_numpy(sample.tile).to(package.device, dtype=package.input_dtype)
+            slot.staged(x)  # a lane computes in turn, as for tiles
             outputs = unshared(package(x.contiguous()), [x])
             check_finite(dict(zip(names, outputs, strict=True)))
             host = {n: self.output_to_host(o) for n, o in zip(names, outputs, strict=True)}
-            synchronize(package.device)
+            slot.settle()
             responses.append(ModelResponse({n: host[n].numpy() for n in wanted}))
         return responses
 

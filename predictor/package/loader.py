@@ -52,6 +52,7 @@ from predictor.package.metadata import (
     provenance,
     read_metadata,
 )
+from predictor.package.runners import load_kind
 from predictor.spec import ModelSpec
 
 logger = logging.getLogger("histoserve")
@@ -180,6 +181,8 @@ class LoadedPackage:
         """
         with on_device(self.device):
             out = self.runner(*inputs)
+        if getattr(self.runner, "flat", False):
+            return out
         return tuple(torch.utils._pytree.tree_leaves(out))
 
     @property
@@ -345,56 +348,17 @@ def _load_runner(
     builds one model copy, so there ``instances`` above 1 is refused
     (``CheckpointError``): N workers would silently share one copy.
     """
+    timer = phases.time if phases is not None else None
     if kind != "auto":
-        return _load_kind(path, device, kind, instances, metadata=metadata, phases=phases)
+        return load_kind(path, device, kind, instances, metadata=metadata, timer=timer)
     if device.type != "cpu":
-        return _load_kind(path, device, "torch", instances)
+        return load_kind(path, device, "torch", instances)
     try:
-        return _load_kind(path, device, "gil_free", instances, metadata=metadata, phases=phases)
+        return load_kind(path, device, "gil_free", instances, metadata=metadata, timer=timer)
     except (ValueError, OSError, RuntimeError) as exc:  # not a bad CRC: that stops start-up
         logger.warning(
             "forward runner: the GIL-free runner cannot serve %s (%s); using torch's loader",
             path.name,
             exc,
         )
-        return _load_kind(path, device, "torch", instances)
-
-
-def _load_kind(
-    path: Path,
-    device: torch.device,
-    kind: str,
-    instances: int,
-    *,
-    metadata: Mapping[str, str] | None = None,
-    phases: StartupPhases | None = None,
-) -> Any:
-    """One runner of ``kind`` (``gil_free`` or ``torch``), no fallback (see :func:`_load_runner`)."""
-    if kind == "gil_free":
-        from predictor.package.aoti_runner import GilFreeRunner
-
-        timer = phases.time if phases is not None else None
-        # The device worker builds each batch tensor itself and no other
-        # thread sees it: no input is ever resized during a forward.
-        return GilFreeRunner(
-            path,
-            device,
-            num_models=instances,
-            metadata=metadata,
-            extraction_timer=timer,
-            private_inputs=True,
-        )
-    index = device.index if device.index is not None else (0 if device.type == "cuda" else -1)
-    try:
-        from torch.export.pt2_archive._package import AOTICompiledModel
-
-        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, instances, index)
-        return AOTICompiledModel(loader)
-    except (ImportError, AttributeError, TypeError):
-        logger.debug("private AOTI loader unavailable; using aoti_load_package", exc_info=True)
-    if instances > 1:
-        raise CheckpointError(
-            f"--instances_per_device {instances} needs torch's AOTI package loader with several "
-            f"model copies, which torch {torch.__version__} does not offer; use 1 instance"
-        )
-    return torch._inductor.aoti_load_package(str(path), device_index=index)
+        return load_kind(path, device, "torch", instances)

@@ -40,14 +40,14 @@ from predictor.codecs.images import decode_tile
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample, tile_hwc
 from predictor.codecs.v2 import V2Codec
 from predictor.device.faults import FaultHook
-from predictor.device.normalizer import Normalizer, synchronize, unshared
+from predictor.device.normalizer import Normalizer, to_host, unshared
 from predictor.device.slot import DeviceSlot
 from predictor.device.workers import DeviceWorkers
 from predictor.errors import InvalidInput, ModelNotReady
 from predictor.package.loader import LoadedPackage
 from predictor.package.probe import expected_inputs, probe_outputs
 from predictor.serving.family import PackageFamily, check_shapes
-from predictor.serving.finite import non_finite_error, non_finite_rows
+from predictor.serving.finite import FiniteCheck, non_finite_error
 from predictor.serving.options import ServingOptions
 from predictor.serving.served_package import ServedPackage
 from predictor.spec import ModelSpec
@@ -270,8 +270,12 @@ class TileHooks(RequestHooks, ServedPackage, PackageFamily):
     ) -> list[ModelResponse]:
         """Runs one batch on the device: one response per sample, positionally aligned.
 
-        Stacks, moves to the device, normalises there, runs the package,
-        checks its outputs finite there, synchronises, copies back. Any
+        Stacks, moves to the device, normalises there, runs the package and
+        queues the copies back (:meth:`output_to_host`) with one finite sum per
+        row and output (:class:`~predictor.serving.finite.FiniteCheck`); then the
+        slot settles (:meth:`~predictor.device.slot.DeviceSlot.settle`): a
+        pipelined lane gives the device's turn back before it waits for the
+        copies, so the responses are built while the next batch computes. Any
         failure propagates as raised: the batcher classifies it and wraps it
         once (:func:`predictor.errors.forward_failure`) for the whole batch.
         A sample whose row of any output is NaN or infinite gets a
@@ -285,14 +289,14 @@ class TileHooks(RequestHooks, ServedPackage, PackageFamily):
         """
         if self._fault_hook is not None:
             self._fault_hook.check([s.tile for s in samples])
-        package = self.active_slot().package
+        slot = self.active_slot()
         inputs = self.batch_inputs(samples)
-        outputs = [out[: len(samples)] for out in unshared(package(*inputs), inputs)]
-        bad = non_finite_rows(outputs, self.package_outputs(self._spec))
+        outputs = [out[: len(samples)] for out in unshared(slot.package(*inputs), inputs)]
+        finite = FiniteCheck(outputs, self.package_outputs(self._spec))
         host = [self.output_to_host(out) for out in outputs]
-        synchronize(package.device)
+        slot.settle()
         responses: list[Any] = self.build_responses([t.numpy() for t in host], mode)
-        for row, output in bad.items():
+        for row, output in finite.bad_rows().items():
             responses[row] = non_finite_error(output, requests[row].index)
         return responses
 
@@ -318,8 +322,14 @@ class TileHooks(RequestHooks, ServedPackage, PackageFamily):
         return (self.active_slot().normalizer([tile_hwc(s.tile, size) for s in samples]),)
 
     def output_to_host(self, output: torch.Tensor) -> torch.Tensor:
-        """Device output (trimmed to the real batch) to a host tensor; fp32 by default."""
-        return output.float().cpu() if output.is_floating_point() else output.cpu()
+        """Device output (trimmed to the real batch) to a host tensor; fp32 by default.
+
+        The copy may only be queued (:func:`~predictor.device.normalizer.to_host`,
+        non-blocking into pinned memory): :meth:`forward_batch` reads the
+        result after the slot settles. An override that calls ``.cpu()``
+        is correct too, only it waits with the device's turn held.
+        """
+        return to_host(output.float() if output.is_floating_point() else output)
 
     def build_responses(self, outputs: Sequence[np.ndarray], mode: str) -> list[ModelResponse]:
         """One response per sample from the host outputs (views, no copies): its embedding row."""

@@ -27,7 +27,7 @@ from bench.gpu_packages import PLAN
 from bench.gpu_stages import Context
 
 REPO = Path(__file__).resolve().parents[2]
-STAGES = ["environment", "export", *(s.name for s in gpu_check.STAGES)]
+STAGES = ["budget", "environment", "export", *(s.name for s in gpu_check.STAGES)]
 
 
 def test_gpu_script_parses() -> None:
@@ -37,12 +37,22 @@ def test_gpu_script_parses() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-def test_the_plan_fits_nine_minutes_by_its_own_accounting() -> None:
-    assert gpu_check.planned_seconds() <= gpu_check.DEADLINE_S < gpu_check.TOTAL_S
-    assert PLAN[0].name == "vit-g-bf16"  # the longest export starts first
+def test_the_plan_fits_nine_minutes_with_a_minute_to_spare_by_its_own_accounting() -> None:
+    assert gpu_check.planned_seconds() + gpu_check.SLACK_S <= gpu_check.TOTAL_S
+    assert gpu_check.SLACK_S >= 60 and gpu_check.DEADLINE_S < gpu_check.TOTAL_S
+    budget = gpu_check.budget()
+    assert budget["slack_s"] >= 60 and budget["planned_s"] == gpu_check.planned_seconds()
     assert "vit-b-fp32" not in {e.name for e in PLAN}
-    assert sum(e.threads for e in PLAN) <= 16  # the GPU machine's cores
-    assert gpu_check.STAGES[0].name == "matmul_rate" and gpu_check.STAGES[1].name == "sweep"
+    groups = {e.group for e in PLAN}
+    for group in groups:  # the GPU machine's cores, one group at a time
+        assert sum(e.threads for e in PLAN if e.group == group) <= 16
+    real = [e.group for e in PLAN if e.name in ("vit-g-bf16", "vit-b-bf16")]
+    assert len(set(real)) == 2 and all(  # the real models autotune alone
+        [e.name for e in PLAN if e.group == g] in (["vit-g-bf16"], ["vit-b-bf16"]) for g in real
+    )
+    assert PLAN[-1].name == "vit-g-bf16"  # never timed: last, so an overrun costs only itself
+    names = [s.name for s in gpu_check.STAGES]
+    assert names[:3] == ["matmul_rate", "sweep", "defaults"]
 
 
 def test_a_missing_package_fails_the_stage_never_falls_back(tmp_path: Path) -> None:
@@ -83,7 +93,7 @@ def test_carried_wheels_unpack_without_pip(tmp_path: Path) -> None:
     assert done.stdout.strip() == "15", done.stderr
 
 
-@pytest.mark.slow  # about 3 minutes: two ViT exports and four served windows (`make test-long`)
+@pytest.mark.slow  # about 3 minutes: two ViT exports, the defaults grid, one served window (`make test-long`)
 def test_make_gpu_check_dry_run(tmp_path: Path) -> None:
     out = tmp_path / "gpu"
     proc = subprocess.run(
@@ -112,10 +122,14 @@ def test_make_gpu_check_dry_run(tmp_path: Path) -> None:
     assert data["matmul_rate"]["tflops"] > 0
     served = data["served"]
     cells = [k for k in served if " x" in k]
-    assert cells == [
-        "vit-b-bf16 x1 fe1", "vit-b-bf16 x2 fe1", "vit-b-bf16 x1 fe2", "vit-g-bf16 x1 fe1",
-    ]  # fmt: skip
+    assert cells == ["vit-b-bf16 x1 fe1"]
     assert all(served[c]["throughput"] > 0 and served[c]["of_alone"] for c in cells)
+    grid = data["defaults"]
+    for name in ("vit-b-bf16", "vit-g-bf16"):
+        keys = [k for k in grid[name] if k.startswith("max_batch_size")]
+        assert keys == [f"max_batch_size {b} max_latency_ms {ms}" for b in (1, 2) for ms in (2, 10)]
+        assert all(grid[name][k]["tiles_per_s"] > 0 and grid[name][k]["p99_ms"] for k in keys)
+    assert data["budget"]["slack_s"] >= 60 and "used_mib" in sweep["vit-b-bf16"]["batch 2"]
     assert all(served[c]["gpu"]["source"] == "none" for c in cells)  # no GPU here
     direct = data["served_equals_direct"]
     assert direct["vit-b-bf16"]["max_abs_diff"] == 0.0 and direct["vit-g-bf16"]["ok"]
@@ -143,7 +157,7 @@ def test_each_gpu_export_has_its_threads_and_its_own_inductor_cache(tmp_path: Pa
     from bench.gpu_packages import _env, planned
 
     vit_g = _env(planned("vit-g-bf16"), False, tmp_path)
-    assert vit_g["TORCHINDUCTOR_COMPILE_THREADS"] == "8" == vit_g["OMP_NUM_THREADS"]
+    assert vit_g["TORCHINDUCTOR_COMPILE_THREADS"] == "16" == vit_g["OMP_NUM_THREADS"]
     assert vit_g["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor" / "vit-g-bf16")
     dry = _env(planned("vit-g-bf16"), True, tmp_path)  # the dry run keeps the tests' cache
     assert dry.get("TORCHINDUCTOR_CACHE_DIR") == os.environ.get("TORCHINDUCTOR_CACHE_DIR")

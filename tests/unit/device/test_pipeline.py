@@ -8,14 +8,9 @@ measured by ``make gpu-check``.
 
 from __future__ import annotations
 
-import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -24,100 +19,13 @@ from predictor.device.normalizer import Normalizer
 from predictor.device.pipeline import Turn
 from predictor.device.slot import DeviceSlot
 from predictor.device.workers import DeviceWorkers
-from predictor.spec import BUILTIN_SPECS
-
-SPEC = BUILTIN_SPECS["h0-mini"]
-
-
-@dataclass
-class Log:
-    """Every step, in order: (thread's batch label, what, the stream current for it)."""
-
-    steps: list[tuple[str, str, str]] = field(default_factory=list)
-    local: threading.local = field(default_factory=threading.local)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def add(self, what: str) -> None:
-        with self.lock:
-            label = getattr(self.local, "label", "?")
-            self.steps.append((label, what, getattr(self.local, "stream", "default")))
-
-    def index(self, label: str, what: str) -> int:
-        return next(i for i, s in enumerate(self.steps) if s[:2] == (label, what))
-
-    def __contains__(self, step: tuple[str, str]) -> bool:
-        with self.lock:
-            return any(s[:2] == step for s in self.steps)
-
-
-def _waits_in(thread: threading.Thread, function: Any) -> bool:
-    """Whether ``thread`` is inside ``function`` now (blocked there, for a lock)."""
-    frame = sys._current_frames().get(thread.ident or -1)
-    while frame is not None:
-        if frame.f_code is function.__code__:
-            return True
-        frame = frame.f_back
-    return False
-
-
-class FakeStream:
-    """A CUDA stream's stand-in: records ``active``, events, waits, syncs and kept tensors."""
-
-    count = 0
-
-    def __init__(self, log: Log) -> None:
-        FakeStream.count += 1
-        self.name = f"s{FakeStream.count}"
-        self.log = log
-
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        before = getattr(self.log.local, "stream", "default")
-        self.log.local.stream = self.name
-        try:
-            yield
-        finally:
-            self.log.local.stream = before
-
-    def synchronize(self) -> None:
-        self.log.add(f"sync {self.name}")
-
-    def record(self) -> str:
-        self.log.add(f"record {self.name}")
-        return f"event of {self.name}"
-
-    def wait(self, event: str) -> None:
-        self.log.add(f"{self.name} waits for {event}")
-
-    def keep(self, tensor: torch.Tensor) -> None:
-        self.log.add(f"keep on {self.name}")
-
-
-class FakePackage:
-    """Stands in for a loaded package on ``device``; the forward is the test's."""
-
-    def __init__(self, device: str = "cpu") -> None:
-        self.device = torch.device(device)
-        self.input_dtype = torch.float32
-
-    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (inputs[0].flatten(1)[:, :4].clone(),)
-
-
-def _tiles(n: int) -> list[np.ndarray]:
-    return [np.full((224, 224, 3), i, dtype=np.uint8) for i in range(n)]
-
-
-def _pipelined(log: Log, **kw: Any) -> tuple[DeviceWorkers, DeviceSlot]:
-    workers = DeviceWorkers(stream_factory=lambda d: FakeStream(log), pipeline=True, **kw)
-    slot = DeviceSlot(FakePackage(), Normalizer(SPEC, torch.device("cpu"), torch.float32))
-    return workers, slot
+from tests.unit.device.fakes import SPEC, FakePackage, FakeStream, Log, pipelined, tiles, waits_in
 
 
 def test_the_next_batch_stages_and_copies_while_the_current_one_computes() -> None:
     """Lane b stacks its tiles and queues its copy during lane a's forward; forwards take turns."""
     log = Log()
-    workers, slot = _pipelined(log)
+    workers, slot = pipelined(log)
     in_forward, b_staged = threading.Event(), threading.Event()
 
     def forward(samples: list[Any], mode: Any) -> list[Any]:
@@ -130,7 +38,7 @@ def test_the_next_batch_stages_and_copies_while_the_current_one_computes() -> No
             # a's forward ends only once b waits for the turn (or, were there no turn, has
             # started its own forward: the order checked below), not after a fixed 50 ms.
             wait_until(
-                lambda: _waits_in(b, Turn.taken.__wrapped__) or ("b", "forward start") in log,
+                lambda: waits_in(b, Turn.taken.__wrapped__) or ("b", "forward start") in log,
                 "lane b to wait for the turn",
             )
         log.add("forward end")
@@ -142,10 +50,10 @@ def test_the_next_batch_stages_and_copies_while_the_current_one_computes() -> No
     def run(name: str, label: str) -> None:
         log.local.label = label
         if label == "b":
-            b_done = runs[name](_tiles(2), label)
+            b_done = runs[name](tiles(2), label)
             assert len(b_done) == 2
         else:
-            assert len(runs[name](_tiles(3), label)) == 3
+            assert len(runs[name](tiles(3), label)) == 3
 
     a = threading.Thread(target=run, args=("cpu#a", "a"))
     a.start()
@@ -184,7 +92,7 @@ def test_the_next_batch_stages_and_copies_while_the_current_one_computes() -> No
 
 def test_each_lane_has_its_own_staging_buffer() -> None:
     log = Log()
-    workers, slot = _pipelined(log)
+    workers, slot = pipelined(log)
     lanes = workers.worker_slots("cpu", slot, 2) or {}
     assert list(lanes) == ["cpu#0a", "cpu#0b", "cpu#1a", "cpu#1b"]
     normalizers = {id(s.normalizer) for s in lanes.values()}
@@ -195,9 +103,9 @@ def test_each_lane_has_its_own_staging_buffer() -> None:
 
 def test_a_normaliser_used_off_its_worker_does_not_take_the_turn() -> None:
     log = Log()
-    workers, slot = _pipelined(log)
+    workers, slot = pipelined(log)
     workers.runs("cpu", slot, lambda s, m: [], instances=1, max_batch=2)
-    slot.normalizer(_tiles(1))  # the model's own, outside any batch: no handoff
+    slot.normalizer(tiles(1))  # the model's own, outside any batch: no handoff
     assert not [s for s in log.steps if s[1].startswith("record")]
 
 
@@ -206,11 +114,11 @@ def test_every_worker_is_warmed_up_at_the_largest_batch_on_its_own_stream() -> N
     seen: list[tuple[str, int, str, int]] = []
 
     def warm(slot: DeviceSlot, batch: int) -> None:
-        x = slot.normalizer(_tiles(batch))
+        x = slot.normalizer(tiles(batch))
         seen.append((slot.lane.stream.name, batch, log.local.stream, threading.get_ident()))
         slot.package(x)
 
-    workers, slot = _pipelined(log, warm_up=warm, warm_types=("cpu",))
+    workers, slot = pipelined(log, warm_up=warm, warm_types=("cpu",))
     workers.runs("cpu", slot, lambda s, m: [], instances=1, max_batch=8)
     assert [(s[1]) for s in seen] == [8, 8]
     assert all(lane_stream == current for lane_stream, _, current, _ in seen)  # in turn, on it
@@ -226,12 +134,15 @@ def test_warm_up_is_for_gpus_only_by_default() -> None:
 
 
 @pytest.mark.parametrize("fails", [False, True])
-def test_a_failed_warm_up_is_logged_not_fatal(fails: bool, caplog: Any) -> None:
+def test_a_warm_up_out_of_memory_is_logged_not_fatal(fails: bool, caplog: Any) -> None:
+    """The batcher splits such batches at run time; other warm-up failures stop start-up
+    (``test_pipeline_ordering``)."""
+
     def warm(slot: DeviceSlot, batch: int) -> None:
         if fails:
-            raise RuntimeError("no memory for the warm-up")
+            raise torch.OutOfMemoryError("CUDA out of memory (the warm-up)")
 
-    workers, slot = _pipelined(Log(), warm_up=warm, warm_types=("cpu",))
+    workers, slot = pipelined(Log(), warm_up=warm, warm_types=("cpu",))
     workers.runs("cpu", slot, lambda s, m: [], instances=1, max_batch=4)
     assert ("warm-up of worker cpu#a" in caplog.text) is fails
 

@@ -8,8 +8,6 @@ counters are injected; the worker wrapper and the real batcher decide.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import pytest
@@ -24,37 +22,7 @@ from predictor.device.workers import DeviceWorkers
 from predictor.errors import DeviceLost, ErrorKind
 from predictor.package.device_context import use_device_context
 from predictor.spec import BUILTIN_SPECS
-
-SHIM = "aoti_torch_cuda_mm_out(buf3, buf1, buf2) API call failed at model.wrapper.cpp, line 88"
-STICKY = "CUDA error: an illegal memory access was encountered"
-
-
-class Nowhere:
-    """A device context that makes nothing current (no CUDA in this process)."""
-
-    def enter(self, device: torch.device, stream: Any) -> AbstractContextManager[None]:
-        @contextmanager
-        def nothing() -> Iterator[None]:
-            yield
-
-        return nothing()
-
-
-class FakeGpuPackage:
-    device = torch.device("cuda", 0)
-    input_dtype = torch.float32
-
-
-class Stats:
-    """``torch.cuda.memory_stats``'s stand-in: counts its reads."""
-
-    def __init__(self) -> None:
-        self.reads = 0
-        self.num_ooms = 0
-
-    def __call__(self, device: torch.device) -> dict[str, int]:
-        self.reads += 1
-        return {"num_ooms": self.num_ooms}
+from tests.unit.device.fakes import SHIM, STICKY, FakeGpuPackage, Nowhere, Stats
 
 
 def _worker(failure: Any, sync_error: str | None = None, stats: Stats | None = None) -> Any:
