@@ -103,7 +103,10 @@ class RequestHooks:
         fits = [m for m in modes if set(names) <= set(self.output_names(m))]
         if not fits:
             gives = {m: list(self.output_names(m)) for m in modes}
-            raise InvalidInput(f"no mode gives outputs {list(names)}; the modes give {gives}")
+            raise InvalidInput(
+                f"outputs {list(names)} not produced by any mode of this model; "
+                f"the modes give {gives}"
+            )
         return min(fits, key=lambda m: len(self.output_names(m)))
 
     def resolve_mode(self, mode: str | None) -> str:
