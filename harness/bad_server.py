@@ -23,7 +23,7 @@ real server behind it, then tampered with:
 - ``503``: 503 with ``Retry-After: 0`` instead of an answer;
 - ``huge``: a 512 MiB body of zeros, its size declared (``Content-Length``);
 - ``unsized``: the same without a declared size (read until the connection closes);
-- ``gzip``: ``Content-Encoding: gzip``, 1 MB that inflates to 1 GiB;
+- ``gzip``: ``Content-Encoding: gzip``, 0.5 MB that inflates to 512 MiB;
 - ``drip``: the right answer, one byte every ``drip_s`` seconds.
 
 The first ``after`` inference answers are left alone, then at most ``times``
@@ -65,7 +65,7 @@ TAMPERS = (
     "huge", "unsized", "gzip", "drip",
 )  # fmt: skip
 _HUGE_BYTES = 512 << 20
-_BOMB_BYTES = 1 << 30
+_BOMB_BYTES = 512 << 20
 OTHER_PACKAGE = "0" * 64
 """The digest ``package`` answers name."""
 
@@ -307,8 +307,8 @@ def _drip(data: bytes, every_s: float) -> Any:
 
 @functools.cache
 def gzip_bomb() -> bytes:
-    """1 GiB of zeros, gzip-compressed (about 1 MB); made once per process."""
-    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: the gzip container
+    """512 MiB of zeros, gzip-compressed (about 0.5 MB); made once per process."""
+    packer = zlib.compressobj(6, zlib.DEFLATED, 31)  # 31: the gzip container
     block = bytes(1 << 20)
     parts = [packer.compress(block) for _ in range(_BOMB_BYTES // len(block))]
     return b"".join(parts) + packer.flush()
