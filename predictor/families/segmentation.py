@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from predictor.codecs.samples import ModelResponse
+from predictor.device.normalizer import to_host
 from predictor.errors import SpecError, SpecMismatch
 from predictor.package.demo_models import SEGMENTER_CHANNELS, DemoSegmenter
 from predictor.serving.model import BaseServerModel
@@ -55,7 +56,7 @@ class SegmentationServerModel(BaseServerModel):
         threshold = self.model_spec.mask_threshold
         # sigmoid(x) > t  <=>  x > logit(t): no sigmoid over every pixel.
         cut = math.log(threshold / (1.0 - threshold))
-        return (logits > cut).to(torch.uint8).cpu()
+        return to_host((logits > cut).to(torch.uint8))  # queued: read after the turn
 
     def build_responses(self, outputs: Sequence[np.ndarray], mode: str) -> list[ModelResponse]:
         return [ModelResponse({"mask": mask}) for mask in outputs[0]]
