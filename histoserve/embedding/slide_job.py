@@ -52,6 +52,7 @@ from histoserve.slides.grid import (
     read_tile,
     read_tiles,
 )
+from histoserve.slides.jpeg_wire import JpegBatch, choose_transport, jpeg_batch
 from histoserve.slides.manifest import SlideEntry
 from histoserve.slides.readers import MppInfo, SlideReader, resolve_mpp
 from histoserve.slides.tiff.native import TileCache
@@ -180,8 +181,12 @@ def embed_slide(
         keep = tissue.fractions >= cfg.min_tissue
         coords, fractions = plan.coords[keep], tissue.fractions[keep].astype(np.float32)
         write_qc = _qc_writer(ctx, entry, reader, plan, tissue, coords)
+        transports = ctx.info.transports if bulk_rna is None else ("pixels",)
+        transport = choose_transport(cfg.transport, reader, plan, transports, coords)
+    slide_attrs["transport"] = transport
     on_started(len(coords))
     readers = _ThreadReaders(entry.path, plan, coords, cfg.batch_size, cfg.reader)
+    readers.jpeg = transport == "jpeg"
     try:
         assembled = run_batches(
             len(coords),
@@ -294,8 +299,8 @@ def _sender(
     model, mode = ctx.info.model, ctx.config.mode
     check = AnswerCheck.for_mode(ctx.info, mode)  # a wrong answer is retried, never written
 
-    def send(tiles: np.ndarray, rows: slice) -> dict[str, np.ndarray]:
-        inputs = {"pixels": tiles}
+    def send(tiles: np.ndarray | JpegBatch, rows: slice) -> dict[str, np.ndarray]:
+        inputs = tiles.inputs() if isinstance(tiles, JpegBatch) else {"pixels": tiles}
         if bulk_rna is not None:
             inputs["bulk_rna"] = np.broadcast_to(bulk_rna, (len(tiles), len(bulk_rna)))
         with ctx.in_flight:
@@ -317,6 +322,7 @@ class _ThreadReaders:
         self._path, self._plan, self._coords = path, plan, coords
         self._batch_size, self._kind, self._cache = batch_size, kind, TileCache()
         self.first_error = ""
+        self.jpeg = False  # send the slide's JPEG tiles (a batch that fails is read as pixels)
         self._local = threading.local()
         self._all: list[SlideReader] = []
         self._lock = threading.Lock()
@@ -330,11 +336,13 @@ class _ThreadReaders:
                 self._all.append(reader)
         return reader
 
-    def read(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+    def read(self, index: int) -> tuple[np.ndarray | JpegBatch, np.ndarray]:
         """Batch ``index``: ``(tiles, ok)``."""
         coords = self._coords[index * self._batch_size : (index + 1) * self._batch_size]
         reader = self._reader()
         try:
+            if self.jpeg:
+                return jpeg_batch(reader, self._plan, coords), np.ones(len(coords), bool)
             return read_tiles(reader, self._plan, coords), np.ones(len(coords), bool)
         except Exception:  # a corrupt region: find the bad tiles on fresh handles
             return self._tile_by_tile(reader, coords)
