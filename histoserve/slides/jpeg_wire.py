@@ -109,7 +109,11 @@ def jpeg_batch(reader: SlideReader, plan: TilePlan, coords: np.ndarray) -> JpegB
 
 
 def choose_transport(
-    requested: str, reader: SlideReader, plan: TilePlan, transports: Sequence[str], coords: np.ndarray
+    requested: str,
+    reader: SlideReader,
+    plan: TilePlan,
+    transports: Sequence[str],
+    coords: np.ndarray,
 ) -> str:
     """``pixels`` or ``jpeg`` for this slide, by ``--transport`` (``auto``: jpeg where it applies).
 

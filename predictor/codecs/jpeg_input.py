@@ -165,7 +165,9 @@ class JpegTiles:
             ax0, ay0 = max(x, tx), max(y, ty)
             ax1, ay1 = min(x + w, tx + tw), min(y + h, ty + th)
             tile = self.tile(index)
-            out[ay0 - y : ay1 - y, ax0 - x : ax1 - x] = tile[ay0 - ty : ay1 - ty, ax0 - tx : ax1 - tx]
+            out[ay0 - y : ay1 - y, ax0 - x : ax1 - x] = tile[
+                ay0 - ty : ay1 - ty, ax0 - tx : ax1 - tx
+            ]
         if (w, h) == (self.tile_size, self.tile_size):
             return out
         resized = Image.fromarray(out).resize((self.tile_size, self.tile_size), self._filter)

@@ -63,12 +63,17 @@ def test_auto_takes_jpeg_where_it_applies_and_pixels_otherwise(
 ) -> None:
     paths = (folder / "b.svs", folder / "deflate.tif")
     assert sorted(_embed(embedding_server, tmp_path / "auto", *paths)["done"]) == ["b", "deflate"]
-    used = {n: read_output(tmp_path / "auto" / f"{n}.h5")["attrs"]["transport"] for n in ("b", "deflate")}
+    used = {
+        n: read_output(tmp_path / "auto" / f"{n}.h5")["attrs"]["transport"]
+        for n in ("b", "deflate")
+    }
     assert used == {"b": "jpeg", "deflate": "pixels"}
     area = _embed(embedding_server, tmp_path / "area", folder / "a.svs", "--resize", "area")
     assert area["done"] == ["a"]
     assert read_output(tmp_path / "area" / "a.h5")["attrs"]["transport"] == "pixels"
-    forced = _embed(embedding_server, tmp_path / "forced", folder / "deflate.tif", "--transport", "jpeg")
+    forced = _embed(
+        embedding_server, tmp_path / "forced", folder / "deflate.tif", "--transport", "jpeg"
+    )
     assert forced.get("failed") == ["deflate"]
     error = status_rows(tmp_path / "forced")[-1]["error"]
     assert "--transport jpeg" in error and "natively" in error
@@ -77,7 +82,9 @@ def test_auto_takes_jpeg_where_it_applies_and_pixels_otherwise(
 def _infer_bytes(proxy: RecordingProxy) -> int:
     posts = [s for s in proxy.seen if s["method"] == "POST" and s["url"].endswith("/infer")]
     assert posts
-    return sum(int(s["headers"].get("content-length") or s["headers"]["Content-Length"]) for s in posts)
+    return sum(
+        int(s["headers"].get("content-length") or s["headers"]["Content-Length"]) for s in posts
+    )
 
 
 def test_jpeg_request_bytes_are_at_most_a_third_of_raw_at_a_matching_level(
