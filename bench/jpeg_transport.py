@@ -37,8 +37,8 @@ def client_pass(path: Path, transport: str) -> tuple[float, int, int, list[Any]]
     """CPU seconds, body bytes and tiles for one pass over the slide; the jpeg batches."""
     from histoserve import wire
     from histoserve.slides.grid import plan_tiles, read_tiles
-    from histoserve.slides.jpeg_wire import jpeg_batch
     from histoserve.slides.readers import SlideReader, resolve_mpp
+    from histoserve.slides.tiff.wire_tiles import jpeg_batch
 
     with SlideReader.open(path, "native") as slide:
         plan = plan_tiles(slide, resolve_mpp(slide, None, None, 0.05), 0.5, 224, 0.05)
@@ -46,7 +46,9 @@ def client_pass(path: Path, transport: str) -> tuple[float, int, int, list[Any]]
         start = time.thread_time()
         for i in range(0, len(coords), BATCH):
             if transport == "jpeg":
-                batch = jpeg_batch(slide, plan, coords[i : i + BATCH])
+                batch = jpeg_batch(
+                    slide.native, plan.read_level, plan.read_size, coords[i : i + BATCH]
+                )
                 body, _ = wire.encode_request(batch.inputs())
                 batches.append(batch)
             else:

@@ -27,9 +27,9 @@ from histoserve.limits import (
     mpp_problem,
 )
 from histoserve.remote.auth import Credentials, check_url, redact_url
-from histoserve.slides.jpeg_wire import TRANSPORTS
 from histoserve.slides.readers import READERS
 from histoserve.slides.resample import RESIZES
+from histoserve.slides.tiff.wire_tiles import TRANSPORTS
 from histoserve.wire import MODES
 
 LAYOUTS = ("flat", "trident", "clam")
@@ -103,7 +103,7 @@ class EmbedConfig:
             ``reduced`` (:mod:`histoserve.slides.resample`).
         transport: How tiles cross to the server: ``auto`` (the slide's own JPEG
             tiles where the server and the slide allow it, else pixels),
-            ``pixels`` or ``jpeg`` (:mod:`histoserve.slides.jpeg_wire`).
+            ``pixels`` or ``jpeg`` (:mod:`histoserve.slides.tiff.wire_tiles`).
     """
 
     urls: tuple[str, ...]

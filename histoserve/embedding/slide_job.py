@@ -52,10 +52,10 @@ from histoserve.slides.grid import (
     read_tile,
     read_tiles,
 )
-from histoserve.slides.jpeg_wire import JpegBatch, choose_transport, jpeg_batch
 from histoserve.slides.manifest import SlideEntry
 from histoserve.slides.readers import MppInfo, SlideReader, resolve_mpp
 from histoserve.slides.tiff.native import TileCache
+from histoserve.slides.tiff.wire_tiles import JpegBatch, choose_transport, jpeg_batch, jpeg_problem
 from histoserve.tissue.detect import THUMB_MPP, thumbnail
 from histoserve.tissue.masks import TissueMap, find_tissue, mask_file
 
@@ -182,7 +182,9 @@ def embed_slide(
         coords, fractions = plan.coords[keep], tissue.fractions[keep].astype(np.float32)
         write_qc = _qc_writer(ctx, entry, reader, plan, tissue, coords)
         transports = ctx.info.transports if bulk_rna is None else ("pixels",)
-        transport = choose_transport(cfg.transport, reader, plan, transports, coords)
+        resize = plan.resize if plan.resized else None  # the server's filter is the spec's too
+        problem = jpeg_problem(reader.native, plan.read_level, resize, transports, coords)
+        transport = choose_transport(cfg.transport, str(entry.path), problem)
     slide_attrs["transport"] = transport
     on_started(len(coords))
     readers = _ThreadReaders(entry.path, plan, coords, cfg.batch_size, cfg.reader)
@@ -342,7 +344,10 @@ class _ThreadReaders:
         reader = self._reader()
         try:
             if self.jpeg:
-                return jpeg_batch(reader, self._plan, coords), np.ones(len(coords), bool)
+                batch = jpeg_batch(
+                    reader.native, self._plan.read_level, self._plan.read_size, coords
+                )
+                return batch, np.ones(len(coords), bool)
             return read_tiles(reader, self._plan, coords), np.ones(len(coords), bool)
         except Exception:  # a corrupt region: find the bad tiles on fresh handles
             return self._tile_by_tile(reader, coords)

@@ -218,8 +218,8 @@ def _inputs_by_name(inputs: Sequence[Any] | None, spec: ModelSpec) -> dict[str, 
 def _tile_input(inputs: Mapping[str, Any]) -> str:
     present = [name for name in (TILES, PIXELS, JPEG_TILES) if name in inputs]
     if len(present) != 1:
-        got = ", ".join(present) or "none"
-        raise InvalidInput(f"send exactly one of 'tiles', 'pixels' or 'jpeg_tiles', got {got}")
+        what = {0: "neither", 2: "both"}.get(len(present), "all three")
+        raise InvalidInput(f"send exactly one of 'tiles', 'pixels' or 'jpeg_tiles', got {what}")
     jpeg = [name for name in (JPEG_LAYOUT, JPEG_BOXES) if name in inputs]
     if present[0] == JPEG_TILES and len(jpeg) != 2:
         raise InvalidInput("'jpeg_tiles' needs 'jpeg_layout' and 'jpeg_boxes'")

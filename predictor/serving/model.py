@@ -349,12 +349,15 @@ class BaseServerModel(TileHooks, Model):
     def get_metadata(self) -> dict[str, Any]:
         """Name, inputs/outputs, spec, provenance, batching, limits and start-up phases."""
         package = self._package
+        inputs = self.get_input_types()
+        names = {i["name"] for i in inputs}
         return {
             "name": self.name,
             "spec": self._spec.to_dict(),
-            "inputs": self.get_input_types(),
+            "inputs": inputs,
             "outputs": self.get_output_types(),
-            "transports": self.transports(),
+            # jpeg: jpeg_tiles decoded here, larger boxes resized with the spec's filter
+            "transports": ["pixels", *(["jpeg"] if "jpeg_tiles" in names else [])],
             "checkpoint": str(self._checkpoint),
             "device": str(self._device),
             "forward_runner": package.forward_runner if package else "",
@@ -365,15 +368,6 @@ class BaseServerModel(TileHooks, Model):
             "preprocess_workers": self._options.preprocess_workers,
             "startup_seconds": self._phases.as_dict(),
         }
-
-    def transports(self) -> list[str]:
-        """How tiles may arrive: ``pixels`` always, ``jpeg`` when ``jpeg_tiles`` is an input.
-
-        ``jpeg`` boxes larger than the tile are resized with the spec's filter
-        (:mod:`predictor.codecs.jpeg_input`): the client's ``--resize bicubic``.
-        """
-        names = {i["name"] for i in self.get_input_types()}
-        return ["pixels", *(["jpeg"] if "jpeg_tiles" in names else [])]
 
     def get_output_types(self) -> list[dict[str, Any]]:
         """V2 metadata of every output, from ``output_datatypes`` and ``output_shapes``."""

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from histoserve.errors import SlideError
-from histoserve.slides.grid import TilePlan
-from histoserve.slides.readers import SlideReader
 from histoserve.slides.tiff.jpeg_tiles import JpegTileError, tile_stream
+
+if TYPE_CHECKING:
+    from histoserve.slides.tiff.native import NativeTiff
 
 TRANSPORTS = ("auto", "pixels", "jpeg")
 """``--transport``: jpeg where it applies (auto), never, or always (a slide it cannot take fails)."""
@@ -54,34 +56,39 @@ class JpegBatch:
 
 
 def jpeg_problem(
-    reader: SlideReader, plan: TilePlan, transports: Sequence[str], coords: np.ndarray
+    native: NativeTiff | None,
+    level: int,
+    resize: str | None,
+    transports: Sequence[str],
+    coords: np.ndarray,
 ) -> str | None:
-    """Why this slide's tiles cannot cross as JPEG tiles (None: they can)."""
+    """Why this slide's tiles cannot cross as JPEG tiles (None: they can).
+
+    ``native``: the slide's native reader (None: read by OpenSlide);
+    ``level``: the level read; ``resize``: how a read square becomes the tile
+    (None: it is the tile; the server resizes ``bicubic`` only).
+    """
     if "jpeg" not in transports:
         return "the server does not take JPEG tiles"
-    if reader.native is None:
+    if native is None:
         return "the slide is not read natively (--reader)"
-    if plan.resized and (plan.resize != "bicubic" or plan.interpolation != "bicubic"):
-        return f"it is resized with {plan.resize} (the server resizes bicubic only)"
-    downsample = reader.level_downsamples[plan.read_level]
-    level_xy = np.asarray(coords, np.float64) / downsample
+    if resize not in (None, "bicubic"):
+        return f"it is resized with --resize {resize} (the server resizes with the spec's filter)"
+    level_xy = np.asarray(coords, np.float64) / native.level_downsamples[level]
     if not np.array_equal(level_xy, np.floor(level_xy)):
         return "its tile grid does not start on pixels of the level read"
     return None
 
 
-def jpeg_batch(reader: SlideReader, plan: TilePlan, coords: np.ndarray) -> JpegBatch:
-    """The batch at ``coords`` (level-0 x, y rows) as slide JPEG tiles (see the module).
+def jpeg_batch(native: NativeTiff, level: int, size: int, coords: np.ndarray) -> JpegBatch:
+    """The ``size`` px squares at ``level`` from ``coords`` (level-0 x, y rows) as slide JPEG tiles.
 
-    Raises:
+    See the module. Raises:
         SlideError: A tile's bytes cannot be read or its JPEG headers are malformed.
     """
-    native = reader.native
-    level = plan.read_level
-    downsample = reader.level_downsamples[level]
-    level_w, level_h = reader.level_dimensions[level]
+    downsample = native.level_downsamples[level]
+    level_w, level_h = native.level_dimensions[level]
     tw, th = native.tile_size(level)
-    size = plan.read_size
     origins = (np.asarray(coords, np.int64).reshape(-1, 2) / downsample).astype(np.int64)
     wanted: dict[tuple[int, int], int] = {}
     for lx, ly in origins:
@@ -98,7 +105,7 @@ def jpeg_batch(reader: SlideReader, plan: TilePlan, coords: np.ndarray) -> JpegB
             streams.append(tile_stream(tables, native.tile_bytes(level, int(column), int(row))))
         except JpegTileError as exc:
             raise SlideError(
-                f"slide {reader.path}: level {level} tile ({column}, {row}): {exc}"
+                f"slide {native.path}: level {level} tile ({column}, {row}): {exc}"
             ) from exc
         layout[i] = (x - frame_x, y - frame_y, min(tw, level_w - x), min(th, level_h - y))
     boxes = np.empty((len(origins), 4), np.int32)
@@ -108,23 +115,18 @@ def jpeg_batch(reader: SlideReader, plan: TilePlan, coords: np.ndarray) -> JpegB
     return JpegBatch(streams, layout, boxes)
 
 
-def choose_transport(
-    requested: str,
-    reader: SlideReader,
-    plan: TilePlan,
-    transports: Sequence[str],
-    coords: np.ndarray,
-) -> str:
-    """``pixels`` or ``jpeg`` for this slide, by ``--transport`` (``auto``: jpeg where it applies).
+def choose_transport(requested: str, where: str, problem: str | None) -> str:
+    """``pixels`` or ``jpeg`` for slide ``where``, by ``--transport`` (``auto``: jpeg where it applies).
+
+    ``problem``: :func:`jpeg_problem`'s answer for the slide.
 
     Raises:
         SlideError: ``jpeg`` asked for a slide whose tiles cannot take it (why).
     """
     if requested == "pixels":
         return "pixels"
-    problem = jpeg_problem(reader, plan, transports, coords)
     if problem is None:
         return "jpeg"
     if requested == "jpeg":
-        raise SlideError(f"slide {reader.path}: --transport jpeg: {problem}; use --transport auto")
+        raise SlideError(f"slide {where}: --transport jpeg: {problem}; use --transport auto")
     return "pixels"
