@@ -17,7 +17,7 @@ server that does not offer it, or a grid that does not start on level pixels.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,13 +32,22 @@ TRANSPORTS = ("auto", "pixels", "jpeg")
 """``--transport``: jpeg where it applies (auto), never, or always (a slide it cannot take fails)."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class JpegBatch:
-    """One request's worth: slide tile streams, their layout, one box per model tile."""
+    """One request's worth: slide tile streams, their layout, one box per model tile.
+
+    ``coords`` are the model tiles' level-0 x, y; ``ok`` their row mask, all
+    true, which a sender that falls back to pixels updates (bad tiles found).
+    """
 
     streams: list[bytes]
     layout: np.ndarray
     boxes: np.ndarray
+    coords: np.ndarray
+    ok: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ok = np.ones(len(self.boxes), bool)
 
     def __len__(self) -> int:
         return len(self.boxes)
@@ -112,7 +121,7 @@ def jpeg_batch(native: NativeTiff, level: int, size: int, coords: np.ndarray) ->
     boxes[:, 0] = origins[:, 0] - frame_x
     boxes[:, 1] = origins[:, 1] - frame_y
     boxes[:, 2:] = size
-    return JpegBatch(streams, layout, boxes)
+    return JpegBatch(streams, layout, boxes, np.asarray(coords))
 
 
 def choose_transport(requested: str, where: str, problem: str | None) -> str:
