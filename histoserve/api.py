@@ -36,7 +36,11 @@ _SEVERAL = ("url", "tissue_url", "slide_url", "header")
 _KINDS = {
     **dict.fromkeys(("out", "manifest", "masks", "ca_cert", "token_file"), "path"),
     **dict.fromkeys(
-        ("model", "mode", "progress", "layout", "tissue", "slide_model", "reader", "resize"), "text"
+        (
+            *("model", "mode", "progress", "layout", "tissue", "slide_model"),
+            *("reader", "resize", "transport"),
+        ),
+        "text",
     ),
     **dict.fromkeys(("force", "qc", "trust_env"), "flag"),
     **dict.fromkeys(
@@ -98,6 +102,7 @@ def embed(
     overlap: int = 0,
     reader: str = "auto",
     resize: str = "bicubic",
+    transport: str = "auto",
     slide_model: str | None = None,
     slide_url: str | Sequence[str] = (),
     max_tiles_per_slide: int = DEFAULT_MAX_TILES_PER_SLIDE,

@@ -33,7 +33,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-from histoserve.embedding.config import LAYOUTS, MODES, PROGRESS, READERS, RESIZES, EmbedConfig
+from histoserve.embedding.config import (
+    LAYOUTS,
+    MODES,
+    PROGRESS,
+    READERS,
+    RESIZES,
+    TRANSPORTS,
+    EmbedConfig,
+)
 from histoserve.text import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -181,6 +189,11 @@ def _scale_flags(parser: argparse.ArgumentParser) -> None:
         "--resize",
         choices=RESIZES,
         help="read squares to tiles: the spec's filter, area averaging, or a reduced JPEG decode",
+    )
+    add(
+        "--transport",
+        choices=TRANSPORTS,
+        help="jpeg: the slide's own JPEG tiles to a server that decodes them; auto: where it applies",
     )
     add("--slide-model", help="a served slide model run over each slide's features when done")
     add(

@@ -29,6 +29,7 @@ from histoserve.limits import (
 from histoserve.remote.auth import Credentials, check_url, redact_url
 from histoserve.slides.readers import READERS
 from histoserve.slides.resample import RESIZES
+from histoserve.slides.tiff.wire_tiles import TRANSPORTS
 from histoserve.wire import MODES
 
 LAYOUTS = ("flat", "trident", "clam")
@@ -100,6 +101,9 @@ class EmbedConfig:
             OpenSlide), ``openslide`` or ``native`` (:mod:`histoserve.slides.readers`).
         resize: How larger read squares become tiles: ``bicubic``, ``area`` or
             ``reduced`` (:mod:`histoserve.slides.resample`).
+        transport: How tiles cross to the server: ``auto`` (the slide's own JPEG
+            tiles where the server and the slide allow it, else pixels),
+            ``pixels`` or ``jpeg`` (:mod:`histoserve.slides.tiff.wire_tiles`).
     """
 
     urls: tuple[str, ...]
@@ -138,6 +142,7 @@ class EmbedConfig:
     overlap: int = 0
     reader: str = "auto"
     resize: str = "bicubic"
+    transport: str = "auto"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -184,6 +189,7 @@ class EmbedConfig:
         for flag, value, choices in (
             ("--reader", self.reader, READERS),
             ("--resize", self.resize, RESIZES),
+            ("--transport", self.transport, TRANSPORTS),
         ):
             if value not in choices:
                 raise UsageError(f"{flag} {value!r}: must be one of {', '.join(choices)}")

@@ -26,6 +26,7 @@ tiles drawn when there are any.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -38,7 +39,7 @@ import numpy as np
 from histoserve.embedding.batches import Assembled, BatchStats, run_batches
 from histoserve.embedding.config import EmbedConfig
 from histoserve.embedding.tissue_remote import model_tissue_mask
-from histoserve.errors import EmbedError
+from histoserve.errors import EmbedError, RequestFailed, ServerRefused, SlideError
 from histoserve.remote.answers import AnswerCheck
 from histoserve.remote.dispatch import Dispatcher
 from histoserve.remote.served_model import ServerInfo
@@ -55,6 +56,12 @@ from histoserve.slides.grid import (
 from histoserve.slides.manifest import SlideEntry
 from histoserve.slides.readers import MppInfo, SlideReader, resolve_mpp
 from histoserve.slides.tiff.native import TileCache
+from histoserve.slides.tiff.wire_tiles import (
+    JpegBatch,
+    choose_transport,
+    jpeg_batch,
+    jpeg_problem,
+)
 from histoserve.tissue.detect import THUMB_MPP, thumbnail
 from histoserve.tissue.masks import TissueMap, find_tissue, mask_file
 
@@ -180,14 +187,20 @@ def embed_slide(
         keep = tissue.fractions >= cfg.min_tissue
         coords, fractions = plan.coords[keep], tissue.fractions[keep].astype(np.float32)
         write_qc = _qc_writer(ctx, entry, reader, plan, tissue, coords)
+        transports = ctx.info.transports if bulk_rna is None else ("pixels",)
+        resize = plan.resize if plan.resized else None  # the server's filter is the spec's too
+        problem = jpeg_problem(reader.native, plan.read_level, resize, transports, coords)
+        transport = choose_transport(cfg.transport, str(entry.path), problem)
+    slide_attrs["transport"] = transport
     on_started(len(coords))
     readers = _ThreadReaders(entry.path, plan, coords, cfg.batch_size, cfg.reader)
+    readers.jpeg = transport == "jpeg"
     try:
         assembled = run_batches(
             len(coords),
             cfg.batch_size,
             readers.read,
-            _sender(ctx, bulk_rna),
+            _sender(ctx, bulk_rna, readers),
             read_workers=cfg.read_workers,
             concurrency=cfg.concurrency,
             queue_batches=cfg.queue_batches,
@@ -289,17 +302,29 @@ def _bad_attrs(bad: np.ndarray) -> dict[str, Any]:
 
 
 def _sender(
-    ctx: RunContext, bulk_rna: np.ndarray | None
-) -> Callable[[np.ndarray, slice], dict[str, np.ndarray]]:
+    ctx: RunContext, bulk_rna: np.ndarray | None, readers: _ThreadReaders
+) -> Callable[[Any, slice], dict[str, np.ndarray]]:
     model, mode = ctx.info.model, ctx.config.mode
     check = AnswerCheck.for_mode(ctx.info, mode)  # a wrong answer is retried, never written
 
-    def send(tiles: np.ndarray, rows: slice) -> dict[str, np.ndarray]:
+    def infer(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with ctx.in_flight:
+            return ctx.dispatcher.infer(model, inputs, {"mode": mode}, check=check)
+
+    def send(tiles: np.ndarray | JpegBatch, rows: slice) -> dict[str, np.ndarray]:
+        if isinstance(tiles, JpegBatch):
+            try:
+                return infer(tiles.inputs())
+            except RequestFailed as exc:  # a slide tile the server cannot decode
+                if not isinstance(exc.__cause__, ServerRefused) or "'jpeg_tiles'" not in str(exc):
+                    raise
+            pixels, ok = readers.read_pixels(tiles.coords)
+            tiles.ok[:] = ok  # the batch's row mask: bad tiles become holes, as on the pixel path
+            tiles = pixels[ok]
         inputs = {"pixels": tiles}
         if bulk_rna is not None:
             inputs["bulk_rna"] = np.broadcast_to(bulk_rna, (len(tiles), len(bulk_rna)))
-        with ctx.in_flight:
-            return ctx.dispatcher.infer(model, inputs, {"mode": mode}, check=check)
+        return infer(inputs) if len(tiles) else {}
 
     return send
 
@@ -317,6 +342,7 @@ class _ThreadReaders:
         self._path, self._plan, self._coords = path, plan, coords
         self._batch_size, self._kind, self._cache = batch_size, kind, TileCache()
         self.first_error = ""
+        self.jpeg = False  # send the slide's JPEG tiles (a batch that fails is read as pixels)
         self._local = threading.local()
         self._all: list[SlideReader] = []
         self._lock = threading.Lock()
@@ -330,9 +356,18 @@ class _ThreadReaders:
                 self._all.append(reader)
         return reader
 
-    def read(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """Batch ``index``: ``(tiles, ok)``."""
+    def read(self, index: int) -> tuple[np.ndarray | JpegBatch, np.ndarray]:
+        """Batch ``index``: ``(tiles, ok)``; slide JPEG tiles when ``jpeg`` and their bytes read."""
         coords = self._coords[index * self._batch_size : (index + 1) * self._batch_size]
+        if self.jpeg:
+            with contextlib.suppress(SlideError):  # bytes cut short: read as pixels, tile by tile
+                plan = self._plan
+                batch = jpeg_batch(self._reader().native, plan.read_level, plan.read_size, coords)
+                return batch, batch.ok
+        return self.read_pixels(coords)
+
+    def read_pixels(self, coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The tiles at ``coords`` as pixels: ``(tiles, ok)``."""
         reader = self._reader()
         try:
             return read_tiles(reader, self._plan, coords), np.ones(len(coords), bool)

@@ -48,6 +48,8 @@ _DATATYPES = {
     np.dtype(np.float32): "FP32",
     np.dtype(np.float16): "FP16",  # a slide head's features as stored
     np.dtype(np.int64): "INT64",  # a slide head's coords
+    np.dtype(np.int32): "INT32",  # jpeg_layout, jpeg_boxes
+    np.dtype(np.object_): "BYTES",  # jpeg_tiles
 }
 # What a request may send: 64 raw 224px tiles are ~9.6 MB; a slide head's features more.
 _MAX_SEND = 2**31 - 1

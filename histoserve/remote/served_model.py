@@ -66,6 +66,9 @@ class ServerInfo:
         outputs: Output name -> :data:`OutputInfo`, as the server lists them
             (``outputs`` of the config, or gRPC metadata), else as the spec implies.
             Every answer is checked against these (:mod:`~histoserve.remote.answers`).
+        transports: How the server takes tiles: ``pixels``, and ``jpeg`` when it
+            decodes the slide's own JPEG tiles (config ``transports``, or a
+            ``jpeg_tiles`` input in gRPC metadata).
     """
 
     model: str
@@ -77,6 +80,7 @@ class ServerInfo:
     package_sha256: str = ""
     spec: Mapping[str, Any] = field(default_factory=dict)
     outputs: Mapping[str, OutputInfo] = field(default_factory=dict)
+    transports: tuple[str, ...] = ("pixels",)
 
     @property
     def reported_sha256(self) -> str:
@@ -240,6 +244,7 @@ def info_from_config(name: str, config: Mapping[str, Any]) -> ServerInfo:
             package_sha256=str(digest),
             spec=spec,
             outputs=_listed_outputs(config.get("outputs")) or _spec_outputs(spec),
+            transports=tuple(str(t) for t in config.get("transports") or ("pixels",)),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise EmbedError(f"model {name!r}: unexpected config answer ({exc!r})") from exc
@@ -341,4 +346,5 @@ def info_from_metadata(
         package_sha256=GRPC_DIGEST + hashlib.sha256(repr(shapes).encode()).hexdigest(),
         spec={"name": name, "family": family, "inputs": inputs, "outputs": outputs},
         outputs=_listed_outputs(outputs),
+        transports=("pixels", "jpeg") if "jpeg_tiles" in shapes else ("pixels",),
     )

@@ -174,6 +174,11 @@ class SlideReader:
             ) from exc
         return _to_rgb(region)
 
+    @property
+    def native(self) -> Any:
+        """The :class:`~histoserve.slides.tiff.native.NativeTiff` when read natively, else None."""
+        return self._handle if self.backend == "native" else None
+
     def read_reduced(
         self, xy_level0: tuple[int, int], level: int, size: tuple[int, int], factor: int
     ) -> np.ndarray:

@@ -33,6 +33,8 @@ from predictor.errors import InvalidInput
 if TYPE_CHECKING:
     import torch
 
+    from predictor.codecs.jpeg_input import JpegRegion
+
 Pixels = Union[np.ndarray, "torch.Tensor"]
 """A tile's pixels or a further input: a numpy array, or a host tensor (never imported here)."""
 
@@ -49,6 +51,8 @@ class ModelRequest:
         features: A whole slide's tile features, ``[N, D]`` float (the
             ``slide`` family: one request item is one slide).
         coords: That slide's tile coordinates, ``int64 [N, 2]``, when sent.
+        jpeg: The tile as a box of the request's slide JPEG tiles
+            (:class:`~predictor.codecs.jpeg_input.JpegRegion`), decoded in stage 1.
     """
 
     index: int
@@ -57,6 +61,7 @@ class ModelRequest:
     bulk_rna: np.ndarray | None = None
     features: np.ndarray | None = None
     coords: np.ndarray | None = None
+    jpeg: JpegRegion | None = None
 
     @property
     def tiles(self) -> int:

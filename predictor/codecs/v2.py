@@ -38,6 +38,14 @@ from predictor.codecs.common import (
     string_parameter,
 )
 from predictor.codecs.images import check_encoded_size
+from predictor.codecs.jpeg_input import (
+    JPEG_BOXES,
+    JPEG_INPUTS,
+    JPEG_LAYOUT,
+    JPEG_TILES,
+    SLIDE_TILES_PER_TILE,
+    jpeg_regions,
+)
 from predictor.codecs.samples import ModelRequest, ModelResponse
 from predictor.codecs.tensors import bytes_elements, numeric_tensor, parse_shape
 from predictor.codecs.v2_response import (
@@ -68,6 +76,7 @@ INPUTS: Mapping[str, tuple[str, str]] = {
     TILES: ("BYTES", "[N]"),
     PIXELS: ("UINT8", "[N, H, W, 3]"),
     BULK_RNA: ("FP32", "[N, G]"),
+    **JPEG_INPUTS,
 }
 """Input name to (datatype, shape) as the V2 contract fixes them."""
 
@@ -145,6 +154,9 @@ def decode_v2(request: InferRequest, *, spec: ModelSpec, limits: LimitsConfig) -
     tile_input = _tile_input(inputs)
     if tile_input == TILES:
         items = _decode_tiles(inputs[TILES], limits)
+    elif tile_input == JPEG_TILES:
+        items = _decode_jpeg(inputs, spec, limits)
+        tile_input = JPEG_BOXES  # a model tile is a box; a slide tile's error names jpeg_tiles
     else:
         items = _decode_pixels(inputs[PIXELS], limits)
     if BULK_RNA in inputs:
@@ -182,7 +194,7 @@ def request_parameters(parameters: Any) -> dict[str, Any]:
 
 
 def _inputs_by_name(inputs: Sequence[Any] | None, spec: ModelSpec) -> dict[str, Any]:
-    allowed = [TILES, PIXELS] + ([BULK_RNA] if spec.takes_bulk_rna else [])
+    allowed = [TILES, PIXELS, *JPEG_INPUTS] + ([BULK_RNA] if spec.takes_bulk_rna else [])
     if not inputs:
         raise InvalidInput("request has no inputs; expected one of 'tiles' or 'pixels'")
     by_name: dict[str, Any] = {}
@@ -204,10 +216,15 @@ def _inputs_by_name(inputs: Sequence[Any] | None, spec: ModelSpec) -> dict[str, 
 
 
 def _tile_input(inputs: Mapping[str, Any]) -> str:
-    present = [name for name in (TILES, PIXELS) if name in inputs]
+    present = [name for name in (TILES, PIXELS, JPEG_TILES) if name in inputs]
     if len(present) != 1:
-        what = "both" if present else "neither"
-        raise InvalidInput(f"send exactly one of 'tiles' or 'pixels', got {what}")
+        what = {0: "neither", 2: "both"}.get(len(present), "all three")
+        raise InvalidInput(f"send exactly one of 'tiles', 'pixels' or 'jpeg_tiles', got {what}")
+    jpeg = [name for name in (JPEG_LAYOUT, JPEG_BOXES) if name in inputs]
+    if present[0] == JPEG_TILES and len(jpeg) != 2:
+        raise InvalidInput("'jpeg_tiles' needs 'jpeg_layout' and 'jpeg_boxes'")
+    if present[0] != JPEG_TILES and jpeg:
+        raise InvalidInput(f"'{jpeg[0]}' goes only with 'jpeg_tiles'", input_name=jpeg[0])
     return present[0]
 
 
@@ -242,7 +259,48 @@ def _decode_tiles(inp: Any, limits: LimitsConfig) -> list[ModelRequest]:
     ]
 
 
-def _tile_bytes(element: Any, index: int, limits: LimitsConfig) -> bytes:
+def _decode_jpeg(inputs: Mapping[str, Any], spec: ModelSpec, limits: LimitsConfig) -> list:
+    """One item per ``jpeg_boxes`` row (:mod:`predictor.codecs.jpeg_input`)."""
+    streams, layout = inputs[JPEG_TILES], inputs[JPEG_LAYOUT]
+    (count,) = _ranked(streams, 1)
+    if not 0 < count <= SLIDE_TILES_PER_TILE * limits.max_tiles_per_request:
+        raise InvalidInput(
+            f"{count} slide tiles; expected 1..{SLIDE_TILES_PER_TILE * limits.max_tiles_per_request}",
+            input_name=JPEG_TILES,
+        )
+    try:
+        elements = bytes_elements(streams.data, raw_data(streams), count)
+    except InvalidInput as exc:
+        raise exc.at(input_name=JPEG_TILES) from None
+    data = [_tile_bytes(e, i, limits, JPEG_TILES) for i, e in enumerate(elements)]
+    boxes = _numeric(inputs[JPEG_BOXES], _shape(inputs[JPEG_BOXES], 2, limits))
+    if boxes.shape[1] != 4:
+        raise InvalidInput(f"shape must be [N, 4], got {list(boxes.shape)}", input_name=JPEG_BOXES)
+    regions = jpeg_regions(
+        data,
+        _numeric(layout, _ranked(layout, 2)),
+        boxes,
+        limits=limits,
+        tile_size=spec.tile_size,
+        interpolation=spec.interpolation,
+    )
+    return [ModelRequest(index=i, jpeg=region) for i, region in enumerate(regions)]
+
+
+def _ranked(inp: Any, rank: int) -> tuple[int, ...]:
+    """``inp``'s declared shape, of ``rank`` axes; an error naming it otherwise."""
+    try:
+        shape = parse_shape(inp.shape)
+    except InvalidInput as exc:
+        raise exc.at(input_name=inp.name) from None
+    if len(shape) != rank:
+        raise InvalidInput(
+            f"shape must be {INPUTS[inp.name][1]}, got {list(shape)}", input_name=inp.name
+        )
+    return shape
+
+
+def _tile_bytes(element: Any, index: int, limits: LimitsConfig, name: str = TILES) -> bytes:
     try:
         if isinstance(element, str):
             return decode_base64(element, limits=limits)
@@ -251,7 +309,7 @@ def _tile_bytes(element: Any, index: int, limits: LimitsConfig) -> bytes:
             return bytes(element)
         raise InvalidInput(f"expected image bytes or a base64 string, got {type(element).__name__}")
     except InvalidInput as exc:
-        raise exc.at(input_name=TILES, tile=index) from None
+        raise exc.at(input_name=name, tile=index) from None
 
 
 def _decode_pixels(inp: Any, limits: LimitsConfig) -> list[ModelRequest]:

@@ -55,7 +55,9 @@ RESTARTS = RestartPolicy()
 """At most 5 restarts in 60 s, after 0.5 s doubling to 8 s."""
 _ELEMENT_BYTES = 8
 """Room per element of an extra input or output in a slot (float64 fits)."""
-_TILE_INPUTS = frozenset({"tiles", "pixels", "image_data"})
+_TILE_INPUTS = frozenset(
+    {"tiles", "pixels", "image_data", "jpeg_tiles", "jpeg_layout", "jpeg_boxes"}
+)
 _NUMERIC = frozenset(
     {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"}
     | {"FP16", "FP32", "FP64", "BF16"}

@@ -245,6 +245,8 @@ class TileHooks(RequestHooks, ServedPackage, PackageFamily):
             InvalidInput: No image, an undecodable one, or the wrong shape.
         """
         pixels = request.pixels
+        if pixels is None and request.jpeg is not None:
+            pixels = request.jpeg.pixels()
         if pixels is None:
             if request.image_data is None:
                 raise InvalidInput("no image data")
@@ -357,4 +359,7 @@ class TileHooks(RequestHooks, ServedPackage, PackageFamily):
         return [
             {"name": "tiles", "datatype": "BYTES", "shape": [-1]},
             {"name": "pixels", "datatype": "UINT8", "shape": [-1, size, size, 3]},
+            {"name": "jpeg_tiles", "datatype": "BYTES", "shape": [-1]},
+            {"name": "jpeg_layout", "datatype": "INT32", "shape": [-1, 4]},
+            {"name": "jpeg_boxes", "datatype": "INT32", "shape": [-1, 4]},
         ]

@@ -349,11 +349,15 @@ class BaseServerModel(TileHooks, Model):
     def get_metadata(self) -> dict[str, Any]:
         """Name, inputs/outputs, spec, provenance, batching, limits and start-up phases."""
         package = self._package
+        inputs = self.get_input_types()
+        names = {i["name"] for i in inputs}
         return {
             "name": self.name,
             "spec": self._spec.to_dict(),
-            "inputs": self.get_input_types(),
+            "inputs": inputs,
             "outputs": self.get_output_types(),
+            # jpeg: jpeg_tiles decoded here, larger boxes resized with the spec's filter
+            "transports": ["pixels", *(["jpeg"] if "jpeg_tiles" in names else [])],
             "checkpoint": str(self._checkpoint),
             "device": str(self._device),
             "forward_runner": package.forward_runner if package else "",

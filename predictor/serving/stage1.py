@@ -42,7 +42,7 @@ class Stage1Pool:
         self, items: Sequence[ModelRequest], tile_input: str, prepare: PrepareFn
     ) -> list[PreparedSample]:
         """Prepared samples in item order; ``InvalidInput`` located at the first bad tile."""
-        if not any(item.image_data is not None or item.features is not None for item in items):
+        if not any(_decodes(item) for item in items):
             return prepare_chunk(items, tile_input, prepare, self._tile_size)
         size = max(1, -(-len(items) // self._workers))
         chunks = [items[i : i + size] for i in range(0, len(items), size)]
@@ -62,6 +62,11 @@ class Stage1Pool:
     def shutdown(self) -> None:
         """Stops the threads; queued work is cancelled."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _decodes(item: ModelRequest) -> bool:
+    """Whether preparing ``item`` is work worth a thread (decoding, a slide's features)."""
+    return item.image_data is not None or item.features is not None or item.jpeg is not None
 
 
 def prepare_chunk(

@@ -45,7 +45,8 @@ def test_native_features_equal_openslides_at_a_matching_level(
     outputs = {}
     for reader in ("native", "openslide"):
         out = tmp_path / reader
-        assert _embed(embedding_server, out, folder / "b.svs", "--reader", reader)["done"] == ["b"]
+        args = ("--reader", reader, "--transport", "pixels")  # jpeg: test_embed_transport.py
+        assert _embed(embedding_server, out, folder / "b.svs", *args)["done"] == ["b"]
         outputs[reader] = read_output(out / "b.h5")
     native, reference = outputs["native"], outputs["openslide"]
     assert native["attrs"]["slide_backend"] == "native"

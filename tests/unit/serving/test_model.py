@@ -92,7 +92,9 @@ def test_metadata_describes_model_and_config(embedding_package_dir):
     meta = model.get_metadata()
     assert meta["name"] == "enc" and model.model_name == "enc"
     assert meta["batching"]["max_batch_size"] == 7 and meta["spec"]["embedding_dim"] == 1536
-    assert {i["name"] for i in meta["inputs"]} == {"tiles", "pixels"}
+    names = {i["name"] for i in meta["inputs"]}
+    assert names == {"tiles", "pixels", "jpeg_tiles", "jpeg_layout", "jpeg_boxes"}
+    assert meta["transports"] == ["pixels", "jpeg"]
     assert meta["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 1536]}]
     assert list(meta["startup_seconds"]) == ["digest", "metadata", "load", "probe", "warmup"]
     assert meta["forward_runner"] == "torch"  # loaded by the model itself: torch's loader

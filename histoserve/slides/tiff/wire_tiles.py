@@ -1,0 +1,141 @@
+"""``--transport``: a batch as the slide's own JPEG tiles, for a server that decodes them.
+
+A batch of model tiles read at a matching level (or resized with the spec's
+filter, ``--resize bicubic``) needs only the slide tiles its boxes overlap.
+:func:`jpeg_batch` gathers them once each (compressed bytes, the page's
+shared tables spliced in: :func:`~histoserve.slides.tiff.jpeg_tiles.tile_stream`)
+with each one's place and valid size (an edge tile is cut at the level's edge)
+in the batch's own level-pixel frame, and each model tile's box in that
+frame: the server's ``jpeg_tiles``, ``jpeg_layout`` and ``jpeg_boxes``
+inputs (``docs/cohorts.md``). Nothing is decoded here.
+
+:func:`jpeg_problem` says why a slide's tiles cannot go this way (None:
+they can): not read natively, a resize other than the spec's filter, a
+server that does not offer it, or a grid that does not start on level pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from histoserve.errors import SlideError
+from histoserve.slides.tiff.jpeg_tiles import JpegTileError, tile_stream
+
+if TYPE_CHECKING:
+    from histoserve.slides.tiff.native import NativeTiff
+
+TRANSPORTS = ("auto", "pixels", "jpeg")
+"""``--transport``: jpeg where it applies (auto), never, or always (a slide it cannot take fails)."""
+
+
+@dataclass
+class JpegBatch:
+    """One request's worth: slide tile streams, their layout, one box per model tile.
+
+    ``coords`` are the model tiles' level-0 x, y; ``ok`` their row mask, all
+    true, which a sender that falls back to pixels updates (bad tiles found).
+    """
+
+    streams: list[bytes]
+    layout: np.ndarray
+    boxes: np.ndarray
+    coords: np.ndarray
+    ok: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ok = np.ones(len(self.boxes), bool)
+
+    def __len__(self) -> int:
+        return len(self.boxes)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tile data the batch carries."""
+        return sum(len(s) for s in self.streams)
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        """The V2 inputs, ``jpeg_boxes`` first (its rows are the request's tiles)."""
+        streams = np.empty(len(self.streams), dtype=np.object_)
+        streams[:] = self.streams
+        return {"jpeg_boxes": self.boxes, "jpeg_layout": self.layout, "jpeg_tiles": streams}
+
+
+def jpeg_problem(
+    native: NativeTiff | None,
+    level: int,
+    resize: str | None,
+    transports: Sequence[str],
+    coords: np.ndarray,
+) -> str | None:
+    """Why this slide's tiles cannot cross as JPEG tiles (None: they can).
+
+    ``native``: the slide's native reader (None: read by OpenSlide);
+    ``level``: the level read; ``resize``: how a read square becomes the tile
+    (None: it is the tile; the server resizes ``bicubic`` only).
+    """
+    if "jpeg" not in transports:
+        return "the server does not take JPEG tiles"
+    if native is None:
+        return "the slide is not read natively (--reader)"
+    if resize not in (None, "bicubic"):
+        return f"it is resized with --resize {resize} (the server resizes with the spec's filter)"
+    level_xy = np.asarray(coords, np.float64) / native.level_downsamples[level]
+    if not np.array_equal(level_xy, np.floor(level_xy)):
+        return "its tile grid does not start on pixels of the level read"
+    return None
+
+
+def jpeg_batch(native: NativeTiff, level: int, size: int, coords: np.ndarray) -> JpegBatch:
+    """The ``size`` px squares at ``level`` from ``coords`` (level-0 x, y rows) as slide JPEG tiles.
+
+    See the module. Raises:
+        SlideError: A tile's bytes cannot be read or its JPEG headers are malformed.
+    """
+    downsample = native.level_downsamples[level]
+    level_w, level_h = native.level_dimensions[level]
+    tw, th = native.tile_size(level)
+    origins = (np.asarray(coords, np.int64).reshape(-1, 2) / downsample).astype(np.int64)
+    wanted: dict[tuple[int, int], int] = {}
+    for lx, ly in origins:
+        for row in range(ly // th, min(-(-(ly + size) // th), -(-level_h // th))):
+            for column in range(lx // tw, min(-(-(lx + size) // tw), -(-level_w // tw))):
+                wanted.setdefault((column, row), len(wanted))
+    cells = np.array(list(wanted), np.int64).reshape(-1, 2)
+    frame_x, frame_y = int(cells[:, 0].min()) * tw, int(cells[:, 1].min()) * th
+    tables = native.jpeg_tables(level)
+    streams, layout = [], np.empty((len(cells), 4), np.int32)
+    for i, (column, row) in enumerate(cells):
+        x, y = int(column) * tw, int(row) * th
+        try:
+            streams.append(tile_stream(tables, native.tile_bytes(level, int(column), int(row))))
+        except JpegTileError as exc:
+            raise SlideError(
+                f"slide {native.path}: level {level} tile ({column}, {row}): {exc}"
+            ) from exc
+        layout[i] = (x - frame_x, y - frame_y, min(tw, level_w - x), min(th, level_h - y))
+    boxes = np.empty((len(origins), 4), np.int32)
+    boxes[:, 0] = origins[:, 0] - frame_x
+    boxes[:, 1] = origins[:, 1] - frame_y
+    boxes[:, 2:] = size
+    return JpegBatch(streams, layout, boxes, np.asarray(coords))
+
+
+def choose_transport(requested: str, where: str, problem: str | None) -> str:
+    """``pixels`` or ``jpeg`` for slide ``where``, by ``--transport`` (``auto``: jpeg where it applies).
+
+    ``problem``: :func:`jpeg_problem`'s answer for the slide.
+
+    Raises:
+        SlideError: ``jpeg`` asked for a slide whose tiles cannot take it (why).
+    """
+    if requested == "pixels":
+        return "pixels"
+    if problem is None:
+        return "jpeg"
+    if requested == "jpeg":
+        raise SlideError(f"slide {where}: --transport jpeg: {problem}; use --transport auto")
+    return "pixels"
