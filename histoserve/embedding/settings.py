@@ -88,6 +88,8 @@ RUN_SETTINGS: tuple[Setting, ...] = (
             attr="reader"),
     Setting("resize", "resize (--resize)", lambda c: c.config.resize, omit="bicubic",
             attr="resize"),
+    # the file's ``transport`` attribute is the one a slide took, not the option
+    Setting("transport", "transport (--transport)", lambda c: c.config.transport, omit="auto"),
 )
 # fmt: on
 _BY_KEY = {s.key: s for s in RUN_SETTINGS}
