@@ -62,8 +62,11 @@ def figures(cfg: LoopConfig, result: LoopResult) -> dict[str, object]:
     for start, end, shards in result.phases:
         first = replicas[0][1] if replicas else 0
         before = next((v for t, v in reversed(replicas) if t <= start), first)
+        step_up = shards > (result.phases[len(phases) - 1][2] if phases else 0)
         ready_up = next((s["t"] for s in samples if s["t"] >= start and s["ready"] > before), None)
         asked_up = next((t for t, n in result.decisions if t >= start and n > before), None)
+        if not step_up:  # time to scale out: measured from a step up of the load only
+            ready_up = asked_up = None
         steps = _steps(replicas, start, end)
         turns = sum(
             1 for a, b, c in zip(steps, steps[1:], steps[2:], strict=False) if (b - a) * (c - b) < 0
@@ -91,6 +94,8 @@ def figures(cfg: LoopConfig, result: LoopResult) -> dict[str, object]:
         "phases": phases,
         "tiles_per_s_by_ready": {n: round(sum(v) / len(v), 1) for n, v in sorted(rate.items())},
         "peak_queue": max((s["queue"] for s in samples), default=0),
+        "peak_inflight": max((s["inflight"] for s in samples), default=0),
+        "peak_cpu_percent_of_request": round(max((s["cpu_avg"] for s in samples), default=0), 1),
         "replicas_max": max((s["replicas"] for s in samples), default=0),
         "responses_503_retried": result.responses_503,
         "shard_exit_codes": result.shard_codes,
@@ -114,6 +119,8 @@ def plot(result: LoopResult, title: str, path: Path) -> Path:
     a.legend(loc="upper right")
     b.plot(t, [x["queue"] for x in s], label="queue depth (tiles)")
     b.plot(t, [x["inflight"] for x in s], label="in-flight requests")
+    if any(x["cpu_avg"] for x in s):
+        b.plot(t, [x["cpu_avg"] for x in s], label="CPU % of request (mean)", lw=0.8)
     b.legend(loc="upper right")
     tps = [0.0] + [
         max(0.0, (y["tiles"] - x["tiles"]) / (y["t"] - x["t"])) if y["t"] > x["t"] else 0.0
