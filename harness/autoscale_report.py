@@ -63,10 +63,12 @@ def figures(cfg: LoopConfig, result: LoopResult) -> dict[str, object]:
         first = replicas[0][1] if replicas else 0
         before = next((v for t, v in reversed(replicas) if t <= start), first)
         step_up = shards > (result.phases[len(phases) - 1][2] if phases else 0)
-        ready_up = next((s["t"] for s in samples if s["t"] >= start and s["ready"] > before), None)
-        asked_up = next((t for t, n in result.decisions if t >= start and n > before), None)
+        asked_up = next((t for t, n in result.decisions if start <= t <= end and n > before), None)
         if not step_up:  # time to scale out: measured from a step up of the load only
-            ready_up = asked_up = None
+            asked_up = None
+        ready_up = next(
+            (s["t"] for s in samples if asked_up is not None and s["t"] >= asked_up
+             and s["ready"] > before), None)  # fmt: skip
         steps = _steps(replicas, start, end)
         turns = sum(
             1 for a, b, c in zip(steps, steps[1:], steps[2:], strict=False) if (b - a) * (c - b) < 0
