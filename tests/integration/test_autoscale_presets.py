@@ -35,7 +35,7 @@ PRESETS = {
 def test_preset_closed_loop(preset: str, embedding_package_dir: Path, tmp_path: Path) -> None:
     scale = float(os.environ.get("HISTOSERVE_AUTOSCALE_SCALE", "20"))
     out = Path(os.environ.get("HISTOSERVE_AUTOSCALE_OUT", REPO / "bench" / "results" / "autoscale"))
-    manifests, expected = cohort(tmp_path / "slides", [4, 48, 16])
+    manifests, expected = cohort(tmp_path / "slides", [4, 48, 48])
     cfg = LoopConfig(
         isvc=rendered_isvc(preset, PRESETS[preset]), package_dir=embedding_package_dir,
         work=tmp_path, manifests=manifests, ramp=(1, 4, 1), time_scale=scale, cold_start_s=2.0,
