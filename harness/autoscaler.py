@@ -11,10 +11,11 @@ windows over concurrency, target utilisation 70 %, scale-down delay). Every
 period is divided by ``time_scale`` so a run takes minutes, not hours.
 
 What the cluster fills in that the chart does not render is a default here,
-named as such: HPA sync 15 s and its default behavior, KEDA polling 30 s and
-activation threshold 0, Prometheus scrape 30 s (the PodMonitor's interval
-when rendered), Knative's stable window 60 s, panic window 10 % and panic
-threshold 200 %.
+named as such: HPA sync 15 s and its default behavior; KEDA's activation
+threshold 0 (its 30 s polling interval only times activation from zero,
+which no KEDA preset uses, minReplicas 1: not modelled); Prometheus scrape
+30 s; Knative's stable window 60 s, panic window 10 % of it, panic threshold
+200 %.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from typing import Any
 
 HPA_SYNC_S = 15.0
 HPA_TOLERANCE = 0.1
-KEDA_POLLING_S = 30.0
 KEDA_ACTIVATION = 0.0
 SCRAPE_S = 30.0
 KPA_WINDOW_S = 60.0
