@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 # `make test` runs the suite on this many pytest-xdist workers, a test file per worker at a time.
 TEST_WORKERS ?= 2
 
-.PHONY: all install serve test test-long lint format manifests helm bench bench-tiny soak clean gpu-check wheelhouse
+.PHONY: all install serve test test-long autoscale lint format manifests helm bench bench-tiny soak clean gpu-check wheelhouse
 
 all: test
 
@@ -58,6 +58,11 @@ test: $(STAMP) $(HELM) lint
 
 test-long: $(STAMP) $(HELM)
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -m slow $(PYTEST_ARGS)
+
+# The closed autoscaling loop for each chart preset (minutes; part of test-long):
+# figures and plots under bench/results/autoscale (docs/deployment.md).
+autoscale: $(STAMP) $(HELM)
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -m slow -s tests/integration/test_autoscale_presets.py $(PYTEST_ARGS)
 
 # The long soak (minutes, RSS sampled); HISTOSERVE_SOAK_S sets its length.
 soak: $(STAMP)

@@ -1,9 +1,9 @@
 """A cohort Job's scale-out and scale-in, simulated on loopback with real processes.
 
 Two server replicas (the real ``python -m predictor`` on a tiny demo package)
-stand behind a loopback stand-in for their Kubernetes Service: a TCP proxy that
-places each new connection on a replica, round robin, skipping one that refuses
-connections (as kube-proxy skips endpoints that are not ready). Three shard
+stand behind a loopback stand-in for their Kubernetes Service
+(:class:`harness.service.LoopbackService`: a TCP proxy that places each new
+connection on a replica, round robin, skipping one that refuses connections). Three shard
 processes run the pod command line of ``charts/histoserve-embed``, read from
 ``helm template`` (never a copy): the volume mount paths are mapped to local
 folders, ``$(JOB_COMPLETION_INDEX)`` is expanded as the kubelet does, the
@@ -23,10 +23,8 @@ import contextlib
 import csv
 import os
 import re
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +35,7 @@ import pytest
 
 from harness.reference import Reference, normalise_reference
 from harness.server import Server, spawn, start_server
+from harness.service import LoopbackService
 from harness.slides import aperio_svs, expected_coords
 from tests.chart.helpers import REPO, find_helm, missing, one, parse_docs
 
@@ -47,70 +46,6 @@ RUN_TIMEOUT_S = 240.0
 ANNOTATION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 _TILES_OK = re.compile(r'^histoserve_tiles_total\{[^}]*outcome="ok"[^}]*\} ([0-9.e+]+)$', re.M)
-
-
-# ----------------------------------------------------------------------- the Service
-
-
-class LoopbackService:
-    """A TCP proxy standing in for a ClusterIP Service: connections, not requests, balanced.
-
-    Each accepted connection goes to the next backend (round robin) that
-    accepts a TCP connection; bytes are piped both ways until either side closes.
-    """
-
-    def __init__(self, backends: list[int]) -> None:
-        self.backends = backends
-        self.connections = {port: 0 for port in backends}
-        self._next = 0
-        self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def close(self) -> None:
-        self._listener.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _connect(self) -> socket.socket | None:
-        with self._lock:
-            start, self._next = self._next, self._next + 1
-        for i in range(len(self.backends)):
-            port = self.backends[(start + i) % len(self.backends)]
-            with contextlib.suppress(OSError):
-                upstream = socket.create_connection(("127.0.0.1", port), timeout=5)
-                upstream.settimeout(None)
-                with self._lock:
-                    self.connections[port] += 1
-                return upstream
-        return None
-
-    def _serve(self, client: socket.socket) -> None:
-        upstream = self._connect()
-        if upstream is None:
-            client.close()
-            return
-        back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
-        back.start()
-        _pipe(client, upstream)
-        back.join()
-        client.close()
-        upstream.close()
-
-
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        while data := src.recv(1 << 16):
-            dst.sendall(data)
-    with contextlib.suppress(OSError):
-        dst.shutdown(socket.SHUT_WR)
 
 
 # ----------------------------------------------------------------- the pod command
