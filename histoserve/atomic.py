@@ -242,7 +242,9 @@ SWEEP_MIN_AGE_S = 60.0
 """A temp file younger than this is left alone (its writer may be about to lock it)."""
 
 
-def sweep_dead_temps(folder: Path, *, root: Path, now_s: float | None = None) -> int:
+def sweep_dead_temps(
+    folder: Path, *, root: Path, now_s: float | None = None, final: str | None = None
+) -> int:
     """Removes the temp files (:func:`temp_path`) in ``folder`` whose writer is gone.
 
     A writer holds an exclusive ``flock`` on its temp file from creation to
@@ -250,7 +252,9 @@ def sweep_dead_temps(folder: Path, *, root: Path, now_s: float | None = None) ->
     older than :data:`SWEEP_MIN_AGE_S`, belongs to a run that was killed: its
     QC pictures, report or features stay behind otherwise. A live run's temp
     files (another shard's, on a shared volume) are never touched. Returns how
-    many went; a missing folder is 0.
+    many went; a missing folder is 0. ``final``: only the temp files of that
+    name (a folder that also holds features, whose HDF5 writers may run with
+    the library's locking off, as on NFS, and so hold no lock).
 
     Raises:
         UnsafeFolder: A folder below ``root`` is a symlink or no folder.
@@ -261,7 +265,8 @@ def sweep_dead_temps(folder: Path, *, root: Path, now_s: float | None = None) ->
         if dir_fd is None:
             return 0
         with os.scandir(dir_fd) as entries:
-            names = [e.name for e in entries if _is_temp_name(e.name)]
+            prefix = "" if final is None else _temp_prefix(final)
+            names = [e.name for e in entries if _is_temp_name(e.name) and e.name.startswith(prefix)]
         for name in names:
             removed += _remove_if_dead(dir_fd, name, now_s)
     return removed

@@ -73,7 +73,7 @@ from histoserve.results.output import check_holder, config_hash
 from histoserve.results.run_record import FolderHold, hold_folder
 from histoserve.results.status import StatusLog
 from histoserve.review.qc import QC_DIR
-from histoserve.review.report import write_report
+from histoserve.review.report import REPORT_FILE, write_report
 from histoserve.slides.bulk_rna import read_bulk_rna
 from histoserve.slides.identity import (
     IDENTITY_ATTR,
@@ -274,8 +274,8 @@ class _SlideRunner:
         self.ctx, self.progress, self.summary = ctx, progress, summary
         out = ctx.config.out_dir
         ctx.layout.check_folders(*((QC_DIR,) if ctx.config.qc else ()))  # UsageError: a symlink
-        for folder in (out, out / QC_DIR):  # what killed runs left that no claim covers
-            sweep_dead_temps(folder, root=out)
+        sweep_dead_temps(out / QC_DIR, root=out)  # what killed runs left that no claim covers
+        sweep_dead_temps(out, root=out, final=REPORT_FILE)
         self.status, self.claims = StatusLog(out), ClaimStore(out)
         self._lock = threading.Lock()
 
