@@ -105,7 +105,7 @@ wheelhouse:
 	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
 	$(CHECK_PYTHON) -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \
 	  $(foreach p,$(WHEEL_PLATFORMS),--platform $(p)) -d $(WHEELHOUSE) \
-	  "kserve==0.21.0" "prometheus-client>=0.20" "tritonclient[grpc]>=2.50" aiohttp pyyaml httpx
+	  "kserve==0.21.0" "prometheus-client>=0.20" "tritonclient[grpc]>=2.50" aiohttp pyyaml httpx simplejpeg
 	cd $(WHEELHOUSE) && rm -f $(PREINSTALLED)
 	$(CHECK_PYTHON) -c "from harness.slides import he_tile; from PIL import Image; Image.fromarray(he_tile()).save('$(WHEELHOUSE)/he_tile.png')"
 	du -sh $(WHEELHOUSE)

@@ -36,11 +36,11 @@ def _load(ctx: Context) -> tuple[int, int]:
     return (4, 2) if ctx.dry_run else (16, 64)
 
 
-def _window(ctx: Context, server: Any, name: str) -> dict[str, Any]:
-    """One loadgen window against ``server`` (in its own process), sampled by NVML."""
+def window(ctx: Context, server: Any, name: str, protocol: str = "v2-pixels") -> dict[str, Any]:
+    """One loadgen window of ``protocol`` against ``server`` (in its own process), sampled by NVML."""
     clients, tiles = _load(ctx)
     job = {
-        "protocol": "v2-pixels", "concurrency": clients, "tiles": tiles, "model": name,
+        "protocol": protocol, "concurrency": clients, "tiles": tiles, "model": name,
         "http": server.http_url, "grpc": server.grpc_url, "tile_size": 224,
         "warmup_s": 0.2 if ctx.dry_run else 1.5, "window_s": ctx.window_s, "drain_s": 30.0,
         "max_requests": 10**7, "timeout_s": 60.0, "server_pid": server.pid,
@@ -96,7 +96,7 @@ def _served_one(ctx: Context, name: str, instances: int, frontends: int) -> dict
     )  # fmt: skip
     try:
         wait_all_ready({name: server})
-        cell = _window(ctx, server, name)
+        cell = window(ctx, server, name)
     finally:
         server.stop()
     alone = ctx.figures.get(f"{name} batch {batch} tiles_per_s")

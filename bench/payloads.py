@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +28,13 @@ V2 JSON with base64 PNG ``tiles``, V2 gRPC ``pixels`` (raw contents), V1 JSON.
 (V1 ``image_data`` base64 JPEG, the vendor SDK's form) and ``v2-json-jpeg`` (V2 JSON,
 ``tiles`` BYTES of base64 JPEG)."""
 
-JPEG_PROTOCOLS = ("v2-jpeg", "v1-jpeg", "v2-json-jpeg")
+SLIDE_JPEG_PROTOCOLS = {"v2-slide-jpeg": 1, "v2-slide-jpeg-2x": 2}
+"""The jpeg transport (a slide's own JPEG tiles and a box per model tile), by box-to-tile scale:
+1 at a matching level (slide B), 2 for a level read at twice the model's resolution (slide A)."""
+SLIDE_TILE = 256
+"""Edge of the slide's own JPEG tiles in :data:`SLIDE_JPEG_PROTOCOLS` requests."""
+
+JPEG_PROTOCOLS = ("v2-jpeg", "v1-jpeg", "v2-json-jpeg", *SLIDE_JPEG_PROTOCOLS)
 """Protocols whose tiles are real H&E texture (:func:`tiles_for`): JPEG's cost depends on it."""
 
 
@@ -112,10 +119,42 @@ def build_payload(protocol: str, model: str, tiles: np.ndarray) -> Payload:
         return Payload(protocol, n, f"/v1/models/{model}:predict", body, _JSON)
     if protocol == "v2-grpc":
         return Payload(protocol, n, "", grpc_request(model, tiles), {})
+    if protocol in SLIDE_JPEG_PROTOCOLS:
+        inputs = slide_jpeg_inputs(n, tiles.shape[1] * SLIDE_JPEG_PROTOCOLS[protocol])
+        body, headers = wire.encode_request(inputs)
+        return Payload(protocol, n, v2_path, body, headers)
     raise ValueError(f"unknown protocol {protocol!r}; expected one of {PROTOCOLS}")
 
 
 _JSON = {"content-type": "application/json"}
+
+
+def slide_jpeg_inputs(n: int, box: int) -> dict[str, np.ndarray]:
+    """A jpeg-transport request of ``n`` boxes of ``box`` px over one slide region.
+
+    The boxes lie edge to edge in a square grid, as a client's rows of model
+    tiles do; the region is real H&E texture cut into :data:`SLIDE_TILE` px
+    q90 JPEG tiles, each sent once.
+    """
+    side = math.isqrt(n - 1) + 1 if n > 1 else 1
+    extent = side * box
+    plane = tiles_for("v2-jpeg", 1, extent)[0]
+    per_row = -(-extent // SLIDE_TILE)
+    streams, layout = [], []
+    for ty in range(per_row):
+        for tx in range(per_row):
+            x, y = tx * SLIDE_TILE, ty * SLIDE_TILE
+            part = plane[y : y + SLIDE_TILE, x : x + SLIDE_TILE]
+            streams.append(encode(np.ascontiguousarray(part), "JPEG"))
+            layout.append([x, y, part.shape[1], part.shape[0]])
+    boxes = [[(i % side) * box, (i // side) * box, box, box] for i in range(n)]
+    tiles = np.empty(len(streams), np.object_)
+    tiles[:] = streams
+    return {
+        "jpeg_tiles": tiles,
+        "jpeg_layout": np.array(layout, np.int32),
+        "jpeg_boxes": np.array(boxes, np.int32),
+    }
 
 
 def grpc_request(model: str, tiles: np.ndarray) -> bytes:

@@ -43,8 +43,11 @@ def start_histoserve(
     source: Path | None = None,
     instances: int = 1,
     frontends: int = 1,
+    extra: tuple[str, ...] = (),
 ) -> Server:
     """``python -m predictor`` serving ``package`` with the given batching (not yet ready).
+
+    ``extra`` flags are appended as given (e.g. ``("--jpeg_decode", "cpu")``).
 
     ``forward_runner`` is passed only when given, ``--instances_per_device``
     always (the older server of ``source`` only above 1) and ``--frontends``
@@ -62,6 +65,7 @@ def start_histoserve(
         *(("--forward_runner", forward_runner) if forward_runner else ()),
         *(("--instances_per_device", str(instances)) if source is None or instances > 1 else ()),
         *(("--frontends", str(frontends)) if frontends > 1 else ()),
+        *extra,
     )  # fmt: skip
     env = bench_env(threads)
     return spawn(

@@ -142,3 +142,20 @@ def set_tile_size(src: Path, dst: Path, edge: int) -> Path:
             handle.seek(offset)
             handle.write(struct.pack("<H" if int(dtype) == 3 else "<I", edge))
     return Path(dst)
+
+
+def two_slide_tiles(edge: int = 256) -> list[bytes]:
+    """Two neighbouring ``edge``-px slide tiles of H&E texture as q90 JPEGs (the transport's unit)."""
+    import simplejpeg
+
+    from harness.slides import he_tile
+
+    texture = np.tile(he_tile(), (2, 3, 1))[:edge, : 2 * edge]
+    halves = [np.ascontiguousarray(texture[:, i * edge : (i + 1) * edge]) for i in (0, 1)]
+    return [simplejpeg.encode_jpeg(h, quality=90, colorspace="RGB") for h in halves]
+
+
+def corrupt_scan(stream: bytes) -> bytes:
+    """``stream`` with a readable header over scan data libjpeg-turbo refuses (a stray restart marker)."""
+    half = len(stream) // 2
+    return stream[:half] + b"\xff\xd3" + stream[half + 2 :]

@@ -17,7 +17,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from predictor.config import FORWARD_RUNNERS, BatchingConfig, LimitsConfig, ModelConfig
+from predictor.config import (
+    FORWARD_RUNNERS,
+    JPEG_DECODES,
+    BatchingConfig,
+    LimitsConfig,
+    ModelConfig,
+)
 from predictor.device.cpus import available_cpus, resolve_instances
 
 logger = logging.getLogger("histoserve")
@@ -93,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch's AOTI loader, or gil_free: the package's C ABI with the GIL released "
         "(CPU only); auto: gil_free on the CPU (torch's loader where it cannot serve the "
         "package, one log line), torch on a GPU",
+    )
+    add(
+        "--jpeg_decode",
+        choices=JPEG_DECODES,
+        default="auto",
+        help="where jpeg-transport tiles are decoded: cpu (libjpeg-turbo, the pixel path's "
+        "features bit for bit), device (nvJPEG on a GPU, composed and resized there; the CPU "
+        "elsewhere); auto: device on a GPU, cpu on the CPU",
     )
     add(
         "--instances_per_device",
@@ -199,6 +213,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ModelConfig, BatchingCo
         instances_per_device=args.instances_per_device,
         model_class=args.model_class,
         allow_tf32=args.allow_tf32,
+        jpeg_decode=args.jpeg_decode,
     )
     batching = BatchingConfig(
         max_batch_size=args.max_batch_size,

@@ -79,6 +79,8 @@ class LimitsConfig:
 
 FORWARD_RUNNERS = ("auto", "torch", "gil_free")
 """``--forward_runner`` choices (see :class:`ModelConfig`)."""
+JPEG_DECODES = ("auto", "cpu", "device")
+"""``--jpeg_decode`` choices (see :class:`ModelConfig`)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,11 @@ class ModelConfig:
             measured best for the device (:func:`predictor.device.cpus.resolve_instances`).
         model_class: ``MODULE:CLASS`` of a ``BaseServerModel`` subclass to
             serve; ``None`` serves the spec family's class.
+        jpeg_decode: Where the jpeg transport's slide tiles are decoded: ``cpu``
+            (libjpeg-turbo in the stage-1 pool: the pixel path's features bit
+            for bit), ``device`` (nvJPEG on a CUDA device, composed and
+            resized there: :mod:`predictor.device.jpeg`; the CPU where it
+            cannot run) or ``auto`` (the default: ``device`` on a GPU).
         allow_tf32: Lets fp32 packages run their cuBLAS/cuDNN matmuls and
             convolutions in TF32 on CUDA (Ampere and later: several times faster,
             ~1e-3 relative error); bf16/fp16 packages and the CPU are unaffected.
@@ -121,6 +128,7 @@ class ModelConfig:
     instances_per_device: int | None = None
     model_class: str | None = None
     allow_tf32: bool = False
+    jpeg_decode: str = "auto"
 
     def __post_init__(self) -> None:
         if self.instances_per_device is not None and self.instances_per_device < 1:
@@ -131,5 +139,7 @@ class ModelConfig:
             )
         if self.preprocess_workers < 1:
             raise ConfigError(f"preprocess_workers must be >= 1, got {self.preprocess_workers}")
+        if self.jpeg_decode not in JPEG_DECODES:
+            raise ConfigError(f"jpeg_decode must be auto, cpu or device, got {self.jpeg_decode!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")

@@ -83,6 +83,7 @@ def build_model(
         batching=batching,
         limits=limits,
         preprocess_workers=config.preprocess_workers,
+        jpeg_decode=config.jpeg_decode,
         name=name,
         instances_per_device=instances,
         cpu_threads_per_instance=threads_per_instance(device.type, instances, cpus),

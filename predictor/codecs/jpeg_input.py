@@ -28,10 +28,11 @@ declared size, truncated) is an :class:`~predictor.errors.InvalidInput`
 naming ``jpeg_tiles`` and the slide tile's index: its request is a 400 and
 no other request of the batch is touched.
 
-Device decode hook: :func:`decode_on_device` is where nvJPEG
-(``torchvision.io.decode_jpeg(device="cuda")``) would decode a request's
-streams as one batch, compose and resize on the device; it is not
-implemented, and every server decodes on the CPU.
+On a CUDA server the decode can move to the device
+(:mod:`predictor.device.jpeg`): stage 1 then only checks each needed slide
+tile's header (:meth:`JpegRegion.check_for_device`: the bounds above, and a
+complete stream, ending in its EOI marker) and hands the region itself on as
+the sample's tile.
 """
 
 from __future__ import annotations
@@ -66,21 +67,6 @@ _FILTERS = {
 }
 
 
-def decode_on_device(streams: Sequence[bytes]) -> None:
-    """Where a CUDA server would decode ``streams`` with nvJPEG; not implemented.
-
-    It would call ``torchvision.io.decode_jpeg(list_of_uint8_tensors,
-    device="cuda")`` on the request's streams, compose each box and resize
-    (antialiased) on the device, and hand the batch tensors to normalisation.
-    Its pixels would differ from libjpeg-turbo's by nvJPEG's IDCT and
-    upsampling, so its features would not equal the pixel path's bit for bit.
-
-    Raises:
-        NotImplementedError: Always.
-    """
-    raise NotImplementedError("device JPEG decode is not implemented; the CPU decodes")
-
-
 class JpegTiles:
     """One request's slide tiles: each decoded at most once, by whichever thread needs it first.
 
@@ -106,7 +92,14 @@ class JpegTiles:
         self.tile_size = tile_size
         self._filter = _FILTERS.get(interpolation, Image.Resampling.BICUBIC)
         self._decoded: list[np.ndarray | InvalidInput | None] = [None] * len(self._streams)
+        self._headers: list[tuple[int, int] | InvalidInput | None] = [None] * len(self._streams)
         self._locks = [threading.Lock() for _ in self._streams]
+        self._declared: int | None = None
+
+    @property
+    def streams(self) -> Sequence[bytes]:
+        """Each slide tile's complete JPEG, as sent."""
+        return self._streams
 
     def tile(self, index: int) -> np.ndarray:
         """Slide tile ``index`` decoded (``uint8 [h, w, 3]``).
@@ -114,6 +107,7 @@ class JpegTiles:
         Raises:
             InvalidInput: Naming ``jpeg_tiles`` and ``index`` (every asker gets it).
         """
+        self.header(index)
         with self._locks[index]:
             done = self._decoded[index]
             if done is None:
@@ -126,7 +120,27 @@ class JpegTiles:
             raise done
         return done
 
-    def _decode(self, index: int) -> np.ndarray:
+    def header(self, index: int) -> tuple[int, int]:
+        """Slide tile ``index``'s declared ``(width, height)``, checked against the limits.
+
+        Raises:
+            InvalidInput: Naming ``jpeg_tiles`` and ``index``: an unreadable
+                header, a declared size beyond ``max_image_pixels``, or one
+                smaller than the tile's valid area in the layout.
+        """
+        with self._locks[index]:
+            done = self._headers[index]
+            if done is None:
+                try:
+                    done = self._read_header(index)
+                except InvalidInput as exc:
+                    done = exc.at(input_name=JPEG_TILES, tile=index)
+                self._headers[index] = done
+        if isinstance(done, InvalidInput):
+            raise done
+        return done
+
+    def _read_header(self, index: int) -> tuple[int, int]:
         import simplejpeg
 
         stream = self._streams[index]
@@ -144,9 +158,27 @@ class JpegTiles:
             raise InvalidInput(
                 f"JPEG is {width}x{height} px, smaller than its layout's {valid_w}x{valid_h}"
             )
+        return width, height
+
+    def declared_pixels(self) -> int:
+        """Pixels all slide tiles declare (tiles whose header fails count nothing)."""
+        if self._declared is None:
+            total = 0
+            for index in range(len(self._streams)):
+                try:
+                    width, height = self.header(index)
+                except InvalidInput:
+                    continue
+                total += width * height
+            self._declared = total
+        return self._declared
+
+    def _decode(self, index: int) -> np.ndarray:
+        import simplejpeg
+
         try:
             pixels = simplejpeg.decode_jpeg(
-                stream, colorspace="RGB", fastdct=False, fastupsample=False
+                self._streams[index], colorspace="RGB", fastdct=False, fastupsample=False
             )
         except ValueError as exc:  # simplejpeg is strict: corrupt or truncated data
             raise InvalidInput(f"corrupt JPEG data ({exc})") from exc
@@ -160,7 +192,7 @@ class JpegTiles:
         """
         x, y, w, h = (int(v) for v in box)
         out = np.full((h, w, 3), 255, np.uint8)
-        for index in self._overlapping(x, y, w, h):
+        for index in self.overlapping(x, y, w, h):
             tx, ty, tw, th = (int(v) for v in self.layout[index])
             ax0, ay0 = max(x, tx), max(y, ty)
             ax1, ay1 = min(x + w, tx + tw), min(y + h, ty + th)
@@ -173,7 +205,8 @@ class JpegTiles:
         resized = Image.fromarray(out).resize((self.tile_size, self.tile_size), self._filter)
         return np.asarray(resized)
 
-    def _overlapping(self, x: int, y: int, w: int, h: int) -> np.ndarray:
+    def overlapping(self, x: int, y: int, w: int, h: int) -> np.ndarray:
+        """Indices of the slide tiles whose valid area overlaps box ``(x, y, w, h)``."""
         lay = self.layout
         hit = (
             (lay[:, 0] < x + w)
@@ -194,6 +227,34 @@ class JpegRegion:
     def pixels(self) -> np.ndarray:
         """The tile's pixels (see :meth:`JpegTiles.region`)."""
         return self.tiles.region(self.box)
+
+    def overlaps(self) -> tuple[int, ...]:
+        """The slide tiles this box takes pixels from."""
+        x, y, w, h = (int(v) for v in self.box)
+        return tuple(int(i) for i in self.tiles.overlapping(x, y, w, h))
+
+    def check_for_device(self, max_request_pixels: int) -> bool:
+        """Checks what a device decode needs checked first; whether this request fits one.
+
+        Each slide tile the box needs must pass :meth:`JpegTiles.header` and
+        end in its EOI marker (a truncated stream is refused here, as
+        libjpeg-turbo refuses it on the CPU path; nvJPEG may not). False when
+        the request's tiles declare more than ``max_request_pixels``: its
+        boxes are then decoded on the CPU, bounding what one request holds
+        on the device.
+
+        Raises:
+            InvalidInput: Naming ``jpeg_tiles`` and the slide tile at fault.
+        """
+        for index in self.overlaps():
+            self.tiles.header(index)
+            if not bytes(self.tiles.streams[index][-2:]) == b"\xff\xd9":
+                raise InvalidInput(
+                    "truncated JPEG data (the stream does not end in its EOI marker)",
+                    input_name=JPEG_TILES,
+                    tile=index,
+                )
+        return self.tiles.declared_pixels() <= max_request_pixels
 
 
 def jpeg_regions(
@@ -232,7 +293,7 @@ def jpeg_regions(
             )
     tiles = JpegTiles(streams, lay, limits, tile_size, interpolation)
     for row, (x, y, w, h) in enumerate(box):
-        if not len(tiles._overlapping(int(x), int(y), int(w), int(h))):
+        if not len(tiles.overlapping(int(x), int(y), int(w), int(h))):
             raise InvalidInput(
                 f"box ({x}, {y}, {w}, {h}) overlaps no slide tile of jpeg_layout",
                 input_name=JPEG_BOXES,

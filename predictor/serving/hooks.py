@@ -46,6 +46,7 @@ from predictor.device.workers import DeviceWorkers
 from predictor.errors import InvalidInput, ModelNotReady
 from predictor.package.loader import LoadedPackage
 from predictor.package.probe import expected_inputs, probe_outputs
+from predictor.serving.device_jpeg import JpegDecodePlace, device_batch
 from predictor.serving.family import PackageFamily, check_shapes
 from predictor.serving.finite import FiniteCheck, non_finite_error
 from predictor.serving.options import ServingOptions
@@ -150,6 +151,7 @@ class TileHooks(RequestHooks, ServedPackage, PackageFamily):
         self._fault_hook = fault_hook
         self._package = package
         self._owner_config: Mapping[str, Any] = {}  # a front end's: the device owner's config
+        self._jpeg: JpegDecodePlace | None = None  # the device owner's, built by load
         self._normalizer: Normalizer | None = None  # the first device's, built by load
         # the further devices' slots, and each worker's (warmed up on CUDA)
         self._devices = DeviceWorkers(warm_up=self.warm_worker)
@@ -246,6 +248,8 @@ class TileHooks(RequestHooks, ServedPackage, PackageFamily):
         """
         pixels = request.pixels
         if pixels is None and request.jpeg is not None:
+            if self._jpeg is not None and self._jpeg.defer(request.jpeg):
+                return PreparedSample(tile=request.jpeg)  # decoded on the device, in the batch
             pixels = request.jpeg.pixels()
         if pixels is None:
             if request.image_data is None:
@@ -292,9 +296,12 @@ class TileHooks(RequestHooks, ServedPackage, PackageFamily):
             requests: Each sample's request (for response metadata), aligned.
             mode: ``prediction``, ``embedding`` or ``prediction_with_embedding``.
         """
+        slot = self.active_slot()
+        refused: Mapping[int, InvalidInput] = {}
+        if self._jpeg is not None:
+            samples, refused = self._jpeg.on_device(samples, slot.normalizer.device)
         if self._fault_hook is not None:
             self._fault_hook.check([s.tile for s in samples])
-        slot = self.active_slot()
         inputs = self.batch_inputs(samples)
         outputs = [out[: len(samples)] for out in unshared(slot.package(*inputs), inputs)]
         finite = FiniteCheck(outputs, self.package_outputs(self._spec))
@@ -303,6 +310,8 @@ class TileHooks(RequestHooks, ServedPackage, PackageFamily):
         responses: list[Any] = self.build_responses([t.numpy() for t in host], mode)
         for row, output in finite.bad_rows().items():
             responses[row] = non_finite_error(output, requests[row].index)
+        for row, error in refused.items():  # a slide tile nvJPEG refused: its own request only
+            responses[row] = error
         return responses
 
     @torch.inference_mode()
@@ -324,7 +333,11 @@ class TileHooks(RequestHooks, ServedPackage, PackageFamily):
     def batch_inputs(self, samples: Sequence[PreparedSample]) -> tuple[torch.Tensor, ...]:
         """The package's inputs for a batch, on the device (tiles first, either layout)."""
         size = self._spec.tile_size
-        return (self.active_slot().normalizer([tile_hwc(s.tile, size) for s in samples]),)
+        normalizer = self.active_slot().normalizer
+        on_device = device_batch([s.tile for s in samples], size, normalizer.device)
+        if on_device is not None:  # decoded there (predictor.serving.device_jpeg)
+            return (normalizer.normalise(on_device),)
+        return (normalizer([tile_hwc(s.tile, size) for s in samples]),)
 
     def output_to_host(self, output: torch.Tensor) -> torch.Tensor:
         """Device output (trimmed to the real batch) to a host tensor; fp32 by default.

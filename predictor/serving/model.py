@@ -45,6 +45,7 @@ from predictor.errors import InvalidInput, ModelNotReady, Overloaded
 from predictor.kserve_compat import InferenceVerb
 from predictor.package.loader import LoadedPackage, StartupPhases, inspect_package, open_package
 from predictor.serving.admission import Admission
+from predictor.serving.device_jpeg import JpegDecodePlace
 from predictor.serving.forward import BatchItem, batch_forward, item_tiles, request_tiles
 from predictor.serving.hooks import TileHooks
 from predictor.serving.kserve_call import StageCall
@@ -164,6 +165,12 @@ class BaseServerModel(TileHooks, Model):
             with self._phases.time("probe"):
                 self.check_package(self._package)
                 self._normalizer = build_normalizer(self._package, self._spec)
+                self._jpeg = JpegDecodePlace(
+                    self._options.jpeg_decode,
+                    self._package.device,
+                    self._spec.tile_size,
+                    self._spec.interpolation,
+                )
                 for dev, package in self._more_packages.items():
                     self.bind_device(package)
                     self._devices.slots[dev] = build_slot(package, self._spec)
@@ -358,6 +365,7 @@ class BaseServerModel(TileHooks, Model):
             "outputs": self.get_output_types(),
             # jpeg: jpeg_tiles decoded here, larger boxes resized with the spec's filter
             "transports": ["pixels", *(["jpeg"] if "jpeg_tiles" in names else [])],
+            "jpeg_decode": "device" if self._jpeg and self._jpeg.on_device_enabled else "cpu",
             "checkpoint": str(self._checkpoint),
             "device": str(self._device),
             "forward_runner": package.forward_runner if package else "",

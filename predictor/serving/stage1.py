@@ -83,7 +83,9 @@ def prepare_chunk(
     for item in items:
         try:
             sample = prepare(item)
-            if item.features is None:  # a slide's sample holds its features, not a tile
+            if (
+                item.features is None and sample.tile is not item.jpeg
+            ):  # features, or a deferred region
                 tile_hwc(sample.tile, tile_size)
         except InvalidInput as exc:
             raise exc.at(input_name=tile_input, tile=item.index) from exc

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import simplejpeg
 
-from predictor.codecs.jpeg_input import decode_on_device, jpeg_regions
+from predictor.codecs.jpeg_input import jpeg_regions
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
 
@@ -67,6 +67,10 @@ def test_a_declared_size_over_the_limit_fails_before_decoding() -> None:
     assert "more than the limit" in caught.value.reason
 
 
-def test_the_device_decode_hook_is_not_implemented() -> None:
-    with pytest.raises(NotImplementedError):
-        decode_on_device([_stream()])
+def test_a_bad_header_is_named_once_for_every_box_that_needs_it() -> None:
+    regions = _regions([[0, 0, 64, 64]], [[0, 0, 32, 32], [16, 16, 32, 32]], [b"\xff\xd8garbage"])
+    for region in regions:
+        with pytest.raises(InvalidInput) as caught:
+            region.check_for_device(1 << 30)
+        assert (caught.value.input_name, caught.value.tile) == ("jpeg_tiles", 0)
+        assert "unreadable JPEG header" in caught.value.reason
