@@ -198,7 +198,8 @@ def _export(args: argparse.Namespace, report: Report, logs: Path) -> dict[str, P
     from bench.gpu_packages import PLAN, export_all
 
     started = time.monotonic()
-    exported = export_all([e.name for e in PLAN], args.dry_run, args.work, logs)
+    names = args.packages or [e.name for e in PLAN]
+    exported = export_all(names, args.dry_run, args.work, logs, args.export_deadline_s)
     report.add(
         "export",
         {
@@ -261,6 +262,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--window_s", type=float, default=0.0, help="load window (4; dry 0.5)")
     parser.add_argument("--only", nargs="*", help="run only these stages (after the export)")
+    parser.add_argument("--packages", nargs="*", help="export only these packages (of the plan)")
+    parser.add_argument(
+        "--export_deadline_s", type=float, default=None, help="every export's deadline (the plan's)"
+    )
     parser.add_argument(
         "--work",
         type=Path,

@@ -111,6 +111,7 @@ def export_one(name: str, device: str, depth: int | None = None) -> Path:
 
 def _env(entry: Export, dry_run: bool, work: Path) -> dict[str, str]:
     env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env.setdefault("HISTOSERVE_TRACE_S", "40")
     if not dry_run:
         threads = str(entry.threads)
         env.update(TORCHINDUCTOR_COMPILE_THREADS=threads, OMP_NUM_THREADS=threads)
@@ -118,7 +119,9 @@ def _env(entry: Export, dry_run: bool, work: Path) -> dict[str, str]:
     return env
 
 
-def export_all(names: list[str], dry_run: bool, work: Path, logs: Path) -> dict[str, Any]:
+def export_all(
+    names: list[str], dry_run: bool, work: Path, logs: Path, deadline_s: float | None = None
+) -> dict[str, Any]:
     """Exports ``names`` group by group (:data:`PLAN`), each in its own process.
 
     Returns:
@@ -129,12 +132,14 @@ def export_all(names: list[str], dry_run: bool, work: Path, logs: Path) -> dict[
     out: dict[str, Any] = {}
     for group in sorted({e.group for e in PLAN}):
         entries = [e for e in PLAN if e.group == group and e.name in names]
-        out.update(_export_group(entries, dry_run, work, logs))
+        out.update(_export_group(entries, dry_run, work, logs, deadline_s))
     return out
 
 
-def _export_group(entries: list[Export], dry_run: bool, work: Path, logs: Path) -> dict[str, Any]:
-    """One group's exports at once, each with its own deadline from the group's start."""
+def _export_group(
+    entries: list[Export], dry_run: bool, work: Path, logs: Path, deadline_s: float | None
+) -> dict[str, Any]:
+    """One group's exports at once, each with its own deadline (or ``deadline_s``) from its start."""
     device = "cpu" if dry_run else "cuda"
     logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -150,8 +155,8 @@ def _export_group(entries: list[Export], dry_run: bool, work: Path, logs: Path) 
         running[entry.name] = (entry, proc, log)
     out: dict[str, Any] = {}
     for name, (entry, proc, log) in running.items():
-        deadline_s = DRY_DEADLINE_S if dry_run else entry.deadline_s
-        out[name] = _finish(entry, proc, log, started, deadline_s)
+        limit_s = DRY_DEADLINE_S if dry_run else (deadline_s or entry.deadline_s)
+        out[name] = _finish(entry, proc, log, started, limit_s)
     return out
 
 
@@ -207,5 +212,22 @@ def he_crops(n: int, size: int = 224) -> np.ndarray:
     return crops
 
 
+def _traced_export(argv: list[str]) -> Path:
+    """:func:`export_one`, dumping every thread's stack to stderr each ``HISTOSERVE_TRACE_S`` s.
+
+    An export killed at its deadline then leaves in its log where it was.
+    """
+    import faulthandler
+
+    every_s = float(os.environ.get("HISTOSERVE_TRACE_S", "0"))
+    if every_s > 0:
+        faulthandler.dump_traceback_later(every_s, repeat=True)
+    started = time.monotonic()
+    print(f"export {argv[0]} on {argv[1]}: start", file=sys.stderr, flush=True)
+    path = export_one(argv[0], argv[1], int(argv[2]) if len(argv) > 2 else None)
+    print(f"export {argv[0]}: done in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return path
+
+
 if __name__ == "__main__":
-    print(export_one(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None))
+    print(_traced_export(sys.argv[1:]))
