@@ -15,8 +15,6 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-OUTCOMES = ("ok", "invalid", "failed", "rejected")
-
 _SUMMED = "livesum"
 """Gauges under ``--frontends N``: one series summed over live processes (each gauge is
 set by one kind of process: the queue and devices by the owner, requests by front ends)."""
