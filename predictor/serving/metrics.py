@@ -32,7 +32,8 @@ class Metrics:
     Every labelled child this model uses is bound once, on its first use, and
     kept: ``.labels(...)`` validates and hashes the label values and takes the
     collector's lock on every call, which was most of prometheus_client's
-    share of the event loop's CPU per request (``docs/performance.md``).
+    share of the event loop's CPU per request (``docs/performance.md``,
+    "The request path (null model)").
     Binding on first use rather than here keeps ``/metrics`` exactly as
     before: a series appears once it has been touched, not at start-up.
     """
