@@ -48,6 +48,7 @@ serve: $(STAMP) $(MODEL_DIR)/$(DEMO_SPEC).pt2
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 format: $(STAMP)
 	$(BIN)/ruff format .

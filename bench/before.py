@@ -21,8 +21,9 @@ from harness.packages import cache_root
 from harness.server import REPO
 
 BEFORE_COMMIT = "33e2509"
-"""The commit whose server ``docs/performance.md``'s Triton baseline measured
-(before the trace lines went off, the REST fast path, cached metrics)."""
+"""The commit whose server ``make bench`` runs beside today's on the null model
+(``bench/results/results.md``): a server without the REST fast path, with
+KServe's trace lines on and its metrics looked up per request."""
 
 
 def source_tree(commit: str = BEFORE_COMMIT, package: str = "predictor") -> Path:

@@ -4,8 +4,8 @@
 package whose forward is a per-tile channel mean and one 3 -> 1536 linear
 layer (tens of microseconds per tile), so a server under load spends its
 time on serving, not on the model: this is what measures single-tile
-requests per second and CPU per request (issue 12), and what the profile of
-the request path in ``docs/performance.md`` was taken on.
+requests per second and CPU per request, and what the request path's
+figures in ``docs/performance.md`` are taken on.
 """
 
 from __future__ import annotations

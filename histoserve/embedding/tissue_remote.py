@@ -21,9 +21,8 @@ import numpy as np
 from histoserve.remote.answers import AnswerCheck
 from histoserve.remote.dispatch import Dispatcher
 from histoserve.remote.served_model import ServerInfo
-from histoserve.slides.grid import TilePlan
 from histoserve.slides.readers import MppInfo, SlideReader
-from histoserve.tissue.detect import fractions_from_mask, thumbnail
+from histoserve.tissue.detect import thumbnail
 
 WHITE = 255
 # Mask tiles per request: 8 x 512 x 512 x 3 bytes is 6 MB.
@@ -46,22 +45,6 @@ def from_tiles(masks: np.ndarray, grid: tuple[int, int], height: int, width: int
     size = masks.shape[-1]
     whole = masks.reshape(rows, cols, size, size).transpose(0, 2, 1, 3)
     return whole.reshape(rows * size, cols * size)[:height, :width]
-
-
-def model_tissue_fractions(
-    reader: SlideReader,
-    mpp: MppInfo,
-    plan: TilePlan,
-    dispatcher: Dispatcher,
-    seg: ServerInfo,
-) -> np.ndarray:
-    """Tissue fraction per ``plan.coords`` tile, from the served segmentation model ``seg``.
-
-    Raises:
-        RequestFailed: The segmentation server refused a request or retries ran out.
-    """
-    mask, mask_mpp = model_tissue_mask(reader, mpp, dispatcher, seg)
-    return fractions_from_mask(mask, mask_mpp, plan)
 
 
 def model_tissue_mask(

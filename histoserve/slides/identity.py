@@ -17,7 +17,7 @@ sample of the bytes (the size, the first and the last MiB and 32 blocks of
 64 KiB evenly spaced between them; a file of at most 8 MiB is digested whole).
 A full SHA-256 would read every byte of every slide on every resume check
 (4 to 7 s for a 4 GiB slide here, against 4 to 18 ms for the sample:
-docs/performance.md). The resolved path and the mtime are recorded too and
+docs/performance.md, "Resume checks"). The resolved path and the mtime are recorded too and
 said in the message, but neither counts alone: moving a cohort to another
 mount, or copying it without keeping mtimes, must not re-embed every slide.
 The limit: an edit in place that keeps the size and touches none of the

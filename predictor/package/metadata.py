@@ -28,7 +28,6 @@ PROVENANCE_KEY = "histoserve.provenance"
 INPUTS_KEY = "histoserve.inputs"
 OUTPUTS_KEY = "histoserve.outputs"
 CPU_BUILD_KEY = "histoserve.cpu_build"
-SPEC_KEY = METADATA_KEY
 
 
 def read_metadata(path: Path, model_name: str = "model") -> dict[str, str]:

@@ -4,7 +4,7 @@ Every V2 REST client calls this one route. Through FastAPI it pays for the
 router (route matching about six times per request), dependency solving,
 ``Request``/``Response`` objects, Starlette's exception middleware and
 KServe's ``timing_asgi`` middleware: together about half of the event loop's
-CPU per single-tile request (``docs/performance.md``). This middleware
+CPU per single-tile request (``docs/performance.md``, "The request path (null model)"). This middleware
 recognises the route from the path alone and does what KServe's
 ``V2Endpoints.infer`` does, with the same dataplane calls in the same order
 (model ready check, ``decode``, ``infer``, ``encode``), so answers are the

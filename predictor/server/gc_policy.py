@@ -1,7 +1,7 @@
 """The garbage collector's settings for serving: the start-up heap frozen out of every collection.
 
 Measured on the null model with 64 single-tile clients (``gc.callbacks``
-around every collection, ``docs/performance.md``): with CPython's defaults
+around every collection, ``docs/performance.md``, "The request path (null model)"): with CPython's defaults
 the server ran a full (generation 2) collection every 2-12 s, and each one
 walked the whole start-up heap (torch, the package, KServe, FastAPI: over a
 million objects) for about 190-210 ms on the event-loop thread. Every

@@ -3,7 +3,7 @@
 KServe's version, on every request, looks up its three labelled stage
 histograms (``.labels(...)`` validates and hashes the label values and takes
 a lock), checks ``inspect.iscoroutinefunction`` on three bound methods and
-takes ``time.time()`` pairs (``docs/performance.md``). :class:`StageCall`
+takes ``time.time()`` pairs (``docs/performance.md``, "The request path (null model)"). :class:`StageCall`
 does the same work with the children bound once per model and the stages
 awaited directly (histoserve's stages are always coroutines), with the same
 observable effects: each stage's ``request_{preprocess,predict,postprocess}

@@ -15,8 +15,6 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-OUTCOMES = ("ok", "invalid", "failed", "rejected")
-
 _SUMMED = "livesum"
 """Gauges under ``--frontends N``: one series summed over live processes (each gauge is
 set by one kind of process: the queue and devices by the owner, requests by front ends)."""
@@ -34,7 +32,8 @@ class Metrics:
     Every labelled child this model uses is bound once, on its first use, and
     kept: ``.labels(...)`` validates and hashes the label values and takes the
     collector's lock on every call, which was most of prometheus_client's
-    share of the event loop's CPU per request (``docs/performance.md``).
+    share of the event loop's CPU per request (``docs/performance.md``,
+    "The request path (null model)").
     Binding on first use rather than here keeps ``/metrics`` exactly as
     before: a series appears once it has been touched, not at start-up.
     """

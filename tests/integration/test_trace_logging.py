@@ -2,7 +2,8 @@
 
 Per request KServe writes up to three INFO lines to ``kserve.trace`` (its
 latency line and the REST timing middleware's wall and CPU lines); they were
-about 7% of the event loop's CPU on single-tile traffic (docs/performance.md).
+about 7% of the event loop's CPU on single-tile traffic (docs/performance.md,
+"The request path (null model)").
 The access log and errors are not on that logger and stay.
 """
 

@@ -1,16 +1,26 @@
-"""The shape of the package: no import circle, light codecs, small modules and classes."""
+"""The shape of the package: the layer contract, light codecs, small modules and classes.
+
+The import rules (layers, no circle, the client alone, the server on the
+client's wire only) are ``import-linter`` contracts in ``pyproject.toml``:
+:func:`test_the_import_contracts_hold` runs ``lint-imports`` on the checkout,
+and :func:`test_a_broken_contract_fails` on a copy with a violating import.
+What the tool cannot check stays here: the contracts' layers are
+``docs/architecture.md``'s tables, a module named by string, the names the
+server takes from the client's root, module and class sizes.
+"""
 
 from __future__ import annotations
 
 import ast
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from harness.import_graph import circles, imports, modules
+from importlinter.api import read_configuration
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "predictor"
@@ -20,111 +30,134 @@ MAX_METHODS = 20
 MAX_MODULES_PER_CLIENT_FOLDER = 10
 # docs/architecture.md's two layer tables: their header cell, their package.
 TABLES = {"predictor": "| layer |", "histoserve": "| client layer |"}
+# The folders lint-imports reads (pyproject.toml's root_packages), copied for the failing runs.
+ROOTS = ("histoserve", "predictor", "bench", "harness", "tests", "scripts")
 
 
 def _modules(packages: tuple[str, ...] = ("predictor", "histoserve")) -> dict[str, Path]:
-    return modules(ROOT, packages)
+    """Dotted module name -> file, for every ``*.py`` of ``packages``."""
+    found = {}
+    for package in packages:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
 
 
-def _top_level_imports(path: Path, name: str, known: dict[str, Path]) -> set[str]:
-    """Modules of ours that ``path`` imports when it is imported (not inside functions)."""
-    return imports(path, name, known, top_level_only=True)
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` on the tree at ``root`` (its ``pyproject.toml``), no cache written."""
+    code = "from importlinter.cli import lint_imports_command; lint_imports_command()"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-c", code, "--no-cache"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=env,
+        timeout=300,
+    )
 
 
-def test_no_import_circle_among_the_package_modules():
-    modules = _modules()
-    graph = {name: _top_level_imports(path, name, modules) for name, path in modules.items()}
-    assert graph["predictor.startup"] >= {"predictor.serving.model", "predictor.package.loader"}
-    assert not circles(graph), f"import circles: {circles(graph)}"
+def test_the_import_contracts_hold():
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "0 broken" in result.stdout
 
 
-def _layer_table(package: str = "predictor") -> list[tuple[str, tuple[str, ...]]]:
-    """A layer table of docs/architecture.md, top to bottom: (layer, module prefixes)."""
+# Each breaks the contract named: an upward import at module level, an upward one inside
+# a function, a circle closed inside a function, torch in the client, a folder in no layer.
+VIOLATIONS = {
+    "upward": ("server-layers", "predictor/codecs/base.py", "import predictor.serving.model\n"),
+    "upward, late": (
+        "client-layers",
+        "histoserve/wire/__init__.py",
+        "def f():\n    import histoserve.api\n",
+    ),
+    "circle, late": (
+        "no-circle",
+        "bench/markdown.py",
+        "def f():\n    import bench.report_triton\n",
+    ),
+    "torch": ("client-alone", "histoserve/text.py", "import torch\n"),
+    "unfiled": ("server-layers", "predictor/newroom/__init__.py", '"""In no layer."""\n'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VIOLATIONS))
+def test_a_broken_contract_fails(tmp_path, case):
+    """The check can fail: a copy of the tree with one violating import is refused."""
+    for name in ROOTS:
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    contract, path, line = VIOLATIONS[case]
+    target = tmp_path / path
+    target.parent.mkdir(exist_ok=True)
+    target.write_text((target.read_text() if target.exists() else "") + line)
+    result = lint_imports(tmp_path)
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert f"{_contract(contract)['name']} BROKEN" in result.stdout, result.stdout[-3000:]
+
+
+def _contract(contract_id: str) -> dict:
+    """One contract's options as pyproject.toml declares them."""
+    contracts = read_configuration(str(ROOT / "pyproject.toml"))["contracts_options"]
+    (found,) = [c for c in contracts if c.get("id") == contract_id]
+    return found
+
+
+def _layer_table(package: str) -> list[tuple[str, ...]]:
+    """A layer table of docs/architecture.md, top to bottom: each layer's folders and modules."""
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     table = text[text.index(TABLES[package] + " folders and modules |") :].split("\n\n")[0]
-    rows = []
-    for line in table.splitlines()[2:]:
-        layer, cell = (c.strip() for c in line.strip("|").split("|")[:2])
-        names = re.findall(r"`([\w/]+)`", cell)
-        rows.append((layer, tuple(f"{package}." + n.rstrip("/").replace("/", ".") for n in names)))
-    return rows
+    return [
+        tuple(n.rstrip("/") for n in re.findall(r"`([\w/]+)`", line.strip("|").split("|")[1]))
+        for line in table.splitlines()[2:]
+    ]
 
 
-def _layer(module: str, table: list[tuple[str, tuple[str, ...]]]) -> str | None:
-    for layer, prefixes in table:
-        if any(module == p or module.startswith(p + ".") for p in prefixes):
-            return layer
-    return None
+def _contract_layers(package: str) -> list[tuple[str, ...]]:
+    """The layers of ``package``'s contract in pyproject.toml, top to bottom."""
+    layers = _contract({"predictor": "server-layers", "histoserve": "client-layers"}[package])
+    return [tuple(name.strip() for name in layer.split(":")) for layer in layers["layers"]]
 
 
 @pytest.mark.parametrize("package", sorted(TABLES))
-def test_every_module_is_in_one_layer_by_its_folder(package):
-    table = _layer_table(package)
-    first = {"predictor": ["entry", "server edge"], "histoserve": ["command", "run"]}[package]
-    assert [layer for layer, _ in table][:2] == first
+def test_the_docs_layer_table_is_the_contract(package):
+    """docs/architecture.md's table, row by row, is the layers contract lint-imports checks
+    (exhaustive: every folder and top-level module of the package is in one layer)."""
+    assert _layer_table(package) == _contract_layers(package)
     own = _modules((package,))
-    unfiled = [m for m in own if m != package and _layer(m, table) is None]
-    assert not unfiled, f"modules in no layer of docs/architecture.md: {unfiled}"
     top = [m for m in own if m.count(".") == 1 and not (ROOT / package / m.split(".")[1]).is_dir()]
     assert len(top) <= 12, top
 
 
-@pytest.mark.parametrize("package", sorted(TABLES))
-def test_imports_point_down_the_layers(package):
-    table = _layer_table(package)
-    order = [layer for layer, _ in table]
-    modules = _modules()
-    upward = []
-    for name, path in _modules((package,)).items():
-        here = _layer(name, table)
-        for dep in _top_level_imports(path, name, modules):
-            there = _layer(dep, table)
-            if here is None or there is None:
-                continue
-            if order.index(there) < order.index(here):
-                upward.append(f"{name} -> {dep}")
-    assert _layer(f"{package}.errors", table) in ("foundations", "basics")
-    assert not upward, upward
-
-
-# What the server may use of the client: the wire format, the version, and the
-# console script's extra check, asked by `predictor.cli:serve` when it runs.
-SERVER_USES_OF_CLIENT = {"histoserve.wire", "histoserve"}
+# What the server takes from the client's root: the version and the wire module
+# (the contract "server-uses-the-wire" forbids every other room of the client).
 SERVER_NAMES_FROM_CLIENT_ROOT = {"__version__", "wire"}
-LATE_SERVER_USES_OF_CLIENT = {("predictor.cli", "histoserve.commands.main")}
 
 
-def test_the_client_never_imports_the_server():
-    """No ``predictor`` import anywhere in ``histoserve/`` (functions included), and no
-    module named by string but the console script's (``serve``, ``export``)."""
-    modules = _modules()
+def test_the_client_names_no_server_module():
+    """No module of ``histoserve/`` names ``predictor.*`` by string but the console
+    script's (``serve``, ``export``): imports are the contract's, strings are not."""
     crossing = []
     for name, path in _modules(("histoserve",)).items():
-        deps = imports(path, name, modules)  # every import statement, not only the top
-        crossing += [f"{name} -> {d}" for d in deps if d.split(".")[0] == "predictor"]
-        if name != "histoserve.commands.main":
-            strings = [
-                n.value
-                for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-                if isinstance(n, ast.Constant) and isinstance(n.value, str)
-            ]
-            crossing += [f"{name} names {s}" for s in strings if re.match(r"predictor\.\w", s)]
+        if name == "histoserve.commands.main":
+            continue
+        strings = [
+            n.value
+            for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        ]
+        crossing += [f"{name} names {s}" for s in strings if re.match(r"predictor\.\w", s)]
     assert not crossing, crossing
 
 
-def test_the_server_uses_only_the_clients_wire():
-    """Of ``histoserve``, ``predictor/`` imports the wire format and the version, anywhere."""
-    modules = _modules()
+def test_the_server_takes_only_the_version_and_the_wire_from_the_clients_root():
     crossing = []
     for name, path in _modules(("predictor",)).items():
-        for dep in imports(path, name, modules):
-            allowed = dep in SERVER_USES_OF_CLIENT or (name, dep) in LATE_SERVER_USES_OF_CLIENT
-            if (
-                dep.startswith("histoserve")
-                and not allowed
-                and not dep.startswith("histoserve.wire.")
-            ):
-                crossing.append(f"{name} -> {dep}")
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module == "histoserve":
                 names = {a.name for a in node.names} - SERVER_NAMES_FROM_CLIENT_ROOT
@@ -132,10 +165,6 @@ def test_the_server_uses_only_the_clients_wire():
             elif isinstance(node, ast.Import) and any(a.name == "histoserve" for a in node.names):
                 crossing.append(f"{name} imports the whole client")
     assert not crossing, crossing
-    uses_wire = {
-        n for n, p in modules.items() if "histoserve.wire" in _top_level_imports(p, n, modules)
-    }
-    assert "predictor.codecs.binary" in uses_wire
 
 
 def _package_folders(package: Path) -> list[Path]:

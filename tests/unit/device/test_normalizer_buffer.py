@@ -3,7 +3,7 @@
 Fresh per-batch tensors (a uint8 NCHW copy and two float32 ones, 1.3 MB a
 tile) were faulted in page by page on every batch of 32 in a live server:
 ~330 minor page faults and ~0.6 ms of the device worker's CPU per request,
-the "expensive regime" of docs/performance.md ("gRPC's two regimes: the
+the slow regime of docs/performance.md ("gRPC's two regimes: the
 cause"). These tests pin the reuse and the guard that keeps an output
 aliasing the buffer from being overwritten by the next batch.
 """
