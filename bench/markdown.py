@@ -7,6 +7,7 @@ it lives here, below both, so neither imports the other.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 
@@ -58,4 +59,17 @@ def target_rows(targets: list[dict[str, Any]]) -> list[str]:
         goal = f"{'<=' if t.get('at_most') else '>='} {t['goal']:.2f}"
         met = "yes" if t["met"] else "no"
         lines.append(f"| {t['target']}{extra} | {t['ratio']:.2f} | {goal} | {met} |")
+    return lines
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]], left: int = 2) -> list[str]:
+    """A Markdown table: ``header``, then ``rows`` of cells (floats as :func:`number` writes them).
+
+    The first ``left`` columns (labels) are left-aligned, the rest (figures) right-aligned.
+    """
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "| " + " | ".join("---" if i < left else "---:" for i in range(len(header))) + " |",
+    ]
+    lines += ["| " + " | ".join(number(c, 2) for c in row) + " |" for row in rows]
     return lines

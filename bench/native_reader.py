@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.markdown import table
+
 EDGE = 4480  # level-0 px: 10 x 10 model tiles of 448 px (A) or 224 px at level 1 (B)
 CASES = (
     ("openslide", "bicubic"),
@@ -38,17 +40,17 @@ CASES = (
 )
 
 
-def write_slides(folder: Path) -> dict[str, Path]:
-    """Slides A (levels 1/16) and B (levels 1/2/16), all tissue."""
+def write_slides(folder: Path, edge: int = EDGE) -> dict[str, Path]:
+    """Slides A (levels 1/16) and B (levels 1/2/16), all tissue, ``edge`` px square at level 0."""
     from harness.jpeg_slides import jpeg_tiff
     from harness.slides import SlideSpec
 
     out = {}
     for name, downsamples in (("A", (1, 16)), ("B", (1, 2, 16))):
         spec = SlideSpec(
-            width=EDGE,
-            height=EDGE,
-            boxes=((0, 0, EDGE, EDGE),),
+            width=edge,
+            height=edge,
+            boxes=((0, 0, edge, edge),),
             mpp=(0.25, 0.25),
             vendor="aperio",
             downsamples=downsamples,
@@ -109,21 +111,26 @@ def measure(paths: dict[str, Path], repeats: int) -> list[dict[str, Any]]:
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The rows as the Markdown table of ``docs/cohorts.md``."""
-    lines = [
-        "| slide | reader + resize | CPU ms / tile | cosine to OpenSlide+bicubic | PSNR (dB) |",
-        "| --- | --- | ---: | ---: | ---: |",
-    ]
-    for r in rows:
-        psnr = (
+    header = (
+        "slide",
+        "reader + resize",
+        "CPU ms / tile",
+        "cosine to OpenSlide+bicubic",
+        "PSNR (dB)",
+    )
+    cells = [
+        (
+            r["slide"],
+            f"{r['reader']} + {r['resize']}",
+            r["cpu_ms_per_tile"],
+            f"{r['cosine_to_bicubic']:.5f}",
             "identical"
             if r["psnr_to_bicubic_db"] == float("inf")
-            else f"{r['psnr_to_bicubic_db']:.1f}"
+            else f"{r['psnr_to_bicubic_db']:.1f}",
         )
-        lines.append(
-            f"| {r['slide']} | {r['reader']} + {r['resize']} | {r['cpu_ms_per_tile']:.2f} | "
-            f"{r['cosine_to_bicubic']:.5f} | {psnr} |"
-        )
-    return "\n".join(lines)
+        for r in rows
+    ]
+    return "\n".join(table(header, cells))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ from bench.defaults import section as defaults_section
 from bench.frontends import section as frontends_section
 from bench.gil import section as gil_section
 from bench.instances import section as instances_section
+from bench.jpeg_transport import section as slide_reading_section
 from bench.markdown import CELL_HEADER, cell_row
 from bench.markdown import number as _f
 from bench.null_rate import section as null_section
@@ -186,5 +187,6 @@ def markdown(results: dict[str, Any], pngs: dict[str, str]) -> str:
     lines += workers_section(results.get("workers"))
     if results.get("stage1"):
         lines += stage1_section(results["stage1"])
+    lines += slide_reading_section(results.get("slide_reading"))
     lines += coldstart_section(results.get("coldstart"))
     return "\n".join(lines) + "\n"

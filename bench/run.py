@@ -4,7 +4,8 @@ For each model case of the profile: the limit (forward throughput per batch
 size, in-process), three servers side by side (histoserve, histoserve with
 batching off, the naive KServe model), idle latency, the end-to-end matrix,
 the baseline cells and the target cells; then stage-1 costs, the slide
-client and, last, cold starts (:mod:`bench.coldstart`). Writes
+client, the slide reading and transport stage (:mod:`bench.jpeg_transport`)
+and, last, cold starts (:mod:`bench.coldstart`). Writes
 ``results.json``, ``results.md`` and PNG plots under ``--out``.
 """
 
@@ -357,6 +358,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         cfg = embed_client.EmbedBench(device=profile.device, threads=profile.threads)
         results["embed_client"] = embed_client.write(embed_client.measure(cfg, log_dir, log), out)
+    from bench import jpeg_transport  # issue 35: readers, resizes and transports, one run
+
+    log("slide reading: reader, resize and transport per model tile")
+    stage = jpeg_transport.stage(repeats=1 if profile.name == "tiny" else 3)
+    results["slide_reading"] = jpeg_transport.write(stage, out)
     runs = min(args.coldstart_runs, 1) if profile.name == "tiny" else args.coldstart_runs
     if runs > 0:
         results["coldstart"] = measure_coldstart(profile, runs, log_dir, log)

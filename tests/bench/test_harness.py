@@ -169,3 +169,17 @@ def test_front_ends_and_defaults_stages_ran(tiny_results: tuple[Path, dict]) -> 
     assert "## Null model at each server's defaults" in markdown
     assert "### One process's batched ceiling" in markdown
     assert "## Demo package, each server at its defaults" in markdown
+
+
+@pytest.mark.integration
+def test_slide_reading_stage_ran_every_path(tiny_results: tuple[Path, dict]) -> None:
+    from bench.jpeg_transport import PATHS
+
+    rows = tiny_results[1]["slide_reading"]["rows"]
+    paths = {(r["reader"], r["resize"], r["transport"]) for r in rows if r["slide"] == "A"}
+    assert paths == set(PATHS)
+    assert {r["slide"] for r in rows} == {"A", "B"}
+    assert (tiny_results[0] / "slide_reading.json").exists()
+    assert (
+        "## Slide reading and transport (issue 35)" in (tiny_results[0] / "results.md").read_text()
+    )

@@ -29,6 +29,7 @@ own tiles would send: the tables are spliced in, nothing is decoded.
 
 from __future__ import annotations
 
+import functools
 import struct
 
 import numpy as np
@@ -86,13 +87,19 @@ def tile_stream(tables: bytes | None, tile: bytes) -> bytes:
         JpegTileError: Malformed tables or tile headers.
     """
     own, rest = segments(tile)
-    parts = [b"\xff\xd8", _ADOBE_YCBCR]
-    if tables:
-        shared, _ = segments(tables)
-        parts += [seg for marker, seg in shared if marker not in (APP0, APP14)]
+    parts = [_stream_head(tables or b"")]
     parts += [seg for marker, seg in own if marker not in (APP0, APP14)]
     parts.append(rest)
     return b"".join(parts)
+
+
+@functools.lru_cache(maxsize=16)
+def _stream_head(tables: bytes) -> bytes:
+    """SOI, the YCbCr marker and the shared tables' segments: once per page, not per tile."""
+    shared = segments(tables)[0] if tables else []
+    return b"".join(
+        [b"\xff\xd8", _ADOBE_YCBCR, *(seg for marker, seg in shared if marker not in (APP0, APP14))]
+    )
 
 
 def jpeg_problem(tables: bytes | None, tile: bytes) -> str | None:

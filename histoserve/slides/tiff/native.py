@@ -224,9 +224,10 @@ class NativeTiff:
         """Pixels ``[lx, lx+w) x [ly, ly+h)`` of ``level`` at 1/``factor``, white outside it."""
         lvl = self._levels[level]
         w, h = size
-        out = np.full((h, w, 3), 255, np.uint8)
         tw, th = lvl.tile_w // factor, lvl.tile_h // factor
         level_w, level_h = lvl.width // factor, lvl.height // factor
+        inside = lx >= 0 and ly >= 0 and lx + w <= level_w and ly + h <= level_h
+        out = np.empty((h, w, 3), np.uint8) if inside else np.full((h, w, 3), 255, np.uint8)
         x0, y0 = max(lx, 0), max(ly, 0)
         x1, y1 = min(lx + w, level_w), min(ly + h, level_h)
         for row in range(y0 // th, -(-y1 // th)) if y1 > y0 else ():
