@@ -250,7 +250,7 @@ def configure_trace_logging(enabled: bool) -> None:
 
 def serve(argv: Sequence[str] | None = None) -> int:
     """Parses flags, binds the ports, loads the model (fail-fast) and serves until drained."""
-    from histoserve.commands.main import server_extra_missing
+    from histoserve.extras import server_extra_missing
 
     if server_extra_missing("serve"):
         return EXIT_STARTUP_ERROR

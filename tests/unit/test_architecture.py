@@ -88,10 +88,10 @@ def test_imports_point_down_the_layers(package):
 
 
 # What the server may use of the client: the wire format, the version, and the
-# console script's extra check, asked by `predictor.cli:serve` when it runs.
-SERVER_USES_OF_CLIENT = {"histoserve.wire", "histoserve"}
+# extra check below both packages' commands (stdlib only), asked by
+# `predictor.cli:serve` when it runs. Never the client's commands.
+SERVER_USES_OF_CLIENT = {"histoserve.wire", "histoserve", "histoserve.extras"}
 SERVER_NAMES_FROM_CLIENT_ROOT = {"__version__", "wire"}
-LATE_SERVER_USES_OF_CLIENT = {("predictor.cli", "histoserve.commands.main")}
 
 
 def test_the_client_never_imports_the_server():
@@ -118,7 +118,7 @@ def test_the_server_uses_only_the_clients_wire():
     crossing = []
     for name, path in _modules(("predictor",)).items():
         for dep in imports(path, name, modules):
-            allowed = dep in SERVER_USES_OF_CLIENT or (name, dep) in LATE_SERVER_USES_OF_CLIENT
+            allowed = dep in SERVER_USES_OF_CLIENT
             if (
                 dep.startswith("histoserve")
                 and not allowed
