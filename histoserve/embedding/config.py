@@ -16,7 +16,7 @@ from pathlib import Path
 
 from histoserve.errors import UsageError
 from histoserve.limits import DEFAULT_MAX_TILES_PER_SLIDE
-from histoserve.options.checks import LAYOUTS, PROGRESS, check_numbers, check_sources
+from histoserve.options.checks import check_numbers, check_sources
 from histoserve.options.declare import GROUPS, declared, option
 from histoserve.remote.auth import Credentials
 from histoserve.slides.readers import READERS
@@ -24,6 +24,8 @@ from histoserve.slides.resample import RESIZES
 from histoserve.slides.tiff.wire_tiles import TRANSPORTS
 from histoserve.wire import MODES
 
+LAYOUTS = ("flat", "trident", "clam")
+PROGRESS = ("auto", "bar", "plain", "none")
 # Requests in flight per URL by default: one being computed, one queued behind
 # it and one on the wire keep a server's batcher fed without deep queues.
 DEFAULT_CONCURRENCY_PER_URL = 4

@@ -26,7 +26,7 @@ import time
 from typing import TextIO
 
 from histoserve.embedding.batches import BatchStats
-from histoserve.options.checks import PROGRESS
+from histoserve.embedding.config import PROGRESS
 from histoserve.text import printable
 
 BAR_INTERVAL_S = 0.25

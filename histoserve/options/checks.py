@@ -22,19 +22,14 @@ from histoserve.limits import (
     MAX_THREADS,
     mpp_problem,
 )
+from histoserve.options.declare import declared
 from histoserve.remote.auth import check_url, redact_url
-from histoserve.slides.readers import READERS
-from histoserve.slides.resample import RESIZES
-from histoserve.slides.tiff.wire_tiles import TRANSPORTS
-from histoserve.wire import MODES
 
-LAYOUTS = ("flat", "trident", "clam")
-PROGRESS = ("auto", "bar", "plain", "none")
 URL_SCHEMES = ("http://", "https://", "grpc://", "grpcs://")
 
 
 def check_sources(config: Any) -> None:
-    """UsageError unless the URLs, slides and text choices of ``config`` are usable."""
+    """UsageError unless the URLs, the slides and each declared option's choice are usable."""
     if not config.urls:
         raise UsageError("no server given: pass --url http://host:port (or grpc://host:port)")
     flags = [("--url", u) for u in config.urls] + [("--tissue-url", u) for u in config.tissue_urls]
@@ -50,23 +45,15 @@ def check_sources(config: Any) -> None:
         config.credentials.check_urls(config.urls + config.tissue_urls + config.slide_urls)
     if not config.slides and config.manifest is None:
         raise UsageError("no slides given: pass slide paths or --manifest slides.csv")
-    if config.mode not in MODES:
-        raise UsageError(f"--mode {config.mode!r}: must be one of {', '.join(MODES)}")
-    for flag, value, choices in (
-        ("--reader", config.reader, READERS),
-        ("--resize", config.resize, RESIZES),
-        ("--transport", config.transport, TRANSPORTS),
-    ):
-        if value not in choices:
-            raise UsageError(f"{flag} {value!r}: must be one of {', '.join(choices)}")
-    if config.layout not in LAYOUTS:
-        raise UsageError(f"--layout {config.layout!r}: must be one of {', '.join(LAYOUTS)}")
+    for option in declared(type(config)):
+        value = getattr(config, option.field)
+        if option.choices and value not in option.choices:
+            choices = ", ".join(option.choices)
+            raise UsageError(f"{option.flag} {value!r}: must be one of {choices}")
     if config.slide_model is not None and config.mode == "prediction":
         raise UsageError("--slide-model takes tile features: use an embedding mode")
     if config.layout != "flat" and config.mode == "prediction":
         raise UsageError(f"--layout {config.layout} writes features: use an embedding mode")
-    if config.progress not in PROGRESS:
-        raise UsageError(f"--progress {config.progress!r}: must be one of {', '.join(PROGRESS)}")
     if not config.tissue:
         raise UsageError("--tissue must be otsu, none or a served model name, got ''")
     if config.shard is not None:

@@ -110,6 +110,10 @@ def test_a_lone_string_is_one_value_never_its_characters(tmp_path):
         ("timeout_s", "300", "timeout_s: expected a number, got str"),
         ("qc", 0, "qc: expected a flag, got int"),
         ("model", 7, "model: expected a text, got int"),
+        ("mode", "predict", "--mode 'predict': must be one of embedding, prediction, "),
+        ("reader", "pil", "--reader 'pil': must be one of auto, openslide, native"),
+        ("layout", "lazyslide", "--layout 'lazyslide': must be one of flat, trident, clam"),
+        ("progress", "fancy", "--progress 'fancy': must be one of auto, bar, plain, none"),
     ],
 )
 def test_a_bad_option_is_a_usage_error_before_any_slide(tmp_path, option, value, message):
