@@ -1,7 +1,8 @@
 """Command line of the server: ``python -m predictor`` and ``histoserve serve``.
 
 All of KServe's ``ModelServer`` flags plus histoserve's (README, "Serving
-flags"). Parsing, environment reads and metric registration happen here, in
+flags"), each of histoserve's declared once as a field of a config in
+:mod:`predictor.config` (:mod:`predictor.flags`). Parsing, environment reads and metric registration happen here, in
 functions called from :func:`serve`, never at import. Start-up is fail-fast: a
 missing, corrupt, incompatible or spec-inconsistent checkpoint exits 2 with
 one clear line before the server reports ready.
@@ -14,25 +15,28 @@ import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
-from predictor.config import (
-    FORWARD_RUNNERS,
-    JPEG_DECODES,
-    BatchingConfig,
-    LimitsConfig,
-    ModelConfig,
-)
+from predictor.config import BatchingConfig, LimitsConfig, ModelConfig, ServeConfig
 from predictor.device.cpus import available_cpus, resolve_instances
+from predictor.flags import add_flags, config_from
 
 logger = logging.getLogger("histoserve")
 
 EXIT_STARTUP_ERROR = 2
 
 
+# Each config's flags and their --help group, in --help's order.
+FLAG_GROUPS = (
+    (ModelConfig, "model"),
+    (BatchingConfig, "batching"),
+    (LimitsConfig, "input limits"),
+    (ServeConfig, "serving"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The serve parser: KServe's flags plus histoserve's."""
+    """The serve parser: KServe's flags, then histoserve's, made from the configs' fields."""
     from predictor.kserve_compat import model_server_parser
 
     parser = argparse.ArgumentParser(
@@ -41,123 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a histopathology .pt2 tile model over KServe V1/V2 REST and V2 gRPC.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    # None means "follow --max_body_bytes", not gRPC's 4 MiB (32 raw tiles are ~4.8 MB);
-    # both gRPC limits are honoured (the send one bounds answers).
-    # KServe's per-request trace lines (its latency line, and the wall and CPU
-    # timing lines of its REST middleware: three lines per request) are off
-    # unless asked for: they were ~7% of the event loop's CPU (docs/performance.md).
-    parser.set_defaults(
-        model_name=None,
-        grpc_max_receive_message_length=None,
-        grpc_max_send_message_length=None,
-        enable_latency_logging=False,
-    )
-    batching, limits = BatchingConfig(), LimitsConfig()
-    add = parser.add_argument
-    add("--model_dir", type=Path, default=Path("/opt/ml/model"), help="where checkpoints live")
-    add("--checkpoint", default=None, help="file name in model_dir (default: the only *.pt2)")
-    add("--spec", default=None, help="built-in spec name or spec file; overrides the embedded one")
-    add("--device", default="auto", help="auto (every visible GPU, else cpu), cpu, cuda or cuda:N")
-    add("--max_batch_size", type=int, default=batching.max_batch_size, help="tiles per forward")
-    add(
-        "--max_latency_ms",
-        type=float,
-        default=batching.max_latency_ms,
-        help="longest wait to fill a batch",
-    )
-    add(
-        "--max_queue_size",
-        type=int,
-        default=batching.max_queue_size,
-        help="tiles waiting before 503",
-    )
-    add("--preprocess_workers", type=int, default=available_cpus(), help="stage-1 threads")
-    add("--drain_timeout_s", type=float, default=30.0, help="longest drain after SIGTERM")
-    add("--max_tiles_per_request", type=int, default=limits.max_tiles_per_request)
-    add(
-        "--max_tiles_per_slide",
-        type=int,
-        default=limits.max_tiles_per_slide,
-        help="slide models: most tiles in one slide's features (also bounded by the package)",
-    )
-    add(
-        "--max_image_pixels",
-        type=int,
-        default=limits.max_image_pixels,
-        help="decoded size cap (bombs)",
-    )
-    add(
-        "--max_body_bytes",
-        type=int,
-        default=limits.max_body_bytes,
-        help="HTTP body / gRPC message cap",
-    )
-    add(
-        "--forward_runner",
-        choices=FORWARD_RUNNERS,
-        default="auto",
-        help="torch's AOTI loader, or gil_free: the package's C ABI with the GIL released "
-        "(CPU only); auto: gil_free on the CPU (torch's loader where it cannot serve the "
-        "package, one log line), torch on a GPU",
-    )
-    add(
-        "--jpeg_decode",
-        choices=JPEG_DECODES,
-        default="auto",
-        help="where jpeg-transport tiles are decoded: cpu (libjpeg-turbo, the pixel path's "
-        "features bit for bit), device (nvJPEG on a GPU, composed and resized there; the CPU "
-        "elsewhere); auto: device on a GPU, cpu on the CPU",
-    )
-    add(
-        "--instances_per_device",
-        type=_instances,
-        default=None,
-        help="device workers per device on one shared queue (CPU or each GPU); auto (the "
-        "default): 2 on the CPU, each with half the cores' threads, 1 on a GPU",
-    )
-    add(
-        "--rest_fast_path",
-        type=_strtobool,
-        default=True,
-        help="answer POST /v2/models/{name}/infer in front of FastAPI (same answers, less CPU)",
-    )
-    add(
-        "--model_class",
-        default=None,
-        help="MODULE:CLASS of a predictor.BaseServerModel subclass to serve "
-        "(default: the spec family's class)",
-    )
-    add(
-        "--allow_tf32",
-        type=_strtobool,
-        default=False,
-        help="fp32 packages on CUDA: cuBLAS/cuDNN matmuls in TF32 (faster, ~1e-3 relative error)",
-    )
-    add(
-        "--frontends",
-        default="1",
-        help="front-end processes sharing the HTTP and gRPC ports (stage 1, encoding) in front of "
-        "one device owner: a number, or auto (the CPUs less one); 1 serves in one process",
-    )
-    add(
-        "--bind_address",
-        default=None,
-        help="address the HTTP and gRPC ports listen on (127.0.0.1: this machine only, as "
-        "make serve does); unset: every interface",
-    )
-    add(
-        "--metrics_port",
-        type=int,
-        default=0,
-        help="also serve GET /metrics on this port alone (a NetworkPolicy can then admit "
-        "Prometheus to the metrics only); 0: /metrics on the HTTP port only",
-    )
-    add("--fault_injection", default=None, help=argparse.SUPPRESS)
-    add("--frontend_socket", default=None, help=argparse.SUPPRESS)  # set for a front end
-    add("--frontend_index", type=int, default=0, help=argparse.SUPPRESS)
-    add("--frontend_http_fd", type=int, default=None, help=argparse.SUPPRESS)
-    add("--frontend_parent", type=int, default=None, help=argparse.SUPPRESS)
+    for config, title in FLAG_GROUPS:
+        add_flags(parser, config, title)
+    parser.set_defaults(preprocess_workers=available_cpus())  # the machine's, not the config's
     return parser
+
+
+def early_flags(argv: Sequence[str]) -> argparse.Namespace:
+    """The flags read before any heavy import (``early=True``), from the same declarations."""
+    early = argparse.ArgumentParser(prog="histoserve serve", add_help=False)
+    add_flags(early, ServeConfig, only=lambda declared: declared.early)
+    return early.parse_known_args(argv)[0]
 
 
 def early_frontends(argv: Sequence[str]) -> tuple[int, int | None]:
@@ -171,81 +69,38 @@ def early_frontends(argv: Sequence[str]) -> tuple[int, int | None]:
     """
     from predictor.frontends.process import frontend_count
 
-    early = argparse.ArgumentParser(add_help=False)
-    early.add_argument("--frontends", default="1")
-    early.add_argument("--frontend_socket", default=None)
-    early.add_argument("--frontend_index", type=int, default=0)
-    known, _ = early.parse_known_args(argv)
+    known = early_flags(argv)
     index = known.frontend_index if known.frontend_socket else None
     return frontend_count(known.frontends, available_cpus()), index
 
 
-def _instances(value: str) -> int | None:
-    """``auto`` (None: :func:`predictor.device.cpus.resolve_instances` decides) or a count."""
-    if value == "auto":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected auto or a whole number, got {value!r}"
-        ) from None
-
-
-def _strtobool(value: str) -> bool:
-    """``true``/``false`` (and KServe's other spellings) for boolean flags."""
-    from predictor.kserve_compat import strtobool
-
-    return strtobool(value)
-
-
 def configs_from_args(args: argparse.Namespace) -> tuple[ModelConfig, BatchingConfig, LimitsConfig]:
     """Frozen configs from parsed flags; a bad value raises ConfigError naming it."""
-    model = ModelConfig(
-        model_dir=args.model_dir,
-        checkpoint=args.checkpoint,
-        spec=args.spec,
-        model_name=args.model_name,
-        device=args.device,
-        preprocess_workers=args.preprocess_workers,
-        fault_injection=args.fault_injection,
-        forward_runner=args.forward_runner,
-        instances_per_device=args.instances_per_device,
-        model_class=args.model_class,
-        allow_tf32=args.allow_tf32,
-        jpeg_decode=args.jpeg_decode,
+    return (
+        config_from(ModelConfig, args),
+        config_from(BatchingConfig, args),
+        config_from(LimitsConfig, args),
     )
-    batching = BatchingConfig(
-        max_batch_size=args.max_batch_size,
-        max_latency_ms=args.max_latency_ms,
-        max_queue_size=args.max_queue_size,
-    )
-    limits = LimitsConfig(
-        max_tiles_per_request=args.max_tiles_per_request,
-        max_tiles_per_slide=args.max_tiles_per_slide,
-        max_image_pixels=args.max_image_pixels,
-        max_body_bytes=args.max_body_bytes,
-    )
-    return model, batching, limits
 
 
 def server_kwargs(args: argparse.Namespace, limits: LimitsConfig) -> dict[str, Any]:
-    """The server's arguments from the parsed flags."""
+    """The server's arguments from the parsed flags (KServe's own and :class:`ServeConfig`)."""
+    serving: ServeConfig = config_from(ServeConfig, args)
     return dict(
-        drain_timeout_s=args.drain_timeout_s,
+        drain_timeout_s=serving.drain_timeout_s,
         max_body_bytes=limits.max_body_bytes,
-        grpc_max_receive_bytes=args.grpc_max_receive_message_length,
-        grpc_max_send_bytes=args.grpc_max_send_message_length,
+        grpc_max_receive_bytes=serving.grpc_max_receive_message_length,
+        grpc_max_send_bytes=serving.grpc_max_send_message_length,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
-        bind_address=args.bind_address,
+        bind_address=serving.bind_address,
         workers=args.workers,
         max_threads=args.max_threads,
         max_asyncio_workers=args.max_asyncio_workers,
         enable_grpc=args.enable_grpc,
-        grace_period=int(args.drain_timeout_s) + 5,
-        enable_latency_logging=args.enable_latency_logging,
-        rest_fast_path=args.rest_fast_path,
+        grace_period=int(serving.drain_timeout_s) + 5,
+        enable_latency_logging=serving.enable_latency_logging,
+        rest_fast_path=serving.rest_fast_path,
     )
 
 
@@ -265,7 +120,7 @@ def configure_trace_logging(enabled: bool) -> None:
 
 def serve(argv: Sequence[str] | None = None) -> int:
     """Parses flags, binds the ports, loads the model (fail-fast) and serves until drained."""
-    from histoserve.commands.main import server_extra_missing
+    from histoserve.extras import server_extra_missing
 
     if server_extra_missing("serve"):
         return EXIT_STARTUP_ERROR
@@ -361,7 +216,5 @@ def set_up_process(frontend_index: int | None, argv: Sequence[str]) -> None:
     if frontend_index is None:
         prepare_metrics_dir()
     else:
-        early = argparse.ArgumentParser(add_help=False)
-        early.add_argument("--frontend_parent", type=int, default=None)
-        die_with_parent(early.parse_known_args(argv)[0].frontend_parent)
+        die_with_parent(early_flags(argv).frontend_parent)
     tag_log_lines("owner" if frontend_index is None else f"frontend-{frontend_index}")

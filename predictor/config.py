@@ -1,7 +1,10 @@
 """Frozen configuration passed explicitly from the CLI to each part.
 
 Nothing here reads the environment or parses arguments: :mod:`predictor.cli`
-builds these once and hands them down, so every part is testable alone.
+builds these once and hands them down, so every part is testable alone. A
+field made with :func:`predictor.flags.flag` is also the server's flag of the
+same name: its one declaration (default, conversion, help); the parser and
+the configs are made from these classes.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from predictor.errors import ConfigError
+from predictor.flags import auto_or_count, flag, true_or_false
 
 
 @dataclass(frozen=True)
@@ -24,9 +28,9 @@ class BatchingConfig:
         retry_after_s: ``Retry-After`` hint sent with overload 503s.
     """
 
-    max_batch_size: int = 32
-    max_latency_ms: float = 5.0
-    max_queue_size: int = 1024
+    max_batch_size: int = flag(32, "tiles per forward", type=int)
+    max_latency_ms: float = flag(5.0, "longest wait to fill a batch", type=float)
+    max_queue_size: int = flag(1024, "tiles waiting before 503", type=int)
     retry_after_s: float = 1.0
 
     def __post_init__(self) -> None:
@@ -57,12 +61,16 @@ class LimitsConfig:
         max_tiles_per_slide: Slide models: most tiles (``N``) one slide may carry.
     """
 
-    max_tiles_per_request: int = 1024
+    max_tiles_per_request: int = flag(1024, "most tiles in one request", type=int)
     max_image_bytes: int = 8 * 1024 * 1024
-    max_image_pixels: int = 4096 * 4096
+    max_image_pixels: int = flag(4096 * 4096, "decoded size cap (bombs)", type=int)
     max_bulk_rna_length: int = 100_000
-    max_body_bytes: int = 256 * 1024 * 1024
-    max_tiles_per_slide: int = 200_000
+    max_body_bytes: int = flag(256 * 1024 * 1024, "HTTP body / gRPC message cap", type=int)
+    max_tiles_per_slide: int = flag(
+        200_000,
+        "slide models: most tiles in one slide's features (also bounded by the package)",
+        type=int,
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -79,7 +87,7 @@ class LimitsConfig:
 
 FORWARD_RUNNERS = ("auto", "torch", "gil_free")
 """``--forward_runner`` choices (see :class:`ModelConfig`)."""
-JPEG_DECODES = ("auto", "cpu", "device")
+JPEG_DECODES = ("cpu", "device")
 """``--jpeg_decode`` choices (see :class:`ModelConfig`)."""
 
 
@@ -111,24 +119,53 @@ class ModelConfig:
             (libjpeg-turbo in the stage-1 pool: the pixel path's features bit
             for bit), ``device`` (nvJPEG on a CUDA device, composed and
             resized there: :mod:`predictor.device.jpeg`; the CPU where it
-            cannot run) or ``auto`` (the default: ``device`` on a GPU).
+            cannot run). ``cpu`` is the default: on an H200 nvJPEG decoded as
+            many tiles as 9-12 cores (docs/performance.md, "GPU"), but in
+            the device worker's turn, so a node with more cores than that
+            serves more with the pool.
         allow_tf32: Lets fp32 packages run their cuBLAS/cuDNN matmuls and
             convolutions in TF32 on CUDA (Ampere and later: several times faster,
             ~1e-3 relative error); bf16/fp16 packages and the CPU are unaffected.
     """
 
-    model_dir: Path = Path("/opt/ml/model")
-    checkpoint: str | None = None
-    spec: str | None = None
-    model_name: str | None = None
-    device: str = "auto"
-    preprocess_workers: int = 2
-    fault_injection: str | None = None
-    forward_runner: str = "auto"
-    instances_per_device: int | None = None
-    model_class: str | None = None
-    allow_tf32: bool = False
-    jpeg_decode: str = "auto"
+    model_dir: Path = flag(Path("/opt/ml/model"), "where checkpoints live", type=Path)
+    checkpoint: str | None = flag(None, "file name in model_dir (default: the only *.pt2)")
+    spec: str | None = flag(None, "built-in spec name or spec file; overrides the embedded one")
+    model_name: str | None = flag(None, kserve=True)  # None: the spec's name
+    device: str = flag("auto", "auto (every visible GPU, else cpu), cpu, cuda or cuda:N")
+    # the command line's default is the CPUs this process may use (predictor.cli)
+    preprocess_workers: int = flag(2, "stage-1 threads", type=int)
+    fault_injection: str | None = flag(None, hidden=True)
+    forward_runner: str = flag(
+        "auto",
+        "torch's AOTI loader, or gil_free: the package's C ABI with the GIL released "
+        "(CPU only); auto: gil_free on the CPU (torch's loader where it cannot serve the "
+        "package, one log line), torch on a GPU",
+        choices=FORWARD_RUNNERS,
+    )
+    instances_per_device: int | None = flag(
+        None,
+        "device workers per device on one shared queue (CPU or each GPU); auto (the "
+        "default): 2 on the CPU, each with half the cores' threads, 1 on a GPU",
+        type=auto_or_count,
+    )
+    model_class: str | None = flag(
+        None,
+        "MODULE:CLASS of a predictor.BaseServerModel subclass to serve "
+        "(default: the spec family's class)",
+    )
+    allow_tf32: bool = flag(
+        False,
+        "fp32 packages on CUDA: cuBLAS/cuDNN matmuls in TF32 (faster, ~1e-3 relative error)",
+        type=true_or_false,
+    )
+    jpeg_decode: str = flag(
+        "cpu",
+        "where jpeg-transport tiles are decoded: cpu (libjpeg-turbo in the stage-1 pool, "
+        "the pixel path's features bit for bit) or device (nvJPEG on a GPU, composed and "
+        "resized there; the CPU where it cannot run)",
+        choices=JPEG_DECODES,
+    )
 
     def __post_init__(self) -> None:
         if self.instances_per_device is not None and self.instances_per_device < 1:
@@ -140,6 +177,65 @@ class ModelConfig:
         if self.preprocess_workers < 1:
             raise ConfigError(f"preprocess_workers must be >= 1, got {self.preprocess_workers}")
         if self.jpeg_decode not in JPEG_DECODES:
-            raise ConfigError(f"jpeg_decode must be auto, cpu or device, got {self.jpeg_decode!r}")
+            raise ConfigError(f"jpeg_decode must be cpu or device, got {self.jpeg_decode!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How the process serves: drain, the fast path, front ends and listeners.
+
+    Also histoserve's defaults for three of KServe's own flags (``kserve=True``).
+
+    Attributes:
+        drain_timeout_s: Longest drain after SIGTERM.
+        rest_fast_path: Answer V2 REST infer in front of FastAPI.
+        frontends: Front-end processes (a number or ``auto``), checked by
+            :func:`predictor.frontends.process.frontend_count`.
+        bind_address: Where the HTTP and gRPC ports listen (None: everywhere).
+        metrics_port: A port serving ``/metrics`` alone (0: none).
+        grpc_max_receive_message_length: None: follow ``--max_body_bytes``, not
+            gRPC's 4 MiB (32 raw tiles are ~4.8 MB); both gRPC limits are honoured
+            (the send one bounds answers).
+        grpc_max_send_message_length: As above, for answers.
+        enable_latency_logging: KServe's per-request trace lines (its latency
+            line, and the wall and CPU timing lines of its REST middleware: three
+            lines per request) are off unless asked for: they were ~7% of the
+            event loop's CPU (docs/performance.md).
+        frontend_socket: Set by the supervisor for a front end: the owner's socket.
+        frontend_index: This front end's index.
+        frontend_http_fd: The HTTP listener a front end inherits.
+        frontend_parent: The supervisor's pid (a front end dies with it).
+    """
+
+    drain_timeout_s: float = flag(30.0, "longest drain after SIGTERM", type=float)
+    rest_fast_path: bool = flag(
+        True,
+        "answer POST /v2/models/{name}/infer in front of FastAPI (same answers, less CPU)",
+        type=true_or_false,
+    )
+    frontends: str = flag(
+        "1",
+        "front-end processes sharing the HTTP and gRPC ports (stage 1, encoding) in front of "
+        "one device owner: a number, or auto (the CPUs less one); 1 serves in one process",
+        early=True,
+    )
+    bind_address: str | None = flag(
+        None,
+        "address the HTTP and gRPC ports listen on (127.0.0.1: this machine only, as "
+        "make serve does); unset: every interface",
+    )
+    metrics_port: int = flag(
+        0,
+        "also serve GET /metrics on this port alone (a NetworkPolicy can then admit "
+        "Prometheus to the metrics only); 0: /metrics on the HTTP port only",
+        type=int,
+    )
+    grpc_max_receive_message_length: int | None = flag(None, kserve=True)
+    grpc_max_send_message_length: int | None = flag(None, kserve=True)
+    enable_latency_logging: bool = flag(False, kserve=True)
+    frontend_socket: str | None = flag(None, hidden=True, early=True)
+    frontend_index: int = flag(0, type=int, hidden=True, early=True)
+    frontend_http_fd: int | None = flag(None, type=int, hidden=True)
+    frontend_parent: int | None = flag(None, type=int, hidden=True, early=True)

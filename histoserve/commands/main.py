@@ -4,38 +4,18 @@
 flags only) and ``export`` are the server's, in the ``predictor`` package of
 the same distribution: they are imported by name when run, so that the client
 never imports the server. Each first checks that the ``server`` extra is
-installed (:func:`server_extra_missing`: one line naming what is missing,
-exit 2); ``serve`` does it in ``predictor.cli.serve``, which ``python -m
-predictor`` runs too.
+installed (:func:`histoserve.extras.server_extra_missing`: one line naming
+what is missing, exit 2); ``serve`` does it in ``predictor.cli.serve``, which
+``python -m predictor`` runs too.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 from collections.abc import Sequence
 
-EXIT_SERVER_MISSING = 2
-# What `histoserve serve` and `histoserve export` need beyond the client side.
-SERVER_MODULES = ("torch", "kserve", "yaml", "prometheus_client")
-
-
-def server_extra_missing(command: str) -> bool:
-    """Whether the ``server`` extra is missing; if so, says so on stderr in one line.
-
-    ``pip install histoserve`` is the client side only; ``serve`` and ``export``
-    need ``histoserve[server]`` (torch, kserve, ...). Looks the modules up
-    without importing them.
-    """
-    missing = [m for m in SERVER_MODULES if importlib.util.find_spec(m) is None]
-    if missing:
-        print(
-            f"histoserve {command}: {', '.join(missing)} not installed:"
-            " install histoserve[server] (pip install 'histoserve[server]')",
-            file=sys.stderr,
-        )
-    return bool(missing)
+from histoserve.extras import EXIT_SERVER_MISSING, server_extra_missing
 
 
 def main(argv: Sequence[str] | None = None) -> int:

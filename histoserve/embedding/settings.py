@@ -14,7 +14,9 @@ holds. From it come three things that therefore cannot disagree:
 
 A new setting (``--reader``, ``--resize``) is one line here: with an
 ``omit`` default equal to today's behaviour, earlier folders and hashes
-stay valid.
+stay valid. A setting that is an option of ``histoserve embed`` names it by
+its field (:func:`_option`): its flag and value come from the option's one
+declaration (:data:`~histoserve.embedding.config.EMBED_OPTIONS`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from histoserve.embedding.config import EMBED_OPTIONS
 from histoserve.embedding.slide_job import RunContext
 from histoserve.errors import UsageError
 from histoserve.results.output import COMPLETE_ATTR, read_h5
@@ -67,29 +70,36 @@ def _interpolation(ctx: RunContext) -> str:
     return interpolation_of(ctx.info.spec, ctx.info.model)
 
 
+def _option(
+    key: str, name: str, value: Callable[[RunContext], Any] | None = None, **more: Any
+) -> Setting:
+    """The setting of a declared option: labelled with its flag, by default its config value."""
+    (declared,) = (o for o in EMBED_OPTIONS if o.field == key)
+    value = value or (lambda c: getattr(c.config, key))
+    return Setting(key, f"{name} ({declared.flag})", value, **more)
+
+
 # fmt: off
 RUN_SETTINGS: tuple[Setting, ...] = (
     Setting("model", "model", lambda c: c.info.model, attr="model"),
     Setting("package_sha256", "package digest", lambda c: c.info.package_sha256,
             attr="package_sha256"),
-    Setting("target_mpp", "target mpp (--target-mpp)", lambda c: c.target_mpp, attr="target_mpp"),
-    Setting("tile_size", "tile size (--tile-size)", lambda c: c.tile_size, attr="tile_size"),
-    Setting("mode", "mode (--mode)", lambda c: c.config.mode, attr="mode"),
-    Setting("tissue", "tissue (--tissue)", lambda c: c.config.tissue, attr="tissue"),
+    _option("target_mpp", "target mpp", lambda c: c.target_mpp, attr="target_mpp"),
+    _option("tile_size", "tile size", lambda c: c.tile_size, attr="tile_size"),
+    _option("mode", "mode", attr="mode"),
+    _option("tissue", "tissue", attr="tissue"),
     Setting("tissue_package", "tissue model's package digest", _tissue_package),
-    Setting("min_tissue", "minimum tissue (--min-tissue)", lambda c: c.config.min_tissue,
-            attr="min_tissue"),
-    Setting("mpp_override", "mpp override (--mpp-override)", lambda c: c.config.mpp_override),
-    Setting("mpp_tolerance", "mpp tolerance (--mpp-tolerance)", lambda c: c.config.mpp_tolerance),
+    _option("min_tissue", "minimum tissue", attr="min_tissue"),
+    _option("mpp_override", "mpp override"),
+    _option("mpp_tolerance", "mpp tolerance"),
     Setting("resize_interpolation", "resize interpolation (the model's spec)", _interpolation),
-    Setting("layout", "layout (--layout)", lambda c: c.config.layout, omit="flat"),
-    Setting("overlap", "overlap (--overlap)", lambda c: c.config.overlap, omit=0, attr="overlap"),
-    Setting("reader", "slide reader (--reader)", lambda c: c.config.reader, omit="auto",
-            attr="reader"),
-    Setting("resize", "resize (--resize)", lambda c: c.config.resize, omit="bicubic",
-            attr="resize"),
+    # `omit` is the behaviour before the setting existed, never tied to today's default
+    _option("layout", "layout", omit="flat"),
+    _option("overlap", "overlap", omit=0, attr="overlap"),
+    _option("reader", "slide reader", omit="auto", attr="reader"),
+    _option("resize", "resize", omit="bicubic", attr="resize"),
     # the file's ``transport`` attribute is the one a slide took, not the option
-    Setting("transport", "transport (--transport)", lambda c: c.config.transport, omit="auto"),
+    _option("transport", "transport", omit="auto"),
 )
 # fmt: on
 _BY_KEY = {s.key: s for s in RUN_SETTINGS}

@@ -40,7 +40,7 @@ class JpegDecodePlace:
     """Where jpeg-transport tiles decode, and the per-device decoders when on the device.
 
     Args:
-        setting: ``--jpeg_decode``: ``auto``, ``cpu`` or ``device``.
+        setting: ``--jpeg_decode``: ``cpu`` or ``device``.
         device: The model's first device (``cpu``, ``cuda:N``).
         tile_size: The spec's tile edge.
         interpolation: The spec's resize filter.

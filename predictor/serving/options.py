@@ -14,8 +14,8 @@ class ServingOptions:
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     preprocess_workers: int = 2
-    jpeg_decode: str = "auto"
-    """``--jpeg_decode`` (:class:`predictor.config.ModelConfig`): ``auto``, ``cpu`` or ``device``."""
+    jpeg_decode: str = "cpu"
+    """``--jpeg_decode`` (:class:`predictor.config.ModelConfig`): ``cpu`` or ``device``."""
     name: str | None = None
     instances_per_device: int = 1
     cpu_threads_per_instance: int | None = None

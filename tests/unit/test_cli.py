@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
 from histoserve.commands.main import main
 from predictor.cli import available_cpus, build_parser, configs_from_args, early_frontends
+from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.errors import ConfigError
 
 
@@ -171,3 +173,45 @@ def test_a_bad_instance_count_names_the_flag(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--instances_per_device", "two"])
     assert "--instances_per_device" in capsys.readouterr().err
+
+
+# The contract's histoserve flags (/work/shared/DESIGN.md): none may be renamed or lost.
+CONTRACT_FLAGS = {
+    *("--model_dir", "--checkpoint", "--spec", "--device", "--max_batch_size"),
+    *("--max_latency_ms", "--max_queue_size", "--preprocess_workers", "--drain_timeout_s"),
+    *("--max_tiles_per_request", "--max_tiles_per_slide", "--max_image_pixels"),
+    *("--max_body_bytes", "--forward_runner", "--instances_per_device", "--rest_fast_path"),
+    *("--model_class", "--allow_tf32", "--frontends", "--bind_address", "--metrics_port"),
+}
+
+
+def test_each_server_flag_is_one_field_that_gives_flag_default_and_help():
+    from predictor.cli import FLAG_GROUPS
+    from predictor.flags import declared
+
+    parser = build_parser()
+    actions = {a.dest: a for a in parser._actions}
+    titles = {g.title: {a.dest for a in g._group_actions} for g in parser._action_groups}
+    for config, title in FLAG_GROUPS:
+        for field, flag in declared(config):
+            action = actions[field.name]
+            wanted = available_cpus() if field.name == "preprocess_workers" else field.default
+            assert action.default == wanted, field.name
+            assert (field.name in titles[title]) != flag.kserve, field.name
+            assert action.option_strings == [f"--{field.name}"]
+            if not flag.kserve:
+                assert action.help == (argparse.SUPPRESS if flag.hidden else flag.help)
+    helped = parser.format_help()
+    assert {f for f in CONTRACT_FLAGS if f in helped} == CONTRACT_FLAGS
+    defaults = configs_from_args(parser.parse_args([]))
+    assert defaults[1:] == (BatchingConfig(), LimitsConfig())
+    assert defaults[0] == ModelConfig(preprocess_workers=available_cpus())
+
+
+def test_the_early_flags_come_from_the_same_declarations():
+    from predictor.cli import early_flags
+
+    argv = ["--frontends", "3", "--frontend_parent", "7", "--max_batch_size", "4"]
+    early = early_flags(argv)
+    assert (early.frontends, early.frontend_parent, early.frontend_index) == ("3", 7, 0)
+    assert not hasattr(early, "max_batch_size")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from pathlib import Path
 
@@ -11,7 +12,9 @@ import pytest
 import histoserve
 from histoserve import api
 from histoserve.commands.embed import build_parser, config_from_args, options_of
+from histoserve.embedding.config import EMBED_OPTIONS, EmbedConfig
 from histoserve.errors import SlideError, UsageError
+from histoserve.options.declare import GROUPS, IS_KIND, SPECIAL_KINDS, declared, option
 from tests.unit.histoserve.heads import features as ff
 
 REQUIRED = ["--url", "http://localhost:8080", "--out"]
@@ -107,6 +110,10 @@ def test_a_lone_string_is_one_value_never_its_characters(tmp_path):
         ("timeout_s", "300", "timeout_s: expected a number, got str"),
         ("qc", 0, "qc: expected a flag, got int"),
         ("model", 7, "model: expected a text, got int"),
+        ("mode", "predict", "--mode 'predict': must be one of embedding, prediction, "),
+        ("reader", "pil", "--reader 'pil': must be one of auto, openslide, native"),
+        ("layout", "lazyslide", "--layout 'lazyslide': must be one of flat, trident, clam"),
+        ("progress", "fancy", "--progress 'fancy': must be one of auto, bar, plain, none"),
     ],
 )
 def test_a_bad_option_is_a_usage_error_before_any_slide(tmp_path, option, value, message):
@@ -133,9 +140,55 @@ def test_a_refused_credential_is_never_repeated(tmp_path, option, value):
     assert "S3CRET" not in str(refused.value)
 
 
-def test_every_option_has_a_checked_kind():
-    checked = {*api._KINDS, *api._SEVERAL, "slides", "shard"}
-    assert checked == set(inspect.signature(api.embed).parameters) - {"env"}
+def test_each_option_is_one_declaration_that_makes_flag_keyword_kind_default_and_help():
+    """The parser, the API's signature and the config's defaults all come from EMBED_OPTIONS."""
+    parser = build_parser()
+    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
+    parameters = inspect.signature(api.embed).parameters
+    config_fields = {f.name: f for f in dataclasses.fields(EmbedConfig)}
+    assert set(actions) == {o.keyword for o in EMBED_OPTIONS} == set(parameters) - {"env"}
+    helped = parser.format_help()
+    for o in EMBED_OPTIONS:
+        action, parameter = actions[o.keyword], parameters[o.keyword]
+        assert o.kind in IS_KIND or o.kind in SPECIAL_KINDS, o.keyword
+        assert action.option_strings == ([] if o.kind == "paths" else [o.flag]), o.keyword
+        assert action.required == o.required == (parameter.default is inspect.Parameter.empty)
+        if not o.required:
+            parsed = action.default
+            assert (tuple(parsed) if isinstance(parsed, list) else parsed) == o.default
+            assert parameter.default == o.default, o.keyword
+        if o.field in config_fields:
+            assert config_fields[o.field].default in (o.default, dataclasses.MISSING), o.keyword
+        assert (o.flag in helped and o.help.split(";")[0][:30] in " ".join(helped.split())) or (
+            o.hidden and o.flag not in helped
+        ), o.keyword
+
+
+def test_an_unknown_or_missing_keyword_is_a_clear_type_error(tmp_path):
+    with pytest.raises(
+        TypeError, match=r"^embed\(\) got an unexpected keyword argument 'batchsize'$"
+    ):
+        histoserve.embed(tmp_path / "a.svs", url="http://h:8080", out=tmp_path, batchsize=8)
+    with pytest.raises(TypeError, match=r"^embed\(\) missing a required argument: 'out'$"):
+        histoserve.embed(tmp_path / "a.svs", url="http://h:8080")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_declared_field_is_an_option_with_its_flag_keyword_and_default():
+    @dataclasses.dataclass(frozen=True)
+    class Example:
+        dest_dir: str = option(help="where", kind="path", group=GROUPS[0], keyword="dest")
+        max_things: int = option(3, help="how many", kind="whole number", group=GROUPS[-1])
+        plain: int = 0
+
+    dest, things = declared(Example)
+    assert (dest.keyword, dest.flag, dest.field, dest.required) == (
+        "dest",
+        "--dest",
+        "dest_dir",
+        True,
+    )
+    assert (things.flag, things.default, things.required) == ("--max-things", 3, False)
 
 
 def test_numpy_values_are_taken_as_python_ones(tmp_path):
