@@ -55,6 +55,8 @@ BOOTSTRAP_S = 20.0
 """Unpacking the wheels and starting again (measured: ~10 s for 50 MiB)."""
 FACTS_S = 10.0
 """The environment stage: torch's view of the GPU, ``nvidia-smi -q``, ``pip list``."""
+LOADS_S = 30.0
+"""The exported packages' load checks, all at once (:data:`bench.gpu_packages.LOAD_S`)."""
 
 
 @dataclass(frozen=True)
@@ -69,11 +71,11 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage("matmul_rate", "gpu_sweep:matmul_rate", 8),
     Stage("sweep", "gpu_sweep:sweep", 35),
-    Stage("defaults", "gpu_defaults:defaults", 60),
+    Stage("defaults", "gpu_defaults:defaults", 45),
     Stage("served", "gpu_served:served", 20),
     Stage("served_equals_direct", "gpu_stages:served_equals_direct", 20),
-    Stage("jpeg", "gpu_jpeg:jpeg", 70),
-    Stage("overlap", "gpu_served:overlap", 20),
+    Stage("jpeg", "gpu_jpeg:jpeg", 60),
+    Stage("overlap", "gpu_served:overlap", 15),
     Stage("oom_split", "gpu_stages:oom_split", 12),
     Stage("bf16_families", "gpu_stages:bf16_families", 12),
     Stage("bf16_vs_fp32", "gpu_stages:bf16_vs_fp32", 8),
@@ -88,7 +90,8 @@ def planned_seconds() -> float:
     """The plan's own accounting: bootstrap, facts, the export groups' deadlines, every stage."""
     from bench.gpu_packages import planned_export_seconds
 
-    return BOOTSTRAP_S + FACTS_S + planned_export_seconds() + sum(s.budget_s for s in STAGES)
+    total = BOOTSTRAP_S + FACTS_S + planned_export_seconds() + LOADS_S
+    return total + sum(s.budget_s for s in STAGES)
 
 
 def budget() -> dict[str, float]:
@@ -99,6 +102,7 @@ def budget() -> dict[str, float]:
         "bootstrap_s": BOOTSTRAP_S,
         "facts_s": FACTS_S,
         "exports_s": planned_export_seconds(),
+        "loads_s": LOADS_S,
         **{f"{s.name}_s": s.budget_s for s in STAGES},
         "planned_s": planned_seconds(),
         "total_s": TOTAL_S,
@@ -193,27 +197,44 @@ def _figures(result: dict[str, Any], limit: int = 6) -> str:
     return "; ".join(pairs[:limit]).replace("|", "/")
 
 
+def asked_packages(args: argparse.Namespace) -> list[str]:
+    """``--packages``, else the plan's defaults on a GPU and every package on the dry run."""
+    from bench.gpu_packages import PLAN
+
+    return args.packages or [e.name for e in PLAN if e.default or args.dry_run]
+
+
 def _export(args: argparse.Namespace, report: Report, logs: Path) -> dict[str, Path]:
-    """The export stage: every planned package; a failed one is recorded, never replaced."""
-    from bench.gpu_packages import PLAN, export_all
+    """The export stage: the asked packages, then each loaded once in its own process.
+
+    A failed export, or a package that does not load, is recorded and left
+    out (every stage that needs it fails); never replaced by another.
+    """
+    from bench.gpu_packages import export_all, load_checks
 
     started = time.monotonic()
-    names = args.packages or [e.name for e in PLAN]
-    exported = export_all(names, args.dry_run, args.work, logs, args.export_deadline_s)
+    exported = export_all(
+        asked_packages(args), args.dry_run, args.work, logs, args.export_deadline_s
+    )
+    paths = {n: Path(v["path"]) for n, v in exported.items() if "path" in v}
+    loads = load_checks(paths, "cpu" if args.dry_run else "cuda:0")
+    for name, check in loads.items():
+        exported[name].update(check)
     report.add(
         "export",
         {
             "seconds": time.monotonic() - started,
-            "ok": all("path" in v for v in exported.values()),
+            "ok": all(v.get("loads") for v in exported.values()),
             **exported,
         },
     )
-    return {n: Path(v["path"]) for n, v in exported.items() if "path" in v}
+    return {n: p for n, p in paths.items() if loads[n]["loads"]}
 
 
 def run(args: argparse.Namespace) -> Report:
     """The environment, the exports, then every stage whose budget still fits the deadline."""
     from bench.gpu_env import Deadline
+    from bench.gpu_packages import PLAN
     from bench.gpu_stages import Context
 
     deadline = Deadline(args.deadline_s)
@@ -227,6 +248,7 @@ def run(args: argparse.Namespace) -> Report:
         packages = _export(args, report, logs)
         window_s = args.window_s if args.window_s else (0.5 if args.dry_run else 4.0)
         ctx = Context(args.dry_run, device, args.work, window_s, packages, logs=logs)
+        ctx.skipped = frozenset(e.name for e in PLAN) - set(asked_packages(args))
         for stage in STAGES:
             if args.only and stage.name not in args.only:
                 continue

@@ -40,12 +40,13 @@ def defaults(ctx: Context) -> dict[str, Any]:
     out: dict[str, Any] = {
         "clients_x_tiles": f"{DRY_CLIENTS}x{DRY_TILES}" if ctx.dry_run else f"{CLIENTS}x{TILES}"
     }
-    for name in MODELS:
+    models = ctx.asked(MODELS)
+    for name in models:
         try:
             out[name] = _grid(ctx, name)
         except Exception as exc:  # the other model's cells still count
             out[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-    out["ok"] = all("error" not in out[m] for m in MODELS)
+    out["ok"] = all("error" not in out[m] for m in models)
     return out
 
 

@@ -42,6 +42,12 @@ class Context:
     logs: Path | None = None
     figures: dict[str, Any] = field(default_factory=dict)
     best: dict[str, int] = field(default_factory=dict)
+    skipped: frozenset[str] = frozenset()
+    """Packages of the plan this run did not ask for (``--packages``): left out, not failed."""
+
+    def asked(self, names: Sequence[str]) -> list[str]:
+        """``names`` less the packages this run did not ask for."""
+        return [n for n in names if n not in self.skipped]
 
     @property
     def batch(self) -> int:
@@ -59,7 +65,7 @@ class Context:
         return self.logs or self.work / "logs"
 
     def require(self, name: str) -> Path:
-        """Package ``name``; a stage that needs a package that was not exported fails, loudly.
+        """Package ``name``; a stage that needs a package not exported (or not loading) fails, loudly.
 
         Never a fallback to another package: figures of the tiny demo
         standing in for ViT-B would pass and mean nothing.
@@ -68,7 +74,9 @@ class Context:
             RuntimeError: ``name`` was not exported (see the export stage).
         """
         if name not in self.packages:
-            raise RuntimeError(f"package {name} was not exported (see the export stage)")
+            raise RuntimeError(
+                f"package {name} was not exported or does not load (see the export stage)"
+            )
         return self.packages[name]
 
 
@@ -127,7 +135,7 @@ def direct(path: Path, device: str, tiles: np.ndarray, *extra: Any) -> list[np.n
 
 def served_equals_direct(ctx: Context) -> dict[str, Any]:
     """Each embedding package served vs run directly on the same 16 H&E crops, one batch."""
-    wanted = ("vit-b-bf16", "vit-g-bf16", "tiny-fp32", "tiny-bf16")
+    wanted = ctx.asked(("vit-b-bf16", "vit-g-bf16", "tiny-fp32", "tiny-bf16"))
     names = [n for n in wanted if n in ctx.packages]
     tiles = he_crops(16)
     out: dict[str, Any] = {  # a missing package fails the stage; the others still count

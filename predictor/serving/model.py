@@ -365,7 +365,7 @@ class BaseServerModel(TileHooks, Model):
             "outputs": self.get_output_types(),
             # jpeg: jpeg_tiles decoded here, larger boxes resized with the spec's filter
             "transports": ["pixels", *(["jpeg"] if "jpeg_tiles" in names else [])],
-            "jpeg_decode": "device" if self._jpeg and self._jpeg.on_device_enabled else "cpu",
+            "jpeg_decode": self.jpeg_decode,
             "checkpoint": str(self._checkpoint),
             "device": str(self._device),
             "forward_runner": package.forward_runner if package else "",

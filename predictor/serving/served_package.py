@@ -14,6 +14,7 @@ import torch
 
 from predictor.package.loader import LoadedPackage
 from predictor.package.metadata import package_input_dtype
+from predictor.serving.device_jpeg import JpegDecodePlace
 
 
 class ServedPackage:
@@ -21,6 +22,7 @@ class ServedPackage:
 
     _package: LoadedPackage | None
     _owner_config: Mapping[str, Any]
+    _jpeg: JpegDecodePlace | None
 
     def served_from(self, owner_config: Mapping[str, Any]) -> None:
         """A front end's package facts: the device owner's config (it never loads the package)."""
@@ -41,11 +43,24 @@ class ServedPackage:
         metadata = self._owner_config.get("package_metadata")
         return package_input_dtype(metadata) if metadata else torch.float32
 
+    @property
+    def jpeg_decode(self) -> str:
+        """Where this process decodes jpeg-transport tiles: ``device`` or ``cpu``.
+
+        A front end decodes in its own stage 1, on the CPU, whatever the
+        device owner would do.
+        """
+        place = self._jpeg
+        return "device" if place is not None and place.on_device_enabled else "cpu"
+
     def answer_parameters(self) -> dict[str, str]:
-        """What every answer says about who made it: ``package_sha256``, the served package's digest.
+        """What every answer says about who made it: the package's digest, where JPEG tiles decode.
 
         Sent in every V2 answer (REST and gRPC ``parameters``), so a client
-        notices when the package behind its URL changed mid-run.
+        notices when the package behind its URL changed mid-run
+        (``package_sha256``) and never mixes features from tiles decoded on
+        a device with the CPU decode's (``jpeg_decode``: ``cpu`` or ``device``).
         """
         digest = self.package_sha256
-        return {"package_sha256": digest} if digest else {}
+        facts = {"package_sha256": digest} if digest else {}
+        return {**facts, "jpeg_decode": self.jpeg_decode}

@@ -13,6 +13,7 @@ checked beside it.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -25,6 +26,7 @@ import pytest
 from bench import gpu_check, gpu_env, gpu_nvml
 from bench.gpu_packages import PLAN
 from bench.gpu_stages import Context
+from harness.packages import package_in
 
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ["budget", "environment", "export", *(s.name for s in gpu_check.STAGES)]
@@ -114,6 +116,7 @@ def test_make_gpu_check_dry_run(tmp_path: Path) -> None:
     assert any(name.startswith("histoserve") for name in logs), logs  # server logs under $OUT
     export = data["export"]
     assert all(export[e.name]["seconds"] is not None for e in PLAN)
+    assert all(export[e.name]["loads"] for e in PLAN)  # each loaded in a process of its own
     sweep = data["sweep"]
     for name in ("vit-g-bf16", "vit-b-bf16"):
         point = sweep[name]["batch 2"]
@@ -138,6 +141,10 @@ def test_make_gpu_check_dry_run(tmp_path: Path) -> None:
     assert data["bf16_families"]["ok"] and data["oom_split"]["answered"] == 64
     assert data["oom_split"]["batches"] == 3  # 64 failed, then its halves of 32
     assert data["overlap"]["ratio"] > 0
+    jpeg = data["jpeg"]  # no GPU here: both servers decode on the CPU, and say so
+    assert jpeg["ok"] and jpeg["served"]["cpu_equals_pixels"]
+    assert jpeg["served"]["device reports"] == jpeg["served"]["cpu reports"] == "cpu"
+    assert jpeg["decode"]["device_tiles_per_s"] > 0 and jpeg["compose"]["slide A tiles_per_s"] > 0
     throughput = data["throughput"]
     assert throughput["limit"]["tiles_per_s"] > 0 and throughput["package"] == "vit-b-bf16"
     assert data["copy_vs_compute"]["forward_ms"] > 0
@@ -161,3 +168,25 @@ def test_each_gpu_export_has_its_threads_and_its_own_inductor_cache(tmp_path: Pa
     assert vit_g["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor" / "vit-g-bf16")
     dry = _env(planned("vit-g-bf16"), True, tmp_path)  # the dry run keeps the tests' cache
     assert dry.get("TORCHINDUCTOR_CACHE_DIR") == os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+
+def test_a_package_that_crashes_its_loader_fails_its_own_check_only(
+    tmp_path: Path, embedding_package_dir: Path
+) -> None:
+    from bench.gpu_packages import load_checks
+
+    good = package_in(embedding_package_dir)
+    broken = tmp_path / "broken.pt2"
+    broken.write_bytes(good.read_bytes()[:4096])  # a truncated archive: the loader refuses it
+    checks = load_checks({"good": good, "broken": broken}, "cpu")
+    assert checks["good"]["loads"] and not checks["broken"]["loads"]
+    assert checks["broken"]["rc"] != 0 and checks["broken"]["tail"]
+
+
+def test_a_run_without_vit_g_leaves_it_out_rather_than_failing(tmp_path: Path) -> None:
+    ctx = Context(False, "cuda", tmp_path, 1.0, {}, skipped=frozenset({"vit-g-bf16"}))
+    assert ctx.asked(("vit-g-bf16", "vit-b-bf16")) == ["vit-b-bf16"]
+    args = argparse.Namespace(packages=None, dry_run=False)
+    assert "vit-g-bf16" not in gpu_check.asked_packages(args)
+    args.dry_run = True
+    assert "vit-g-bf16" in gpu_check.asked_packages(args)

@@ -75,12 +75,12 @@ def test_rest_json_rest_binary_and_grpc_answers_name_the_package(
     pngs = [b64(encode_png(t)) for t in tiles]
     body = {"inputs": [{"name": "tiles", "datatype": "BYTES", "shape": [2], "data": pngs}]}
     answer = httpx.post(f"{url}/v2/models/{name}/infer", json=body, timeout=60).json()
-    assert answer["parameters"] == {"package_sha256": digest}
+    assert answer["parameters"] == {"package_sha256": digest, "jpeg_decode": "cpu"}
     content, headers = wire.encode_request({"pixels": tiles})
     binary = httpx.post(f"{url}/v2/models/{name}/infer", content=content, headers=headers)
     assert binary.headers.get(wire.HEADER)  # the binary extension's answer
     _, header = wire.decode_response(binary.content, binary.headers[wire.HEADER])
-    assert header["parameters"] == {"package_sha256": digest}
+    assert header["parameters"] == {"package_sha256": digest, "jpeg_decode": "cpu"}
     client = httpclient.InferenceServerClient(embedding_server.http_url)
     try:
         inp = httpclient.InferInput("pixels", list(tiles.shape), "UINT8")
@@ -88,13 +88,15 @@ def test_rest_json_rest_binary_and_grpc_answers_name_the_package(
         result = client.infer(name, [inp])
     finally:
         client.close()
-    assert result.get_response()["parameters"] == {"package_sha256": digest}
+    assert result.get_response()["parameters"] == {"package_sha256": digest, "jpeg_decode": "cpu"}
     grpc = GrpcClient(embedding_server.grpc_url)
     try:
         outputs, parameters = grpc.answer(name, {"pixels": ("UINT8", tiles)})
     finally:
         grpc.close()
-    assert parameters == {"package_sha256": digest} and outputs["embedding"].shape == (2, 1536)
+    assert parameters == {"package_sha256": digest, "jpeg_decode": "cpu"} and outputs[
+        "embedding"
+    ].shape == (2, 1536)
 
 
 def _embed(slide: slides.GeneratedSlide, out: Path, url: str) -> object:

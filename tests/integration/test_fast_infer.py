@@ -164,11 +164,14 @@ def test_the_fast_path_and_fastapi_both_name_the_package(
     digest = hashlib.sha256(package_in(embedding_package_dir).read_bytes()).hexdigest()
     pngs = [b64(encode_png(t)) for t in random_tiles(2, seed=7)]
     plain = both(pair, json_tiles(pngs), {"Content-Type": "application/json"})
-    assert json.loads(plain.body)["parameters"] == {"package_sha256": digest}
+    assert json.loads(plain.body)["parameters"] == {"package_sha256": digest, "jpeg_decode": "cpu"}
     body, headers = pixels_body(random_tiles(1, seed=8), binary_data_output=True)
     binary = both(pair, body, headers)
     length = int(dict(binary.headers)["inference-header-content-length"])
-    assert json.loads(binary.body[:length])["parameters"] == {"package_sha256": digest}
+    assert json.loads(binary.body[:length])["parameters"] == {
+        "package_sha256": digest,
+        "jpeg_decode": "cpu",
+    }
 
 
 @pytest.mark.integration

@@ -116,7 +116,7 @@ def test_front_ends_answer_with_the_owner_s_package(
     tiles = random_tiles(2, seed=21)
     for _ in range(4):  # connections spread over both front ends
         answer = httpx.post(infer_url(two), json=json_body(tiles), timeout=120).json()
-        assert answer["parameters"] == {"package_sha256": digest}
+        assert answer["parameters"] == {"package_sha256": digest, "jpeg_decode": "cpu"}
 
 
 @pytest.mark.parametrize("send", [binary_rest, grpc, v1, v2_json], ids=lambda f: f.__name__)

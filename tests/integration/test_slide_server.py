@@ -144,13 +144,13 @@ def test_answers_name_the_package_over_rest_and_grpc(server) -> None:
     assert len(digest) == 64
     features = _slide(4, seed=9)
     rest = _rest(server, features, "prediction")
-    assert rest.get_response()["parameters"] == {"package_sha256": digest}
+    assert rest.get_response()["parameters"] == {"package_sha256": digest, "jpeg_decode": "cpu"}
     client = GrpcClient(server.grpc_url)
     try:
         _, parameters = client.answer(server.model_name, {"features": ("FP32", features)})
     finally:
         client.close()
-    assert parameters == {"package_sha256": digest}
+    assert parameters == {"package_sha256": digest, "jpeg_decode": "cpu"}
 
 
 def test_named_outputs_decide_the_mode_and_a_conflicting_mode_is_a_400(server) -> None:
