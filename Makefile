@@ -84,15 +84,15 @@ bench: $(STAMP) $(TRITON_VENV)/.installed
 	$(BIN)/pip install --quiet -e ".[bench]"
 	$(BIN)/python -m bench.run --out bench/results
 
-# The GPU check (bench/gpu_check.py, bench/README.md "GPU check"): on a lent GPU
-# machine it is `python3 -m bench.gpu_check --out $OUT` (no make needed there;
+# The GPU check (bench/gpu/check.py, bench/README.md "GPU check"): on a lent GPU
+# machine it is `python3 -m bench.gpu.check --out $OUT` (no make needed there;
 # the wheels of `make wheelhouse` are unpacked by the check itself), or on the
 # CPU with DRY_RUN=1 (what `make test` runs). Results as JSON and a table in
 # $(OUT), written stage by stage.
 CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 OUT ?= bench/results-gpu
 gpu-check:
-	$(CHECK_PYTHON) -m bench.gpu_check --out "$(OUT)" $(if $(DRY_RUN),--dry_run) $(GPU_CHECK_ARGS)
+	$(CHECK_PYTHON) -m bench.gpu.check --out "$(OUT)" $(if $(DRY_RUN),--dry_run) $(GPU_CHECK_ARGS)
 
 # Wheels for what the GPU machine lacks (Python 3.12, x86_64; it has torch, timm,
 # numpy, pillow, grpcio, h5py): KServe and its web stack, tritonclient[grpc] for

@@ -2,7 +2,7 @@
 
 ``full`` is what ``make bench`` runs on the 2-core development machine (under
 15 minutes), ``tiny`` is the harness check of ``make test-long`` (about two minutes),
-``gpu`` is for a CUDA node (``bench/gpu.sh``). Every number a result depends
+``gpu`` is for a CUDA node (``bench/gpu/bench.sh``). Every number a result depends
 on lives here and is written into the results JSON.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from bench.payloads import PROTOCOLS
+from bench.load.payloads import PROTOCOLS
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class ModelCase:
             (the many-single-tile-clients cell runs with the targets).
         target_max_s: Longest target window for this model (the profile's when None).
         triton_cells: ``(concurrency, tiles)`` cells run on histoserve and on
-            Triton back to back, over V2 binary REST and gRPC (see :mod:`bench.triton`).
+            Triton back to back, over V2 binary REST and gRPC (see :mod:`bench.triton.baseline`).
     """
 
     label: str
@@ -103,9 +103,9 @@ class Profile:
             run on a loaded machine still ends in time.
         triton: Run the NVIDIA Triton baseline (needs ``.venv-triton``).
         null_model: Measure single-tile requests/s and CPU per request on
-            :mod:`bench.null_model` (see :mod:`bench.null_rate`).
+            :mod:`bench.servers.null_model` (see :mod:`bench.stages.null_rate`).
         null_before: Also run the null-model cells on the server as it was
-            before issue 12's request-path work (:mod:`bench.before`), side by side.
+            before issue 12's request-path work (:mod:`bench.servers.before`), side by side.
         forward_runner: histoserve's ``--forward_runner``: ``gil_free`` on the
             CPU (the event loop admits and batches requests while a forward
             runs, as Triton's C++ front end does beside its model), ``torch``

@@ -1,7 +1,7 @@
 """The one number format of ``results.md`` and the other benchmark tables, and its cell rows.
 
 The row of one end-to-end cell is shared by the model sections
-(:mod:`bench.report_md`) and the Triton section (:mod:`bench.report_triton`);
+(:mod:`bench.report.results_md`) and the Triton section (:mod:`bench.triton.report`);
 it lives here, below both, so neither imports the other.
 """
 

@@ -4,8 +4,8 @@ For each model case of the profile: the limit (forward throughput per batch
 size, in-process), three servers side by side (histoserve, histoserve with
 batching off, the naive KServe model), idle latency, the end-to-end matrix,
 the baseline cells and the target cells; then stage-1 costs, the slide
-client, the slide reading and transport stage (:mod:`bench.jpeg_transport`)
-and, last, cold starts (:mod:`bench.coldstart`). Writes
+client, the slide reading and transport stage (:mod:`bench.stages.jpeg_transport`)
+and, last, cold starts (:mod:`bench.stages.coldstart`). Writes
 ``results.json``, ``results.md`` and PNG plots under ``--out``.
 """
 
@@ -81,7 +81,8 @@ def start_servers(
     profile: Profile, case: ModelCase, package: Path, log_dir: Path
 ) -> dict[str, Any]:
     """histoserve, batching off (baseline a), the naive model (b) and Triton (when installed)."""
-    from bench import servers, triton
+    from bench.servers import launch
+    from bench.triton import baseline
 
     common = {"device": profile.device, "threads": profile.threads, "log_dir": log_dir}
     serve = {
@@ -92,23 +93,23 @@ def start_servers(
         **common,
     }
     started = {
-        "histoserve": servers.start_histoserve(
+        "histoserve": launch.start_histoserve(
             package, max_batch_size=case.max_batch_size, max_latency_ms=case.max_latency_ms, **serve
         ),
-        "nobatch": servers.start_histoserve(
+        "nobatch": launch.start_histoserve(
             package, max_batch_size=1, max_latency_ms=0.0, kind="nobatch", **serve
         ),
-        "naive": servers.start_naive(package, model="bench", **common),
+        "naive": launch.start_naive(package, model="bench", **common),
     }
-    if triton.wanted(profile) is None:
-        started["triton"] = triton.start_triton(
+    if baseline.wanted(profile) is None:
+        started["triton"] = baseline.start_triton(
             package,
             model="bench",
             max_batch_size=case.max_batch_size,
             max_latency_ms=case.max_latency_ms,
             **common,
         )
-    servers.wait_all_ready(started)
+    launch.wait_all_ready(started)
     return started
 
 
@@ -116,8 +117,9 @@ def measure_live(
     profile: Profile, case: ModelCase, runner: Any, limit: dict, servers: dict, client: Any
 ) -> dict[str, Any]:
     """Idle latency, the matrix, the baseline cells and the target cells, in that order."""
-    from bench import cells, targets, triton
-    from bench.limit import limit_at
+    from bench.matrix import cells, targets
+    from bench.matrix.limit import limit_at
+    from bench.triton import baseline
 
     tile_size = runner.package.embedded_spec.tile_size
     top = limit_at(limit, case.max_batch_size)
@@ -146,7 +148,7 @@ def measure_live(
     many = targets.many_clients(client, servers, profile, tile_size, speeds)
     log(f"{case.label}: many clients {many.get('throughput')}")
     baselines += [r for name in ("nobatch", "naive") for r in many["runs"][name]]
-    vs_triton = triton.measure(
+    vs_triton = baseline.measure(
         client,
         servers,
         case,
@@ -169,7 +171,7 @@ def measure_live(
 
 def expected_speeds(limit: dict, top: float, idle: dict[str, Any]) -> dict[str, float]:
     """Expected tiles/s per server kind, to size each cell's windows."""
-    from bench.limit import limit_at
+    from bench.matrix.limit import limit_at
 
     return {
         "histoserve": top,
@@ -180,7 +182,7 @@ def expected_speeds(limit: dict, top: float, idle: dict[str, Any]) -> dict[str, 
 
 def annotate(results: list[dict[str, Any]], limit: dict) -> None:
     """Adds the limit at each cell's mean batch size and the cell's fraction of it."""
-    from bench.limit import limit_at
+    from bench.matrix.limit import limit_at
 
     for cell in results:
         if "throughput" in cell:
@@ -191,8 +193,8 @@ def annotate(results: list[dict[str, Any]], limit: dict) -> None:
 
 def bench_model(profile: Profile, case: ModelCase, client: Any, log_dir: Path) -> dict[str, Any]:
     """Everything measured for one model case (see the module docstring)."""
-    from bench.limit import ForwardRunner
-    from bench.packages import package_for, resolve_dtype
+    from bench.matrix.limit import ForwardRunner
+    from bench.servers.packages import package_for, resolve_dtype
 
     if case.target_max_s is not None:
         profile = replace(profile, windows=replace(profile.windows, target_max_s=case.target_max_s))
@@ -242,7 +244,7 @@ def server_settings(profile: Profile, case: ModelCase) -> dict[str, Any]:
 
 def measure_cpu_workers(log: Callable[[str], None]) -> dict[str, Any]:
     """The event loop during a CPU forward, and one vs two device workers (issue 12)."""
-    from bench import gil, workers
+    from bench.stages import gil, workers
 
     log("event loop during a forward")
     loop = gil.run(["--batch", "64", "--forwards", "4"])
@@ -255,13 +257,13 @@ def measure_cpu_workers(log: Callable[[str], None]) -> dict[str, Any]:
 def measure_coldstart(
     profile: Profile, runs: int, log_dir: Path, log: Callable[[str], None]
 ) -> dict[str, Any]:
-    """Process start to ready per package (:mod:`bench.coldstart`), split into its parts.
+    """Process start to ready per package (:mod:`bench.stages.coldstart`), split into its parts.
 
     The last stage, so nothing of the benchmark runs beside a start (and the
     big packages' page-cache traffic cannot slow another cell).
     """
-    from bench import coldstart
-    from bench.packages import package_for
+    from bench.servers.packages import package_for
+    from bench.stages import coldstart
 
     cfg = coldstart.ColdStartConfig(
         runs=runs,
@@ -281,11 +283,12 @@ def measure_coldstart(
 def measure_instances(
     profile: Profile, log_dir: Path, log: Callable[[str], None]
 ) -> dict[str, Any] | None:
-    """histoserve vs Triton with two instances each (:mod:`bench.instances`), if Triton runs."""
-    from bench import instances, triton
-    from bench.cells import LoadClient
+    """histoserve vs Triton with two instances each (:mod:`bench.stages.instances`), if Triton runs."""
+    from bench.matrix.cells import LoadClient
+    from bench.stages import instances
+    from bench.triton import baseline
 
-    if triton.wanted(profile) is not None:
+    if baseline.wanted(profile) is not None:
         return None
     log("two instances each: histoserve vs Triton")
     client = LoadClient()
@@ -297,7 +300,7 @@ def measure_instances(
 
 def measure_defaults(profile: Profile, client: Any, log_dir: Path) -> dict[str, Any]:
     """Each server at its defaults: 1 vs 2 front ends on the null model, the demo vs Triton."""
-    from bench import defaults, frontends
+    from bench.stages import defaults, frontends
 
     rounds = 1 if profile.name == "tiny" else 2
     out: dict[str, Any] = {}
@@ -313,31 +316,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs the profile and writes the results; returns the exit status."""
     args = parse_args(argv)
     if args.render is not None:
-        from bench import report
+        from bench.report import output
 
         results = json.loads(args.render.read_text(encoding="utf-8"))
-        report.write(results, args.out, plots=not args.no_plots)
+        output.write(results, args.out, plots=not args.no_plots)
         return 0
     profile = select_profile(args)
     os.environ["OMP_NUM_THREADS"] = str(profile.threads)
     import torch
 
-    from bench import report
-    from bench.cells import LoadClient
-    from bench.stage1 import measure_stage1
+    from bench.matrix.cells import LoadClient
+    from bench.report import output
+    from bench.stages.stage1 import measure_stage1
 
     torch.set_num_threads(profile.threads)
     started = time.time()
     out: Path = args.out
     log_dir = out / "logs.tmp"
-    results: dict[str, Any] = {"meta": report.machine(profile), "profile": asdict(profile)}
+    results: dict[str, Any] = {"meta": output.machine(profile), "profile": asdict(profile)}
     client = LoadClient()
     try:
         results["models"] = {
             m.label: bench_model(profile, m, client, log_dir) for m in profile.models
         }
         if profile.null_model:
-            from bench import null_rate
+            from bench.stages import null_rate
 
             log("null model")
             results["null_model"] = null_rate.measure(profile, client, log_dir, log)
@@ -354,11 +357,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec, profile.stage1_tiles, profile.preprocess_workers, budget
     )
     if profile.name != "tiny":  # the slide client (issue 10): its own server and slide
-        from bench import embed_client
+        from bench.stages import embed_client
 
         cfg = embed_client.EmbedBench(device=profile.device, threads=profile.threads)
         results["embed_client"] = embed_client.write(embed_client.measure(cfg, log_dir, log), out)
-    from bench import jpeg_transport  # issue 35: readers, resizes and transports, one run
+    from bench.stages import jpeg_transport  # issue 35: readers, resizes and transports, one run
 
     log("slide reading: reader, resize and transport per model tile")
     stage = jpeg_transport.stage(repeats=1 if profile.name == "tiny" else 3)
@@ -367,8 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if runs > 0:
         results["coldstart"] = measure_coldstart(profile, runs, log_dir, log)
     results["meta"]["duration_s"] = time.time() - started
-    results["meta"]["loadavg_end"] = report.loadavg()
-    paths = report.write(results, out, plots=not args.no_plots)
+    results["meta"]["loadavg_end"] = output.loadavg()
+    paths = output.write(results, out, plots=not args.no_plots)
     log("wrote " + ", ".join(str(p) for p in paths))
     return 0
 

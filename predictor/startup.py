@@ -55,7 +55,7 @@ def build_model(
     Logs the monotonic clock (system-wide on Linux) when start-up begins and
     when the model is built, so a benchmark or supervisor on the same host
     can split process start to ready into imports, phases and server start
-    (:mod:`bench.coldstart` parses these two lines).
+    (:mod:`bench.stages.coldstart` parses these two lines).
     """
     logger.info("start-up begins at monotonic %.6f s", time.monotonic())
     checkpoint = find_checkpoint(config.model_dir, config.checkpoint)

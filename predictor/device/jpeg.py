@@ -12,7 +12,7 @@ takes staged host tiles. The host sees only compressed bytes.
 
 Its pixels are not libjpeg-turbo's: nvJPEG's IDCT and chroma upsampling
 differ by a grey level or so, and torch's antialiased bicubic is not
-Pillow's to the bit. ``bench.gpu_jpeg`` measures the difference on features;
+Pillow's to the bit. ``bench.gpu.jpeg`` measures the difference on features;
 a server that must give the pixel path's features bit for bit decodes on the
 CPU (``--jpeg_decode cpu``).
 

@@ -1,4 +1,4 @@
-"""``bench.before``: the pre-issue-12 server extracted from this repository's history."""
+"""``bench.servers.before``: the pre-issue-12 server extracted from this repository's history."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import before
+from bench.servers import before
 from harness.server import REPO
 
 

@@ -1,4 +1,4 @@
-"""bench/coldstart.py: the split of a start, its report, and one real cold start of the tiny package."""
+"""bench/stages/coldstart.py: the split of a start, its report, and one real cold start of the tiny package."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import coldstart
-from bench.coldstart import ColdStartConfig, parse_anchors, section, split_start, summarise
+from bench.stages import coldstart
+from bench.stages.coldstart import ColdStartConfig, parse_anchors, section, split_start, summarise
 from harness.packages import package_in
 
 SERVED = {"digest": 0.5, "metadata": 0.01, "extraction": 0.7, "load": 0.2, "probe": 1.0}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench import gil, workers
+from bench.stages import gil, workers
 
 
 def test_workers_stage_measures_both_paths_and_renders() -> None:

@@ -1,12 +1,12 @@
-"""``make gpu-check`` and ``bench/gpu.sh``: the scripts a lent GPU runs, run here first on the CPU.
+"""``make gpu-check`` and ``bench/gpu/bench.sh``: the scripts a lent GPU runs, run here first on the CPU.
 
 No GPU here: ``make gpu-check DRY_RUN=1`` runs every stage of
-:mod:`bench.gpu_check` on the CPU with the same package builder (ViT-g and
+:mod:`bench.gpu.check` on the CPU with the same package builder (ViT-g and
 ViT-B at depth 1, the tiny demos; the tests' cache), through the real
 servers, start-up and batcher, so the script a GPU machine runs is not
 first executed there. A forced OOM needs a GPU's allocator: the dry run
 fakes the package's failure and the allocator's ``num_ooms`` counter
-(:func:`bench.gpu_stages.oom_split`). The plan's own accounting, the loud
+(:func:`bench.gpu.stages.oom_split`). The plan's own accounting, the loud
 failure of a missing package, NVML's parsing and the wheels' unpacking are
 checked beside it.
 """
@@ -23,9 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_check, gpu_env, gpu_nvml
-from bench.gpu_packages import PLAN
-from bench.gpu_stages import Context
+from bench.gpu import check as gpu_check
+from bench.gpu import env as gpu_env
+from bench.gpu import nvml as gpu_nvml
+from bench.gpu.packages import PLAN
+from bench.gpu.stages import Context
 from harness.packages import package_in
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +36,7 @@ STAGES = ["budget", "environment", "export", *(s.name for s in gpu_check.STAGES)
 
 def test_gpu_script_parses() -> None:
     proc = subprocess.run(
-        ["bash", "-n", str(REPO / "bench" / "gpu.sh")], capture_output=True, text=True
+        ["bash", "-n", str(REPO / "bench" / "gpu" / "bench.sh")], capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr
 
@@ -61,7 +63,7 @@ def test_a_missing_package_fails_the_stage_never_falls_back(tmp_path: Path) -> N
     ctx = Context(False, "cuda", tmp_path, 1.0, {"tiny-bf16": tmp_path / "tiny.pt2"})
     with pytest.raises(RuntimeError, match="vit-b-bf16 was not exported"):
         ctx.require("vit-b-bf16")
-    result = gpu_check._timed(gpu_check._function("gpu_timing:copy_vs_compute"), ctx)
+    result = gpu_check._timed(gpu_check._function("timing:copy_vs_compute"), ctx)
     assert "vit-b-bf16 was not exported" in result["error"]
 
 
@@ -161,7 +163,7 @@ def test_the_wheelhouse_keeps_grpcio() -> None:
 
 
 def test_each_gpu_export_has_its_threads_and_its_own_inductor_cache(tmp_path: Path) -> None:
-    from bench.gpu_packages import _env, planned
+    from bench.gpu.packages import _env, planned
 
     vit_g = _env(planned("vit-g-bf16"), False, tmp_path)
     assert vit_g["TORCHINDUCTOR_COMPILE_THREADS"] == "16" == vit_g["OMP_NUM_THREADS"]
@@ -173,7 +175,7 @@ def test_each_gpu_export_has_its_threads_and_its_own_inductor_cache(tmp_path: Pa
 def test_a_package_that_crashes_its_loader_fails_its_own_check_only(
     tmp_path: Path, embedding_package_dir: Path
 ) -> None:
-    from bench.gpu_packages import load_checks
+    from bench.gpu.packages import load_checks
 
     good = package_in(embedding_package_dir)
     broken = tmp_path / "broken.pt2"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.payloads import PROTOCOLS
+from bench.load.payloads import PROTOCOLS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -79,10 +79,10 @@ def test_ratios_are_computed(tiny_results: tuple[Path, dict]) -> None:
 
 @pytest.mark.integration
 def test_triton_ran_beside_histoserve(tiny_results: tuple[Path, dict]) -> None:
-    from bench import triton
+    from bench.triton import baseline
 
     part = tiny_results[1]["models"]["demo"]["triton"]
-    if not triton.available():  # `make bench` creates .venv-triton; the results say so
+    if not baseline.available():  # `make bench` creates .venv-triton; the results say so
         assert part["skipped"] == ".venv-triton is missing (`make bench` creates it)"
         return
     assert "skipped" not in part, part.get("skipped")
@@ -105,10 +105,10 @@ def test_triton_ran_beside_histoserve(tiny_results: tuple[Path, dict]) -> None:
 
 @pytest.mark.integration
 def test_null_model_rate_and_cpu_per_request(tiny_results: tuple[Path, dict]) -> None:
-    from bench import triton
+    from bench.triton import baseline
 
     part = tiny_results[1]["null_model"]
-    servers = {"histoserve", "triton"} if triton.available() else {"histoserve"}
+    servers = {"histoserve", "triton"} if baseline.available() else {"histoserve"}
     assert {(c["server"], c["protocol"]) for c in part["cells"]} == {
         (s, p) for s in servers for p in ("v2-pixels", "v2-grpc")
     }
@@ -129,15 +129,15 @@ def test_cold_start_stage_ran_last_on_the_demo_package(tiny_results: tuple[Path,
 
 @pytest.mark.integration
 def test_front_ends_and_defaults_stages_ran(tiny_results: tuple[Path, dict]) -> None:
-    from bench import triton
-    from bench.crossing import PACED_PROTOCOLS
-    from bench.frontends import PROTOCOLS as FE_PROTOCOLS
-    from bench.frontends import TRITON_PROTOCOLS
+    from bench.stages.crossing import PACED_PROTOCOLS
+    from bench.stages.frontends import PROTOCOLS as FE_PROTOCOLS
+    from bench.stages.frontends import TRITON_PROTOCOLS
+    from bench.triton import baseline
 
     fe = tiny_results[1]["frontends"]
     served = {("histoserve", p) for p in FE_PROTOCOLS}
     served |= {("histoserve --frontends 2", p) for p in FE_PROTOCOLS}
-    if triton.available():
+    if baseline.available():
         served |= {("triton", p) for p in TRITON_PROTOCOLS}
     assert {(c["server"], c["protocol"]) for c in fe["cells"]} == served
     for cell in fe["cells"]:
@@ -173,7 +173,7 @@ def test_front_ends_and_defaults_stages_ran(tiny_results: tuple[Path, dict]) -> 
 
 @pytest.mark.integration
 def test_slide_reading_stage_ran_every_path(tiny_results: tuple[Path, dict]) -> None:
-    from bench.jpeg_transport import PATHS
+    from bench.stages.jpeg_transport import PATHS
 
     rows = tiny_results[1]["slide_reading"]["rows"]
     paths = {(r["reader"], r["resize"], r["transport"]) for r in rows if r["slide"] == "A"}

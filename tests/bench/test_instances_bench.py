@@ -1,4 +1,4 @@
-"""``bench.instances``: histoserve and Triton, two instances each, on the tiny profile."""
+"""``bench.stages.instances``: histoserve and Triton, two instances each, on the tiny profile."""
 
 from __future__ import annotations
 
@@ -6,16 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from bench import instances, triton
-from bench.cells import LoadClient
 from bench.config import PROFILES
+from bench.matrix.cells import LoadClient
 from bench.run import measure_instances
+from bench.stages import instances
+from bench.triton import baseline
 
 
 @pytest.mark.integration
 def test_two_instance_pairs_run_and_render(tmp_path: Path) -> None:
     profile = PROFILES["tiny"]
-    if not triton.available():  # `make bench` creates .venv-triton; without it: no comparison
+    if not baseline.available():  # `make bench` creates .venv-triton; without it: no comparison
         assert measure_instances(profile, tmp_path, print) is None
         return
     client = LoadClient()

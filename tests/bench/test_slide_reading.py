@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import jpeg_transport, native_reader
 from bench.markdown import table
+from bench.stages import jpeg_transport
+from bench.studies import native_reader
 
 
 @pytest.fixture(scope="module")

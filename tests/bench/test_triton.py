@@ -9,8 +9,8 @@ import subprocess
 import sys
 import time
 
-from bench.probes import process_cpu_s
-from bench.report_triton import triton_section
+from bench.load.probes import process_cpu_s
+from bench.triton.report import triton_section
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\nprint(1)\n"
 

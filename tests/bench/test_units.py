@@ -11,11 +11,11 @@ import sys
 import numpy as np
 import pytest
 
-from bench.cells import Cell, skip_reason, timing
 from bench.config import PROFILES, ModelCase, Windows
-from bench.limit import limit_at
-from bench.payloads import build_payload, rest_output_rows, synthetic_tiles
-from bench.probes import Snapshot, parse_metrics, summarise_window
+from bench.load.payloads import build_payload, rest_output_rows, synthetic_tiles
+from bench.load.probes import Snapshot, parse_metrics, summarise_window
+from bench.matrix.cells import Cell, skip_reason, timing
+from bench.matrix.limit import limit_at
 from histoserve.wire import HEADER
 
 
@@ -99,7 +99,7 @@ def test_payloads_are_well_formed(protocol: str) -> None:
 
 
 def test_jpeg_payloads_carry_real_he_texture_as_base64_jpeg() -> None:
-    from bench.payloads import tiles_for
+    from bench.load.payloads import tiles_for
 
     tiles = tiles_for("v2-json-jpeg", 2, 64)
     assert tiles.shape == (2, 64, 64, 3) and not np.array_equal(tiles, synthetic_tiles(2, 64))
@@ -126,7 +126,7 @@ def test_synthetic_tiles_are_deterministic_and_distinct() -> None:
 
 
 def test_cells_past_the_deadline_are_skipped_without_load() -> None:
-    from bench.cells import run_cells
+    from bench.matrix.cells import run_cells
 
     class NoClient:
         def run(self, job: dict) -> dict:
@@ -151,7 +151,7 @@ def test_cells_past_the_deadline_are_skipped_without_load() -> None:
 def test_load_generator_imports_neither_torch_nor_kserve() -> None:
     """tritonclient.grpc and kserve cannot share a process; histoserve.wire must stay numpy-only."""
     code = (
-        "import sys, bench.loadgen, bench.payloads, histoserve.wire; "
+        "import sys, bench.load.generator, bench.load.payloads, histoserve.wire; "
         "print(sorted(m for m in ('torch', 'kserve') if m in sys.modules))"
     )
     out = subprocess.run(
@@ -174,7 +174,7 @@ def test_target_rows_mark_each_goal_and_p99() -> None:
 
 
 def test_crossing_ratios_and_per_core_figures() -> None:
-    from bench import crossing
+    from bench.stages import crossing
 
     paced = [
         {"server": "one", "protocol": "v2-pixels", "cpu_ms_per_request": 0.50},
@@ -197,7 +197,7 @@ def test_padded_slides_give_each_slide_its_own_answer() -> None:
     """The benchmark's padded forward is only worth timing if it equals one slide a forward."""
     import torch
 
-    from bench.slides import padded_forward
+    from bench.studies.slides import padded_forward
     from predictor.families import build_demo_model
     from predictor.spec import BUILTIN_SPECS
 

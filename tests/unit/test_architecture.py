@@ -79,7 +79,7 @@ VIOLATIONS = {
     "circle, late": (
         "no-circle",
         "bench/markdown.py",
-        "def f():\n    import bench.report_triton\n",
+        "def f():\n    import bench.triton.report\n",
     ),
     "torch": ("client-alone", "histoserve/text.py", "import torch\n"),
     "unfiled": ("server-layers", "predictor/newroom/__init__.py", '"""In no layer."""\n'),

@@ -2,7 +2,7 @@
 
 Run on the CPU with libjpeg-turbo standing in for nvJPEG (:func:`host_decoder`),
 so the composition, the resize and the failure isolation are the code a GPU
-runs; only the decoder differs there (``bench.gpu_jpeg`` measures it).
+runs; only the decoder differs there (``bench.gpu.jpeg`` measures it).
 """
 
 from __future__ import annotations
