@@ -66,7 +66,6 @@ MODE_OUTPUTS: Mapping[str, tuple[str, ...]] = {
 """The outputs each mode asks for."""
 TISSUE_OUTPUTS = ("mask",)
 _FLOATS = frozenset({"FP16", "FP32", "FP64", "BF16"})
-_TRANSPORT_OF = {decode: transport for transport, decode in DECODED_ON.items()}
 
 
 @dataclass(frozen=True)
@@ -191,9 +190,10 @@ def identity_problem(
     decoded = parameters.get("jpeg_decode")
     if jpeg_decode and str(decoded) != jpeg_decode:
         said = f"on {str(decoded)[:40]!r}" if decoded else "without saying where"
+        flag = "jpeg-device" if jpeg_decode == "device" else "jpeg or auto"
         return (
             f"decoded the request's JPEG tiles {said} (parameters.jpeg_decode), not on "
-            f"{jpeg_decode!r} as --transport {_TRANSPORT_OF.get(jpeg_decode)} asks: not used "
+            f"{jpeg_decode!r} as --transport {flag} asks: not used "
             "(device-decoded tiles give other features than the CPU's; a cohort never mixes them)"
         )
     if not package_sha256:

@@ -184,7 +184,7 @@ def test_answers_naming_another_jpeg_decode_are_retried_and_never_written(
     nothing is written. Pixel requests are not asked where tiles were decoded.
     """
     slide, retry = folder / "b.svs", ("--max-attempts", "2")
-    want = "cpu" if transport == "jpeg" else "device"
+    want, flag = ("cpu", "jpeg or auto") if transport == "jpeg" else ("device", transport)
     with BadServer(embedding_server.base, jpeg_decode=claim, tamper="decode", times=1) as once:
         assert _embed(once, tmp_path / "once", slide, "--transport", transport) == {"done": ["b"]}
         assert once.tampered == 1
@@ -194,7 +194,7 @@ def test_answers_naming_another_jpeg_decode_are_retried_and_never_written(
     assert failed == {"failed": ["b"]} and not list((tmp_path / "always").rglob("*.h5"))
     error = _error(tmp_path / "always")
     assert f"{always.url}: decoded the request's JPEG tiles on " in error
-    assert f"(parameters.jpeg_decode), not on '{want}' as --transport {transport} asks" in error
+    assert f"(parameters.jpeg_decode), not on '{want}' as --transport {flag} asks" in error
     assert pixels == {"done": ["b"]}
 
 

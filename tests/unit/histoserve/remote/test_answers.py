@@ -308,7 +308,7 @@ def test_a_jpeg_answer_must_name_the_decode_its_transport_asks() -> None:
         assert jpeg.problem(cpu, 2) is None
         assert jpeg.problem(device, 2).startswith(
             "decoded the request's JPEG tiles on 'device' (parameters.jpeg_decode), not on "
-            "'cpu' as --transport jpeg asks: not used"
+            "'cpu' as --transport jpeg or auto asks: not used"
         )
         assert jpeg.problem(silent, 2).startswith(
             "decoded the request's JPEG tiles without saying where"
