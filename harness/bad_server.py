@@ -20,6 +20,9 @@ real server behind it, then tampered with:
   untampered answers name the upstream answer's package, else the config's
   ``package_sha256`` (the upstream's config when there is one), as a
   histoserve server does): a replica of another package behind the same URL;
+- ``decode``: the answer names the other JPEG decode (``parameters.jpeg_decode``
+  ``cpu`` <-> ``device``; untampered answers pass the upstream's on, or
+  ``jpeg_decode``'s claim): a replica decoding elsewhere behind the same URL;
 - ``503``: 503 with ``Retry-After: 0`` instead of an answer;
 - ``huge``: a 512 MiB body of zeros, its size declared (``Content-Length``);
 - ``unsized``: the same without a declared size (read until the connection closes);
@@ -36,19 +39,18 @@ a test computes every tile's right row from tiles it read independently
 the message, as a careless token-checking server would (``echo_after_chars``:
 as plain text, after that many filler characters: a message longer than a
 client quotes). Every request's headers are recorded (``seen_headers``).
+``jpeg_decode`` makes its config and every answer claim that decode (a
+``device`` server is a stand-in where no GPU is: the upstream decodes on the CPU).
 
 :class:`harness.bad_grpc.BadGrpcServer` is the gRPC counterpart.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import random
 import socket
 import threading
-import time
-import zlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
@@ -57,15 +59,14 @@ from typing import Any
 import httpx
 import numpy as np
 
+from harness.hostile_bodies import HUGE_BYTES, Stream, drip, gzip_bomb, zeros
 from harness.loopback import LoopbackHTTP
 from histoserve import wire
 
 TAMPERS = (
-    "none", "short", "empty", "rename", "dtype", "shape", "nan", "model", "package", "503",
-    "huge", "unsized", "gzip", "drip",
+    "none", "short", "empty", "rename", "dtype", "shape", "nan", "model", "package", "decode",
+    "503", "huge", "unsized", "gzip", "drip",
 )  # fmt: skip
-_HUGE_BYTES = 512 << 20
-_BOMB_BYTES = 512 << 20
 OTHER_PACKAGE = "0" * 64
 """The digest ``package`` answers name."""
 
@@ -92,7 +93,7 @@ def pixel_mask(tiles: np.ndarray) -> np.ndarray:
 
 def tamper(kind: str, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``outputs`` changed as ``kind`` says (see the module docstring; not ``503``)."""
-    if kind in ("none", "model", "package", "huge", "unsized", "gzip", "drip"):  # not the outputs
+    if kind in ("none", "model", "package", "decode", "huge", "unsized", "gzip", "drip"):
         return dict(outputs)
     if kind == "short":
         return {k: v[:1] for k, v in outputs.items()}
@@ -161,6 +162,7 @@ class BadServer:
         echo_after_chars: int | None = None,
         dim: int = 1536,
         drip_s: float = 0.25,
+        jpeg_decode: str | None = None,
     ):
         if tamper not in TAMPERS or source not in ("upstream", "pixels", "mask"):
             raise ValueError(f"tamper {tamper!r} / source {source!r}")
@@ -169,7 +171,7 @@ class BadServer:
         )  # fmt: skip
         self.config, self.echo = dict(config or {}), frozenset(echo_credentials)
         self.echo_after_chars = echo_after_chars
-        self.drip_s = drip_s
+        self.drip_s, self.jpeg_decode = drip_s, jpeg_decode
         self.bytes_sent = 0  # of streamed (huge, unsized, drip) bodies, before the client left
         self.infer_requests = self.tampered = self.faulted = 0
         self.upstream_package = ""  # the upstream config's digest, once a client asked for it
@@ -208,6 +210,8 @@ class BadServer:
             up = self._client.get(path)
             if path.endswith("/config") and up.status_code == 200:
                 self.upstream_package = str(up.json().get("package_sha256") or "")
+                if self.jpeg_decode is not None:
+                    return _json(200, {**up.json(), "jpeg_decode": self.jpeg_decode})
             return up.status_code, {"content-type": up.headers.get("content-type", "")}, up.content
         name = self.config.get("name", "")
         if path == "/v1/models":
@@ -240,14 +244,14 @@ class BadServer:
         header = {**self._identity(kind, path, answered), "outputs": [e for e, _ in entries]}
         data, out_headers = wire.binary_body(header, [raw for _, raw in entries])
         if kind == "drip":
-            return 200, out_headers, Stream(_drip(data, self.drip_s), len(data))
+            return 200, out_headers, Stream(drip(data, self.drip_s), len(data))
         return 200, out_headers, self._oversize(kind, out_headers) or data
 
     def _oversize(self, kind: str, headers: dict[str, str]) -> Stream | bytes | None:
         """The body the streaming tampers send instead of ``data`` (headers adjusted)."""
         if kind in ("huge", "unsized"):
             headers.pop(wire.HEADER, None)
-            return Stream(_zeros(_HUGE_BYTES), _HUGE_BYTES if kind == "huge" else None)
+            return Stream(zeros(HUGE_BYTES), HUGE_BYTES if kind == "huge" else None)
         if kind == "gzip":
             headers.pop(wire.HEADER, None)
             headers["content-encoding"] = "gzip"
@@ -255,17 +259,22 @@ class BadServer:
         return None
 
     def _identity(self, kind: str, path: str, answered: Mapping[str, Any]) -> dict[str, Any]:
-        """The answer's ``model_name`` and ``parameters.package_sha256``, as ``kind`` says.
+        """The answer's ``model_name`` and ``parameters`` (package, JPEG decode), as ``kind`` says.
 
-        Untampered: the upstream answer's own package (``answered``), else the config's.
+        Untampered: the upstream answer's own (``answered``), else the config's package.
         """
         name = path.split("/")[3] if path.count("/") >= 4 else ""
         identity: dict[str, Any] = {"model_name": "another-model" if kind == "model" else name}
-        upstream = (answered.get("parameters") or {}).get("package_sha256")
-        package = upstream or self.config.get("package_sha256") or self.upstream_package
-        package = OTHER_PACKAGE if kind == "package" else package
-        if package:
-            identity["parameters"] = {"package_sha256": package}
+        parameters = dict(answered.get("parameters") or {})
+        package = parameters.pop("package_sha256", None) or self.config.get("package_sha256")
+        package = OTHER_PACKAGE if kind == "package" else package or self.upstream_package
+        decode = self.jpeg_decode or parameters.pop("jpeg_decode", None)
+        if kind == "decode":
+            decode = "cpu" if decode == "device" else "device"
+        facts = {"package_sha256": package, "jpeg_decode": decode}
+        parameters.update({k: v for k, v in facts.items() if v})
+        if parameters:
+            identity["parameters"] = parameters
         return identity
 
     def _decide(self) -> str:
@@ -283,35 +292,6 @@ class BadServer:
                 return "none"
             self.tampered += 1
             return self.tamper
-
-
-@dataclass(frozen=True)
-class Stream:
-    """A body sent piece by piece: ``chunks`` (an iterator of bytes), its ``length`` if declared."""
-
-    chunks: Any
-    length: int | None
-
-
-def _zeros(total: int) -> Any:
-    block = bytes(1 << 20)
-    for _ in range(total // len(block)):
-        yield block
-
-
-def _drip(data: bytes, every_s: float) -> Any:
-    for i in range(len(data)):
-        time.sleep(every_s)
-        yield data[i : i + 1]
-
-
-@functools.cache
-def gzip_bomb() -> bytes:
-    """512 MiB of zeros, gzip-compressed (about 0.5 MB); made once per process."""
-    packer = zlib.compressobj(6, zlib.DEFLATED, 31)  # 31: the gzip container
-    block = bytes(1 << 20)
-    parts = [packer.compress(block) for _ in range(_BOMB_BYTES // len(block))]
-    return b"".join(parts) + packer.flush()
 
 
 _FORWARD = {"content-type", wire.HEADER.lower()}

@@ -200,8 +200,9 @@ class EmbedConfig:
     )
     transport: str = option(
         "auto",
-        help="jpeg: the slide's own JPEG tiles to a server that decodes them; auto: where it "
-        "applies",
+        help="jpeg: the slide's own JPEG tiles to a server that decodes them on the CPU (the "
+        "pixel path's features); jpeg-device: to one that decodes them on the GPU (features "
+        "differ slightly); auto: jpeg where it applies",
         kind="text",
         group=_TILES,
         choices=TRANSPORTS,

@@ -190,11 +190,11 @@ def embed_slide(
         transports = ctx.info.transports if bulk_rna is None else ("pixels",)
         resize = plan.resize if plan.resized else None  # the server's filter is the spec's too
         problem = jpeg_problem(reader.native, plan.read_level, resize, transports, coords)
-        transport = choose_transport(cfg.transport, str(entry.path), problem)
+        transport = choose_transport(cfg.transport, str(entry.path), problem, ctx.info.jpeg_decode)
     slide_attrs["transport"] = transport
     on_started(len(coords))
     readers = _ThreadReaders(entry.path, plan, coords, cfg.batch_size, cfg.reader)
-    readers.jpeg = transport == "jpeg"
+    readers.jpeg = "" if transport == "pixels" else transport
     try:
         assembled = run_batches(
             len(coords),
@@ -307,14 +307,14 @@ def _sender(
     model, mode = ctx.info.model, ctx.config.mode
     check = AnswerCheck.for_mode(ctx.info, mode)  # a wrong answer is retried, never written
 
-    def infer(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def infer(inputs: dict[str, np.ndarray], check: AnswerCheck = check) -> dict[str, np.ndarray]:
         with ctx.in_flight:
             return ctx.dispatcher.infer(model, inputs, {"mode": mode}, check=check)
 
     def send(tiles: np.ndarray | JpegBatch, rows: slice) -> dict[str, np.ndarray]:
         if isinstance(tiles, JpegBatch):
             try:
-                return infer(tiles.inputs())
+                return infer(tiles.inputs(), check.for_transport(readers.jpeg))
             except RequestFailed as exc:  # a slide tile the server cannot decode
                 if not isinstance(exc.__cause__, ServerRefused) or "'jpeg_tiles'" not in str(exc):
                     raise
@@ -342,7 +342,7 @@ class _ThreadReaders:
         self._path, self._plan, self._coords = path, plan, coords
         self._batch_size, self._kind, self._cache = batch_size, kind, TileCache()
         self.first_error = ""
-        self.jpeg = False  # send the slide's JPEG tiles (a batch that fails is read as pixels)
+        self.jpeg = ""  # jpeg, jpeg-device: send JPEG tiles; a batch that fails is read as pixels
         self._local = threading.local()
         self._all: list[SlideReader] = []
         self._lock = threading.Lock()

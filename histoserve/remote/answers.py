@@ -28,7 +28,12 @@ tiles must be:
   reports no digest, e.g. gRPC metadata only or another V2 server, is not
   checked). :func:`identity_problem` is that check, shared with the slide
   head's (:mod:`histoserve.heads.head`); every URL's config is also compared
-  up front by :func:`~histoserve.remote.served_model.fetch_server_info`.
+  up front by :func:`~histoserve.remote.served_model.fetch_server_info`;
+- for a request of the slide's own JPEG tiles, where they were decoded
+  (``parameters.jpeg_decode``): ``cpu`` for ``--transport jpeg``, ``device``
+  for ``jpeg-device`` (:meth:`AnswerCheck.for_transport`); missing or other is
+  refused, so device-decoded features never land in a CPU cohort, nor the
+  reverse. Pixel requests are not checked for it.
 
 Anything else raises :class:`~histoserve.errors.BadAnswer`, a
 :class:`~histoserve.errors.RetryableError`: the dispatcher
@@ -40,7 +45,7 @@ what was wrong. A wrong answer is never written.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -48,6 +53,7 @@ import numpy as np
 from histoserve import wire
 from histoserve.errors import BadAnswer
 from histoserve.remote.transport import answer_bound
+from histoserve.slides.tiff.wire_tiles import DECODED_ON
 
 if TYPE_CHECKING:
     from histoserve.remote.served_model import ServerInfo
@@ -88,12 +94,15 @@ class AnswerCheck:
         model: The model asked ("": not checked): an answer naming another fails.
         package_sha256: The package the config reported ("": not checked): an
             answer naming another package fails.
+        jpeg_decode: Where the request's JPEG tiles must have been decoded
+            (``cpu``, ``device``; "": a pixel request, not checked).
     """
 
     outputs: tuple[Expected, ...]
     mode: str = ""
     model: str = ""
     package_sha256: str = ""
+    jpeg_decode: str = ""
 
     @classmethod
     def for_mode(cls, info: ServerInfo, mode: str) -> AnswerCheck:
@@ -106,6 +115,10 @@ class AnswerCheck:
         """The check for requests to a tissue-segmentation model (``mask``)."""
         expected = _expected(info, TISSUE_OUTPUTS)
         return cls(expected, f"tissue model {info.model!r}", info.model, info.reported_sha256)
+
+    def for_transport(self, transport: str) -> AnswerCheck:
+        """This check for requests sent by ``transport`` (``pixels``, ``jpeg``, ``jpeg-device``)."""
+        return replace(self, jpeg_decode=DECODED_ON.get(transport, ""))
 
     def max_answer_bytes(self, n_tiles: int) -> int:
         """The most bytes an answer to ``n_tiles`` tiles can need (larger ones are not read)."""
@@ -149,29 +162,43 @@ class AnswerCheck:
         return None
 
     def _identity_problem(self, identity: Mapping[str, object]) -> str | None:
-        return identity_problem(identity, self.model, self.package_sha256)
+        return identity_problem(identity, self.model, self.package_sha256, self.jpeg_decode)
 
 
 DIGEST_CHARS = 16
 """Hex digits of a package digest quoted in messages."""
 
 
-def identity_problem(identity: Mapping[str, object], model: str, package_sha256: str) -> str | None:
-    """What says an answer came from another model or package than the run's, or None.
+def identity_problem(
+    identity: Mapping[str, object], model: str, package_sha256: str, jpeg_decode: str = ""
+) -> str | None:
+    """What says an answer came from another model, package or JPEG decode than the run's, or None.
 
     Args:
         identity: The answer's ``model_name`` and ``parameters`` (those it carries).
         model: The model asked ("": not checked).
         package_sha256: The package the model's config reported at the start of
             the run ("": none reported, not checked).
+        jpeg_decode: Where the request's JPEG tiles must have been decoded
+            (``cpu``, ``device``; "": not checked, a pixel request).
     """
     name = identity.get("model_name")
     if model and name and str(name) != model:
         return f"answered as model {str(name)[:80]!r}, not {model!r} (another model there?)"
+    parameters = identity.get("parameters")
+    parameters = parameters if isinstance(parameters, Mapping) else {}
+    decoded = parameters.get("jpeg_decode")
+    if jpeg_decode and str(decoded) != jpeg_decode:
+        said = f"on {str(decoded)[:40]!r}" if decoded else "without saying where"
+        flag = "jpeg-device" if jpeg_decode == "device" else "jpeg or auto"
+        return (
+            f"decoded the request's JPEG tiles {said} (parameters.jpeg_decode), not on "
+            f"{jpeg_decode!r} as --transport {flag} asks: not used "
+            "(device-decoded tiles give other features than the CPU's; a cohort never mixes them)"
+        )
     if not package_sha256:
         return None
-    parameters = identity.get("parameters")
-    digest = parameters.get("package_sha256") if isinstance(parameters, Mapping) else None
+    digest = parameters.get("package_sha256")
     want = package_sha256[:DIGEST_CHARS]
     if not digest:
         return (

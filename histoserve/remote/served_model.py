@@ -18,11 +18,14 @@ its features into the same files. Every HTTP(S) URL's config must report the
 first one's package digest and spec; a gRPC URL's metadata gives no digest,
 so only its tile size, gene count and output names, datatypes and shapes are
 compared (:func:`check_same_model`). Any difference is a usage error naming
-both URLs and what differs, before any slide is read.
+both URLs and what differs, before any slide is read. Where they decode JPEG
+tiles (``jpeg_decode``) may differ: pixels are the same either way, so such
+URLs are described as ``mixed`` and no jpeg transport is chosen for them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -69,6 +72,11 @@ class ServerInfo:
         transports: How the server takes tiles: ``pixels``, and ``jpeg`` when it
             decodes the slide's own JPEG tiles (config ``transports``, or a
             ``jpeg_tiles`` input in gRPC metadata).
+        jpeg_decode: Where it decodes them: ``cpu`` (config ``jpeg_decode``, or
+            none: a server before the field decodes on the CPU), ``device``;
+            ``mixed`` when two URLs' configs differ; ``""``: unknown (gRPC
+            metadata). Which ``--transport`` may use them
+            (:func:`~histoserve.slides.tiff.wire_tiles.choose_transport`).
     """
 
     model: str
@@ -81,6 +89,7 @@ class ServerInfo:
     spec: Mapping[str, Any] = field(default_factory=dict)
     outputs: Mapping[str, OutputInfo] = field(default_factory=dict)
     transports: tuple[str, ...] = ("pixels",)
+    jpeg_decode: str = ""
 
     @property
     def reported_sha256(self) -> str:
@@ -137,7 +146,8 @@ def fetch_server_info(
     reference = ask(first, model)
     others = [(u, _ask_another(ask, u, reference.model, first)) for u in urls if u != first]
     check_same_model([(first, reference), *others])
-    return reference
+    decodes = {i.jpeg_decode for _, i in others if i.jpeg_decode} - {reference.jpeg_decode}
+    return dataclasses.replace(reference, jpeg_decode="mixed") if decodes else reference
 
 
 def _ask(
@@ -245,6 +255,7 @@ def info_from_config(name: str, config: Mapping[str, Any]) -> ServerInfo:
             spec=spec,
             outputs=_listed_outputs(config.get("outputs")) or _spec_outputs(spec),
             transports=tuple(str(t) for t in config.get("transports") or ("pixels",)),
+            jpeg_decode=str(config.get("jpeg_decode") or "cpu")[:40],
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise EmbedError(f"model {name!r}: unexpected config answer ({exc!r})") from exc

@@ -12,6 +12,15 @@ inputs (``docs/cohorts.md``). Nothing is decoded here.
 :func:`jpeg_problem` says why a slide's tiles cannot go this way (None:
 they can): not read natively, a resize other than the spec's filter, a
 server that does not offer it, or a grid that does not start on level pixels.
+
+Where the server decodes them decides what the features are: on the CPU
+(libjpeg-turbo) they equal the pixel path's bit for bit, on the device
+(nvJPEG) they differ slightly. So each jpeg transport names one decode
+(:data:`DECODED_ON`): ``jpeg`` (and ``auto``) only with a server that decodes
+on the CPU, ``jpeg-device`` only with one that says it decodes on the device;
+:func:`choose_transport` holds a slide to that, and every answer to a jpeg
+request must name the same decode
+(:func:`~histoserve.remote.answers.identity_problem`).
 """
 
 from __future__ import annotations
@@ -28,8 +37,12 @@ from histoserve.slides.tiff.jpeg_tiles import JpegTileError, tile_stream
 if TYPE_CHECKING:
     from histoserve.slides.tiff.native import NativeTiff
 
-TRANSPORTS = ("auto", "pixels", "jpeg")
-"""``--transport``: jpeg where it applies (auto), never, or always (a slide it cannot take fails)."""
+TRANSPORTS = ("auto", "pixels", "jpeg", "jpeg-device")
+"""``--transport``: jpeg where it applies (auto), never, always (a slide it cannot take fails),
+or always to a server that decodes on the device (its features differ slightly)."""
+DECODED_ON = {"jpeg": "cpu", "jpeg-device": "device"}
+"""Where the server must decode each jpeg transport's tiles: its config's and answers'
+``jpeg_decode``."""
 
 
 @dataclass
@@ -124,18 +137,47 @@ def jpeg_batch(native: NativeTiff, level: int, size: int, coords: np.ndarray) ->
     return JpegBatch(streams, layout, boxes, np.asarray(coords))
 
 
-def choose_transport(requested: str, where: str, problem: str | None) -> str:
-    """``pixels`` or ``jpeg`` for slide ``where``, by ``--transport`` (``auto``: jpeg where it applies).
+def choose_transport(requested: str, where: str, problem: str | None, decode: str) -> str:
+    """``pixels``, ``jpeg`` or ``jpeg-device`` for slide ``where``, by ``--transport``.
 
-    ``problem``: :func:`jpeg_problem`'s answer for the slide.
+    ``problem``: :func:`jpeg_problem`'s answer for the slide. ``decode``: where
+    the server says it decodes JPEG tiles (its config's ``jpeg_decode``: ``cpu``,
+    ``device``; ``""``: it does not say, as over gRPC, taken as ``cpu`` and left
+    to the answer check). ``auto`` takes ``jpeg`` where the slide can and the
+    server decodes on the CPU, else ``pixels``: never device-decoded features
+    unless ``jpeg-device`` asks for them.
 
     Raises:
-        SlideError: ``jpeg`` asked for a slide whose tiles cannot take it (why).
+        SlideError: ``jpeg`` or ``jpeg-device`` asked for a slide whose tiles cannot
+            take it, or of a server that decodes elsewhere (where, and the flag to use).
     """
     if requested == "pixels":
         return "pixels"
-    if problem is None:
-        return "jpeg"
-    if requested == "jpeg":
-        raise SlideError(f"slide {where}: --transport jpeg: {problem}; use --transport auto")
-    return "pixels"
+    transport = "jpeg-device" if requested == "jpeg-device" else "jpeg"
+    mismatch = _decode_mismatch(transport, decode)
+    if requested == "auto":
+        return "jpeg" if problem is None and mismatch is None else "pixels"
+    if mismatch is not None:
+        raise SlideError(f"slide {where}: --transport {requested}: {mismatch}")
+    if problem is not None:
+        raise SlideError(f"slide {where}: --transport {requested}: {problem}; use --transport auto")
+    return transport
+
+
+def _decode_mismatch(transport: str, decode: str) -> str | None:
+    """Why the server's decode is not the one ``transport`` takes features from (None: it is)."""
+    if (decode or "cpu") == DECODED_ON[transport]:
+        return None
+    said = f"jpeg_decode {decode!r}" if decode else "no jpeg_decode (gRPC metadata has none)"
+    if transport == "jpeg-device":
+        return (
+            f"the server does not say it decodes JPEG tiles on the device (its config: {said}); "
+            "use --transport jpeg or auto with a server that decodes on the CPU, or "
+            "--transport jpeg-device with one started with --jpeg_decode device and an HTTP(S) --url"
+        )
+    return (
+        f"the server does not decode JPEG tiles on the CPU (its config: {said}; device-decoded "
+        "tiles give features that differ slightly from the pixel path's): use --transport "
+        "jpeg-device to take device-decoded features, or --transport auto or pixels for the "
+        "pixel path's"
+    )

@@ -283,3 +283,37 @@ def _slide_config(digest: str) -> dict:
     outputs = [{"name": "prediction", "datatype": "FP32", "shape": [2]}]
     spec = {"name": "abmil", "family": "slide", "classes": ["a", "b"], "feature_dim": 4}
     return {"name": "abmil", "package_sha256": digest, "spec": spec, "outputs": outputs}
+
+
+def test_a_jpeg_answer_must_name_the_decode_its_transport_asks() -> None:
+    """Device-decoded features never land in a CPU cohort, nor the reverse; pixels are not asked.
+
+    Checked with or without a package digest (a gRPC-only run reports none).
+    """
+    from histoserve.remote.transport import Answer
+
+    served = _config("h0-mini", [{"name": "embedding", "datatype": "FP32", "shape": [-1, 1536]}])
+    info = info_from_config("h0-mini", {**served, "package_sha256": "a" * 64})
+
+    def answer(**decode: str) -> Answer:
+        return Answer(_good(2), {"parameters": {"package_sha256": "a" * 64, **decode}})
+
+    cpu, device, silent = answer(jpeg_decode="cpu"), answer(jpeg_decode="device"), answer()
+    for base in (
+        AnswerCheck.for_mode(info, "embedding"),
+        AnswerCheck.for_mode(H0_MINI, "embedding"),
+    ):
+        pixels, jpeg = base.for_transport("pixels"), base.for_transport("jpeg")
+        assert [pixels.problem(a, 2) for a in (cpu, device, silent)] == [None] * 3
+        assert jpeg.problem(cpu, 2) is None
+        assert jpeg.problem(device, 2).startswith(
+            "decoded the request's JPEG tiles on 'device' (parameters.jpeg_decode), not on "
+            "'cpu' as --transport jpeg or auto asks: not used"
+        )
+        assert jpeg.problem(silent, 2).startswith(
+            "decoded the request's JPEG tiles without saying where"
+        )
+        on_device = base.for_transport("jpeg-device")
+        assert on_device.problem(device, 2) is None
+        assert "on 'cpu' (parameters.jpeg_decode), not on 'device'" in on_device.problem(cpu, 2)
+        assert "--transport jpeg-device asks" in on_device.problem(silent, 2)

@@ -184,3 +184,25 @@ def test_grpc_metadata_is_compared_by_shapes_only() -> None:
         check_same_model(
             [("grpc://h:1", grpc), ("grpc://h:4", info_from_metadata("g", "m", [big], [EMBEDDING]))]
         )
+
+
+def test_where_jpeg_tiles_are_decoded_comes_from_the_config_and_mixed_urls_say_so() -> None:
+    """``jpeg_decode``: absent is the CPU, gRPC metadata cannot tell, two URLs differing is mixed."""
+    from harness.bad_server import BadServer
+    from histoserve.remote.dispatch import RetryPolicy
+    from histoserve.remote.served_model import fetch_server_info
+
+    assert info_from_config("h0-mini", _config("h0-mini")).jpeg_decode == "cpu"
+    device = info_from_config("h0-mini", _config("h0-mini", jpeg_decode="device"))
+    assert device.jpeg_decode == "device"
+    pixels = {"name": "pixels", "datatype": "UINT8", "shape": [-1, 224, 224, 3]}
+    assert info_from_metadata("grpc://h:1", "h0-mini", [pixels], [EMBEDDING]).jpeg_decode == ""
+    one, a = RetryPolicy(max_attempts=1), "a" * 64
+    with (
+        BadServer(config=_served(a)) as cpu,
+        BadServer(config={**_served(a), "jpeg_decode": "cpu"}) as also_cpu,
+        BadServer(config={**_served(a), "jpeg_decode": "device"}) as on_device,
+    ):
+        assert fetch_server_info([cpu.url, also_cpu.url], None, 5.0, one).jpeg_decode == "cpu"
+        mixed = fetch_server_info([cpu.url, on_device.url], None, 5.0, one)
+    assert mixed.jpeg_decode == "mixed" and mixed.package_sha256 == a
