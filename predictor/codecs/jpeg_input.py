@@ -233,18 +233,18 @@ class JpegRegion:
         x, y, w, h = (int(v) for v in self.box)
         return tuple(int(i) for i in self.tiles.overlapping(x, y, w, h))
 
-    def check_for_device(self, max_request_pixels: int) -> bool:
-        """Checks what a device decode needs checked first; whether this request fits one.
+    def check_for_device(self, max_request_pixels: int) -> None:
+        """Checks what a device decode needs checked first.
 
         Each slide tile the box needs must pass :meth:`JpegTiles.header` and
         end in its EOI marker (a truncated stream is refused here, as
-        libjpeg-turbo refuses it on the CPU path; nvJPEG may not). False when
-        the request's tiles declare more than ``max_request_pixels``: its
-        boxes are then decoded on the CPU, bounding what one request holds
-        on the device.
+        libjpeg-turbo refuses it on the CPU path; nvJPEG may not), and the
+        request's tiles together may declare at most ``max_request_pixels``
+        (what one request holds on the device while its boxes are composed).
 
         Raises:
-            InvalidInput: Naming ``jpeg_tiles`` and the slide tile at fault.
+            InvalidInput: Naming ``jpeg_tiles`` and the slide tile at fault,
+                or the request's declared pixels and the limit.
         """
         for index in self.overlaps():
             self.tiles.header(index)
@@ -254,7 +254,14 @@ class JpegRegion:
                     input_name=JPEG_TILES,
                     tile=index,
                 )
-        return self.tiles.declared_pixels() <= max_request_pixels
+        declared = self.tiles.declared_pixels()
+        if declared > max_request_pixels:
+            raise InvalidInput(
+                f"the request's slide tiles declare {declared} pixels, more than the "
+                f"{max_request_pixels} one request decodes on the device with "
+                "(--jpeg_decode device): send fewer tiles a request",
+                input_name=JPEG_TILES,
+            )
 
 
 def jpeg_regions(

@@ -5,9 +5,10 @@
 stage 1 only checks a region (:meth:`~predictor.codecs.jpeg_input.JpegRegion.check_for_device`)
 and hands it on as the sample's tile; stage 2 then swaps every such tile for
 its pixels decoded on the worker's device (:meth:`JpegDecodePlace.on_device`)
-before the batch is normalised. A request too large for the device, and
-every request on a server where nvJPEG cannot run, decodes in stage 1 as
-before.
+before the batch is normalised. Every request on a server where nvJPEG
+cannot run decodes in stage 1; on one where it runs, a request too large
+for the device is refused rather than decoded elsewhere than its answer
+says (:meth:`~predictor.serving.served_package.ServedPackage.answer_parameters`).
 """
 
 from __future__ import annotations
@@ -87,10 +88,18 @@ class JpegDecodePlace:
     def defer(self, region: JpegRegion) -> bool:
         """Stage 1: whether ``region`` waits for the device (checked), else decode it now.
 
+        On the device means on the device for every request: one too large
+        for it is refused (a 400 naming the limit), never decoded on the CPU
+        while its answer says ``device``.
+
         Raises:
-            InvalidInput: A slide tile the region needs fails its checks.
+            InvalidInput: A slide tile the region needs fails its checks, or
+                the request declares more than :data:`MAX_REQUEST_PIXELS`.
         """
-        return self.on_device_enabled and region.check_for_device(MAX_REQUEST_PIXELS)
+        if not self.on_device_enabled:
+            return False
+        region.check_for_device(MAX_REQUEST_PIXELS)
+        return True
 
     def on_device(
         self, samples: Sequence[PreparedSample], device: torch.device

@@ -344,7 +344,8 @@ class BaseServerModel(TileHooks, Model):
         """Encodes the responses with the codec the request was decoded with."""
         prepared, responses = result
         names = self.output_names(prepared.mode)
-        return prepared.codec.encode(prepared.decoded, responses, names, self.answer_parameters())
+        parameters = self.answer_parameters(prepared.samples)
+        return prepared.codec.encode(prepared.decoded, responses, names, parameters)
 
     async def _prepare_staged(self, decoded: DecodedRequest) -> list[PreparedSample]:
         """Stage 1 for every tile, refused up front (fast 503) when the queue is full."""

@@ -7,11 +7,13 @@ takes the device owner's ``/config`` answer (:meth:`ServedPackage.served_from`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from predictor.codecs.jpeg_input import JpegRegion
+from predictor.codecs.samples import PreparedSample
 from predictor.package.loader import LoadedPackage
 from predictor.package.metadata import package_input_dtype
 from predictor.serving.device_jpeg import JpegDecodePlace
@@ -53,14 +55,17 @@ class ServedPackage:
         place = self._jpeg
         return "device" if place is not None and place.on_device_enabled else "cpu"
 
-    def answer_parameters(self) -> dict[str, str]:
+    def answer_parameters(self, samples: Sequence[PreparedSample] = ()) -> dict[str, str]:
         """What every answer says about who made it: the package's digest, where JPEG tiles decode.
 
         Sent in every V2 answer (REST and gRPC ``parameters``), so a client
         notices when the package behind its URL changed mid-run
         (``package_sha256``) and never mixes features from tiles decoded on
-        a device with the CPU decode's (``jpeg_decode``: ``cpu`` or ``device``).
+        a device with the CPU decode's (``jpeg_decode``: ``device`` when
+        this request's tiles waited for the device, else ``cpu``; a
+        request is decoded in one place, :mod:`predictor.serving.device_jpeg`).
         """
         digest = self.package_sha256
         facts = {"package_sha256": digest} if digest else {}
-        return {**facts, "jpeg_decode": self.jpeg_decode}
+        on_device = any(isinstance(s.tile, JpegRegion) for s in samples)
+        return {**facts, "jpeg_decode": "device" if on_device else "cpu"}

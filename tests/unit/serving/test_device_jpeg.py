@@ -99,7 +99,7 @@ def test_a_truncated_stream_is_refused_in_stage_one(model) -> None:
     assert "EOI" in caught.value.reason
 
 
-def test_a_request_declaring_more_than_the_device_budget_decodes_on_the_cpu(
+def test_a_request_declaring_more_than_the_device_budget_is_refused_not_decoded_elsewhere(
     model, monkeypatch
 ) -> None:
     import predictor.serving.device_jpeg as module
@@ -108,10 +108,24 @@ def test_a_request_declaring_more_than_the_device_budget_decodes_on_the_cpu(
     requests = _requests(_streams())
     model._jpeg = JpegDecodePlace.for_tests(224)
     try:
-        sample = model.prepare_sample(requests[0])
+        with pytest.raises(InvalidInput) as caught:
+            model.prepare_sample(requests[0])
     finally:
         model._jpeg = None
-    assert isinstance(sample.tile, np.ndarray) and sample.tile.shape == (224, 224, 3)
+    assert caught.value.input_name == "jpeg_tiles" and "send fewer tiles" in caught.value.reason
+
+
+def test_each_answer_says_where_its_own_tiles_were_decoded(model) -> None:
+    requests = _requests(_streams())
+    model._jpeg = JpegDecodePlace.for_tests(224)
+    try:
+        deferred = [model.prepare_sample(r) for r in requests]
+        assert model.answer_parameters(deferred)["jpeg_decode"] == "device"
+        pixels = [model.prepare_sample(ModelRequest(0, pixels=np.zeros((224, 224, 3), np.uint8)))]
+        assert model.answer_parameters(pixels)["jpeg_decode"] == "cpu"
+    finally:
+        model._jpeg = None
+    assert model.answer_parameters([model.prepare_sample(r) for r in requests])["jpeg_decode"] == "cpu"
 
 
 def test_cpu_setting_and_a_cpu_server_never_defer() -> None:
