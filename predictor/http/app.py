@@ -1,6 +1,7 @@
 """``HistoModelServer``: KServe's ModelServer with histoserve's edge and lifecycle.
 
-What it changes, and why (``docs/architecture.md``, "The server edge"):
+What it changes, and why (``docs/architecture.md``, "Layers"; what it takes from KServe
+privately is in :mod:`predictor.kserve.compat`):
 
 - errors map through one table (:mod:`predictor.http.edge`), 413 and the
   malformed-body 400 (FastAPI's 422) included;

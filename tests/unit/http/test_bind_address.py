@@ -15,11 +15,11 @@ import pytest
 from kserve import ModelRepository
 from kserve.protocol.dataplane import DataPlane
 
-from predictor.kserve import compat as kserve_compat
 from predictor.cli import build_parser, server_kwargs
 from predictor.config import LimitsConfig
 from predictor.http.grpc_server import listen_address
 from predictor.http.listeners import bind_http
+from predictor.kserve import compat as kserve_compat
 
 
 def test_unset_is_every_interface_and_a_value_reaches_the_server() -> None:
