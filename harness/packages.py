@@ -30,17 +30,17 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 CACHE_ENV = "HISTOSERVE_TEST_PACKAGE_CACHE"
 KEY_SOURCES = (
-    "predictor/package/demo_models.py",
+    "predictor/pt2/demo_models.py",
     "predictor/export/*.py",
-    "predictor/package/*.py",
+    "predictor/pt2/*.py",
     "predictor/families/*.py",
 )
 """Globs of the exporter's sources: their text is part of every package's key."""
 KEY_EXCLUDES = (
-    "predictor/package/aoti_runner.py",
-    "predictor/package/extract.py",
-    "predictor/package/input_checks.py",
-    "predictor/package/loader.py",
+    "predictor/pt2/aoti_runner.py",
+    "predictor/pt2/extract.py",
+    "predictor/pt2/input_checks.py",
+    "predictor/pt2/loader.py",
 )
 """Serving-side modules in those folders: they run packages, they never shape one
 (the exporter imports none of them), so editing them rebuilds nothing."""
@@ -62,7 +62,7 @@ def _code_texts() -> dict[str, str]:
 def _cache_key(spec_name: str, source: dict[str, Any]) -> str:
     import torch
 
-    from predictor.package.host import isa_flags, read_cpu_flags
+    from predictor.pt2.host import isa_flags, read_cpu_flags
     from predictor.spec import resolve_spec
 
     parts = {

@@ -1,7 +1,9 @@
 """histoserve: a KServe predictor for histopathology tile models in AOTInductor ``.pt2`` packages.
 
-Each layer is a folder (``server/``, ``serving/``, ``families/``, ``codecs/``,
-``batching/``, ``device/``, ``package/``, ``export/``); the client is the
+Each layer is a folder, by imports: ``multiprocess/`` and ``export/`` (entry),
+``http/`` (the front door), ``families/``, ``model/`` (the served model),
+``codecs/``, ``batching/``, ``device/``, ``pt2/`` (``.pt2`` packages), and
+``kserve/`` (all of KServe) at the bottom; the client is the
 separate ``histoserve`` package, of which the server uses only
 ``histoserve.wire``. ``docs/architecture.md`` has the layer maps and walks one
 request through them.
@@ -23,7 +25,7 @@ from typing import Any
 from histoserve import __version__  # one version for the client and the server
 
 _SEED_NAMES = {
-    "BaseServerModel": "predictor.serving.model",
+    "BaseServerModel": "predictor.model.base",
     "PreparedSample": "predictor.codecs.samples",
     "ModelRequest": "predictor.codecs.samples",
     "ModelResponse": "predictor.codecs.samples",

@@ -37,7 +37,7 @@ FLAG_GROUPS = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The serve parser: KServe's flags, then histoserve's, made from the configs' fields."""
-    from predictor.kserve_compat import model_server_parser
+    from predictor.kserve.compat import model_server_parser
 
     parser = argparse.ArgumentParser(
         prog="histoserve serve",
@@ -67,7 +67,7 @@ def early_frontends(argv: Sequence[str]) -> tuple[int, int | None]:
     Raises:
         ValueError: A ``--frontends`` value that is neither ``auto`` nor >= 1.
     """
-    from predictor.frontends.process import frontend_count
+    from predictor.multiprocess.process import frontend_count
 
     known = early_flags(argv)
     index = known.frontend_index if known.frontend_socket else None
@@ -112,7 +112,7 @@ def configure_trace_logging(enabled: bool) -> None:
     go elsewhere and are untouched. Call after the server is built: KServe
     configures logging in its constructor.
     """
-    from predictor.kserve_compat import KSERVE_TRACE_LOGGER_NAME
+    from predictor.kserve.compat import KSERVE_TRACE_LOGGER_NAME
 
     level = logging.INFO if enabled else logging.WARNING
     logging.getLogger(KSERVE_TRACE_LOGGER_NAME).setLevel(level)
@@ -147,8 +147,8 @@ def serve(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace, argv: list[str], frontends: int, index: int | None) -> int:
     """Ports first (a taken one stops start-up before any package loads), then model and server."""
-    from predictor.server import gc_policy
-    from predictor.server.listeners import open_listeners
+    from predictor.http import gc_policy
+    from predictor.http.listeners import open_listeners
 
     supervisor = index is None and frontends > 1
     start_metrics_port(args, index)
@@ -166,9 +166,9 @@ def _serve(args: argparse.Namespace, argv: list[str], frontends: int, index: int
         asdict(limits),
         model_config.preprocess_workers,
     )
-    gc_policy.apply()  # after the heavy start-up heap exists (see predictor.server.gc_policy)
+    gc_policy.apply()  # after the heavy start-up heap exists (see predictor.http.gc_policy)
     if supervisor:
-        from predictor.frontends.supervisor import Supervisor
+        from predictor.multiprocess.supervisor import Supervisor
 
         workers = resolve_instances(model_config.instances_per_device, "cpu", available_cpus())
         keeper = Supervisor.prepare(model, frontends, argv, (batching, workers), listeners)
@@ -187,10 +187,10 @@ def build_serving(
     model_config, batching, limits = configs
     kwargs = {**server_kwargs(args, limits), "http_socket": http_socket}
     if frontend_index is not None:  # a front end: the device owner has the package
-        from predictor.frontends.frontend import build_frontend
+        from predictor.multiprocess.frontend import build_frontend
 
         return build_frontend(args, configs, {**kwargs, "grpc_reuse_port": True})
-    from predictor.server.app import HistoModelServer
+    from predictor.http.app import HistoModelServer
     from predictor.startup import build_model
 
     server = HistoModelServer(**kwargs)
@@ -204,14 +204,14 @@ def start_metrics_port(args: argparse.Namespace, frontend_index: int | None) -> 
     once (:class:`~predictor.errors.ConfigError`, exit 2).
     """
     if frontend_index is None:
-        from predictor.server.metrics_port import maybe_start
+        from predictor.http.metrics_port import maybe_start
 
         maybe_start(args.metrics_port, args.bind_address)
 
 
 def set_up_process(frontend_index: int | None, argv: Sequence[str]) -> None:
     """Metrics folder (the parent makes it), log tag and, for a front end, death with its parent."""
-    from predictor.frontends.process import die_with_parent, prepare_metrics_dir, tag_log_lines
+    from predictor.multiprocess.process import die_with_parent, prepare_metrics_dir, tag_log_lines
 
     if frontend_index is None:
         prepare_metrics_dir()

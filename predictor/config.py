@@ -107,7 +107,7 @@ class ModelConfig:
         forward_runner: ``auto`` (the default: ``gil_free`` on the CPU, falling
             back to ``torch`` with one log line for a package it cannot serve;
             ``torch`` on a GPU), ``torch`` (torch's AOTInductor loader) or
-            ``gil_free`` (:mod:`predictor.package.aoti_runner`: the package's C
+            ``gil_free`` (:mod:`predictor.pt2.aoti_runner`: the package's C
             ABI called with the GIL released, CPU only).
         instances_per_device: Device workers sharing the one queue (Triton's
             instance groups), per device: CPU or each GPU (own normaliser and
@@ -192,7 +192,7 @@ class ServeConfig:
         drain_timeout_s: Longest drain after SIGTERM.
         rest_fast_path: Answer V2 REST infer in front of FastAPI.
         frontends: Front-end processes (a number or ``auto``), checked by
-            :func:`predictor.frontends.process.frontend_count`.
+            :func:`predictor.multiprocess.process.frontend_count`.
         bind_address: Where the HTTP and gRPC ports listen (None: everywhere).
         metrics_port: A port serving ``/metrics`` alone (0: none).
         grpc_max_receive_message_length: None: follow ``--max_body_bytes``, not

@@ -21,7 +21,7 @@
 Only a :class:`StartupError` is "cannot start" (exit 2): any other exception
 during start-up is a bug and surfaces as a traceback (exit 1).
 
-Errors carry no HTTP status: :mod:`predictor.server.edge` maps them to HTTP
+Errors carry no HTTP status: :mod:`predictor.http.edge` maps them to HTTP
 and gRPC in one table matched by type (the most specific class of an error's
 MRO wins, so row order does not matter). Third-party errors are wrapped with
 ``raise ... from``.

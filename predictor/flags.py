@@ -93,7 +93,7 @@ def flag_names(classes: Sequence[type]) -> list[str]:
 
 def true_or_false(value: str) -> bool:
     """``true``/``false`` (and KServe's other spellings) for boolean flags."""
-    from predictor.kserve_compat import strtobool
+    from predictor.kserve.compat import strtobool
 
     return strtobool(value)
 

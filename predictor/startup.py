@@ -22,16 +22,16 @@ from predictor.device.cpus import available_cpus, resolve_instances, threads_per
 from predictor.device.faults import parse_fault_spec
 from predictor.errors import SpecError
 from predictor.families import load_model_class, model_class_for
-from predictor.package.host import apply_gpu_settings, resolve_devices
-from predictor.package.loader import (
+from predictor.model.base import BaseServerModel, ServingOptions
+from predictor.model.metrics import create_metrics
+from predictor.pt2.host import apply_gpu_settings, resolve_devices
+from predictor.pt2.loader import (
     StartupPhases,
     check_batch_size,
     find_checkpoint,
     inspect_package,
     open_package,
 )
-from predictor.serving.metrics import create_metrics
-from predictor.serving.model import BaseServerModel, ServingOptions
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec, spec_from_json
 
 logger = logging.getLogger("histoserve")

@@ -126,7 +126,7 @@ def environment(device: str, out: Path) -> dict[str, Any]:
     machine = machine_facts(out)  # first: written even where torch fails to import
     import torch
 
-    from predictor.package.runners import CUDA_COPIES_PER_INSTANCE
+    from predictor.pt2.runners import CUDA_COPIES_PER_INSTANCE
 
     facts: dict[str, Any] = {
         "python": platform.python_version(),
@@ -135,7 +135,7 @@ def environment(device: str, out: Path) -> dict[str, Any]:
         "device": device,
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "cpus": os.cpu_count(),
-        "loader": "torch's AOTIModelPackageLoader, called flat (predictor.package.runners)",
+        "loader": "torch's AOTIModelPackageLoader, called flat (predictor.pt2.runners)",
         "model_copies_per_cuda_instance": CUDA_COPIES_PER_INSTANCE,
     }
     if device == "cuda":

@@ -2,7 +2,7 @@
 
 A ``.pt2`` is tied to the torch that exported it, so ``make gpu-check``
 exports everything where it runs, from the project's own ViT builder
-(:mod:`predictor.package.demo_models`, no timm): H-optimus-0's ViT-g/14
+(:mod:`predictor.pt2.demo_models`, no timm): H-optimus-0's ViT-g/14
 (``vit-g``: 4 registers, SwiGLU, CLS out) and H0-mini's ViT-B/14 (``vit-b``:
 4 registers, SwiGLU, CLS + patch mean), both 224 px, 1536 out, bf16, random
 weights with a LayerScale that lets every block count; the tiny demo ViT in
@@ -44,7 +44,7 @@ class Export:
     Attributes:
         name: The package's name in the check (``vit-g-bf16``).
         spec: Built-in spec it is exported for.
-        preset: Demo preset of :mod:`predictor.package.demo_models`.
+        preset: Demo preset of :mod:`predictor.pt2.demo_models`.
         dtype: ``fp32`` or ``bf16``.
         deadline_s: The export is killed (a failed stage) past this.
         threads: Compile threads (``TORCHINDUCTOR_COMPILE_THREADS``, OpenMP) on a GPU machine.
@@ -194,7 +194,7 @@ LOAD_S = 30.0
 _LOAD = """
 import sys, torch
 from pathlib import Path
-from predictor.package.loader import load_package
+from predictor.pt2.loader import load_package
 package = load_package(Path(sys.argv[1]), torch.device(sys.argv[2]))
 print(package.forward_runner, package.input_dtype, flush=True)
 """

@@ -51,7 +51,7 @@ def build(package: Path, device: str, batch: int, instances: int = 1) -> Any:
 
     from predictor import startup
     from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
-    from predictor.serving.metrics import create_metrics
+    from predictor.model.metrics import create_metrics
 
     startup.create_metrics = lambda name: create_metrics(name, CollectorRegistry())
     config = ModelConfig(
@@ -68,7 +68,7 @@ def build(package: Path, device: str, batch: int, instances: int = 1) -> Any:
 def _items(batch: int, size: int) -> list[Any]:
     """``batch`` random tiles as the batcher carries them: prepared sample and request."""
     from predictor.codecs.samples import ModelRequest, PreparedSample
-    from predictor.serving.forward import BatchItem
+    from predictor.model.forward import BatchItem
 
     rng = np.random.default_rng(0)
     tiles = [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(batch)]

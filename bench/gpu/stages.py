@@ -122,7 +122,7 @@ def direct(path: Path, device: str, tiles: np.ndarray, *extra: Any) -> list[np.n
     import torch
 
     from predictor.device.normalizer import Normalizer
-    from predictor.package.loader import load_package
+    from predictor.pt2.loader import load_package
 
     package = load_package(path, torch.device(device))
     spec = package.embedded_spec
@@ -171,7 +171,7 @@ def bf16_vs_fp32(ctx: Context) -> dict[str, Any]:
 
 def bf16_families(ctx: Context) -> dict[str, Any]:
     """bf16 m-optimus (every mode, with and without bulk RNA) and tissue-seg, served vs direct."""
-    from predictor.package.genes import read_gene_ids
+    from predictor.pt2.genes import read_gene_ids
 
     packages = {n: ctx.require(n) for n in ("m-optimus-bf16", "tissue-seg-bf16")}
     out: dict[str, Any] = {}

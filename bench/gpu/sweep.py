@@ -30,7 +30,7 @@ DRY_BATCHES = (1, 2)
 
 def flops_per_tile(name: str, dry_run: bool) -> float:
     """FLOPs of one tile's forward through package ``name`` (its preset, at the dry depth there)."""
-    from predictor.package.demo_models import PRESETS
+    from predictor.pt2.demo_models import PRESETS
     from predictor.spec import resolve_spec
 
     entry = planned(name)
@@ -99,7 +99,7 @@ def sweep(ctx: Context) -> dict[str, Any]:
 def _sweep_one(ctx: Context, name: str) -> dict[str, Any]:
     import torch
 
-    from predictor.package.loader import load_package
+    from predictor.pt2.loader import load_package
 
     started = time.monotonic()
     package = load_package(ctx.require(name), torch.device(ctx.first))

@@ -27,7 +27,7 @@ FORMATS = {"pixels": "v2-pixels", "png": "v2-png", "jpeg": "v2-jpeg"}
 
 def _model(spec_name: str, workers: int) -> Any:
     from predictor.families import model_class_for
-    from predictor.serving.model import ServingOptions
+    from predictor.model.base import ServingOptions
     from predictor.spec import resolve_spec
 
     options = ServingOptions(preprocess_workers=workers)

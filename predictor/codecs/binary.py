@@ -16,12 +16,11 @@ import math
 from typing import Any
 
 import orjson
-from kserve import InferInput, InferRequest
 
 from histoserve import wire
 from predictor.codecs.tensors import DATATYPES, parse_shape, reading_wire
 from predictor.errors import InvalidInput
-from predictor.kserve_compat import RequestedOutput, set_raw_data
+from predictor.kserve.compat import InferInput, InferRequest, RequestedOutput, set_raw_data
 
 
 def parse_binary_body(

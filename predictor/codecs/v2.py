@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from kserve import InferRequest, InferResponse
 
 from predictor.codecs.binary import parse_binary_body
 from predictor.codecs.common import (
@@ -56,7 +55,7 @@ from predictor.codecs.v2_response import (
 )
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
-from predictor.kserve_compat import raw_data, to_http_parameters
+from predictor.kserve.compat import InferRequest, InferResponse, raw_data, to_http_parameters
 from predictor.spec import ModelSpec
 
 __all__ = [

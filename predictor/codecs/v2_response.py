@@ -31,12 +31,16 @@ from typing import Any
 
 import numpy as np
 import orjson
-from kserve import InferOutput, InferResponse
 
 from predictor.codecs.samples import DecodedRequest, ModelResponse
 from predictor.codecs.tensors import NUMERIC_DTYPES
 from predictor.errors import InvalidInput
-from predictor.kserve_compat import ModelInferResponse, to_grpc_parameters
+from predictor.kserve.compat import (
+    InferOutput,
+    InferResponse,
+    ModelInferResponse,
+    to_grpc_parameters,
+)
 
 
 @dataclass

@@ -28,14 +28,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from kserve import InferOutput, InferRequest, InferResponse
 
 from predictor.codecs.samples import ModelRequest, ModelResponse
 from predictor.codecs.tensors import NUMERIC_DTYPES, numeric_tensor, parse_shape
 from predictor.codecs.v2 import V2Codec, decoded_request, request_parameters
 from predictor.codecs.v2_response import V2DecodedRequest, V2Response, select_outputs
 from predictor.errors import InvalidInput
-from predictor.kserve_compat import raw_data
+from predictor.kserve.compat import InferOutput, InferRequest, InferResponse, raw_data
 
 FEATURES, COORDS = "features", "coords"
 

@@ -9,7 +9,7 @@ A package is ``torch.export.export`` with a dynamic batch axis, compiled by
 - ``histoserve.inputs`` / ``histoserve.outputs``: names, shapes (``-1`` for
   the batch axis) and dtypes;
 - ``histoserve.cpu_build``: ``-march`` and the CPU instruction-set flags the
-  native code may use (see :mod:`predictor.package.host`);
+  native code may use (see :mod:`predictor.pt2.host`);
 - written by torch itself: ``AOTI_DEVICE_KEY``, ``AOTI_PLATFORM``,
   ``AOTI_MACHINE``, ``AOTI_CPU_ISA``, ``AOTI_COMPUTE_CAPABILITY``.
 
@@ -39,11 +39,11 @@ from predictor.export import sources as export_sources
 from predictor.export.cache_lock import inductor_cache_lock
 from predictor.export.reductions import unguarded_cpu_sums
 from predictor.families import build_demo_model, demo_example_inputs, model_class_for
-from predictor.package import genes, host
-from predictor.package.demo_models import PRESETS
-from predictor.package.digest import sha256_file
-from predictor.package.dtypes import DTYPES
-from predictor.package.metadata import (
+from predictor.pt2 import genes, host
+from predictor.pt2.demo_models import PRESETS
+from predictor.pt2.digest import sha256_file
+from predictor.pt2.dtypes import DTYPES
+from predictor.pt2.metadata import (
     CPU_BUILD_KEY,
     INPUTS_KEY,
     OUTPUTS_KEY,
@@ -270,7 +270,7 @@ def export_demo(spec: ModelSpec, output: Path, *, preset: str = "tiny", **opts: 
     Args:
         spec: Any spec; its family picks the demo model.
         output: Where the ``.pt2`` goes.
-        preset: ``tiny``, ``vit-s`` or ``vit-g`` (see :mod:`predictor.package.demo_models`).
+        preset: ``tiny``, ``vit-s`` or ``vit-g`` (see :mod:`predictor.pt2.demo_models`).
         **opts: :func:`export_package` options (``device``, ``dtype``,
             ``min_batch``, ``max_batch``, ``cpu_target``) and the rest to
             :func:`~predictor.families.build_demo_model` (e.g.

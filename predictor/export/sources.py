@@ -20,7 +20,7 @@ from torch import nn
 
 from predictor.errors import SpecError
 from predictor.families import demo_example_inputs
-from predictor.package.digest import sha256_file
+from predictor.pt2.digest import sha256_file
 from predictor.spec import ModelSpec
 
 

@@ -1,4 +1,4 @@
-"""Model families: which :class:`~predictor.serving.model.BaseServerModel` serves a spec.
+"""Model families: which :class:`~predictor.model.base.BaseServerModel` serves a spec.
 
 * ``embedding``: ViT backbones (``h0-mini``, ``h0``, ``h1``) are served by
   ``BaseServerModel`` itself, no subclass (its defaults are theirs);
@@ -27,10 +27,10 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from predictor.serving.model import BaseServerModel
+    from predictor.model.base import BaseServerModel
 
 _BUILTIN: dict[str, str] = {
-    "embedding": "predictor.serving.model:BaseServerModel",
+    "embedding": "predictor.model.base:BaseServerModel",
     "multimodal": "predictor.families.multimodal:MultimodalServerModel",
     "segmentation": "predictor.families.segmentation:SegmentationServerModel",
     "slide": "predictor.families.slide:SlideServerModel",
@@ -64,7 +64,7 @@ def load_model_class(target: str) -> type[BaseServerModel]:
             imported (whatever it raised), it has no such attribute, or the
             attribute is not a subclass of ``BaseServerModel``.
     """
-    from predictor.serving.model import BaseServerModel
+    from predictor.model.base import BaseServerModel
 
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
@@ -99,7 +99,7 @@ def check_consistency(
             value, e.g. ``spec 'h0-mini' says embedding_dim 1536 but the package
             returns 768``.
     """
-    from predictor.serving.family import check_shapes
+    from predictor.model.package_hooks import check_shapes
 
     check_shapes(model_class_for(spec), spec, shapes, prediction_dim)
 
@@ -143,7 +143,7 @@ def demo_example_inputs(
     last row is all ``NaN`` when ``batch > 1``, so the "no bulk RNA" path is
     part of every export and probe.
     """
-    from predictor.package.demo_models import DEMO_GENES_IN
+    from predictor.pt2.demo_models import DEMO_GENES_IN
 
     genes = DEMO_GENES_IN if genes_in is None else genes_in
     return model_class_for(spec).example_inputs(spec, batch, genes_in=genes, seed=seed)

@@ -11,7 +11,7 @@ from one forward pass; predictions go out ``expm1``-transformed and rounded.
 
 Gene lists (input and output Ensembl IDs) load from CSV assets beside the
 checkpoint; their lengths must match the package's shapes at start-up. The
-demo model is :class:`predictor.package.demo_models.DemoMultimodal`.
+demo model is :class:`predictor.pt2.demo_models.DemoMultimodal`.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from torch import nn
 from predictor.codecs.common import first_non_finite
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
 from predictor.errors import InvalidInput, SpecMismatch
-from predictor.package import genes
-from predictor.package.demo_models import DEMO_GENES_IN, DEMO_GENES_OUT, DemoMultimodal, vit_for
-from predictor.package.loader import LoadedPackage
-from predictor.package.probe import declared_input_dim
-from predictor.serving.family import check_embedding_shape
-from predictor.serving.finite import first_beyond, input_limit
-from predictor.serving.model import BaseServerModel
+from predictor.model.base import BaseServerModel
+from predictor.model.finite import first_beyond, input_limit
+from predictor.model.package_hooks import check_embedding_shape
+from predictor.pt2 import genes
+from predictor.pt2.demo_models import DEMO_GENES_IN, DEMO_GENES_OUT, DemoMultimodal, vit_for
+from predictor.pt2.loader import LoadedPackage
+from predictor.pt2.probe import declared_input_dim
 from predictor.spec import ModelSpec
 
 # expm1 overflows float32 just above 88.7; clip the log-space prediction below that.

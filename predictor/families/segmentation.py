@@ -5,7 +5,7 @@ returns logits ``[B', 1, H, W]`` or ``[B', H, W]``; packages that pad their
 output to a fixed batch (``B' > B``) are trimmed to the real batch. The mask
 (``sigmoid > threshold``) is computed on the device and copied back as
 ``uint8``, a quarter of the float32 bytes. The demo model is
-:class:`predictor.package.demo_models.DemoSegmenter`.
+:class:`predictor.pt2.demo_models.DemoSegmenter`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from torch import nn
 from predictor.codecs.samples import ModelResponse
 from predictor.device.normalizer import to_host
 from predictor.errors import SpecError, SpecMismatch
-from predictor.package.demo_models import SEGMENTER_CHANNELS, DemoSegmenter
-from predictor.serving.model import BaseServerModel
+from predictor.model.base import BaseServerModel
+from predictor.pt2.demo_models import SEGMENTER_CHANNELS, DemoSegmenter
 from predictor.spec import ModelSpec
 
 

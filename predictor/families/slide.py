@@ -21,7 +21,7 @@ package dtype's finite range (FP16's 65504: the cast would overflow), 400
 naming the tile, and casts to float32; stage 2 moves the slide to the device
 in the package's dtype, runs it and checks every output finite there: NaN or
 infinity is a :class:`~predictor.errors.NonFiniteOutput` for that slide
-(422, never a 200). The demo modules are in :mod:`predictor.package.slide_models`.
+(422, never a 200). The demo modules are in :mod:`predictor.pt2.slide_models`.
 """
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ from predictor.codecs.v2_slide import COORDS, FEATURES, SlideV2Codec
 from predictor.device.normalizer import unshared
 from predictor.device.slot import DeviceSlot
 from predictor.errors import InvalidInput, NonFiniteOutput, SpecError, SpecMismatch
-from predictor.package.loader import LoadedPackage
-from predictor.package.metadata import provenance
-from predictor.package.probe import format_shapes
-from predictor.package.slide_models import GatedABMIL, MeanPool
-from predictor.serving.finite import first_beyond, input_limit
-from predictor.serving.model import BaseServerModel
-from predictor.serving.options import ServingOptions
+from predictor.model.base import BaseServerModel
+from predictor.model.finite import first_beyond, input_limit
+from predictor.model.options import ServingOptions
+from predictor.pt2.loader import LoadedPackage
+from predictor.pt2.metadata import provenance
+from predictor.pt2.probe import format_shapes
+from predictor.pt2.slide_models import GatedABMIL, MeanPool
 from predictor.spec import ModelSpec
 
 logger = logging.getLogger("histoserve")

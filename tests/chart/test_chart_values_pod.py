@@ -126,7 +126,7 @@ def test_shm_holds_every_front_ends_slab_as_the_server_sizes_it(
     render, values, frontends, queue, batch
 ):
     """The server allocates each slab whole at start; a /dev/shm too small stops the pod."""
-    from predictor.frontends.shm import layout_for
+    from predictor.multiprocess.shm import layout_for
 
     limit = volumes_of(render(set_json=values))["dshm"]["emptyDir"]["sizeLimit"]
     assert limit.endswith("Mi")

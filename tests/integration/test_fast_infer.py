@@ -33,14 +33,15 @@ from timing_asgi import TimingMiddleware
 from harness.packages import package_in
 from harness.server import Server, start_server
 from harness.tiles import b64, encode_png, random_tiles
-from predictor.server.app import (
+from predictor.codecs.v2 import parse_binary_body
+from predictor.http.app import (
     BodyLimitMiddleware,
     CloseWhileDrainingMiddleware,
     insert_beside_timing,
 )
-from predictor.server.dataplane import HistoDataPlane
-from predictor.server.edge import install_http_handlers
-from predictor.server.fast_infer import FastInferMiddleware, infer_route_model
+from predictor.http.edge import install_http_handlers
+from predictor.kserve.dataplane import HistoDataPlane
+from predictor.kserve.fast_infer import FastInferMiddleware, infer_route_model
 
 MAX_BODY = 3_000_000
 TILE = 224 * 224 * 3
@@ -398,7 +399,9 @@ def test_the_fast_path_answers_alone_and_passes_the_rest_on_intact() -> None:
         seen.append((scope["path"], body))
         await JSONResponse({"behind": True})(scope, receive, send)
 
-    middleware = FastInferMiddleware(behind, HistoDataPlane(model_registry=ModelRepository()))
+    middleware = FastInferMiddleware(
+        behind, HistoDataPlane(model_registry=ModelRepository(), parse_body=parse_binary_body)
+    )
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
         scope["app"] = fastapi_app  # what FastAPI's __call__ sets before its middlewares
@@ -482,7 +485,7 @@ def test_a_v2_json_tile_costs_what_a_v1_tile_costs(
 
     from predictor import startup
     from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
-    from predictor.serving.metrics import create_metrics
+    from predictor.model.metrics import create_metrics
 
     monkeypatch.setattr(
         startup, "create_metrics", lambda name: create_metrics(name, CollectorRegistry())
@@ -493,7 +496,9 @@ def test_a_v2_json_tile_costs_what_a_v1_tile_costs(
     repository.update(model)
     fastapi_app = FastAPI()
     install_http_handlers(fastapi_app)
-    middleware = FastInferMiddleware(None, HistoDataPlane(model_registry=repository))  # type: ignore[arg-type]
+    middleware = FastInferMiddleware(
+        None, HistoDataPlane(model_registry=repository, parse_body=parse_binary_body)
+    )  # type: ignore[arg-type]
     calls = {"jsonable_encoder": 0, "b64decode": 0}
 
     def spy(module: Any, name: str) -> None:

@@ -35,7 +35,7 @@ from harness.server import Server, start_server
 from harness.tiles import b64, encode_png, random_tiles
 from harness.waiting import wait_until
 from histoserve import wire
-from predictor.server.listeners import bind_http
+from predictor.http.listeners import bind_http
 
 pytestmark = pytest.mark.integration
 FLAGS = ("--max_batch_size", "4", "--max_latency_ms", "20", "--fault_injection", "marker:7")

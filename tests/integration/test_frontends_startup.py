@@ -23,8 +23,8 @@ import pytest
 from harness.server import free_port, predictor_command, start_server
 from harness.tiles import random_tiles
 from histoserve import wire
-from predictor.frontends.segments import PREFIX, SHM_DIR
-from predictor.server.listeners import bind_http
+from predictor.http.listeners import bind_http
+from predictor.multiprocess.segments import PREFIX, SHM_DIR
 
 pytestmark = pytest.mark.integration
 START_TIMEOUT_S = 120
@@ -99,7 +99,7 @@ FAILS_IN_A_FRONT_END = """
 import sys
 if "--frontend_socket" in sys.argv:
     raise ImportError("this model class imports in the device owner only")
-from predictor.serving.model import BaseServerModel
+from predictor.model.base import BaseServerModel
 
 
 class OwnerOnly(BaseServerModel):

@@ -32,8 +32,8 @@ from predictor.cli import build_parser, configs_from_args
 from predictor.codecs.samples import ModelRequest, PreparedSample
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.device import streams as device_mod
-from predictor.serving.forward import BatchItem
-from predictor.serving.metrics import create_metrics
+from predictor.model.forward import BatchItem
+from predictor.model.metrics import create_metrics
 
 
 class FakeStream:

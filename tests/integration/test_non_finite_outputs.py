@@ -8,7 +8,7 @@ from its training range. A blank tile's request is a 422 / gRPC
 ``FAILED_PRECONDITION`` naming the output and the tile; another request is
 answered as before. (That the other requests of the very same batch get
 their rows is shown in-process, where the batch is known:
-``tests/unit/serving/test_finite.py``.) A multimodal bulk-RNA value beyond the
+``tests/unit/model/test_finite.py``.) A multimodal bulk-RNA value beyond the
 FP16 package's range is a 400 naming the input and the tile. ``histoserve
 embed`` fails the slide on the 422 with the server's message, without
 retrying it.

@@ -1,6 +1,6 @@
 """``/metrics`` of a live server after known traffic: every count is what the traffic made.
 
-The per-request metrics are bound once per model now (``predictor.serving.metrics``
+The per-request metrics are bound once per model now (``predictor.model.metrics``
 and ``BaseServerModel._call``); this scrape checks that nothing was lost or
 double counted on the way, over REST and gRPC, for good and bad requests,
 and that the names, labels and help texts are the ones the contract lists.

@@ -28,12 +28,12 @@ from PIL import Image
 
 from histoserve import wire
 from predictor.codecs.samples import ModelRequest
-from predictor.codecs.v2 import decode_v2
+from predictor.codecs.v2 import decode_v2, parse_binary_body
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
 from predictor.families import model_class_for
-from predictor.server.dataplane import HistoDataPlane
-from predictor.serving.model import BaseServerModel, ServingOptions
+from predictor.kserve.dataplane import HistoDataPlane
+from predictor.model.base import BaseServerModel, ServingOptions
 from predictor.spec import BUILTIN_SPECS
 
 pytestmark = pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
@@ -275,7 +275,7 @@ header_values = st.one_of(
     st.integers(0, 10_000).map(lambda n: "9" * n),
     st.sampled_from(["\u00b2", "1\u00b3", "-5", "", " 12 ", "0", "1_0", "+5", str(HEADER_LENGTH)]),
 )
-DATAPLANE = HistoDataPlane(model_registry=ModelRepository())
+DATAPLANE = HistoDataPlane(model_registry=ModelRepository(), parse_body=parse_binary_body)
 
 
 def check_header_value(value: str) -> None:

@@ -10,7 +10,7 @@ and say so:
   ``cuda:0``, ``cuda:1`` (torch accepts ``cpu:N`` and keeps its tensors on
   the CPU), so start-up, the probe and the batcher run for real;
 * the device context: a :class:`Recorder` injected through
-  :func:`predictor.package.device_context.use_device_context` keeps, per
+  :func:`predictor.pt2.device_context.use_device_context` keeps, per
   thread, the current device and each device's current stream the way CUDA
   does, and the package's runner records them at every call;
 * the workers' CUDA streams: one :class:`FakeStream` per worker.
@@ -36,10 +36,10 @@ from predictor import startup
 from predictor.codecs.samples import ModelRequest, PreparedSample
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.device import streams as device_mod
-from predictor.package import loader
-from predictor.package.device_context import on_device, use_device_context
-from predictor.serving.forward import BatchItem
-from predictor.serving.metrics import create_metrics
+from predictor.model.forward import BatchItem
+from predictor.model.metrics import create_metrics
+from predictor.pt2 import loader
+from predictor.pt2.device_context import on_device, use_device_context
 
 
 class Recorder:

@@ -52,7 +52,7 @@ def test_the_seed_names_import_from_the_root_without_torch_or_kserve():
         "from predictor import PreparedSample, ModelRequest, ModelResponse\n"
         "print(sorted({'torch', 'kserve'} & set(sys.modules)))\n"
         "from predictor import BaseServerModel\n"
-        "from predictor.serving.model import BaseServerModel as Defined\n"
+        "from predictor.model.base import BaseServerModel as Defined\n"
         "print(BaseServerModel is Defined, 'torch' in sys.modules)\n"
     )
     out = subprocess.run(

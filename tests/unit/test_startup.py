@@ -14,10 +14,10 @@ from predictor import startup
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.errors import CheckpointError
 from predictor.families import model_class_for
-from predictor.package import digest, loader
-from predictor.package.loader import StartupPhases
-from predictor.serving.metrics import create_metrics
-from predictor.serving.model import BaseServerModel
+from predictor.model.base import BaseServerModel
+from predictor.model.metrics import create_metrics
+from predictor.pt2 import digest, loader
+from predictor.pt2.loader import StartupPhases
 from predictor.spec import BUILTIN_SPECS
 
 PHASES = ["digest", "metadata", "load", "probe", "warmup"]
@@ -26,7 +26,7 @@ GIL_FREE_PHASES = ["digest", "metadata", "extraction", *PHASES[2:]]
 
 @pytest.fixture
 def hashed(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """Every path :func:`predictor.package.digest.sha256_file` hashes, in order (a spy)."""
+    """Every path :func:`predictor.pt2.digest.sha256_file` hashes, in order (a spy)."""
     calls: list[Path] = []
     real = digest.sha256_file
 
@@ -222,7 +222,7 @@ def test_tf32_is_for_fp32_packages_on_cuda_when_asked() -> None:
     import torch
 
     from predictor.cli import build_parser, configs_from_args
-    from predictor.package.host import apply_gpu_settings
+    from predictor.pt2.host import apply_gpu_settings
 
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     saved = matmul.allow_tf32, cudnn.allow_tf32

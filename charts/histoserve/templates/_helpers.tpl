@@ -488,7 +488,7 @@ TORCHINDUCTOR_CACHE_DIR; Triton and the CUDA JIT cache go under the cache dir.
 
 {{/*
 /dev/shm: shm.sizeLimit, or 2Gi plus every front end's slab (the server's
-predictor/frontends/supervisor.py:slot_layout: 2 x (queue + batch x workers)
+predictor/multiprocess/supervisor.py:slot_layout: 2 x (queue + batch x workers)
 slots, 164 KiB each for a 224-px tile and up to 1,536 float64 outputs; workers
 counted as 2, the CPU's auto and more than a GPU's 1).
 */}}

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from predictor.batching.batcher import DynamicBatcher, ErrorKind
 from predictor.config import BatchingConfig
-from predictor.serving.metrics import create_metrics
+from predictor.model.metrics import create_metrics
 
 
 class FakeDeviceError(RuntimeError):

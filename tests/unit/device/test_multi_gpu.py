@@ -31,10 +31,10 @@ from predictor.device import streams as device_mod
 from predictor.device.slot import DeviceSlot
 from predictor.device.workers import DeviceWorkers
 from predictor.errors import DeviceLost, StartupError
-from predictor.package.host import HostFacts, resolve_devices
-from predictor.package.loader import open_package
-from predictor.serving.forward import BatchItem
-from predictor.serving.metrics import create_metrics
+from predictor.model.forward import BatchItem
+from predictor.model.metrics import create_metrics
+from predictor.pt2.host import HostFacts, resolve_devices
+from predictor.pt2.loader import open_package
 
 FLAGS = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"})
 

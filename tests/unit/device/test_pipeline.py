@@ -152,7 +152,7 @@ def test_the_models_warm_up_forward_runs_the_real_package_at_the_batch() -> None
     from harness.packages import demo_package
     from predictor.device.slot import build_slot
     from predictor.families import model_class_for
-    from predictor.package.loader import load_package
+    from predictor.pt2.loader import load_package
 
     package = load_package(demo_package("h0-mini"), torch.device("cpu"))
     model = model_class_for(SPEC).__new__(model_class_for(SPEC))

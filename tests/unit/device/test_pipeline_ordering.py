@@ -25,9 +25,9 @@ from predictor.device.normalizer import Normalizer, fused_normalise
 from predictor.device.slot import DeviceSlot
 from predictor.device.workers import DeviceWorkers
 from predictor.errors import ErrorKind, StartupError
-from predictor.package.device_context import use_device_context
-from predictor.serving.hooks import TileHooks
-from predictor.serving.options import ServingOptions
+from predictor.model.hooks import TileHooks
+from predictor.model.options import ServingOptions
+from predictor.pt2.device_context import use_device_context
 from tests.unit.device.fakes import (
     SHIM,
     SPEC,

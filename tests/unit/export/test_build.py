@@ -16,13 +16,13 @@ from harness.packages import demo_package, module_package
 from predictor.errors import IncompatiblePackage, SpecError, SpecMismatch
 from predictor.export import build as export
 from predictor.families import build_demo_model, demo_example_inputs
-from predictor.package import digest as pkg_digest
-from predictor.package import host as pkg_host
-from predictor.package import loader, probe
-from predictor.package import metadata as pkg_meta
-from predictor.package.demo_models import PRESETS, DemoSegmenter
-from predictor.package.genes import demo_gene_ids, read_gene_ids, write_gene_ids
-from predictor.package.host import HostFacts
+from predictor.pt2 import digest as pkg_digest
+from predictor.pt2 import host as pkg_host
+from predictor.pt2 import loader, probe
+from predictor.pt2 import metadata as pkg_meta
+from predictor.pt2.demo_models import PRESETS, DemoSegmenter
+from predictor.pt2.genes import demo_gene_ids, read_gene_ids, write_gene_ids
+from predictor.pt2.host import HostFacts
 from predictor.spec import BUILTIN_SPECS, METADATA_KEY
 
 CPU = torch.device("cpu")

@@ -12,7 +12,7 @@ from predictor.errors import SpecError
 from predictor.families import model_class_for
 from predictor.families.multimodal import MultimodalServerModel
 from predictor.families.segmentation import SegmentationServerModel
-from predictor.serving.model import BaseServerModel
+from predictor.model.base import BaseServerModel
 from predictor.spec import BUILTIN_SPECS, FAMILIES
 
 

@@ -16,7 +16,7 @@ from predictor.config import BatchingConfig, LimitsConfig
 from predictor.errors import InvalidInput, SpecError
 from predictor.families import build_demo_model, model_class_for
 from predictor.families.slide import SlideServerModel, first_beyond, input_limit, slide_options
-from predictor.serving.options import ServingOptions
+from predictor.model.options import ServingOptions
 from predictor.spec import BUILTIN_SPECS, spec_from_dict
 
 ABMIL = BUILTIN_SPECS["abmil-demo"]
@@ -221,7 +221,7 @@ def test_unguarded_sums_patch_only_inside_the_with() -> None:
 
 def test_several_front_ends_are_refused(model: SlideServerModel) -> None:
     from predictor.errors import StartupError
-    from predictor.frontends.supervisor import check_crossable
+    from predictor.multiprocess.supervisor import check_crossable
 
     with pytest.raises(StartupError, match="--frontends 1"):
         check_crossable(model)

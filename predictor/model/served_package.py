@@ -1,0 +1,71 @@
+"""What the served package is, as requests see it: its digest, its dtype, what answers say of it.
+
+Mixed into :class:`~predictor.model.hooks.TileHooks`. In one process the
+loaded package says; a front end (``--frontends``) never loads it, so it
+takes the device owner's ``/config`` answer (:meth:`ServedPackage.served_from`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from predictor.codecs.jpeg_input import JpegRegion
+from predictor.codecs.samples import PreparedSample
+from predictor.model.device_jpeg import JpegDecodePlace
+from predictor.pt2.loader import LoadedPackage
+from predictor.pt2.metadata import package_input_dtype
+
+
+class ServedPackage:
+    """The served package's facts; ``_package`` and ``_owner_config`` are set by the model."""
+
+    _package: LoadedPackage | None
+    _owner_config: Mapping[str, Any]
+    _jpeg: JpegDecodePlace | None
+
+    def served_from(self, owner_config: Mapping[str, Any]) -> None:
+        """A front end's package facts: the device owner's config (it never loads the package)."""
+        self._owner_config = dict(owner_config)
+
+    @property
+    def package_sha256(self) -> str:
+        """The served package's SHA-256 ("" before it is known)."""
+        if self._package is not None:
+            return self._package.sha256
+        return str(self._owner_config.get("package_sha256") or "")
+
+    @property
+    def package_dtype(self) -> torch.dtype:
+        """The dtype the package computes in (its tile input's); float32 before it is known."""
+        if self._package is not None:
+            return self._package.input_dtype
+        metadata = self._owner_config.get("package_metadata")
+        return package_input_dtype(metadata) if metadata else torch.float32
+
+    @property
+    def jpeg_decode(self) -> str:
+        """Where this process decodes jpeg-transport tiles: ``device`` or ``cpu``.
+
+        A front end decodes in its own stage 1, on the CPU, whatever the
+        device owner would do.
+        """
+        place = self._jpeg
+        return "device" if place is not None and place.on_device_enabled else "cpu"
+
+    def answer_parameters(self, samples: Sequence[PreparedSample] = ()) -> dict[str, str]:
+        """What every answer says about who made it: the package's digest, where JPEG tiles decode.
+
+        Sent in every V2 answer (REST and gRPC ``parameters``), so a client
+        notices when the package behind its URL changed mid-run
+        (``package_sha256``) and never mixes features from tiles decoded on
+        a device with the CPU decode's (``jpeg_decode``: ``device`` when
+        this request's tiles waited for the device, else ``cpu``; a
+        request is decoded in one place, :mod:`predictor.model.device_jpeg`).
+        """
+        digest = self.package_sha256
+        facts = {"package_sha256": digest} if digest else {}
+        on_device = any(isinstance(s.tile, JpegRegion) for s in samples)
+        return {**facts, "jpeg_decode": "device" if on_device else "cpu"}

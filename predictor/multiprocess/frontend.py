@@ -1,0 +1,167 @@
+"""One front-end process: HTTP and gRPC on the shared ports, stage 1 here, stage 2 in the owner.
+
+Started by the supervisor as ``python -m predictor <the same flags>
+--frontend_socket PATH --frontend_index I``. It connects to the device
+owner, learns the model (spec, class, name, description: the package is
+never loaded here), attaches its slab and serves the model with a
+:class:`~predictor.multiprocess.proxy.BatcherProxy` as its batcher. Everything
+a request costs in Python happens here: framing, JSON, base64, decoding,
+validation (the 400s), encoding the answer, metrics. It serves the HTTP
+socket the supervisor bound and it inherited (the kernel spreads connections
+over the front ends accepting on it) and binds gRPC beside the supervisor's
+reservation (:mod:`predictor.http.listeners`); once both listen it tells
+the owner it serves. ``/metrics`` sums every process's series (Prometheus
+multiprocess mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry, exposition, multiprocess
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
+from predictor.families import load_model_class
+from predictor.http.app import HistoModelServer
+from predictor.model.base import BaseServerModel
+from predictor.model.metrics import create_metrics
+from predictor.model.options import ServingOptions
+from predictor.multiprocess.messages import recv_blocking, send_blocking
+from predictor.multiprocess.proxy import BatcherProxy
+from predictor.multiprocess.shm import Slab, SlotLayout
+from predictor.spec import spec_from_json
+
+logger = logging.getLogger("histoserve")
+
+OWNER_GONE_EXIT_S = 15.0
+
+
+class FrontendServer(HistoModelServer):
+    """The model server of one front end: a shared HTTP port, summed metrics, the owner's config.
+
+    Args:
+        owner_metadata: The device owner's ``GET /v2/models/{name}/config`` answer.
+        **kwargs: :class:`HistoModelServer`'s arguments.
+    """
+
+    def __init__(
+        self, *, owner_metadata: dict[str, Any], on_listening: Callable[[], None], **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self._owner_metadata = owner_metadata
+        self._on_listening = on_listening
+
+    def _configure_app(self, app: FastAPI) -> None:
+        super()._configure_app(app)
+        # Ahead of KServe's /metrics (the first matching route answers).
+        app.router.routes.insert(0, Route("/metrics", summed_metrics, methods=["GET"]))
+
+    async def _model_config(self, model_name: str) -> dict[str, Any]:
+        await super()._model_config(model_name)  # 404 for another name
+        return self._owner_metadata
+
+    def _listening(self) -> None:
+        self._on_listening()
+
+
+async def summed_metrics(request: Request) -> Response:
+    """``/metrics`` over every process of the pod (``PROMETHEUS_MULTIPROC_DIR``)."""
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    encoder, content_type = exposition.choose_encoder(request.headers.get("accept"))
+    return Response(encoder(registry), headers={"content-type": content_type})
+
+
+def connect(socket_path: str, index: int) -> tuple[socket.socket, dict[str, Any]]:
+    """Connects to the device owner and says hello; its welcome (the model's description).
+
+    Raises:
+        ConnectionError: The owner refused or closed the connection.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(socket_path)
+    send_blocking(sock, ("hello", index, os.getpid()))
+    kind, info = recv_blocking(sock)
+    if kind != "welcome":
+        raise ConnectionError(f"the device owner answered {kind!r} to hello")
+    return sock, info
+
+
+def build_frontend_model(
+    info: dict[str, Any],
+    sock: socket.socket,
+    config: ModelConfig,
+    batching: BatchingConfig,
+    limits: LimitsConfig,
+) -> BaseServerModel:
+    """The owner's model class, served through a proxy of its batcher (no package here)."""
+    spec = spec_from_json(info["spec"])
+    cls = load_model_class(info["model_class"])
+    name = info["name"]
+    options = ServingOptions(
+        batching=batching,
+        limits=limits,
+        preprocess_workers=config.preprocess_workers,
+        name=name,
+        instances_per_device=config.instances_per_device or 1,  # the owner's workers
+    )
+    slab = Slab.attach(info["slab"], SlotLayout(*info["layout"]))
+    metrics = create_metrics(name)
+    proxy = BatcherProxy(
+        sock, slab, name, batching.retry_after_s, _exit_later, on_reject=metrics.on_reject
+    )
+    model = cls(
+        spec,
+        info["checkpoint"],
+        device="cpu",
+        model_root=Path(info["model_root"]),
+        options=options,
+        metrics=metrics,
+        batcher=proxy,
+    )
+    model.served_from(info["metadata"])
+    model.load()
+    return model
+
+
+def _exit_later() -> None:
+    """Drains and exits ``OWNER_GONE_EXIT_S`` after the owner went away (liveness fails meanwhile).
+
+    The supervisor's death kills the front end outright (``PR_SET_PDEATHSIG``);
+    this covers an owner that closed the connection while its process lives.
+    """
+    loop = asyncio.get_running_loop()
+    loop.call_later(OWNER_GONE_EXIT_S, os.kill, os.getpid(), signal.SIGTERM)
+
+
+def build_frontend(
+    args: argparse.Namespace,
+    configs: tuple[ModelConfig, BatchingConfig, LimitsConfig],
+    server_kwargs: dict[str, Any],
+) -> tuple[FrontendServer, BaseServerModel]:
+    """Front end ``args.frontend_index``'s server and model, connected to the device owner.
+
+    Raises:
+        ConnectionError: The owner refused or closed the connection.
+        StartupError: The owner's model class cannot be imported here.
+    """
+    sock, info = connect(args.frontend_socket, args.frontend_index)
+    model = build_frontend_model(info, sock, *configs)
+    proxy = model.batcher
+    server = FrontendServer(
+        owner_metadata=info["metadata"], on_listening=proxy.tell_serving, **server_kwargs
+    )
+    logger.info("front end %d serving %s", args.frontend_index, model.name)
+    return server, model

@@ -1,0 +1,364 @@
+"""Start-up side of ``.pt2`` packages: find, verify, inspect, check and load, once.
+
+Start-up is fail-fast: every problem is a :class:`~predictor.errors.StartupError`
+with one clear line, raised before the server reports ready. The order is
+:func:`find_checkpoint`, then :func:`inspect_package` (the one SHA-256, checked
+against a ``.sha256`` file when there is one and reported to clients,
+:mod:`predictor.pt2.digest`: a package holds a shared library, so loading
+one runs its code; then the metadata, read straight from the zip), then
+:func:`open_package` (host checks, :mod:`predictor.pt2.host`, then the
+load). The probe that checks outputs against the spec is
+:mod:`predictor.pt2.probe`, run by the model's family.
+
+Each step's duration is recorded in :class:`StartupPhases` (``digest``,
+``metadata``, ``load``; the model adds ``probe`` and ``warmup``), logged once
+and served by ``GET /v2/models/{name}/config``: on a multi-GB package the
+split says where a cold start goes.
+
+Loading extracts the package's files (the ``.so`` and its weights) into a
+fresh ``$TMPDIR/aotinductor_XXXXXX`` directory (``/tmp`` when ``TMPDIR`` is
+unset), removed when the package is freed; torch also creates its inductor
+cache at ``$TORCHINDUCTOR_CACHE_DIR`` (default ``$TMPDIR/torchinductor_<user>``).
+Under a read-only root filesystem both must point at writable volumes.
+With torch's loader (``--forward_runner torch``) extraction and loading are
+one C++ call, so they are one phase, ``load`` (= extraction + load; splitting
+them would mean reimplementing torch's loader). The GIL-free runner
+(``--forward_runner gil_free``, and the default ``auto`` on the CPU) extracts the model library itself, so there
+its own ``extraction`` phase is recorded and ``load`` is the rest (host
+checks, ``dlopen``, creating the model container). Phases are exclusive: a
+phase timed inside another is not counted in the outer one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from predictor.errors import CheckpointError, IncompatiblePackage
+from predictor.pt2.device_context import on_device
+from predictor.pt2.digest import package_sha256
+from predictor.pt2.host import HostFacts, check_host_compat
+from predictor.pt2.metadata import (
+    embedded_spec,
+    package_input_dtype,
+    provenance,
+    read_metadata,
+)
+from predictor.pt2.runners import load_kind
+from predictor.spec import ModelSpec
+
+logger = logging.getLogger("histoserve")
+
+CHECK_INPUTS_ENV = "AOTI_RUNTIME_CHECK_INPUTS"
+
+
+class StartupPhases:
+    """Seconds spent in each start-up phase, in the order they ran.
+
+    Phases: ``digest`` (SHA-256 of the package), ``metadata`` (read from the
+    zip), ``extraction`` (the GIL-free runner's model library out of the zip;
+    absent with torch's loader, whose ``load`` includes it), ``load`` (host
+    checks and load), then the model's ``probe`` (output check) and
+    ``warmup``. Timed with ``time.monotonic()``. Phases are exclusive: time
+    spent in a phase nested inside another counts for the inner one only, so
+    the phases add up to the time they cover.
+    """
+
+    def __init__(self) -> None:
+        self._seconds: dict[str, float] = {}
+        self._open: list[float] = []  # per open phase: seconds of its nested phases
+
+    @contextmanager
+    def time(self, phase: str) -> Iterator[None]:
+        """Times the ``with`` block as ``phase`` (added to an earlier run of it).
+
+        A phase timed inside this block is subtracted from this one.
+        """
+        start = time.monotonic()
+        self._open.append(0.0)
+        try:
+            yield
+        finally:
+            elapsed = time.monotonic() - start
+            nested = self._open.pop()
+            self._seconds[phase] = self._seconds.get(phase, 0.0) + elapsed - nested
+            if self._open:
+                self._open[-1] += elapsed
+
+    def as_dict(self) -> dict[str, float]:
+        """Phase name to seconds (rounded to the millisecond), in run order."""
+        return {name: round(seconds, 3) for name, seconds in self._seconds.items()}
+
+    def summary(self) -> str:
+        """One log line: ``digest 1.234s, metadata 0.002s, ...``."""
+        return ", ".join(f"{name} {seconds:.3f}s" for name, seconds in self.as_dict().items())
+
+
+def find_checkpoint(model_dir: Path, checkpoint: str | None) -> Path:
+    """The package to serve: ``model_dir/checkpoint``, or the only ``*.pt2`` there.
+
+    Raises:
+        CheckpointError: The directory or named file is missing, the name
+            escapes the directory, or there is no or more than one ``*.pt2``
+            and no name was given (the message lists the candidates).
+    """
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise CheckpointError(f"model directory {model_dir} does not exist")
+    if checkpoint:
+        path = model_dir / checkpoint
+        if Path(checkpoint).is_absolute() or ".." in Path(checkpoint).parts:
+            raise CheckpointError(
+                f"checkpoint {checkpoint!r} must be a file name inside {model_dir}"
+            )
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint {checkpoint!r} not found in {model_dir}")
+        return path
+    candidates = sorted(p for p in model_dir.glob("*.pt2") if p.is_file())
+    if not candidates:
+        raise CheckpointError(f"no *.pt2 checkpoint in {model_dir}")
+    if len(candidates) > 1:
+        names = ", ".join(p.name for p in candidates)
+        raise CheckpointError(
+            f"several checkpoints in {model_dir} ({names}); choose one with --checkpoint"
+        )
+    return candidates[0]
+
+
+@dataclass(frozen=True)
+class PackageFacts:
+    """What start-up learns of a package before loading it.
+
+    Attributes:
+        metadata: Its AOTInductor metadata, read from the zip.
+        sha256: Its hex SHA-256 (the one hash of start-up).
+    """
+
+    metadata: Mapping[str, str]
+    sha256: str
+
+
+@dataclass(frozen=True)
+class LoadedPackage:
+    """A loaded package, callable on a batch.
+
+    Attributes:
+        path: The ``.pt2`` file.
+        metadata: Its AOTInductor metadata (strings), as the loader reports it.
+        embedded_spec: The spec the package carries, or ``None``.
+        device: The device it runs on.
+        input_dtype: Dtype of its first (tile) input.
+        runner: The loaded model: torch's, or a
+            :class:`~predictor.pt2.aoti_runner.GilFreeRunner`.
+        phases: The start-up phases so far (the model adds its own).
+        sha256: Its hex SHA-256 when start-up hashed it, else ``""``.
+    """
+
+    path: Path
+    metadata: Mapping[str, str]
+    embedded_spec: ModelSpec | None
+    device: torch.device
+    input_dtype: torch.dtype
+    runner: Any = field(repr=False, compare=False)
+    phases: StartupPhases = field(default_factory=StartupPhases, repr=False, compare=False)
+    sha256: str = ""
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Runs the package; always a flat tuple of outputs, primary first.
+
+        Outputs may be padded along the batch axis (some vendor packages pad
+        to a fixed batch); callers trim to their batch size. Runs with the
+        package's device current (:func:`~predictor.pt2.device_context.on_device`),
+        keeping the stream a worker made current for it.
+        """
+        with on_device(self.device):
+            out = self.runner(*inputs)
+        if getattr(self.runner, "flat", False):
+            return out
+        return tuple(torch.utils._pytree.tree_leaves(out))
+
+    @property
+    def forward_runner(self) -> str:
+        """Which runner serves it: ``gil_free`` or ``torch`` (``auto`` resolved)."""
+        return str(getattr(self.runner, "forward_runner", "torch"))
+
+    @property
+    def batch_range(self) -> tuple[int, int] | None:
+        """The batch sizes the package was exported for, when it records them."""
+        prov = provenance(self.metadata)
+        if "min_batch" in prov and "max_batch" in prov:
+            return int(prov["min_batch"]), int(prov["max_batch"])
+        return None
+
+
+def inspect_package(path: Path, phases: StartupPhases) -> PackageFacts:
+    """Hashes the package (the only hash of start-up; checked against a
+    ``.sha256`` file when present) and reads its metadata.
+
+    Nothing of the package is loaded or run.
+
+    Raises:
+        CheckpointError: Digest mismatch or malformed digest file, or a zip
+            that is corrupt, truncated or holds no AOTInductor metadata.
+    """
+    with phases.time("digest"):
+        sha256 = package_sha256(path)
+    with phases.time("metadata"):
+        return PackageFacts(metadata=read_metadata(path), sha256=sha256)
+
+
+def check_batch_size(metadata: Mapping[str, str], max_batch_size: int) -> None:
+    """Refuses a ``--max_batch_size`` above the batch range the package was exported for.
+
+    Every full batch would fail the package's own input check, and because
+    the generated code checks its inputs before it takes ownership of them,
+    each failed call also leaks the whole input batch. Packages that record
+    no range (built elsewhere) are not checked.
+
+    Raises:
+        IncompatiblePackage: One line naming both numbers.
+    """
+    prov = provenance(metadata)
+    if "max_batch" not in prov:
+        return
+    low, high = int(prov.get("min_batch", 1)), int(prov["max_batch"])
+    if max_batch_size > high:
+        raise IncompatiblePackage(
+            f"--max_batch_size {max_batch_size} is above the batch range the package was "
+            f"exported for ({low}..{high}); serve with --max_batch_size {high} or less, "
+            f"or re-export with --max_batch {max_batch_size}"
+        )
+
+
+def open_package(
+    path: Path,
+    device: torch.device,
+    facts: PackageFacts,
+    phases: StartupPhases,
+    *,
+    host: HostFacts | None = None,
+    runner: str = "torch",
+    instances: int = 1,
+) -> LoadedPackage:
+    """Checks the host can run the package, then loads it (``facts`` from :func:`inspect_package`).
+
+    Raises:
+        IncompatiblePackage: Built for another device kind, CPU ISA or GPU.
+        CheckpointError: The loader fails.
+    """
+    with phases.time("load"):
+        check_host_compat(facts.metadata, device, host)
+        package = load_package(
+            path, device, metadata=facts.metadata, phases=phases, runner=runner, instances=instances
+        )
+        return replace(package, sha256=facts.sha256)
+
+
+def load_package(
+    path: Path,
+    device: torch.device,
+    *,
+    check_inputs: bool | None = None,
+    metadata: Mapping[str, str] | None = None,
+    phases: StartupPhases | None = None,
+    runner: str = "torch",
+    instances: int = 1,
+) -> LoadedPackage:
+    """Loads a package onto ``device`` with no checks (start-up uses :func:`open_package`).
+
+    Packages histoserve exported accept batch 1 with AOTInductor's input
+    checks on, so for them (``check_inputs=None``) the checks are switched on
+    (``AOTI_RUNTIME_CHECK_INPUTS=1`` unless already set; process-wide): a wrong
+    shape, dtype or batch size is then a clean error, not memory corruption.
+
+    Args:
+        path: The ``.pt2`` file.
+        device: Where it runs.
+        check_inputs: Force AOTInductor's input checks on or off.
+        metadata: The package's metadata when already read (else read here).
+        phases: Where start-up records its phases; a fresh record when None.
+        runner: ``torch`` (torch's loader), ``gil_free``
+            (:class:`~predictor.pt2.aoti_runner.GilFreeRunner`, CPU only)
+            or ``auto`` (``gil_free`` on the CPU where it can serve the
+            package, else torch's; see :func:`_load_runner`).
+        instances: Model copies in the container, so that many threads run
+            forwards at once (``--instances_per_device``).
+
+    Raises:
+        CheckpointError: The package cannot be loaded (wraps the loader's error).
+    """
+    path = Path(path)
+    device = torch.device(device)
+    metadata = dict(metadata) if metadata is not None else read_metadata(path)
+    if check_inputs is None:
+        check_inputs = bool(provenance(metadata).get("batch1_input_checks"))
+    if check_inputs:
+        os.environ.setdefault(CHECK_INPUTS_ENV, "1")
+    phases = phases if phases is not None else StartupPhases()
+    try:
+        with on_device(device):  # the container sets the device and never restores it
+            loaded = _load_runner(path, device, runner, instances, metadata=metadata, phases=phases)
+        metadata = dict(loaded.get_metadata())
+    except Exception as exc:
+        raise CheckpointError(f"cannot load package {path}: {exc}") from exc
+    return LoadedPackage(
+        path=path,
+        metadata=metadata,
+        embedded_spec=embedded_spec(metadata),
+        device=device,
+        input_dtype=package_input_dtype(metadata),
+        runner=loaded,
+        phases=phases,
+    )
+
+
+def _load_runner(
+    path: Path,
+    device: torch.device,
+    kind: str = "torch",
+    instances: int = 1,
+    *,
+    metadata: Mapping[str, str] | None = None,
+    phases: StartupPhases | None = None,
+) -> Any:
+    """``aoti_load_package`` without its device-info probe, when torch allows.
+
+    ``kind="gil_free"`` loads :class:`~predictor.pt2.aoti_runner.GilFreeRunner`
+    instead (CPU only; it refuses another device with a ``ValueError``),
+    handing it the metadata already read (not read again) and timing its
+    extraction as the ``extraction`` phase. ``kind="auto"`` (the server's
+    default) is ``gil_free`` on the CPU, falling back to torch's loader with
+    one warning line when the runner refuses the package (a proxy-executor
+    package, no input specs, ...), and torch's loader on a GPU.
+
+    ``torch._inductor.aoti_load_package`` first compiles small C++ programs to
+    detect the host's vector ISA (only to log a warning on mismatch): ~15 s on
+    a cold cache, a compiler and a writable cache dir at serving time.
+    :func:`check_host_compat` already did that check from ``/proc/cpuinfo``,
+    so we build the same loader it builds; on torch versions where that
+    private API differs, fall back to the public call. The public call
+    builds one model copy, so there ``instances`` above 1 is refused
+    (``CheckpointError``): N workers would silently share one copy.
+    """
+    timer = phases.time if phases is not None else None
+    if kind != "auto":
+        return load_kind(path, device, kind, instances, metadata=metadata, timer=timer)
+    if device.type != "cpu":
+        return load_kind(path, device, "torch", instances)
+    try:
+        return load_kind(path, device, "gil_free", instances, metadata=metadata, timer=timer)
+    except (ValueError, OSError, RuntimeError) as exc:  # not a bad CRC: that stops start-up
+        logger.warning(
+            "forward runner: the GIL-free runner cannot serve %s (%s); using torch's loader",
+            path.name,
+            exc,
+        )
+        return load_kind(path, device, "torch", instances)

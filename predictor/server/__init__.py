@@ -1,1 +1,0 @@
-"""The server edge: KServe's ModelServer with histoserve's overrides."""

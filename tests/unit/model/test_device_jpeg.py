@@ -1,0 +1,138 @@
+"""A served model decoding jpeg-transport tiles in the batch (``--jpeg_decode device``).
+
+The model is the real embedding package on the CPU; libjpeg-turbo stands in
+for nvJPEG (:meth:`JpegDecodePlace.for_tests`), since no GPU exists here: the
+deferral in stage 1, the swap in stage 2 and the per-row failures are the
+code a CUDA server runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness import slides
+from harness.jpeg_slides import corrupt_scan, two_slide_tiles
+from harness.packages import package_in
+from predictor.codecs.jpeg_input import JpegRegion, jpeg_regions
+from predictor.codecs.samples import ModelRequest
+from predictor.config import LimitsConfig
+from predictor.errors import InvalidInput
+from predictor.families import model_class_for
+from predictor.model.device_jpeg import JpegDecodePlace
+from predictor.spec import BUILTIN_SPECS
+
+SLIDE_TILE = 256
+LAYOUT = np.array([[0, 0, SLIDE_TILE, SLIDE_TILE], [SLIDE_TILE, 0, SLIDE_TILE, 200]], np.int64)
+BOXES = np.array([[0, 0, 224, 224], [150, 10, 224, 224], [300, 20, 224, 224]], np.int64)
+
+
+@pytest.fixture(scope="module")
+def model(embedding_package_dir):
+    spec = BUILTIN_SPECS["h0-mini"]
+    path = package_in(embedding_package_dir)
+    served = model_class_for(spec)(spec, path.name, device="cpu", model_root=embedding_package_dir)
+    served.load()
+    return served
+
+
+def _streams() -> list[bytes]:
+    return two_slide_tiles(SLIDE_TILE)
+
+
+def _corrupt(stream: bytes) -> bytes:
+    return corrupt_scan(stream)
+
+
+def _requests(streams: list[bytes]) -> list[ModelRequest]:
+    regions = jpeg_regions(
+        streams, LAYOUT, BOXES, limits=LimitsConfig(), tile_size=224, interpolation="bicubic"
+    )
+    return [ModelRequest(i, jpeg=region) for i, region in enumerate(regions)]
+
+
+def _embed(model, requests, place):
+    model._jpeg = place
+    try:
+        samples = [model.prepare_sample(r) for r in requests]
+        return samples, model.forward_batch(samples, requests, "embedding")
+    finally:
+        model._jpeg = None
+
+
+def test_deferred_tiles_embed_as_the_cpu_decode_does(model) -> None:
+    requests = _requests(_streams())
+    pixels = requests[0].pixels = np.ascontiguousarray(slides.he_tile()[:224, :224])
+    requests[0] = ModelRequest(0, pixels=pixels)  # a raw tile batched with jpeg ones
+    _, on_cpu = _embed(model, requests, None)
+    samples, on_device = _embed(model, requests, JpegDecodePlace.for_tests(224))
+    assert [type(s.tile) for s in samples[1:]] == [JpegRegion, JpegRegion]  # deferred
+    for cpu, device in zip(on_cpu, on_device, strict=True):
+        np.testing.assert_allclose(device.outputs["embedding"], cpu.outputs["embedding"], atol=1e-5)
+
+
+def test_a_corrupt_slide_tile_fails_its_rows_and_no_other(model) -> None:
+    good, bad = _streams()
+    broken = _corrupt(bad)
+    requests = _requests([good, broken])
+    _, on_cpu = _embed(model, _requests([good, bad]), None)
+    _, answers = _embed(model, requests, JpegDecodePlace.for_tests(224))
+    np.testing.assert_allclose(
+        answers[0].outputs["embedding"], on_cpu[0].outputs["embedding"], atol=1e-5
+    )
+    for row in (1, 2):
+        assert isinstance(answers[row], InvalidInput)
+        assert (answers[row].input_name, answers[row].tile) == ("jpeg_tiles", 1)
+
+
+def test_a_truncated_stream_is_refused_in_stage_one(model) -> None:
+    good, bad = _streams()
+    requests = _requests([good, bad[: len(bad) // 2]])
+    model._jpeg = JpegDecodePlace.for_tests(224)
+    try:
+        assert isinstance(model.prepare_sample(requests[0]).tile, JpegRegion)
+        with pytest.raises(InvalidInput) as caught:
+            model.prepare_sample(requests[2])
+    finally:
+        model._jpeg = None
+    assert (caught.value.input_name, caught.value.tile) == ("jpeg_tiles", 1)
+    assert "EOI" in caught.value.reason
+
+
+def test_a_request_declaring_more_than_the_device_budget_is_refused_not_decoded_elsewhere(
+    model, monkeypatch
+) -> None:
+    import predictor.model.device_jpeg as module
+
+    monkeypatch.setattr(module, "MAX_REQUEST_PIXELS", SLIDE_TILE * SLIDE_TILE)  # one of two tiles
+    requests = _requests(_streams())
+    model._jpeg = JpegDecodePlace.for_tests(224)
+    try:
+        with pytest.raises(InvalidInput) as caught:
+            model.prepare_sample(requests[0])
+    finally:
+        model._jpeg = None
+    assert caught.value.input_name == "jpeg_tiles" and "send fewer tiles" in caught.value.reason
+
+
+def test_each_answer_says_where_its_own_tiles_were_decoded(model) -> None:
+    requests = _requests(_streams())
+    model._jpeg = JpegDecodePlace.for_tests(224)
+    try:
+        deferred = [model.prepare_sample(r) for r in requests]
+        assert model.answer_parameters(deferred)["jpeg_decode"] == "device"
+        pixels = [model.prepare_sample(ModelRequest(0, pixels=np.zeros((224, 224, 3), np.uint8)))]
+        assert model.answer_parameters(pixels)["jpeg_decode"] == "cpu"
+    finally:
+        model._jpeg = None
+    assert (
+        model.answer_parameters([model.prepare_sample(r) for r in requests])["jpeg_decode"] == "cpu"
+    )
+
+
+def test_cpu_setting_and_a_cpu_server_never_defer() -> None:
+    import torch
+
+    assert not JpegDecodePlace("cpu", torch.device("cpu"), 224, "bicubic").on_device_enabled
+    assert not JpegDecodePlace("device", torch.device("cpu"), 224, "bicubic").on_device_enabled
+    assert not JpegDecodePlace.for_tests(224, "lanczos").on_device_enabled

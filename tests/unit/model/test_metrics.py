@@ -1,0 +1,48 @@
+"""Metrics: the contract's series exist and move as the observer is called."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from predictor.model.metrics import create_metrics
+
+
+def _value(registry, name, labels):
+    return registry.get_sample_value(name, labels)
+
+
+def test_observer_calls_move_the_series():
+    registry = CollectorRegistry()
+    metrics = create_metrics("m", registry)
+    metrics.on_enqueue(3, 3)
+    assert _value(registry, "histoserve_queue_depth", {"model": "m"}) == 3
+    metrics.on_dispatch(3, [0.001, 0.002, 0.003], 0)
+    assert _value(registry, "histoserve_queue_depth", {"model": "m"}) == 0
+    assert _value(registry, "histoserve_batch_size_sum", {"model": "m"}) == 3
+    assert _value(registry, "histoserve_queue_wait_seconds_count", {"model": "m"}) == 3
+    metrics.on_forward(3, 0.01, ok=True)
+    assert _value(registry, "histoserve_forward_seconds_count", {"model": "m"}) == 1
+    metrics.on_reject(5)
+    assert _value(registry, "histoserve_tiles_total", {"model": "m", "outcome": "rejected"}) == 5
+    metrics.count_tiles("ok", 2)
+    assert _value(registry, "histoserve_tiles_total", {"model": "m", "outcome": "ok"}) == 2
+
+
+def test_inflight_gauge_returns_to_zero_even_on_error():
+    registry = CollectorRegistry()
+    metrics = create_metrics("m", registry)
+    try:
+        with metrics.inflight():
+            assert _value(registry, "histoserve_inflight_requests", {"model": "m"}) == 1
+            raise RuntimeError
+    except RuntimeError:
+        pass
+    assert _value(registry, "histoserve_inflight_requests", {"model": "m"}) == 0
+
+
+def test_nothing_registered_until_the_factory_runs():
+    registry = CollectorRegistry()
+    assert b"histoserve_" not in generate_latest(registry)
+    create_metrics("m", registry)
+    text = generate_latest(registry).decode()
+    assert "histoserve_preprocess_seconds" in text

@@ -1,0 +1,96 @@
+"""Stage-1 pool: order kept, decoding spread over threads, the bad tile named."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from predictor.codecs.samples import ModelRequest, PreparedSample
+from predictor.errors import InvalidInput
+from predictor.model.stage1 import Stage1Pool
+
+SIZE = 2  # the tile size these pools check prepared tiles against
+
+
+def _prepare_recording(threads):
+    def prepare(item: ModelRequest) -> PreparedSample:
+        threads.add(threading.current_thread().name)
+        if item.image_data == b"bad":
+            raise InvalidInput("not an image")
+        return PreparedSample(tile=np.full((SIZE, SIZE, 3), item.index, np.uint8))
+
+    return prepare
+
+
+def test_order_is_kept_and_work_is_spread_over_the_pool():
+    pool = Stage1Pool(2, SIZE)
+    threads: set[str] = set()
+    items = [ModelRequest(i, image_data=b"png") for i in range(9)]
+    samples = asyncio.run(pool.prepare(items, "tiles", _prepare_recording(threads)))
+    assert [int(s.tile[0, 0, 0]) for s in samples] == list(range(9))
+    assert all(name.startswith("histoserve-prep") for name in threads)
+    pool.shutdown()
+
+
+def test_raw_pixels_are_prepared_inline():
+    pool = Stage1Pool(2, SIZE)
+    threads: set[str] = set()
+    items = [ModelRequest(i, pixels=np.zeros((1, 1, 3), np.uint8)) for i in range(3)]
+    asyncio.run(pool.prepare(items, "pixels", _prepare_recording(threads)))
+    assert threads == {threading.current_thread().name}
+    pool.shutdown()
+
+
+def test_first_bad_tile_is_named_with_its_input():
+    pool = Stage1Pool(2, SIZE)
+    items = [ModelRequest(i, image_data=b"bad" if i == 5 else b"png") for i in range(8)]
+    with pytest.raises(InvalidInput, match="input 'tiles' tile 5: not an image"):
+        asyncio.run(pool.prepare(items, "tiles", _prepare_recording(set())))
+    pool.shutdown()
+
+
+def test_a_plain_value_error_is_the_requests_400():
+    """The seed's contract: ``prepare_sample`` raising ``ValueError`` refuses that request."""
+    pool = Stage1Pool(1, SIZE)
+
+    def prepare(item: ModelRequest) -> PreparedSample:
+        raise ValueError("tile is blank")
+
+    with pytest.raises(InvalidInput, match="input 'pixels' tile 0: tile is blank"):
+        asyncio.run(pool.prepare([ModelRequest(0, pixels=np.zeros(1))], "pixels", prepare))
+    pool.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("tile", "ok"),
+    [
+        (np.zeros((SIZE, SIZE, 3), np.uint8), True),  # HWC, the fast layout
+        (np.zeros((3, SIZE, SIZE), np.uint8), True),  # CHW, the seed's
+        (torch.zeros(3, SIZE, SIZE, dtype=torch.uint8), True),  # a host tensor
+        (np.zeros((SIZE, SIZE, 3), np.float32), False),
+        (np.zeros((SIZE + 1, SIZE, 3), np.uint8), False),
+        (np.zeros((4, SIZE, SIZE), np.uint8), False),
+    ],
+    ids=["hwc", "chw", "chw-tensor", "float", "not-square", "four-channels"],
+)
+def test_a_prepared_tile_must_be_hwc_or_chw_at_the_tile_size(tile, ok):
+    pool = Stage1Pool(1, SIZE)
+    items = [ModelRequest(3, pixels=np.zeros(1))]
+    run = pool.prepare(items, "pixels", lambda item: PreparedSample(tile=tile))
+    if ok:
+        assert asyncio.run(run)[0].tile is tile  # checked, handed on unchanged
+    else:
+        with pytest.raises(
+            InvalidInput, match=r"input 'pixels' tile 3: .*\(H, W, 3\) or \(3, H, W\)"
+        ):
+            asyncio.run(run)
+    pool.shutdown()
+
+
+def test_workers_must_be_positive():
+    with pytest.raises(ValueError, match="workers"):
+        Stage1Pool(0, SIZE)

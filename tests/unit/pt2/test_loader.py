@@ -1,0 +1,463 @@
+"""Start-up side of packages: find, verify, read metadata, host checks, load, probe.
+
+Host facts are faked with :class:`HostFacts` (the suite's only fake) to play
+hosts we do not have: a GPU node, a CPU without AVX-512, another architecture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.factories import WRONG_DIM_TARGET
+from harness.packages import module_package
+from predictor import families
+from predictor.errors import CheckpointError, IncompatiblePackage, SpecMismatch, StartupError
+from predictor.families import build_demo_model, demo_example_inputs
+from predictor.pt2 import digest as pkg_digest
+from predictor.pt2 import host as pkg_host
+from predictor.pt2 import loader, probe
+from predictor.pt2 import metadata as pkg_meta
+from predictor.pt2.genes import demo_gene_ids, parse_gene_ids, read_gene_ids, write_gene_ids
+from predictor.pt2.host import HostFacts, read_cpu_flags
+from predictor.spec import BUILTIN_SPECS, spec_from_dict
+
+CPU = torch.device("cpu")
+AVX2_FLAGS = frozenset(
+    {"sse4_2", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "ssse3", "sse4_1"}
+)
+AVX512_FLAGS = AVX2_FLAGS | {"avx512f", "avx512dq", "avx512vl", "avx512bw"}
+CPU_HOST = HostFacts("linux", "x86_64", AVX512_FLAGS)
+GPU_HOST = HostFacts("linux", "x86_64", AVX512_FLAGS, cuda_capabilities=("90",))
+
+
+def copy_dir(src: Path, dest: Path) -> Path:
+    shutil.copytree(src, dest)
+    return dest
+
+
+# -- find_checkpoint ----------------------------------------------------------------------
+def test_find_the_only_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "model.pt2").write_bytes(b"x")
+    (tmp_path / "model.pt2.sha256").write_text("0" * 64)
+    (tmp_path / "genes_in.csv").write_text("gene_id\n")
+    assert loader.find_checkpoint(tmp_path, None) == tmp_path / "model.pt2"
+
+
+def test_several_checkpoints_are_listed(tmp_path: Path) -> None:
+    for name in ("b.pt2", "a.pt2"):
+        (tmp_path / name).write_bytes(b"x")
+    with pytest.raises(
+        CheckpointError, match=r"several checkpoints .*\(a\.pt2, b\.pt2\).*--checkpoint"
+    ):
+        loader.find_checkpoint(tmp_path, None)
+    assert loader.find_checkpoint(tmp_path, "b.pt2") == tmp_path / "b.pt2"
+
+
+@pytest.mark.parametrize(
+    ("setup", "checkpoint", "needle"),
+    [
+        (lambda d: None, None, "no \\*.pt2 checkpoint"),
+        (lambda d: (d / "a.pt2").write_bytes(b"x"), "b.pt2", "'b.pt2' not found"),
+        (lambda d: None, "../etc/passwd", "must be a file name"),
+        (lambda d: (d / "sub.pt2").mkdir(), None, "no \\*.pt2"),
+    ],
+)
+def test_find_checkpoint_errors(tmp_path: Path, setup, checkpoint, needle: str) -> None:
+    setup(tmp_path)
+    with pytest.raises(CheckpointError, match=needle):
+        loader.find_checkpoint(tmp_path, checkpoint)
+
+
+def test_missing_model_dir(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        loader.find_checkpoint(tmp_path / "nope", None)
+
+
+# -- sha256 -------------------------------------------------------------------------------
+def test_sha256_absent_ok_and_bare_digest(tmp_path: Path) -> None:
+    path = tmp_path / "m.pt2"
+    path.write_bytes(b"weights" * 1000)
+    assert pkg_digest.verify_sha256(path) is False
+    digest = pkg_digest.sha256_file(path)
+    (tmp_path / "m.pt2.sha256").write_text(f"{digest}  m.pt2\n")
+    assert pkg_digest.verify_sha256(path) is True
+    (tmp_path / "m.pt2.sha256").write_text(digest.upper())  # bare, any case
+    assert pkg_digest.verify_sha256(path) is True
+
+
+def test_sha256_mismatch_and_truncation(embedding_package_dir: Path, tmp_path: Path) -> None:
+    directory = copy_dir(embedding_package_dir, tmp_path / "m")
+    path = directory / "h0-mini.pt2"
+    assert pkg_digest.verify_sha256(path) is True
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="tampered or truncated"):
+        pkg_digest.verify_sha256(path)
+    path.write_bytes(bytes(data[: len(data) // 3]))
+    with pytest.raises(CheckpointError, match="tampered or truncated"):
+        pkg_digest.verify_sha256(path)
+
+
+def test_sha256_file_must_hold_a_digest(tmp_path: Path) -> None:
+    path = tmp_path / "m.pt2"
+    path.write_bytes(b"x")
+    (tmp_path / "m.pt2.sha256").write_text("not-a-digest m.pt2\n")
+    with pytest.raises(CheckpointError, match="not-a-digest"):
+        pkg_digest.verify_sha256(path)
+
+
+# -- read_metadata ------------------------------------------------------------------------
+def test_read_metadata_matches_the_loader(embedding_package_dir: Path) -> None:
+    path = embedding_package_dir / "h0-mini.pt2"
+    metadata = pkg_meta.read_metadata(path)
+    assert metadata == torch._C._aoti.AOTIModelPackageLoader.load_metadata_from_package(
+        str(path), "model"
+    )
+    assert metadata == dict(loader.load_package(path, CPU).metadata)
+    assert pkg_meta.embedded_spec(metadata) == BUILTIN_SPECS["h0-mini"]
+
+
+def test_truncated_or_foreign_files(embedding_package_dir: Path, tmp_path: Path) -> None:
+    data = (embedding_package_dir / "h0-mini.pt2").read_bytes()
+    truncated = tmp_path / "t.pt2"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        pkg_meta.read_metadata(truncated)
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        loader.load_package(truncated, CPU)
+    text = tmp_path / "x.pt2"
+    text.write_text("hello")
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        pkg_meta.read_metadata(text)
+    other = tmp_path / "o.pt2"
+    with zipfile.ZipFile(other, "w") as zf:
+        zf.writestr("o/data/weights.bin", b"0")
+    with pytest.raises(CheckpointError, match="aoti_compile_and_package"):
+        pkg_meta.read_metadata(other)
+
+
+# -- devices and host compatibility -------------------------------------------------------
+def test_detect_reads_this_host(tmp_path: Path) -> None:
+    host = HostFacts.detect()
+    assert host.machine and host.platform
+    assert host.cuda_capabilities == (
+        () if not torch.cuda.is_available() else host.cuda_capabilities
+    )
+    fake = tmp_path / "cpuinfo"
+    fake.write_text("processor : 0\nflags : fpu sse avx2 avx512f\n\nprocessor : 1\nflags : x\n")
+    assert read_cpu_flags(fake) == frozenset({"fpu", "sse", "avx2", "avx512f"})
+    assert read_cpu_flags(tmp_path / "missing") == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("requested", "host", "expected"),
+    [
+        ("auto", CPU_HOST, "cpu"),
+        ("auto", GPU_HOST, "cuda:0"),
+        ("cpu", GPU_HOST, "cpu"),
+        ("cuda", GPU_HOST, "cuda:0"),
+        ("cuda:0", GPU_HOST, "cuda:0"),
+    ],
+)
+def test_resolve_device(requested: str, host: HostFacts, expected: str) -> None:
+    assert pkg_host.resolve_device(requested, host) == torch.device(expected)
+
+
+@pytest.mark.parametrize(
+    ("requested", "host", "needle"),
+    [
+        ("cuda", CPU_HOST, "no usable CUDA GPU"),
+        ("cuda:1", GPU_HOST, "has 1 GPU"),
+        ("tpu", CPU_HOST, "'tpu'"),
+        ("banana", CPU_HOST, "'banana'"),
+    ],
+)
+def test_resolve_device_errors(requested: str, host: HostFacts, needle: str) -> None:
+    with pytest.raises(StartupError, match=needle):
+        pkg_host.resolve_device(requested, host)
+
+
+def _meta(**values: str) -> dict[str, str]:
+    base = {
+        "AOTI_DEVICE_KEY": "cpu",
+        "AOTI_PLATFORM": "linux",
+        "AOTI_MACHINE": "x86_64",
+        "AOTI_CPU_ISA": "AVX2",
+    }
+    return base | values
+
+
+@pytest.mark.parametrize(
+    ("metadata", "device", "host"),
+    [
+        (_meta(), CPU, CPU_HOST),
+        (_meta(AOTI_CPU_ISA="AVX512"), CPU, CPU_HOST),
+        (_meta(AOTI_CPU_ISA="INVALID_VEC_ISA"), CPU, HostFacts("linux", "x86_64", frozenset())),
+        (
+            _meta(AOTI_DEVICE_KEY="cuda", AOTI_COMPUTE_CAPABILITY="90"),
+            torch.device("cuda:0"),
+            GPU_HOST,
+        ),
+    ],
+)
+def test_compatible_packages_pass(metadata: dict, device: torch.device, host: HostFacts) -> None:
+    pkg_host.check_host_compat(metadata, device, host)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "device", "host", "needle"),
+    [
+        (_meta(AOTI_DEVICE_KEY="cuda", AOTI_COMPUTE_CAPABILITY="90"), CPU, CPU_HOST, "built for cuda"),
+        (_meta(), torch.device("cuda:0"), GPU_HOST, "built for cpu"),
+        (_meta(AOTI_CPU_ISA="AVX512 AVX512_VNNI"), CPU, CPU_HOST, "missing avx512_vnni"),
+        (_meta(AOTI_CPU_ISA="AVX512"), CPU, HostFacts("linux", "x86_64", AVX2_FLAGS), "avx512bw"),
+        (_meta(AOTI_DEVICE_KEY="cuda", AOTI_COMPUTE_CAPABILITY="90"), torch.device("cuda:0"),
+         HostFacts("linux", "x86_64", AVX512_FLAGS, ("80",)), "sm_90 .* cuda:0 is sm_80"),
+        (_meta(AOTI_MACHINE="aarch64"), CPU, CPU_HOST, "'aarch64'"),
+        ({"AOTI_CPU_ISA": "AVX2"}, CPU, CPU_HOST, "AOTI_DEVICE_KEY"),
+    ],
+)  # fmt: skip
+def test_incompatible_packages_are_refused(
+    metadata: dict, device: torch.device, host: HostFacts, needle: str
+) -> None:
+    with pytest.raises((IncompatiblePackage, CheckpointError), match=needle):
+        pkg_host.check_host_compat(metadata, device, host)
+
+
+def test_native_build_flags_are_checked(embedding_package_dir: Path) -> None:
+    metadata = pkg_meta.read_metadata(embedding_package_dir / "h0-mini.pt2")
+    pkg_host.check_host_compat(metadata, CPU)  # this host built it
+    required = set(json.loads(metadata[pkg_meta.CPU_BUILD_KEY])["required_flags"])
+    assert "avx2" in required or "asimd" in required
+    lacking = HostFacts.detect()
+    lacking = dataclasses.replace(lacking, cpu_flags=lacking.cpu_flags - {sorted(required)[-1]})
+    with pytest.raises(IncompatiblePackage, match=f"-march=native.*missing {sorted(required)[-1]}"):
+        pkg_host.check_host_compat(metadata, CPU, lacking)
+
+
+def _built_with(torch_version: str, cuda: str | None, **values: str) -> dict[str, str]:
+    prov = {"torch_version": torch_version, "cuda_version": cuda, "min_batch": 1, "max_batch": 64}
+    return _meta(**values) | {pkg_meta.PROVENANCE_KEY: json.dumps(prov)}
+
+
+def test_a_package_exported_with_another_torch_or_cuda_is_refused_naming_both() -> None:
+    cuda_meta = {"AOTI_DEVICE_KEY": "cuda", "AOTI_COMPUTE_CAPABILITY": "90"}
+    gpu = dataclasses.replace(GPU_HOST, torch_version="2.13.0+cu130", cuda_version="13.0")
+    pkg_host.check_host_compat(
+        _built_with("2.13.0+cu130", "13.0", **cuda_meta), torch.device("cuda:0"), gpu
+    )
+    cases = [
+        (_built_with("2.11.0+cu128", "12.8", **cuda_meta), torch.device("cuda:0"), gpu,
+         "exported with torch 2.11.0[+]cu128, CUDA 12.8, sm_90 but this runtime has "
+         "torch 2.13.0[+]cu130, CUDA 13.0, sm_90"),
+        (_built_with("2.13.0+cu130", "12.8", **cuda_meta), torch.device("cuda:0"), gpu,
+         "CUDA 12.8, sm_90 but this runtime has torch 2.13.0[+]cu130, CUDA 13.0"),
+        (_built_with("2.12.0", None), CPU, dataclasses.replace(CPU_HOST, torch_version="2.13.0"),
+         "exported with torch 2.12.0 [(]cpu[)] but this runtime has torch 2.13.0 [(]cpu[)]"),
+    ]  # fmt: skip
+    for metadata, device, host, needle in cases:
+        with pytest.raises(IncompatiblePackage, match=needle) as caught:
+            pkg_host.check_host_compat(metadata, device, host)
+        assert "\n" not in str(caught.value)
+    # A CPU package does not care which CUDA the runtime has; a vendor's records nothing.
+    cpu_host = dataclasses.replace(CPU_HOST, torch_version="2.13.0+cu128", cuda_version="12.8")
+    pkg_host.check_host_compat(_built_with("2.13.0+cpu", None), CPU, cpu_host)
+    pkg_host.check_host_compat(_meta(), CPU, cpu_host)
+
+
+def test_max_batch_size_above_the_exported_range_is_refused() -> None:
+    metadata = _built_with("2.13.0", None)
+    loader.check_batch_size(metadata, 64)
+    with pytest.raises(IncompatiblePackage, match=r"--max_batch_size 65 is above .* \(1\.\.64\)"):
+        loader.check_batch_size(metadata, 65)
+    loader.check_batch_size(_meta(), 10_000)  # no recorded range: not checked
+
+
+def test_the_fallback_loader_refuses_several_instances(
+    embedding_package_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where torch's private loader API differs, the public one builds one model copy only."""
+    real = torch._C._aoti.AOTIModelPackageLoader
+    calls: list[tuple] = []
+
+    def changed_signature(*args: object) -> object:
+        calls.append(args)
+        if len(calls) == 1:  # our direct call: as if this torch's signature differed
+            raise TypeError("incompatible function arguments (fake)")
+        return real(*args)  # torch's own call, from the public aoti_load_package
+
+    changed_signature.load_metadata_from_package = real.load_metadata_from_package  # type: ignore[attr-defined]
+    monkeypatch.setattr(torch._C._aoti, "AOTIModelPackageLoader", changed_signature)
+    path = embedding_package_dir / "h0-mini.pt2"
+    with pytest.raises(CheckpointError, match=r"--instances_per_device 2 needs .* use 1 instance"):
+        loader.load_package(path, CPU, instances=2)
+    assert len(calls) == 1
+    calls.clear()
+    loaded = loader.load_package(path, CPU, instances=1)
+    assert len(calls) == 2
+    assert loaded(torch.zeros(1, 3, 224, 224))[0].shape == (1, 1536)
+
+
+# -- load, probe, consistency -------------------------------------------------------------
+def test_loaded_package_matches_the_eager_module(embedding_package_dir: Path) -> None:
+    loaded = loader.load_package(embedding_package_dir / "h0-mini.pt2", CPU)
+    assert loaded.path.name == "h0-mini.pt2" and loaded.device == CPU
+    assert loaded.input_dtype == torch.float32
+    assert loaded.embedded_spec == BUILTIN_SPECS["h0-mini"]
+    (tiles,) = demo_example_inputs(BUILTIN_SPECS["h0-mini"], 3, seed=11)
+    out = loaded(tiles)
+    assert isinstance(out, tuple) and len(out) == 1
+    with torch.no_grad():
+        expected = build_demo_model(BUILTIN_SPECS["h0-mini"])(tiles)
+    torch.testing.assert_close(out[0], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_probe_and_consistency_per_family(
+    embedding_package_dir: Path, multimodal_package_dir: Path, padded_segmentation_package_dir: Path
+) -> None:
+    cases = [
+        (embedding_package_dir / "h0-mini.pt2", "h0-mini", (torch.Size([1536]),)),
+        (
+            multimodal_package_dir / "m-optimus.pt2",
+            "m-optimus",
+            (torch.Size([32]), torch.Size([1536])),
+        ),
+        (
+            padded_segmentation_package_dir / "tissue-seg.pt2",
+            "tissue-seg",
+            (torch.Size([1, 512, 512]),),
+        ),
+    ]
+    for path, name, expected in cases:
+        loaded = loader.load_package(path, CPU)
+        shapes = probe.probe_outputs(loaded, BUILTIN_SPECS[name], {})
+        assert shapes == expected
+        families.check_consistency(BUILTIN_SPECS[name], shapes)
+    assert loaded(torch.zeros(3, 3, 512, 512))[0].shape[0] == 8  # padded: callers trim
+
+
+def test_wrong_dim_package_is_a_one_line_mismatch() -> None:
+    path = module_package("h0-mini", WRONG_DIM_TARGET)
+    loaded = loader.load_package(path, CPU)
+    shapes = probe.probe_outputs(loaded, BUILTIN_SPECS["h0-mini"], {})
+    assert shapes == (torch.Size([768]),)
+    with pytest.raises(SpecMismatch) as exc:
+        families.check_consistency(BUILTIN_SPECS["h0-mini"], shapes)
+    assert str(exc.value) == "spec 'h0-mini' says embedding_dim 1536 but the package returns 768"
+
+
+def test_multimodal_gene_counts(multimodal_package_dir: Path) -> None:
+    loaded = loader.load_package(multimodal_package_dir / "m-optimus.pt2", CPU)
+    spec = BUILTIN_SPECS["m-optimus"]
+    assert probe.declared_input_dim(loaded, "bulk_rna") == 64
+    assert probe.declared_input_dim(loaded, "nope") is None
+    shapes = probe.probe_outputs(loaded, spec, {"bulk_rna": 64})
+    families.check_consistency(spec, shapes, prediction_dim=32)
+    with pytest.raises(
+        SpecMismatch, match="output gene list has 30 genes but the package predicts 32"
+    ):
+        families.check_consistency(spec, shapes, prediction_dim=30)
+    with pytest.raises(SpecMismatch, match="60 input genes but the package takes 64"):
+        probe.probe_outputs(loaded, spec, {"bulk_rna": 60})
+    vendor_like = dataclasses.replace(
+        loaded, metadata={k: v for k, v in loaded.metadata.items() if k != pkg_meta.INPUTS_KEY}
+    )
+    with pytest.raises(SpecMismatch, match="cannot tell the package's bulk RNA gene count"):
+        probe.probe_outputs(vendor_like, spec, {})
+    assert probe.probe_outputs(vendor_like, spec, {"bulk_rna": 64}) == shapes
+
+
+def test_multimodal_package_handles_missing_bulk_rna(multimodal_package_dir: Path) -> None:
+    loaded = loader.load_package(multimodal_package_dir / "m-optimus.pt2", CPU)
+    spec = BUILTIN_SPECS["m-optimus"]
+    tiles, bulk = demo_example_inputs(spec, 3, seed=5)
+    assert bool(torch.isnan(bulk[-1]).all())
+    prediction, embedding = loaded(tiles, bulk)
+    assert bool(torch.isfinite(prediction).all()) and prediction.shape == (3, 32)
+    with torch.no_grad():
+        expected = build_demo_model(spec)(tiles, bulk)
+    torch.testing.assert_close(prediction, expected[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(embedding, expected[1], rtol=1e-4, atol=1e-4)
+
+
+def test_spec_and_package_inputs_disagree(
+    embedding_package_dir: Path, segmentation_package_dir: Path
+) -> None:
+    loaded = loader.load_package(embedding_package_dir / "h0-mini.pt2", CPU)
+    big = spec_from_dict(BUILTIN_SPECS["h0-mini"].to_dict() | {"name": "big", "tile_size": 448})
+    with pytest.raises(
+        SpecMismatch,
+        match=r"input 'tiles' is \[-1, 3, 448, 448\] but the package takes \[-1, 3, 224, 224\]",
+    ):
+        probe.probe_outputs(loaded, big)
+    with pytest.raises(SpecMismatch, match="feeds 2 input"):
+        probe.probe_outputs(loaded, BUILTIN_SPECS["m-optimus"], {"bulk_rna": 64})
+    seg = loader.load_package(segmentation_package_dir / "tissue-seg.pt2", CPU)
+    shapes = probe.probe_outputs(seg, BUILTIN_SPECS["tissue-seg"])
+    with pytest.raises(SpecMismatch, match="expects a per-tile embedding vector"):
+        families.check_consistency(BUILTIN_SPECS["h0-mini"], shapes)
+
+
+@pytest.mark.parametrize(
+    ("name", "shapes", "needle"),
+    [
+        ("m-optimus", [torch.Size([1536])], "expects 2 output"),
+        ("m-optimus", [torch.Size([4, 8]), torch.Size([1536])], "prediction vector"),
+        (
+            "m-optimus",
+            [torch.Size([32]), torch.Size([768])],
+            "embedding_dim 1536 but the package returns 768",
+        ),
+        ("tissue-seg", [torch.Size([1, 256, 256])], "512x512"),
+        ("h0", [torch.Size([1536]), torch.Size([3])], "expects 1 output"),
+    ],
+)
+def test_check_consistency_messages(name: str, shapes: list, needle: str) -> None:
+    with pytest.raises(SpecMismatch, match=needle):
+        families.check_consistency(BUILTIN_SPECS[name], shapes)
+
+
+# -- gene lists ---------------------------------------------------------------------------
+def test_gene_lists_roundtrip(tmp_path: Path) -> None:
+    ids = demo_gene_ids(5)
+    assert ids[0] == "ENSG00000000001" and len(set(ids)) == 5
+    path = write_gene_ids(tmp_path / "genes.csv", ids)
+    assert path.read_text().splitlines()[0] == "gene_id"
+    assert read_gene_ids(path) == ids
+    assert parse_gene_ids("gene_id\nENSG00000141510.17\nENSMUSG00000059552\n") == (
+        "ENSG00000141510.17",
+        "ENSMUSG00000059552",
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("", "empty"),
+        ("gene_id\n", "no genes"),
+        ("symbol\nTP53\n", "first row must be 'gene_id'"),
+        ("gene_id\nENSG00000141510\nTP53\n", "line 3: 'TP53' is not an Ensembl gene ID"),
+        ("gene_id\nENSG00000141510\nENSG00000141510\n", "duplicate gene 'ENSG00000141510'"),
+    ],
+)
+def test_bad_gene_lists(text: str, needle: str) -> None:
+    with pytest.raises(CheckpointError, match=needle):
+        parse_gene_ids(text, source="genes.csv")
+
+
+def test_gene_list_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="cannot read gene list"):
+        read_gene_ids(tmp_path / "missing.csv")
+    with pytest.raises(CheckpointError, match="empty gene list"):
+        write_gene_ids(tmp_path / "g.csv", [])
+    with pytest.raises(CheckpointError, match="n >= 1"):
+        demo_gene_ids(0)
+    assert not (tmp_path / "g.csv").exists()
