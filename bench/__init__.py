@@ -8,7 +8,7 @@ NVIDIA Triton, and writes JSON, Markdown and PNG results. See
 ``bench/README.md``.
 
 Layout, from the entry down: :mod:`bench.run` (the whole run) and
-:mod:`bench.config` (its profiles); :mod:`bench.report` (results.json, .md,
+:mod:`bench.profiles` (its profiles); :mod:`bench.report` (results.json, .md,
 plots); :mod:`bench.gpu` (the GPU check, ``make gpu-check``, and the run on
 CUDA); :mod:`bench.stages` (the run's stages after the matrix);
 :mod:`bench.studies` (measurements run by hand); :mod:`bench.triton` (the

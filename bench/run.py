@@ -21,7 +21,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from bench.config import PROFILES, ModelCase, Profile
+from bench.profiles import PROFILES, ModelCase, Profile
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.config import ModelCase, Profile, Windows
+from bench.profiles import ModelCase, Profile, Windows
 from bench.servers.launch import bench_env
 from harness.server import REPO, Server
 
@@ -209,7 +209,7 @@ def run_alone(
     Prints the stage's Markdown and writes its results to ``out`` (JSON);
     the servers' logs go beside it.
     """
-    from bench.config import PROFILES
+    from bench.profiles import PROFILES
 
     client = LoadClient()
     try:

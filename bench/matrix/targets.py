@@ -18,10 +18,10 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from bench.config import Profile
 from bench.load.payloads import build_payload, synthetic_tiles
 from bench.matrix.cells import Cell, LoadClient, run_cell
 from bench.matrix.limit import ForwardRunner
+from bench.profiles import Profile
 from harness.server import Server
 
 IDLE_BUDGET_MS = 5.0

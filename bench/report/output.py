@@ -10,7 +10,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from bench.config import Profile
+from bench.profiles import Profile
 from bench.report.results_md import markdown
 
 

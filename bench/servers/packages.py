@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.config import ModelCase
+from bench.profiles import ModelCase
 from harness.packages import demo_package
 from predictor.pt2.host import read_cpu_flags
 

@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.config import ModelCase, Profile
 from bench.markdown import number as _f
+from bench.profiles import ModelCase, Profile
 
 BEGIN_RE = re.compile(r"start-up begins at monotonic ([0-9]+\.[0-9]+) s")
 BUILT_RE = re.compile(r"model built at monotonic ([0-9]+\.[0-9]+) s")

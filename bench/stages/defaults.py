@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.config import Profile
 from bench.markdown import target_rows
 from bench.matrix.cells import Cell, LoadClient, run_alone
+from bench.profiles import Profile
 
 CELLS = (("v2-pixels", 64, 1), ("v2-grpc", 64, 1), ("v2-pixels", 16, 32))
 VS_TRITON_GOAL = 1.25

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.config import Profile
 from bench.markdown import target_rows
 from bench.matrix.cells import Cell, LoadClient, run_alone, with_cpu_per_request
+from bench.profiles import Profile
 from bench.stages import crossing
 
 PROTOCOLS = ("v2-pixels", "v2-grpc", "v1-jpeg", "v2-json-jpeg")

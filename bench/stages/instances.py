@@ -26,9 +26,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.config import PROFILES, ModelCase, Profile
 from bench.markdown import number
 from bench.matrix.cells import Cell, LoadClient
+from bench.profiles import PROFILES, ModelCase, Profile
 
 INSTANCES = 2
 CELLS = ((64, 1), (16, 32))

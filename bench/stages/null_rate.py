@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.config import Profile
 from bench.matrix.cells import Cell, LoadClient, with_cpu_per_request
+from bench.profiles import Profile
 
 PROTOCOLS = ("v2-pixels", "v2-grpc")
 EXPECTED_RPS = 500.0  # sizes the windows only

@@ -32,8 +32,8 @@ from typing import Any
 
 import httpx
 
-from bench.config import ModelCase, Profile
 from bench.matrix.cells import Cell, LoadClient, run_cell
+from bench.profiles import ModelCase, Profile
 from bench.servers.launch import bench_env
 from harness.server import REPO, Server, free_port, spawn
 

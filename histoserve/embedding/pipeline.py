@@ -20,7 +20,7 @@
    ``--slides-in-flight`` slides are in progress at once (default 2), sharing
    one bound of ``--concurrency`` requests in flight;
 4. ``<out>/report.html`` over every slide of the folder (``--no-qc``: none);
-   ``--slide-model``: its head over the done slides (:mod:`histoserve.embedding.embed_stage`).
+   ``--slide-model``: its head over the done slides (:mod:`histoserve.embedding.slide_model`).
 
 A slide that fails (missing, unreadable, no mpp, corrupt tiles, a 4xx,
 retries used up, a bad claim file, changed while it was embedded: checked
@@ -51,7 +51,6 @@ from histoserve import __version__
 from histoserve.atomic import open_folder, sweep_dead_temps
 from histoserve.embedding.batches import BatchStats
 from histoserve.embedding.config import EmbedConfig
-from histoserve.embedding.embed_stage import check_slide_model, run_slide_model
 from histoserve.embedding.memory import large_buffers_use_mmap
 from histoserve.embedding.progress import Progress
 from histoserve.embedding.settings import (
@@ -62,6 +61,7 @@ from histoserve.embedding.settings import (
     slide_settings,
 )
 from histoserve.embedding.slide_job import RunContext, embed_slide
+from histoserve.embedding.slide_model import check_slide_model, run_slide_model
 from histoserve.errors import EmbedError, SlideError, UsageError
 from histoserve.remote.auth import load_credentials, warn_if_plaintext
 from histoserve.remote.dispatch import Dispatcher, RetryPolicy

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from histoserve.errors import EmbedError, UsageError
 from histoserve.heads.head import fetch_head_info
-from histoserve.heads.results import done_result, head_hash
+from histoserve.heads.result_file import done_result, head_hash
 from histoserve.heads.slide_head import (
     HeadContext,
     pictures_behind,

@@ -6,7 +6,7 @@ come from is in the name too (``qc/<id>.<model>.20x_224px_0px_overlap.heatmap.jp
 :func:`~histoserve.results.sources.tiling_of`), so runs of another
 magnification, tile size or overlap into one folder keep their own pictures.
 
-Each picture records the :func:`~histoserve.heads.results.answer_sha256` of
+Each picture records the :func:`~histoserve.heads.result_file.answer_sha256` of
 the result it shows: the JPEGs in their comment (``histoserve
 answer_sha256=<hex>``), the GeoJSON as its collection's ``answer_sha256``
 property. The heatmap is renamed into place after the others (and the result
@@ -29,7 +29,7 @@ The pictures:
 :func:`write_pictures` is all or nothing: the heatmap of this result is
 removed first, every picture is staged under a temp name, then the GeoJSON,
 the top tiles and the heatmap are renamed into place, the heatmap last (the
-result itself after them: :func:`~histoserve.heads.results.write_result`'s
+result itself after them: :func:`~histoserve.heads.result_file.write_result`'s
 ``before_replace``). A top-tiles sheet not drawn this time (the slide not
 verified) is removed, never left from an earlier run. What fails while
 drawing (a full disk, an unreadable region) leaves none of the slide's
@@ -53,7 +53,7 @@ from histoserve.atomic import atomic_path, open_folder, open_regular
 from histoserve.heads import heatmap, qupath
 from histoserve.heads.background import background, open_slide
 from histoserve.heads.head import HeadInfo
-from histoserve.heads.results import SlideAnswer
+from histoserve.heads.result_file import SlideAnswer
 from histoserve.results.sources import SlideFeatures
 
 QC_DIR = "qc"

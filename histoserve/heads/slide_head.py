@@ -13,7 +13,7 @@ just wrote), so both give the same numbers. In order:
    (INT64, unless ``send_coords`` is off); the answer checked
    (:class:`~histoserve.heads.head.SlideAnswerCheck`: retried
    elsewhere when wrong); a 4xx fails the slide with the server's message;
-3. ``slide_features_<model>/<id>.h5`` (:mod:`~histoserve.heads.results`)
+3. ``slide_features_<model>/<id>.h5`` (:mod:`~histoserve.heads.result_file`)
    and the slide's pictures as one unit: with ``qc``, the heatmap, the QuPath
    GeoJSON and the top tiles (:mod:`~histoserve.heads.pictures`) staged and
    renamed into place before the result is (a run killed in between leaves
@@ -47,7 +47,7 @@ from histoserve.heads.pictures import (
     shown_answer,
     write_pictures,
 )
-from histoserve.heads.results import (
+from histoserve.heads.result_file import (
     SlideAnswer,
     read_answer,
     result_attrs,
@@ -68,7 +68,7 @@ class HeadContext:
         info: The head as the server describes it.
         dispatcher: Sends its requests (retries, several URLs).
         out_dir: Where ``qc/`` goes (FEATURES_DIR, or embed's ``--out``).
-        config_hash: The results' hash (:func:`~histoserve.heads.results.head_hash`).
+        config_hash: The results' hash (:func:`~histoserve.heads.result_file.head_hash`).
         send_coords: Send ``coords`` with the features.
         qc: Write the heatmap and the QuPath GeoJSON.
         slides_dir: Where to look for the slides under the pictures (None: the recorded path).

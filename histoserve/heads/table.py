@@ -9,14 +9,14 @@ prediction's value for that class. Several models in one folder share the
 file: each row has its own model's classes filled in, the others empty.
 
 Like ``report.html`` it is built at the end of every run from every complete
-result file (``slide_features_*/<id>.h5``, :mod:`~histoserve.heads.results`)
+result file (``slide_features_*/<id>.h5``, :mod:`~histoserve.heads.result_file`)
 under the folders given (``aggregate`` gives every TRIDENT coords folder of
 the job folder: runs of another magnification, tile size or overlap are rows
 of their own, their ``tiling`` naming their pictures,
 :mod:`~histoserve.heads.pictures`), so it covers earlier runs and the other shards too;
 the last shard to finish writes the whole table. It is a view of the results
 that hold now: a result whose features file vanished, or was replaced or
-rewritten since, has no row (:func:`~histoserve.heads.results.made_from_current`).
+rewritten since, has no row (:func:`~histoserve.heads.result_file.made_from_current`).
 Every cell of text goes through :func:`~histoserve.text.csv_cell` (a class or
 slide id starting with ``=`` is no formula in a spreadsheet); predictions are
 numbers and written as numbers (``-0.5``, which a spreadsheet or pandas reads
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from histoserve.atomic import atomic_path, read_regular
-from histoserve.heads.results import RESULTS_PREFIX, made_from_current, read_result
+from histoserve.heads.result_file import RESULTS_PREFIX, made_from_current, read_result
 from histoserve.results.sources import tiling_of
 from histoserve.text import csv_cell, csv_text
 

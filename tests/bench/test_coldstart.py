@@ -116,7 +116,7 @@ def test_one_real_cold_start_of_the_tiny_package(
 
 
 def test_the_profiles_cold_start_their_big_packages() -> None:
-    from bench.config import PROFILES
+    from bench.profiles import PROFILES
 
     assert [c.label for c in coldstart.cases_for(PROFILES["tiny"])] == ["demo"]
     assert [c.label for c in coldstart.cases_for(PROFILES["full"])] == ["vit-s", "vit-g"]

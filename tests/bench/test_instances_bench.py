@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.config import PROFILES
 from bench.matrix.cells import LoadClient
+from bench.profiles import PROFILES
 from bench.run import measure_instances
 from bench.stages import instances
 from bench.triton import baseline

@@ -11,11 +11,11 @@ import sys
 import numpy as np
 import pytest
 
-from bench.config import PROFILES, ModelCase, Windows
 from bench.load.payloads import build_payload, rest_output_rows, synthetic_tiles
 from bench.load.probes import Snapshot, parse_metrics, summarise_window
 from bench.matrix.cells import Cell, skip_reason, timing
 from bench.matrix.limit import limit_at
+from bench.profiles import PROFILES, ModelCase, Windows
 from histoserve.wire import HEADER
 
 

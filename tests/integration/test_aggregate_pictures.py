@@ -24,7 +24,7 @@ from harness import slides
 from harness.embed import run_aggregate, run_embed
 from harness.server import Server
 from histoserve.heads.pictures import picture_files, recorded_answer
-from histoserve.heads.results import answer_sha256
+from histoserve.heads.result_file import answer_sha256
 from histoserve.heads.table import read_table
 
 pytestmark = pytest.mark.integration
