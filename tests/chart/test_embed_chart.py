@@ -94,15 +94,15 @@ def test_pod_is_consistent(helm_bin, values):
 EXPECTED_URLS = {
     None: ["http://h0-histoserve-predictor.cohorts.svc.cluster.local"],
     "configmap-manifest-values.yaml": ["http://h0-histoserve-predictor.cohorts.svc.cluster.local"],
-    "path-manifest-values.yaml": ["http://h-optimus-0-predictor.model.svc.cluster.local"],
+    "path-manifest-values.yaml": ["http://h-optimus-0-predictor.serving.svc.cluster.local"],
     "explicit-url-values.yaml": [
-        "http://h0-a100-predictor.model.svc.cluster.local",
-        "http://h0-h100-predictor.model.svc.cluster.local",
+        "http://h0-a100-predictor.serving.svc.cluster.local",
+        "http://h0-h100-predictor.serving.svc.cluster.local",
     ],
     "knative-derived-url-values.yaml": ["http://h0-histoserve-predictor.ml.svc.corp.internal"],
     "standard-grpc-values.yaml": ["grpc://h0-histoserve-predictor.cohorts.svc.cluster.local:8081"],
     "knative-grpc-values.yaml": ["grpc://h0-histoserve-predictor.cohorts.svc.cluster.local:80"],
-    "full-values.yaml": ["http://m-optimus-histoserve-predictor.model.svc.cluster.local"],
+    "full-values.yaml": ["http://m-optimus-histoserve-predictor.serving.svc.cluster.local"],
 }
 
 
@@ -155,7 +155,7 @@ def test_full_command_line(helm_bin):
     f = flags(container(render(helm_bin, "full-values.yaml")))
     assert f == {
         "manifest": ["/etc/histoserve-embed/slides.csv"],
-        "url": ["http://m-optimus-histoserve-predictor.model.svc.cluster.local"],
+        "url": ["http://m-optimus-histoserve-predictor.serving.svc.cluster.local"],
         "out": ["/output"],
         "shard": ["$(JOB_COMPLETION_INDEX)/64"],
         "concurrency": ["12"],
@@ -167,7 +167,7 @@ def test_full_command_line(helm_bin):
         "tissue": ["tissue-seg"],
         "min-tissue": ["0.4"],
         "slide-model": ["abmil-brca"],
-        "slide-url": ["http://abmil-brca-predictor.model.svc.cluster.local"],
+        "slide-url": ["http://abmil-brca-predictor.serving.svc.cluster.local"],
         "batch-size": ["128"],
         "read-workers": ["6"],
         "force": [""],
