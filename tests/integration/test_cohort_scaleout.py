@@ -166,6 +166,7 @@ def wait_until(predicate, timeout_s: float, what: str) -> None:
 # ------------------------------------------------------------------------------- test
 
 
+@pytest.mark.slow  # a cohort through two replicas, one restarted mid-run (about 50 s): `make test-long`
 def test_cohort_job_survives_replica_restart(
     embedding_package_dir: Path, cohort: dict, tmp_path: Path
 ) -> None:

@@ -104,6 +104,7 @@ def test_rest_and_grpc_answers_equal_the_module(server, grpc, module, n) -> None
     _check(grpc(features, all_modes), want)
 
 
+@pytest.mark.slow  # one slide of LARGE_N FP16 features through the head (about 30 s): `make test-long`
 def test_a_large_fp16_slide(server, module) -> None:
     features = _slide(LARGE_N, seed=1, dtype=np.float16)
     result = _rest(server, features, "prediction,embedding,attention", datatype="FP16")

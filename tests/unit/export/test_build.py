@@ -348,6 +348,7 @@ def test_cli_gene_list_flags_go_together(tmp_path: Path, capsys) -> None:
     assert "--genes_in and --genes_out go together" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a second full export for the x86-64-v3 target (about 70 s): `make test-long`
 def test_portable_cpu_target(embedding_package_dir: Path) -> None:
     path = demo_package("h0-mini", cpu_target="x86-64-v3", max_batch=8)
     metadata = pkg_meta.read_metadata(path)
