@@ -38,7 +38,7 @@ the sample's tile.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,17 +108,7 @@ class JpegTiles:
             InvalidInput: Naming ``jpeg_tiles`` and ``index`` (every asker gets it).
         """
         self.header(index)
-        with self._locks[index]:
-            done = self._decoded[index]
-            if done is None:
-                try:
-                    done = self._decode(index)
-                except InvalidInput as exc:
-                    done = exc.at(input_name=JPEG_TILES, tile=index)
-                self._decoded[index] = done
-        if isinstance(done, InvalidInput):
-            raise done
-        return done
+        return self._once(self._decoded, index, self._decode)
 
     def header(self, index: int) -> tuple[int, int]:
         """Slide tile ``index``'s declared ``(width, height)``, checked against the limits.
@@ -128,14 +118,22 @@ class JpegTiles:
                 header, a declared size beyond ``max_image_pixels``, or one
                 smaller than the tile's valid area in the layout.
         """
+        return self._once(self._headers, index, self._read_header)
+
+    def _once(self, results: list[Any], index: int, compute: Callable[[int], Any]) -> Any:
+        """``compute(index)`` at most once per slide tile, by whichever thread asks first.
+
+        Its result, or its :class:`InvalidInput` located at ``jpeg_tiles`` and
+        ``index``, is kept in ``results[index]``: every later asker gets the same.
+        """
         with self._locks[index]:
-            done = self._headers[index]
+            done = results[index]
             if done is None:
                 try:
-                    done = self._read_header(index)
+                    done = compute(index)
                 except InvalidInput as exc:
                     done = exc.at(input_name=JPEG_TILES, tile=index)
-                self._headers[index] = done
+                results[index] = done
         if isinstance(done, InvalidInput):
             raise done
         return done
