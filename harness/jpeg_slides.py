@@ -12,6 +12,7 @@ makes a copy declare another TIFF tile size.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import struct
 from collections.abc import Callable
@@ -159,3 +160,17 @@ def corrupt_scan(stream: bytes) -> bytes:
     """``stream`` with a readable header over scan data libjpeg-turbo refuses (a stray restart marker)."""
     half = len(stream) // 2
     return stream[:half] + b"\xff\xd3" + stream[half + 2 :]
+
+
+def slides_a_and_b(root: Path) -> Path:
+    """``root`` holding the transport's three cases, for the embed tests of the native reader.
+
+    ``b.svs``: Aperio-style, 0.25 um/px with a level at 0.5 (a matching level);
+    ``a.svs``: the same without it (levels 1/16: 448 px read and resized);
+    ``deflate.tif``: a tiled TIFF that is not JPEG (OpenSlide's, never native).
+    """
+    spec_b = slides.SlideSpec(mpp=(0.25, 0.25), vendor="aperio", **slides.standard_layout(448))
+    jpeg_tiff(root / "b.svs", spec_b)
+    jpeg_tiff(root / "a.svs", dataclasses.replace(spec_b, downsamples=(1, 16)))
+    slides.generic_tiff(root / "deflate.tif")
+    return root

@@ -22,25 +22,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import jpeg_slides, slides
+from harness import jpeg_slides
 from harness.bad_server import BadServer
 from harness.embed import by_status, read_output, run_embed, status_rows
 from harness.recording_proxy import RecordingProxy
 from harness.server import Server
 
 pytestmark = pytest.mark.integration
-LAYOUT = slides.standard_layout(448)
-SPEC_B = slides.SlideSpec(mpp=(0.25, 0.25), vendor="aperio", **LAYOUT)
-SPEC_A = slides.SlideSpec(mpp=(0.25, 0.25), vendor="aperio", downsamples=(1, 16), **LAYOUT)
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("transport-slides")
-    jpeg_slides.jpeg_tiff(root / "b.svs", SPEC_B)
-    jpeg_slides.jpeg_tiff(root / "a.svs", SPEC_A)
-    slides.generic_tiff(root / "deflate.tif")
-    return root
+    return jpeg_slides.slides_a_and_b(tmp_path_factory.mktemp("transport-slides"))
 
 
 def _embed(
