@@ -41,7 +41,9 @@ Decoder = Callable[[Sequence[bytes]], list[torch.Tensor]]
 MAX_REQUEST_PIXELS = 64 * 1024 * 1024
 """Declared pixels of one request's slide tiles above which it is decoded on the CPU instead."""
 MAX_RESIZE_PIXELS = 32 * 1024 * 1024
-"""Canvas pixels resized in one call (each held as float32 while it is resized)."""
+"""Canvas pixels resized in one call (each held as float32 while it is resized), and
+the most composed canvases wait for their resize: a batch of boxes as large as
+``max_image_pixels`` never holds them all on the device at once."""
 DEVICE_FILTERS = {"bicubic": "bicubic", "bilinear": "bilinear"}
 """Spec filters the device resizes with (antialiased); any other keeps the CPU decode."""
 
@@ -138,6 +140,7 @@ class DeviceJpeg:
         out = torch.full((len(boxes), size, size, 3), 255, dtype=torch.uint8, device=self.device)
         failed: dict[int, TileFailure] = {}
         to_resize: dict[tuple[int, int], list[tuple[int, torch.Tensor]]] = defaultdict(list)
+        pending_px = 0
         for tiles, rows in _by_request(boxes).items():
             needed = sorted({i for row in rows for i in boxes[row].overlaps})
             decoded, bad = self._decode_isolating(tiles, needed)
@@ -150,11 +153,21 @@ class DeviceJpeg:
                 canvas = _compose(box, decoded, self.device)
                 if canvas.shape[1:] == (size, size):
                     out[row] = canvas.permute(1, 2, 0)
-                else:
-                    to_resize[tuple(canvas.shape[1:])].append((row, canvas))
+                    continue
+                to_resize[tuple(canvas.shape[1:])].append((row, canvas))
+                pending_px += canvas.shape[1] * canvas.shape[2]
+                if pending_px >= MAX_RESIZE_PIXELS:  # large boxes are never all held at once
+                    self._flush(out, to_resize)
+                    pending_px = 0
+        self._flush(out, to_resize)
+        return out, failed
+
+    def _flush(
+        self, out: torch.Tensor, to_resize: dict[tuple[int, int], list[tuple[int, torch.Tensor]]]
+    ) -> None:
         for group in to_resize.values():
             self._resize_into(out, group)
-        return out, failed
+        to_resize.clear()
 
     def _decode_isolating(
         self, tiles: SlideTiles, needed: list[int]

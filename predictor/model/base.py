@@ -164,12 +164,13 @@ class BaseServerModel(TileHooks, Model):
             with self._phases.time("probe"):
                 self.check_package(self._package)
                 self._normalizer = build_normalizer(self._package, self._spec)
-                self._jpeg = JpegDecodePlace(
+                place = JpegDecodePlace(
                     self._options.jpeg_decode,
                     self._package.device,
                     self._spec.tile_size,
                     self._spec.interpolation,
                 )
+                self._jpeg = place if place.on_device_enabled else None
                 for dev, package in self._more_packages.items():
                     self.bind_device(package)
                     self._devices.slots[dev] = build_slot(package, self._spec)

@@ -151,7 +151,7 @@ class TileHooks(RequestHooks, ServedPackage, PackageFamily):
         self._fault_hook = fault_hook
         self._package = package
         self._owner_config: Mapping[str, Any] = {}  # a front end's: the device owner's config
-        self._jpeg: JpegDecodePlace | None = None  # the device owner's, built by load
+        self._jpeg: JpegDecodePlace | None = None  # set by load only when tiles decode on a device
         self._normalizer: Normalizer | None = None  # the first device's, built by load
         # the further devices' slots, and each worker's (warmed up on CUDA)
         self._devices = DeviceWorkers(warm_up=self.warm_worker)
@@ -334,9 +334,10 @@ class TileHooks(RequestHooks, ServedPackage, PackageFamily):
         """The package's inputs for a batch, on the device (tiles first, either layout)."""
         size = self._spec.tile_size
         normalizer = self.active_slot().normalizer
-        on_device = device_batch([s.tile for s in samples], size, normalizer.device)
-        if on_device is not None:  # decoded there (predictor.model.device_jpeg)
-            return (normalizer.normalise(on_device),)
+        if self._jpeg is not None:  # tiles decoded on the device (predictor.model.device_jpeg)
+            on_device = device_batch([s.tile for s in samples], size, normalizer.device)
+            if on_device is not None:
+                return (normalizer.normalise(on_device),)
         return (normalizer([tile_hwc(s.tile, size) for s in samples]),)
 
     def output_to_host(self, output: torch.Tensor) -> torch.Tensor:

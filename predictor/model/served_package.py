@@ -52,8 +52,7 @@ class ServedPackage:
         A front end decodes in its own stage 1, on the CPU, whatever the
         device owner would do.
         """
-        place = self._jpeg
-        return "device" if place is not None and place.on_device_enabled else "cpu"
+        return "cpu" if self._jpeg is None else "device"
 
     def answer_parameters(self, samples: Sequence[PreparedSample] = ()) -> dict[str, str]:
         """What every answer says about who made it: the package's digest, where JPEG tiles decode.
@@ -67,5 +66,5 @@ class ServedPackage:
         """
         digest = self.package_sha256
         facts = {"package_sha256": digest} if digest else {}
-        on_device = any(isinstance(s.tile, JpegRegion) for s in samples)
+        on_device = self._jpeg is not None and any(isinstance(s.tile, JpegRegion) for s in samples)
         return {**facts, "jpeg_decode": "device" if on_device else "cpu"}

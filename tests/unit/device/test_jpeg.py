@@ -90,3 +90,24 @@ def test_many_same_sized_boxes_resize_in_bounded_calls(monkeypatch: pytest.Monke
     monkeypatch.setattr(torch.nn.functional, "interpolate", counted)
     _, batch, failed = _cpu_and_device(112, BOXES * 2)
     assert not failed and batch.shape[0] == 6 and calls == [2, 2, 2]
+
+
+def test_composed_canvases_wait_for_their_resize_only_up_to_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import predictor.device.jpeg as module
+
+    monkeypatch.setattr(module, "MAX_RESIZE_PIXELS", 224 * 224 + 200 * 200)  # one of each size
+    calls = []
+    real = torch.nn.functional.interpolate
+
+    def counted(x, *args, **kwargs):
+        calls.append(tuple(x.shape))
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "interpolate", counted)
+    boxes = [[0, 0, 224, 224], [10, 0, 200, 200], [150, 10, 224, 224], [300, 0, 200, 200]]
+    regions, batch, failed = _cpu_and_device(112, boxes)
+    assert not failed and len(calls) == 4 and all(c[0] == 1 for c in calls)  # flushed by two
+    for row, region in enumerate(regions):
+        assert np.abs(batch[row].astype(int) - region.pixels().astype(int)).mean() < 1.0
