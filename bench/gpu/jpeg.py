@@ -105,20 +105,25 @@ def _decode(ctx: Context) -> dict[str, Any]:
     }
 
 
-def _boxes(n: int, box: int) -> list[Any]:
-    from bench.load.payloads import slide_jpeg_inputs
+def _regions(inputs: dict[str, np.ndarray]) -> list[Any]:
+    """The request's boxes as the server's codec reads them (224 px tiles, bicubic)."""
     from predictor.codecs.jpeg_input import jpeg_regions
     from predictor.config import LimitsConfig
+
+    return jpeg_regions(
+        list(inputs["jpeg_tiles"]), inputs["jpeg_layout"].astype(np.int64),
+        inputs["jpeg_boxes"].astype(np.int64), limits=LimitsConfig(), tile_size=224,
+        interpolation="bicubic",
+    )  # fmt: skip
+
+
+def _boxes(n: int, box: int) -> list[Any]:
+    from bench.load.payloads import slide_jpeg_inputs
     from predictor.device.jpeg import Box, SlideTiles
 
     inputs = slide_jpeg_inputs(n, box)
-    layout = inputs["jpeg_layout"].astype(np.int64)
-    regions = jpeg_regions(
-        list(inputs["jpeg_tiles"]), layout, inputs["jpeg_boxes"].astype(np.int64),
-        limits=LimitsConfig(), tile_size=224, interpolation="bicubic",
-    )  # fmt: skip
-    tiles = SlideTiles(list(inputs["jpeg_tiles"]), layout)
-    return [Box(tiles, tuple(int(v) for v in r.box), r.overlaps()) for r in regions]
+    tiles = SlideTiles(list(inputs["jpeg_tiles"]), inputs["jpeg_layout"].astype(np.int64))
+    return [Box(tiles, tuple(int(v) for v in r.box), r.overlaps()) for r in _regions(inputs)]
 
 
 def _compose(ctx: Context) -> dict[str, Any]:
@@ -189,12 +194,4 @@ def _reported_decode(server: Any) -> str:
 
 def _cpu_pixels(inputs: dict[str, np.ndarray]) -> np.ndarray:
     """The pixels the CPU decode composes for each box (libjpeg-turbo, Pillow's bicubic)."""
-    from predictor.codecs.jpeg_input import jpeg_regions
-    from predictor.config import LimitsConfig
-
-    regions = jpeg_regions(
-        list(inputs["jpeg_tiles"]), inputs["jpeg_layout"].astype(np.int64),
-        inputs["jpeg_boxes"].astype(np.int64), limits=LimitsConfig(), tile_size=224,
-        interpolation="bicubic",
-    )  # fmt: skip
-    return np.stack([r.pixels() for r in regions])
+    return np.stack([r.pixels() for r in _regions(inputs)])
