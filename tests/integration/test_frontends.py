@@ -320,11 +320,15 @@ def test_a_lost_device_fails_liveness_on_every_front_end(embedding_package_dir, 
         content, headers = wire.encode_request({"pixels": random_tiles(1, seed=62)})
         fatal = httpx.post(infer_url(server), content=content, headers=headers, timeout=60)
         assert fatal.status_code == 503, fatal.text
-        live = [httpx.get(f"{server.base}/v2/health/live", timeout=5) for _ in range(16)]
-        assert [r.status_code for r in live] == [503] * 16
-        probed = set(
-            re.findall(r'\[(frontend-\d)\] [^"]+"GET /v2/health/live[^"]*" 503', server.log())
-        )
+        # The kernel hands each new connection to whichever front end accepts first, which
+        # may be the same one many times over: probe until both have answered (or 400 probes).
+        live, probed = [], set()
+        while len(live) < 16 or (probed != {"frontend-0", "frontend-1"} and len(live) < 400):
+            live.append(httpx.get(f"{server.base}/v2/health/live", timeout=5))
+            probed = set(
+                re.findall(r'\[(frontend-\d)\] [^"]+"GET /v2/health/live[^"]*" 503', server.log())
+            )
+        assert [r.status_code for r in live] == [503] * len(live)
         assert probed == {"frontend-0", "frontend-1"}, "the probes did not reach both front ends"
     finally:
         server.stop()
