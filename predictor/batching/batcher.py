@@ -40,9 +40,9 @@ import logging
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-from predictor.batching.queue import BatchQueue, Entry, fail, settle
+from predictor.batching.queue import BatchPolicy, BatchQueue, Entry, fail, settle
 from predictor.batching.worker import (
     BatchObserver,
     GuardedObserver,
@@ -57,12 +57,49 @@ from predictor.batching.worker import (
 from predictor.config import BatchingConfig
 from predictor.errors import DeviceLost, ErrorKind, ModelNotReady, Overloaded, forward_failure
 
-__all__ = ["BatchObserver", "DynamicBatcher", "ErrorKind", "NullObserver", "WorkerState"]
+__all__ = ["BatchObserver", "Batcher", "DynamicBatcher", "ErrorKind", "NullObserver", "WorkerState"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+class Batcher(Protocol):
+    """What a served model needs of its batcher: the seam between the model and the device.
+
+    Two implement it: :class:`DynamicBatcher` (the device owner's, in process)
+    and a front end's :class:`~predictor.multiprocess.proxy.BatcherProxy`
+    (``--frontends``), which forwards every submit to the device owner's.
+    ``tests/unit/batching/test_policy.py`` checks both against this protocol.
+    """
+
+    @property
+    def queue_depth(self) -> int:
+        """Weight waiting, for the model's fast 503 (a proxy: the owner's, last heard)."""
+
+    @property
+    def healthy(self) -> bool:
+        """False once no device can serve (the model's liveness)."""
+
+    @property
+    def workers(self) -> tuple[Any, ...]:
+        """The device workers' states (none where the device lives in another process)."""
+
+    async def start(self) -> None:
+        """Starts on the running loop (called once, by the server)."""
+
+    def submit(self, items: Sequence[Any], key: Hashable = None) -> list[asyncio.Future[Any]]:
+        """Enqueues ``items`` (all or none) under ``key``; one future per item, in order."""
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuses new items, waits for admitted ones; True when all ended in time."""
+
+    async def close(self) -> None:
+        """Stops for good; unsettled items fail with ``ModelNotReady``."""
+
+    def close_nowait(self) -> list[asyncio.Task[None]]:
+        """:meth:`close` for a synchronous caller on the loop's thread; the tasks it cancelled."""
 
 
 class DynamicBatcher(Generic[T, R]):
@@ -108,7 +145,8 @@ class DynamicBatcher(Generic[T, R]):
         inner = observer if observer is not None else NullObserver()
         self._observer: BatchObserver = GuardedObserver(inner, name)
         self._name = name
-        self._queue = BatchQueue[T, R](config.max_queue_size, config.max_batch_size, weight)
+        self._queue = BatchQueue[T, R](config.max_queue_size, weight)
+        self._policy = BatchPolicy(config.max_batch_size, config.max_latency_ms / 1000.0)
         self._started = False
         self._closed = False
         self._draining = False
@@ -261,7 +299,7 @@ class DynamicBatcher(Generic[T, R]):
                 if not fresh:
                     await self._fill()
                 fresh = False
-                batch = self._queue.take()
+                batch = self._policy.take(self._queue)
                 if batch:
                     self._launch(worker, batch)
         except asyncio.CancelledError:
@@ -283,16 +321,14 @@ class DynamicBatcher(Generic[T, R]):
         self._quiescent.set()
 
     async def _fill(self) -> None:
-        """Wait until the head batch is full or its oldest item's deadline passes."""
+        """Wait until the policy says the head batch is ready (full, or its wait is over)."""
         assert self._loop is not None
-        latency_s = self._config.max_latency_ms / 1000.0
         while True:
             self._queue.drop_cancelled_head()
-            if not self._queue or self._queue.head_batch_complete():
+            now = time.monotonic()
+            if not self._queue or self._policy.ready(self._queue, now):
                 return
-            remaining = self._queue.head_deadline(latency_s) - time.monotonic()
-            if remaining <= 0:
-                return
+            remaining = self._policy.deadline(self._queue) - now
             self._wakeup.clear()
             timer = self._loop.call_later(remaining, self._wakeup.set)
             try:

@@ -1,4 +1,4 @@
-"""The batcher's queue: one bounded FIFO of keyed items, and how a batch is cut from it.
+"""The batcher's queue (one bounded FIFO of keyed items) and the batch rule (:class:`BatchPolicy`).
 
 Contract:
     * :meth:`BatchQueue.admit` adds a request's items all or none: when they
@@ -6,11 +6,13 @@ Contract:
       already went away) it returns ``None`` and adds nothing. What counts
       against that bound is each item's weight (1 by default; a slide counts
       its tiles), summed in :attr:`BatchQueue.depth`.
-    * :meth:`BatchQueue.take` pops the head batch: the head item's key, FIFO,
-      at most ``max_batch_size`` live items; cancelled entries are skipped.
-    * :meth:`BatchQueue.head_batch_complete` says whether waiting could still
-      grow the head batch (it cannot once it is full or another key follows),
-      and :meth:`BatchQueue.head_deadline` when the oldest item's wait ends.
+    * :class:`BatchPolicy` is the batch rule, written once
+      (:meth:`BatchPolicy.head`): a batch is the head item's key, FIFO, at
+      most ``max_batch_size`` live items (cancelled entries are skipped).
+      :meth:`BatchPolicy.ready` says whether the dispatcher should cut it
+      now (waiting cannot grow it: it is full or another key follows; or the
+      oldest item has waited ``max_latency_s``), :meth:`BatchPolicy.take`
+      pops it. A change to how batches form is a change to this class only.
 
 Only the event loop thread touches a queue; it knows nothing of workers.
 """
@@ -62,23 +64,16 @@ def fail(entries: Iterable[Entry[Any, Any]], error: BaseException) -> None:
 
 
 class BatchQueue(Generic[T, R]):
-    """A bounded FIFO of :class:`Entry` with batch cutting.
+    """A bounded FIFO of :class:`Entry`; :class:`BatchPolicy` cuts batches from its head.
 
     Args:
         max_queue_size: Most weight (items, or tiles) held at once.
-        max_batch_size: Most items per batch.
         weight: An item's weight against ``max_queue_size``; 1 each when ``None``.
     """
 
-    def __init__(
-        self,
-        max_queue_size: int,
-        max_batch_size: int,
-        weight: Callable[[T], int] | None = None,
-    ) -> None:
+    def __init__(self, max_queue_size: int, weight: Callable[[T], int] | None = None) -> None:
         self._entries: deque[Entry[T, R]] = deque()
         self._limit = max_queue_size
-        self._batch = max_batch_size
         self._weigh = weight
         self._depth = 0
 
@@ -120,42 +115,65 @@ class BatchQueue(Generic[T, R]):
         while self._entries and self._entries[0].future.done():
             self._popleft()
 
-    def head_deadline(self, latency_s: float) -> float:
-        """Monotonic time at which the oldest entry has waited ``latency_s``."""
-        return self._entries[0].enqueued_at + latency_s
+    def pop_head(self, n: int) -> list[Entry[T, R]]:
+        """Pops the first ``n`` entries (cancelled ones included), in order."""
+        return [self._popleft() for _ in range(n)]
 
-    def head_batch_complete(self) -> bool:
-        """True if waiting cannot grow the head batch: it is full or another key follows."""
-        key = self._entries[0].key
-        size = 0
-        for entry in self._entries:
-            if entry.future.done():
-                continue
-            if entry.key != key:
-                return True
-            size += 1
-            if size >= self._batch:
-                return True
-        return False
-
-    def take(self) -> list[Entry[T, R]]:
-        """Pop the head batch: the head's key, FIFO, live items, at most max_batch_size."""
-        batch: list[Entry[T, R]] = []
-        if not self._entries:
-            return batch
-        key = self._entries[0].key
-        while self._entries and len(batch) < self._batch:
-            entry = self._entries[0]
-            if entry.future.done():
-                self._popleft()
-            elif entry.key != key:
-                break
-            else:
-                batch.append(self._popleft())
-        return batch
+    @property
+    def entries(self) -> deque[Entry[T, R]]:
+        """The entries, head first (read-only by contract: only the queue mutates them)."""
+        return self._entries
 
     def fail_all(self, error: BaseException) -> None:
         """Empty the queue, failing its pending futures with ``error``."""
         fail(list(self._entries), error)
         self._entries.clear()
         self._depth = 0
+
+
+class BatchPolicy:
+    """The batch rule: the head item's key, FIFO, live items, at most ``max_batch_size``.
+
+    Args:
+        max_batch_size: Most items per batch.
+        max_latency_s: Longest the oldest queued item waits for its batch to fill.
+    """
+
+    def __init__(self, max_batch_size: int, max_latency_s: float = 0.0) -> None:
+        self.max_batch_size = max_batch_size
+        self.max_latency_s = max_latency_s
+
+    def head(self, queue: BatchQueue[T, R]) -> tuple[int, int, bool]:
+        """The head batch: its live items, the entries it spans, whether waiting cannot grow it.
+
+        Returns:
+            ``(live, span, complete)``: ``span`` counts the cancelled entries
+            among the batch's too (popped with it); ``complete`` is true once
+            the batch is full or an entry of another key follows it.
+        """
+        key: Hashable = None
+        live = 0
+        for span, entry in enumerate(queue.entries):
+            if entry.future.done():
+                continue
+            if live == 0:
+                key = entry.key
+            elif entry.key != key:
+                return live, span, True
+            live += 1
+            if live >= self.max_batch_size:
+                return live, span + 1, True
+        return live, len(queue), False
+
+    def deadline(self, queue: BatchQueue[T, R]) -> float:
+        """Monotonic time at which the oldest entry has waited ``max_latency_s``."""
+        return queue.entries[0].enqueued_at + self.max_latency_s
+
+    def ready(self, queue: BatchQueue[T, R], now: float) -> bool:
+        """Whether to cut the head batch now: waiting cannot grow it, or its wait is over."""
+        return self.head(queue)[2] or now >= self.deadline(queue)
+
+    def take(self, queue: BatchQueue[T, R]) -> list[Entry[T, R]]:
+        """Pops the head batch (and the cancelled entries among it); its live entries, in order."""
+        _, span, _ = self.head(queue)
+        return [e for e in queue.pop_head(span) if not e.future.done()]

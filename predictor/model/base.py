@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from predictor.batching.batcher import DynamicBatcher
+from predictor.batching.batcher import Batcher, DynamicBatcher
 from predictor.codecs.base import Codec
 from predictor.codecs.samples import DecodedRequest, ModelResponse, PreparedSample
 from predictor.codecs.v1 import V1Codec
@@ -90,8 +90,9 @@ class BaseServerModel(TileHooks, Model):
         more_packages: Device name to the same package loaded on each further
             device (one per GPU after the first under ``--device auto``); each
             gets its own worker(s), normaliser and probe.
-        batcher: A front end's stand-in for the device owner's batcher, with
-            :class:`DynamicBatcher`'s contract (:mod:`predictor.multiprocess`):
+        batcher: A front end's stand-in for the device owner's batcher (a
+            :class:`~predictor.batching.batcher.Batcher`, :mod:`predictor.multiprocess`);
+            a model given one is a front end:
             stage 1 runs here, the package is never loaded in this process
             (``load`` reads only :meth:`~TileHooks.load_assets`).
     """
@@ -108,7 +109,7 @@ class BaseServerModel(TileHooks, Model):
         fault_hook: FaultHook | None = None,
         package: LoadedPackage | None = None,
         more_packages: Mapping[str, LoadedPackage] | None = None,
-        batcher: Any = None,
+        batcher: Batcher | None = None,
     ):
         options = options or ServingOptions()
         TileHooks.__init__(self, model_spec, options, fault_hook, package)
@@ -119,7 +120,8 @@ class BaseServerModel(TileHooks, Model):
         self._more_packages = dict(more_packages or {})
         self._phases = package.phases if package is not None else StartupPhases()
         self._pool: Stage1Pool | None = None
-        self._batcher: DynamicBatcher | None = batcher
+        self._batcher: Batcher | None = batcher
+        self._front_end = batcher is not None  # stage 1 here, the device in the owner
         self._stopped = False
         self._stage_call = StageCall(self.name)
         self._v1 = V1Codec(model_spec, self._options.limits)
@@ -154,7 +156,7 @@ class BaseServerModel(TileHooks, Model):
         """
         if self._stopped:
             return False
-        if self._pool is None and self._batcher is not None:  # a front end
+        if self._pool is None and self._front_end:  # never loads the package
             self.load_assets(self._checkpoint.parent)
             self._pool = Stage1Pool(self._options.preprocess_workers, self._spec.tile_size)
         if self._pool is None:
@@ -191,8 +193,9 @@ class BaseServerModel(TileHooks, Model):
 
     async def start_batching(self) -> None:
         """Starts the batcher inside the running event loop (called by the server)."""
-        if self._batcher is not None and not isinstance(self._batcher, DynamicBatcher):
-            await self._batcher.start()  # a front end's: the device owner holds the workers
+        if self._front_end:  # the proxy's: the device owner holds the workers
+            assert self._batcher is not None
+            await self._batcher.start()
             return
         if self._batcher is None:
             first = self.active_slot()
@@ -250,7 +253,7 @@ class BaseServerModel(TileHooks, Model):
         return self._batcher is None or self._batcher.healthy
 
     @property
-    def batcher(self) -> DynamicBatcher | None:
+    def batcher(self) -> Batcher | None:
         """The running batcher (None before :meth:`start_batching`): the device owner's seam."""
         return self._batcher
 

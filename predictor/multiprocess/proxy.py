@@ -31,7 +31,7 @@ logger = logging.getLogger("histoserve")
 
 
 class BatcherProxy:
-    """The device owner's batcher as seen from one front end.
+    """The device owner's batcher as seen from one front end (a :class:`~predictor.batching.batcher.Batcher`).
 
     Args:
         sock: The connected Unix socket (handshake done).

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from kserve import InferInput, InferRequest
 
-from predictor.batching.queue import BatchQueue
+from predictor.batching.queue import BatchPolicy, BatchQueue
 from predictor.codecs.samples import ModelRequest, ModelResponse
 from predictor.config import BatchingConfig, LimitsConfig
 from predictor.errors import InvalidInput, SpecError
@@ -169,11 +169,11 @@ def test_options_one_slide_a_forward_and_the_largest_slide_fits_the_queue() -> N
 def test_the_queue_counts_a_slide_s_tiles() -> None:
     async def run() -> None:
         loop = asyncio.get_running_loop()
-        queue: BatchQueue[int, None] = BatchQueue(10, 1, weight=lambda n: n)
+        queue: BatchQueue[int, None] = BatchQueue(10, weight=lambda n: n)
         assert queue.admit([6], "k", loop, 0.0) is not None
         assert queue.admit([5], "k", loop, 0.0) is None  # 6 + 5 tiles > 10
         assert queue.admit([4], "k", loop, 0.0) is not None and queue.depth == 10
-        assert [e.item for e in queue.take()] == [6] and queue.depth == 4
+        assert [e.item for e in BatchPolicy(1).take(queue)] == [6] and queue.depth == 4
         queue.fail_all(RuntimeError("x"))
         assert queue.depth == 0
 
