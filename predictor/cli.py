@@ -160,7 +160,7 @@ def _serve(args: argparse.Namespace, argv: list[str], frontends: int, index: int
     server, model = build_serving(args, index, (model_config, batching, limits), listeners[0])
     configure_trace_logging(args.enable_latency_logging)
     logger.info(
-        "serving %s: batching %s, limits %s, %d preprocess workers",
+        "serving %s: batching %s, limits %s, %d decode pool threads",
         model.name,
         asdict(batching),
         asdict(limits),

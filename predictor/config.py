@@ -101,7 +101,7 @@ class ModelConfig:
         spec: Built-in spec name or spec file path overriding the embedded one.
         model_name: Name in URLs; ``None`` uses the spec's name.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
-        preprocess_workers: Stage-1 decode threads.
+        preprocess_workers: The stage-1 decode pool's threads (the flag keeps its name).
         fault_injection: Test-only forward fault hook (see :mod:`predictor.device.faults`);
             ``None`` (the default) disables it.
         forward_runner: ``auto`` (the default: ``gil_free`` on the CPU, falling

@@ -4,7 +4,7 @@ The CLI builds an :class:`EmbedConfig` from its flags and the Python API takes
 one directly, so both check the same things in one place: a bad value raises
 :class:`~histoserve.errors.UsageError` (exit status 2) naming the option
 and the value. Defaults that depend on other options (``concurrency`` and the
-read-ahead depth follow the number of URLs and read workers) are filled in
+read-ahead depth follow the number of URLs and reader threads) are filled in
 here too, so the pipeline never sees ``None`` for them.
 """
 
@@ -229,7 +229,7 @@ class EmbedConfig:
     )
     queue_batches: int = option(
         0,
-        help="batches read ahead and waiting (0: at least 2, one per read worker)",
+        help="batches read ahead and waiting (0: at least 2, one per reader thread)",
         kind="whole number",
         group=_REQUESTS,
         hidden=True,

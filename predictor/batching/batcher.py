@@ -190,7 +190,9 @@ class DynamicBatcher(Generic[T, R]):
         for worker in self._workers:
             prefix = f"batcher-{self._name}-{worker.name}"
             worker.executor = ThreadPoolExecutor(1, thread_name_prefix=prefix)
-        self._dispatcher = self._loop.create_task(self._work(), name=f"batcher-{self._name}")
+        self._dispatcher = self._loop.create_task(
+            self._dispatch_loop(), name=f"batcher-{self._name}"
+        )
         self._started = True
 
     def submit(self, items: Sequence[T], key: Hashable = None) -> list[asyncio.Future[R]]:
@@ -276,9 +278,9 @@ class DynamicBatcher(Generic[T, R]):
                 worker.executor.shutdown(wait=False, cancel_futures=True)
         return tasks
 
-    # -- worker ---------------------------------------------------------------
+    # -- the dispatcher --------------------------------------------------------
 
-    async def _work(self) -> None:
+    async def _dispatch_loop(self) -> None:
         """The dispatcher: wait for work and a free worker, form a batch, hand it over."""
         fresh = True  # the queue ran empty: the next arrival is dispatched at once
         try:
@@ -365,7 +367,7 @@ class DynamicBatcher(Generic[T, R]):
             raise
         except Exception:
             fail(batch, ModelNotReady(f"{self._name}: batcher failed while the batch ran"))
-            self._crash("batcher worker crashed")
+            self._crash("batcher crashed while a batch ran")
 
     async def _forward(self, worker: Worker, entries: list[Entry[T, R]], key: Hashable) -> None:
         """Run ``entries`` in ``worker``'s thread and settle them; split on OOM."""

@@ -3,7 +3,7 @@
 One device worker is serial: stack the tiles into pinned memory, copy them
 to the device, normalise, run, copy back, build the answers, and only then
 start the next batch's staging. So each CUDA instance is served by two
-batcher workers, its **lanes**, that share one :class:`Turn` (the
+device workers, its **lanes**, that share one :class:`Turn` (the
 instance's compute stream and a lock) and one copy stream, each with its
 own normaliser (so its own pinned staging buffer: double-buffered staging):
 
@@ -45,7 +45,7 @@ from typing import Any, Protocol
 import torch
 
 LANES = 2
-"""Lanes (batcher workers) per pipelined CUDA instance."""
+"""Lanes (device workers) per pipelined CUDA instance."""
 
 
 class PipeStream(Protocol):

@@ -1,4 +1,4 @@
-"""Which device, normaliser and stream a batcher worker thread serves: one slot per worker.
+"""Which device, normaliser and stream a device worker thread serves: one slot per worker.
 
 Under ``--device auto`` with several GPUs every GPU gets its own loaded
 package (one :class:`~predictor.device.DeviceSlot` per further GPU, probed at

@@ -186,7 +186,7 @@ class HistoModelServer(ModelServer):
             (:mod:`predictor.http.listeners`); ``None``: uvicorn binds it.
         grpc_reuse_port: Bind gRPC with ``SO_REUSEPORT`` (front ends of one
             pod only; see :class:`~predictor.http.grpc_server.GrpcServer`).
-        **kwargs: KServe ``ModelServer`` arguments (ports, workers, ...).
+        **kwargs: KServe ``ModelServer`` arguments (ports, ``workers``: its server processes, ...).
     """
 
     def __init__(

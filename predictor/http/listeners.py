@@ -2,7 +2,7 @@
 
 One process binds the HTTP socket itself (:func:`bind_http`) and hands it to
 uvicorn; under ``--frontends N`` the supervisor binds it and every front end
-inherits it (as gunicorn's and uvicorn's workers do), so the kernel spreads
+inherits it (as gunicorn's and uvicorn's worker processes do), so the kernel spreads
 connections over the processes that accept on it and no other server can
 bind the port while any of them lives. Neither sets ``SO_REUSEPORT``.
 

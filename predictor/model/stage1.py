@@ -1,7 +1,7 @@
 """Stage 1 in a thread pool: prepare every tile of a request, in order.
 
 Decoding PNG/JPEG releases the GIL, so a request's tiles are split into one
-chunk per worker and prepared in parallel. Raw ``pixels`` need no decoding:
+chunk per pool thread and prepared in parallel. Raw ``pixels`` need no decoding:
 they are prepared inline, where a thread hop would cost more than the work.
 A slide's features (one item, up to hundreds of MB) go to a thread too.
 The first invalid tile fails the whole request with its index named: a
@@ -24,19 +24,23 @@ PrepareFn = Callable[[ModelRequest], PreparedSample]
 
 
 class Stage1Pool:
-    """Runs ``prepare_sample`` over a request's tiles on ``workers`` threads.
+    """Runs ``prepare_sample`` over a request's tiles on ``threads`` pool threads.
+
+    Its size is the ``--preprocess_workers`` flag (the flag's name is a
+    contract; inside the server these are the decode pool's threads, and a
+    "worker" is a device worker, :mod:`predictor.batching.worker`).
 
     Args:
-        workers: Threads.
+        threads: The pool's threads.
         tile_size: The spec's tile size, that every prepared tile must have.
     """
 
-    def __init__(self, workers: int, tile_size: int):
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
-        self._workers = workers
+    def __init__(self, threads: int, tile_size: int):
+        if threads < 1:
+            raise ValueError(f"preprocess_workers (the pool's threads) must be >= 1, got {threads}")
+        self._threads = threads
         self._tile_size = tile_size
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="histoserve-prep")
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="histoserve-prep")
 
     async def prepare(
         self, items: Sequence[ModelRequest], tile_input: str, prepare: PrepareFn
@@ -44,7 +48,7 @@ class Stage1Pool:
         """Prepared samples in item order; ``InvalidInput`` located at the first bad tile."""
         if not any(_decodes(item) for item in items):
             return prepare_chunk(items, tile_input, prepare, self._tile_size)
-        size = max(1, -(-len(items) // self._workers))
+        size = max(1, -(-len(items) // self._threads))
         chunks = [items[i : i + size] for i in range(0, len(items), size)]
         loop = asyncio.get_running_loop()
         jobs = [

@@ -1,4 +1,4 @@
-"""The shape of the package: the layer contract, light codecs, small modules and classes.
+"""The shape of the package: the layer contract, light codecs, composition over inheritance.
 
 The import rules (layers, no circle, the client alone, the server on the
 client's wire only) are ``import-linter`` contracts in ``pyproject.toml``:
@@ -6,7 +6,9 @@ client's wire only) are ``import-linter`` contracts in ``pyproject.toml``:
 and :func:`test_a_broken_contract_fails` on a copy with a violating import.
 What the tool cannot check stays here: the contracts' layers are
 ``docs/architecture.md``'s tables, a module named by string, the names the
-server takes from the client's root, module and class sizes.
+server takes from the client's root, that no class of the server inherits
+from two of the project's own. Sizes are not capped: modules split and merge
+where a concept ends.
 """
 
 from __future__ import annotations
@@ -25,9 +27,6 @@ from importlinter.api import read_configuration
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "predictor"
 CLIENT = ROOT / "histoserve"
-MAX_LINES = 400
-MAX_METHODS = 20
-MAX_MODULES_PER_CLIENT_FOLDER = 10
 # docs/architecture.md's two layer tables: their header cell, their package.
 TABLES = {"predictor": "| layer |", "histoserve": "| client layer |"}
 # The folders lint-imports reads (pyproject.toml's root_packages), copied for the failing runs.
@@ -178,10 +177,9 @@ def _package_folders(package: Path) -> list[Path]:
     return [package, *sorted(p.parent for p in package.rglob("*/__init__.py"))]
 
 
-def test_no_client_folder_over_ten_modules_and_each_says_what_it_holds():
-    for folder in _package_folders(CLIENT):
-        count = len(list(folder.glob("*.py")))
-        assert count <= MAX_MODULES_PER_CLIENT_FOLDER, f"{folder}: {count} modules"
+@pytest.mark.parametrize("package", [PACKAGE, CLIENT], ids=["predictor", "histoserve"])
+def test_each_folder_says_what_it_holds(package):
+    for folder in _package_folders(package):
         init = folder / "__init__.py"
         assert ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))), (
             f"{init}: no docstring"
@@ -203,28 +201,6 @@ def test_a_codec_imports_no_torch(module):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert out.stdout.strip() == "False"
-
-
-def test_no_module_over_the_line_limit():
-    long = {
-        name: n
-        for name, path in _modules().items()
-        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
-    }
-    assert not long, long
-
-
-def test_no_class_with_too_many_methods():
-    big = {}
-    for name, path in _modules().items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ClassDef):
-                methods = [
-                    n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                ]
-                if len(methods) > MAX_METHODS:
-                    big[f"{name}.{node.name}"] = len(methods)
-    assert not big, big
 
 
 def _defined(path: Path, dotted: str) -> bool:
