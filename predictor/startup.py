@@ -21,7 +21,7 @@ from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.device.cpus import available_cpus, resolve_instances, threads_per_instance
 from predictor.device.faults import parse_fault_spec
 from predictor.errors import SpecError
-from predictor.families import load_model_class, model_class_for
+from predictor.families import load_model_class, server_model
 from predictor.model.base import BaseServerModel, ServingOptions
 from predictor.model.metrics import create_metrics
 from predictor.pt2.host import apply_gpu_settings, resolve_devices
@@ -65,7 +65,7 @@ def build_model(
     spec = resolve_model_spec(facts.metadata, config.spec)
     devices = resolve_devices(config.device)
     device = devices[0]
-    cls = load_model_class(config.model_class) if config.model_class else model_class_for(spec)
+    cls = load_model_class(config.model_class) if config.model_class else None
     # Each device's package holds one model copy per instance; each worker
     # gets its own normaliser and, on CUDA, stream (predictor.device.workers).
     cpus = available_cpus()
@@ -89,9 +89,10 @@ def build_model(
         cpu_threads_per_instance=threads_per_instance(device.type, instances, cpus),
     )
     fault_hook = parse_fault_spec(config.fault_injection) if config.fault_injection else None
-    model = cls(
+    model = server_model(
         spec,
         checkpoint.name,
+        model_class=cls,
         device=str(device),
         model_root=checkpoint.parent,
         options=options,

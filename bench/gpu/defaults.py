@@ -83,7 +83,7 @@ async def _cell(ctx: Context, model: Any, batch: int, latency_ms: int) -> dict[s
     batcher = model._batcher
     clients, tiles = (DRY_CLIENTS, DRY_TILES) if ctx.dry_run else (CLIENTS, TILES)
     items = _items(tiles, model.model_spec.tile_size)
-    mode = model.resolve_mode(None)
+    mode = model.family.resolve_mode(None)
     latencies: list[float] = []
     window_s = 0.3 if ctx.dry_run else WINDOW_S
     end = time.monotonic() + window_s

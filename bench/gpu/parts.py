@@ -80,7 +80,7 @@ def _items(batch: int, size: int) -> list[Any]:
 async def throughput(model: Any, batch: int, clients: int, seconds: float) -> dict[str, Any]:
     """Tiles/s of ``clients`` closed-loop submitters of ``batch`` tiles, and batches per worker."""
     items = _items(batch, model.model_spec.tile_size)
-    mode = model.resolve_mode(None)
+    mode = model.family.resolve_mode(None)
     await model.start_batching()
     batcher = model._batcher  # the model's own batcher: no HTTP in this measurement
     done = 0
@@ -106,7 +106,7 @@ def copy_vs_compute(model: Any, batch: int, reps: int = 20) -> dict[str, float]:
 
     items = _items(batch, model.model_spec.tile_size)
     samples, requests = [i.sample for i in items], [i.request for i in items]
-    mode = model.resolve_mode(None)
+    mode = model.family.resolve_mode(None)
     slot = model.active_slot()
     device = slot.package.device
     tiles = [s.tile for s in samples]

@@ -221,7 +221,7 @@ async def _submit_all(model: Any, samples: Sequence[Any]) -> tuple[int, int]:
     """Every sample in one submission; (answered, batches the worker ran)."""
     await model.start_batching()
     batcher = model._batcher
-    mode = model.resolve_mode(None)
+    mode = model.family.resolve_mode(None)
     results = await asyncio.gather(*batcher.submit(list(samples), key=mode), return_exceptions=True)
     await batcher.close()
     answered = sum(not isinstance(r, BaseException) for r in results)
@@ -260,7 +260,7 @@ def _fake_oom(model: Any, above: int) -> None:
     from predictor.device.failures import OomCounter
 
     counter = {"num_ooms": 0}
-    runner = model._package.runner
+    runner = model.served.package.runner
 
     def failing(*inputs: Any) -> Any:
         if inputs[0].shape[0] > above:
@@ -268,7 +268,7 @@ def _fake_oom(model: Any, above: int) -> None:
             raise RuntimeError(SHIM_FAILURE)
         return runner(*inputs)
 
-    object.__setattr__(model._package, "runner", failing)
+    object.__setattr__(model.served.package, "runner", failing)
     model._devices._ooms = OomCounter(lambda device: dict(counter))
 
 
@@ -281,7 +281,7 @@ def _real_oom(model: Any, samples: Sequence[Any], name: str) -> dict[str, Any]:
     import torch
 
     device = torch.device("cuda:0")
-    mode = model.resolve_mode(None)
+    mode = model.family.resolve_mode(None)
     model.forward_batch(*_split(samples), mode)  # warm
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)

@@ -26,13 +26,13 @@ FORMATS = {"pixels": "v2-pixels", "png": "v2-png", "jpeg": "v2-jpeg"}
 
 
 def _model(spec_name: str, workers: int) -> Any:
-    from predictor.families import model_class_for
+    from predictor.families import server_model
     from predictor.model.base import ServingOptions
     from predictor.spec import resolve_spec
 
     options = ServingOptions(preprocess_workers=workers)
     spec = resolve_spec(spec_name)
-    return model_class_for(spec)(spec, "unused.pt2", "cpu", options=options)
+    return server_model(spec, "unused.pt2", "cpu", options=options)
 
 
 def _per_tile_us(run: Callable[[], object], n_tiles: int, budget_s: float) -> float:

@@ -50,22 +50,24 @@ import torch
 from predictor.codecs.samples import PreparedSample
 from predictor.device.slot import build_normalizer
 from predictor.pt2.loader import load_package
-from predictor.model.hooks import TileHooks
+from predictor.device.slot import DeviceSlot
 from predictor.model.options import ServingOptions
+from predictor.model.served_package import ServedPackage
+from predictor.model.tiles import TileFamily
 from predictor.spec import BUILTIN_SPECS
 torch.set_num_threads(1)
 path, runner, batch, calls = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 spec = BUILTIN_SPECS["h0-mini"]
 package = load_package(path, torch.device("cpu"), runner=runner)
-hooks = TileHooks(spec, ServingOptions(), None, package)
-hooks._normalizer = build_normalizer(package, spec)
+hooks = TileFamily(spec, ServingOptions(), ServedPackage(package))
+slot = DeviceSlot(package, build_normalizer(package, spec))
 rng = np.random.default_rng(0)
 samples = [PreparedSample(tile=rng.integers(0, 255, (224, 224, 3), np.uint8)) for _ in range(batch)]
-x = hooks.batch_inputs(samples)[0].clone()
+x = hooks.batch_inputs(samples, slot)[0].clone()
 out = {}
 with torch.inference_mode():
     for name, step in (
-        ("forward_batch", lambda: hooks.forward_batch(samples, [None] * batch, "embedding")),
+        ("forward_batch", lambda: hooks.forward_batch(samples, [None] * batch, "embedding", slot)),
         ("call", lambda: package(x)),
     ):
         for _ in range(5):

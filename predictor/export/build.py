@@ -38,7 +38,7 @@ from predictor.errors import CheckpointError, HistoserveError, SpecError
 from predictor.export import sources as export_sources
 from predictor.export.cache_lock import inductor_cache_lock
 from predictor.export.reductions import unguarded_cpu_sums
-from predictor.families import build_demo_model, demo_example_inputs, model_class_for
+from predictor.families import build_demo_model, demo_example_inputs, family_for
 from predictor.pt2 import genes, host
 from predictor.pt2.demo_models import PRESETS
 from predictor.pt2.digest import sha256_file
@@ -175,7 +175,7 @@ def _metadata(
     device: torch.device,
     cpu_target: str,
 ) -> dict[str, str]:
-    family = model_class_for(spec)
+    family = family_for(spec)
     return {
         METADATA_KEY: spec.to_json(),
         INPUTS_KEY: _describe(family, family.PACKAGE_INPUTS, args),
@@ -340,7 +340,7 @@ def run(args: argparse.Namespace) -> Path:
         "device": args.device,
         "dtype": args.dtype,
         "min_batch": args.min_batch,
-        "max_batch": args.max_batch or model_class_for(spec).DEFAULT_MAX_BATCH,
+        "max_batch": args.max_batch or family_for(spec).DEFAULT_MAX_BATCH,
         "cpu_target": args.cpu_target,
     }
     if (args.genes_in is None) != (args.genes_out is None):

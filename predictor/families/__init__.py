@@ -1,17 +1,23 @@
-"""Model families: which :class:`~predictor.model.base.BaseServerModel` serves a spec.
+"""Model families: the one registry of what differs per family, found by name.
 
-* ``embedding``: ViT backbones (``h0-mini``, ``h0``, ``h1``) are served by
-  ``BaseServerModel`` itself, no subclass (its defaults are theirs);
+A family ``NAME`` is the module ``predictor/families/NAME.py``, whose
+``FAMILY`` is its hooks (a :class:`~predictor.model.family.Family`), and its
+name in :data:`predictor.spec.FAMILIES` (what a spec may say):
+
+* ``embedding``: ViT backbones (``h0-mini``, ``h0``, ``h1``), the tile
+  family's defaults (:class:`~predictor.model.tiles.TileFamily`);
 * :mod:`~predictor.families.multimodal`: tile + bulk RNA (``m-optimus``);
 * :mod:`~predictor.families.segmentation`: tissue masks (``tissue-seg``);
 * :mod:`~predictor.families.slide`: slide heads over tile features
   (``abmil-demo``, ``mean-pool``).
 
-A table keyed by family name maps a spec to its class; call sites (start-up,
-export, demo models, the package check) ask here and never branch on the
-family themselves. ``--model_class MODULE:CLASS`` names a user's subclass
-instead (:func:`load_model_class`). The built-in classes are imported on first
-use, not at import of this package (they import torch and KServe).
+Every family is served by the one :class:`~predictor.model.base.BaseServerModel`
+holding its family (:func:`server_model`); call sites (start-up, front ends,
+export, demo models, the package check) ask here. ``--model_class
+MODULE:CLASS`` names a user's subclass of ``BaseServerModel`` instead
+(:func:`load_model_class`), served with the spec's family alike. The family
+modules are imported on first use, not at import of this package (they
+import torch).
 """
 
 from __future__ import annotations
@@ -21,37 +27,43 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from predictor.errors import SpecError, StartupError
-from predictor.spec import ModelSpec
+from predictor.spec import FAMILIES, ModelSpec
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
     from predictor.model.base import BaseServerModel
-
-_BUILTIN: dict[str, str] = {
-    "embedding": "predictor.model.base:BaseServerModel",
-    "multimodal": "predictor.families.multimodal:MultimodalServerModel",
-    "segmentation": "predictor.families.segmentation:SegmentationServerModel",
-    "slide": "predictor.families.slide:SlideServerModel",
-}
+    from predictor.model.family import Family
 
 
-def model_class_for(spec: ModelSpec) -> type[BaseServerModel]:
-    """The server model class (and family hooks) for ``spec``'s family.
-
-    A new family is a module here and a row of ``_BUILTIN`` beside its name in
-    :data:`predictor.spec.FAMILIES` (``docs/architecture.md``, "Adding a
-    family"); a spec cannot name any other family.
+def family_for(spec: ModelSpec | str) -> type[Family]:
+    """The hooks of ``spec``'s family (or of the family named): ``predictor.families.NAME.FAMILY``.
 
     Raises:
-        SpecError: No class for the family.
+        SpecError: A name that is not in :data:`predictor.spec.FAMILIES`.
     """
-    target = _BUILTIN.get(spec.family)
-    if target is None:
-        raise SpecError(f"no server model for family {spec.family!r}; known: {sorted(_BUILTIN)}")
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    name = spec if isinstance(spec, str) else spec.family
+    if name not in FAMILIES:
+        raise SpecError(f"no server model for family {name!r}; known: {sorted(FAMILIES)}")
+    return importlib.import_module(f"{__name__}.{name}").FAMILY
+
+
+def server_model(
+    spec: ModelSpec,
+    checkpoint_name: str,
+    *args: Any,
+    model_class: type[BaseServerModel] | None = None,
+    **kwargs: Any,
+) -> BaseServerModel:
+    """The served model of ``spec``: ``model_class`` (``BaseServerModel``) holding its family.
+
+    The other arguments are ``BaseServerModel``'s.
+    """
+    from predictor.model.base import BaseServerModel
+
+    cls = model_class or BaseServerModel
+    return cls(spec, checkpoint_name, *args, family=family_for(spec), **kwargs)
 
 
 def load_model_class(target: str) -> type[BaseServerModel]:
@@ -99,9 +111,9 @@ def check_consistency(
             value, e.g. ``spec 'h0-mini' says embedding_dim 1536 but the package
             returns 768``.
     """
-    from predictor.model.package_hooks import check_shapes
+    from predictor.model.family import check_shapes
 
-    check_shapes(model_class_for(spec), spec, shapes, prediction_dim)
+    check_shapes(family_for(spec), spec, shapes, prediction_dim)
 
 
 def build_demo_model(
@@ -124,7 +136,7 @@ def build_demo_model(
     """
     import torch
 
-    family = model_class_for(spec)
+    family = family_for(spec)
     remaining = dict(opts)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -146,4 +158,4 @@ def demo_example_inputs(
     from predictor.pt2.demo_models import DEMO_GENES_IN
 
     genes = DEMO_GENES_IN if genes_in is None else genes_in
-    return model_class_for(spec).example_inputs(spec, batch, genes_in=genes, seed=seed)
+    return family_for(spec).example_inputs(spec, batch, genes_in=genes, seed=seed)

@@ -26,10 +26,11 @@ from torch import nn
 
 from predictor.codecs.common import first_non_finite
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
+from predictor.device.slot import DeviceSlot
 from predictor.errors import InvalidInput, SpecMismatch
-from predictor.model.base import BaseServerModel
+from predictor.model.family import OutputSpec
 from predictor.model.finite import first_beyond, input_limit
-from predictor.model.package_hooks import check_embedding_shape
+from predictor.model.tiles import TileFamily, check_embedding_shape, transform_bulk_rna
 from predictor.pt2 import genes
 from predictor.pt2.demo_models import DEMO_GENES_IN, DEMO_GENES_OUT, DemoMultimodal, vit_for
 from predictor.pt2.loader import LoadedPackage
@@ -46,14 +47,16 @@ _OUTPUTS_BY_MODE = {
 }
 
 
-class MultimodalServerModel(BaseServerModel):
-    """Serves a tile + bulk RNA model: outputs ``prediction`` and/or ``embedding``."""
+class MultimodalFamily(TileFamily):
+    """A tile + bulk RNA model: outputs ``prediction`` and/or ``embedding``."""
 
     PACKAGE_INPUTS: ClassVar[tuple[str, ...]] = ("tiles", "bulk_rna")
     PACKAGE_OUTPUTS: ClassVar[tuple[str, ...]] = ("prediction", "embedding")
 
-    genes_in: list[str]
-    genes_out: list[str]
+    genes_in: list[str] = []  # noqa: RUF012 (replaced, never mutated)
+    """Input gene ids, read beside the package by :meth:`load_assets` (none before)."""
+    genes_out: list[str] = []  # noqa: RUF012
+    """Output gene ids, read beside the package by :meth:`load_assets` (none before)."""
 
     # -- export and start-up ----------------------------------------------------------
     @classmethod
@@ -98,13 +101,13 @@ class MultimodalServerModel(BaseServerModel):
         return tiles, bulk
 
     def load_assets(self, root: Path) -> None:
-        spec = self.model_spec
+        spec = self.spec
         self.genes_in = list(genes.read_gene_ids(root / (spec.genes_in_file or "genes_in.csv")))
         self.genes_out = list(genes.read_gene_ids(root / (spec.genes_out_file or "genes_out.csv")))
 
     def check_package(self, package: LoadedPackage) -> list[tuple[int, ...]]:
         self.load_assets(Path(package.path).parent)
-        spec = self.model_spec
+        spec = self.spec
         shapes = super().check_package(package)
         predicted = shapes[0][-1]
         if predicted != len(self.genes_out):
@@ -118,7 +121,7 @@ class MultimodalServerModel(BaseServerModel):
         declared = declared_input_dim(package, "bulk_rna")
         if declared is not None and declared != len(self.genes_in):
             raise SpecMismatch(
-                f"spec {self.model_spec.name!r}: {self.model_spec.genes_in_file} lists "
+                f"spec {self.spec.name!r}: {self.spec.genes_in_file} lists "
                 f"{len(self.genes_in)} genes but the package takes bulk_rna of {declared}"
             )
         return {"bulk_rna": len(self.genes_in)}
@@ -131,7 +134,9 @@ class MultimodalServerModel(BaseServerModel):
             rna = np.full(n_genes, np.nan, dtype=np.float32)
         else:
             try:
-                rna = self.preprocess_bulk_rna(self._validated_counts(request.bulk_rna, n_genes))
+                rna = transform_bulk_rna(
+                    self.spec, self._validated_counts(request.bulk_rna, n_genes)
+                )
                 self._check_range(rna)
             except InvalidInput as exc:
                 raise exc.at(input_name="bulk_rna") from exc
@@ -140,7 +145,7 @@ class MultimodalServerModel(BaseServerModel):
 
     def _check_range(self, rna: np.ndarray) -> None:
         """InvalidInput for a value (after the spec's transform) the package's dtype cannot hold."""
-        dtype = self.package_dtype
+        dtype = self.served.package_dtype
         limit = input_limit(dtype)
         beyond = first_beyond(rna[None], limit)
         if beyond is not None:
@@ -167,8 +172,10 @@ class MultimodalServerModel(BaseServerModel):
         return counts
 
     # -- stage 2 ----------------------------------------------------------------------
-    def batch_inputs(self, samples: Sequence[PreparedSample]) -> tuple[torch.Tensor, ...]:
-        (tiles,) = super().batch_inputs(samples)
+    def batch_inputs(
+        self, samples: Sequence[PreparedSample], slot: DeviceSlot
+    ) -> tuple[torch.Tensor, ...]:
+        (tiles,) = super().batch_inputs(samples, slot)
         # float32 whatever the tile dtype: the exporter keeps bulk_rna float32 in bf16/fp16 packages.
         rna = torch.from_numpy(np.stack([s.extra_tensors["bulk_rna"] for s in samples]))
         return tiles, rna.to(tiles.device, dtype=torch.float32, non_blocking=True)
@@ -190,31 +197,32 @@ class MultimodalServerModel(BaseServerModel):
         Rounded in float64: float32 rounding scales by ``10**decimals`` first,
         which overflows to infinity above ~3e35 (``expm1(88)`` is 1.6e38).
         """
-        spec = self.model_spec
+        spec = self.spec
         values = log_prediction
         if spec.prediction_transform == "expm1":
             values = np.expm1(np.minimum(values, _MAX_LOG_PREDICTION))
         rounded = np.round(values.astype(np.float64), spec.prediction_decimals)
         return rounded.astype(np.float32)
 
-    # -- description --------------------------------------------------------------------
-    def output_names(self, mode: str) -> tuple[str, ...]:
-        return _OUTPUTS_BY_MODE[mode]
-
-    def output_datatypes(self) -> Mapping[str, str]:
-        return {"prediction": "FP32", "embedding": "FP32"}
-
-    def output_shapes(self) -> Mapping[str, list[int]]:
-        return {
-            "prediction": [-1, len(self.genes_out)],
-            "embedding": [-1, self.model_spec.embedding_dim],
+    # -- outputs ------------------------------------------------------------------------
+    def outputs(self, mode: str | None = None) -> tuple[OutputSpec, ...]:
+        """``prediction`` ``FP32 [-1, genes_out]`` and ``embedding`` ``FP32 [-1, D]``, by mode."""
+        every = {
+            "prediction": OutputSpec("prediction", "FP32", (-1, len(self.genes_out))),
+            "embedding": OutputSpec("embedding", "FP32", (-1, self.spec.embedding_dim)),
         }
+        names = _OUTPUTS_BY_MODE[mode] if mode is not None else tuple(every)
+        return tuple(every[name] for name in names)
 
-    def get_input_types(self) -> list[dict[str, Any]]:
+    def input_types(self) -> list[dict[str, Any]]:
         return [
-            *super().get_input_types(),
+            *super().input_types(),
             {"name": "bulk_rna", "datatype": "FP32", "shape": [-1, len(self.genes_in)]},
         ]
 
-    def get_metadata(self) -> dict[str, Any]:
-        return super().get_metadata() | {"genes_in": self.genes_in, "genes_out": self.genes_out}
+    def metadata(self) -> Mapping[str, Any]:
+        return {"genes_in": self.genes_in, "genes_out": self.genes_out}
+
+
+FAMILY = MultimodalFamily
+"""The ``multimodal`` family's hooks (the registry: :func:`predictor.families.family_for`)."""

@@ -21,13 +21,14 @@ from torch import nn
 from predictor.codecs.samples import ModelResponse
 from predictor.device.normalizer import to_host
 from predictor.errors import SpecError, SpecMismatch
-from predictor.model.base import BaseServerModel
+from predictor.model.family import OutputSpec
+from predictor.model.tiles import TileFamily
 from predictor.pt2.demo_models import SEGMENTER_CHANNELS, DemoSegmenter
 from predictor.spec import ModelSpec
 
 
-class SegmentationServerModel(BaseServerModel):
-    """Serves a tissue segmenter: V2 ``mask`` ``UINT8 [N, H, W]``, V1 flattened ``output``."""
+class SegmentationFamily(TileFamily):
+    """A tissue segmenter: V2 ``mask`` ``UINT8 [N, H, W]``, V1 flattened ``output``."""
 
     PACKAGE_OUTPUTS: ClassVar[tuple[str, ...]] = ("logits",)
 
@@ -53,7 +54,7 @@ class SegmentationServerModel(BaseServerModel):
 
     def output_to_host(self, output: torch.Tensor) -> torch.Tensor:
         logits = output.squeeze(1) if output.dim() == 4 else output
-        threshold = self.model_spec.mask_threshold
+        threshold = self.spec.mask_threshold
         # sigmoid(x) > t  <=>  x > logit(t): no sigmoid over every pixel.
         cut = math.log(threshold / (1.0 - threshold))
         return to_host((logits > cut).to(torch.uint8))  # queued: read after the turn
@@ -61,15 +62,14 @@ class SegmentationServerModel(BaseServerModel):
     def build_responses(self, outputs: Sequence[np.ndarray], mode: str) -> list[ModelResponse]:
         return [ModelResponse({"mask": mask}) for mask in outputs[0]]
 
-    def output_names(self, mode: str) -> tuple[str, ...]:
-        return ("mask",)
+    def outputs(self, mode: str | None = None) -> tuple[OutputSpec, ...]:
+        """One ``mask`` ``UINT8 [-1, T, T]`` whatever the mode."""
+        size = self.spec.tile_size
+        return (OutputSpec("mask", "UINT8", (-1, size, size)),)
 
-    def output_datatypes(self) -> Mapping[str, str]:
-        return {"mask": "UINT8"}
+    def metadata(self) -> Mapping[str, Any]:
+        return {"mask_threshold": self.spec.mask_threshold}
 
-    def output_shapes(self) -> Mapping[str, list[int]]:
-        size = self.model_spec.tile_size
-        return {"mask": [-1, size, size]}
 
-    def get_metadata(self) -> dict[str, Any]:
-        return super().get_metadata() | {"mask_threshold": self.model_spec.mask_threshold}
+FAMILY = SegmentationFamily
+"""The ``segmentation`` family's hooks (the registry: :func:`predictor.families.family_for`)."""

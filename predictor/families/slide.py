@@ -39,12 +39,14 @@ from predictor.codecs.base import Codec
 from predictor.codecs.common import first_non_finite
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
 from predictor.codecs.v2_slide import COORDS, FEATURES, SlideV2Codec
-from predictor.device.normalizer import unshared
+from predictor.device.faults import FaultHook
+from predictor.device.normalizer import to_host, unshared
 from predictor.device.slot import DeviceSlot
 from predictor.errors import InvalidInput, NonFiniteOutput, SpecError, SpecMismatch
-from predictor.model.base import BaseServerModel
+from predictor.model.family import Family, OutputSpec
 from predictor.model.finite import first_beyond, input_limit
 from predictor.model.options import ServingOptions
+from predictor.model.served_package import ServedPackage
 from predictor.pt2.loader import LoadedPackage
 from predictor.pt2.metadata import provenance
 from predictor.pt2.probe import format_shapes
@@ -63,20 +65,28 @@ OUTPUT_OF_MODE: Mapping[str, str] = {
 _PROBE_TILES = (1, 3)
 
 
-class SlideServerModel(BaseServerModel):
-    """Serves a slide head: one slide's features a request, one forward a slide."""
+class SlideFamily(Family):
+    """A slide head: one slide's features a request, one forward a slide.
+
+    Answers whole requests of any size (``N`` tiles), so it does not cross
+    processes (``CROSSES_PROCESSES`` stays the base's ``False``).
+    """
 
     PACKAGE_INPUTS: ClassVar[tuple[str, ...]] = (FEATURES,)
     PACKAGE_OUTPUTS: ClassVar[tuple[str, ...]] = ("prediction", "attention", "slide_embedding")
-    CROSSES_PROCESSES: ClassVar[bool] = False
     DEFAULT_MAX_BATCH: ClassVar[int] = 200_000
 
-    def __init__(self, model_spec: ModelSpec, *args: Any, **kwargs: Any) -> None:
-        options = kwargs.pop("options", None) or ServingOptions()
-        kwargs["options"] = slide_options(options, kwargs.get("package"))
-        self._attention_shape: list[int] = [-1]
-        self._input_limit = float(np.finfo(np.float32).max)
-        super().__init__(model_spec, *args, **kwargs)
+    def __init__(
+        self,
+        spec: ModelSpec,
+        options: ServingOptions,
+        served: ServedPackage,
+        fault_hook: FaultHook | None = None,
+    ) -> None:
+        super().__init__(spec, options, served, fault_hook)
+        self._attention_shape: tuple[int, ...] = (-1,)
+        self.input_limit = float(np.finfo(np.float32).max)
+        """The package dtype's finite range, set by :meth:`bind_device`."""
 
     # -- export and start-up ----------------------------------------------------------
     @classmethod
@@ -95,6 +105,13 @@ class SlideServerModel(BaseServerModel):
     ) -> None:
         """Checks the shapes probed at ``N`` tiles (``attention``'s first axis is ``N``)."""
         check_slide_outputs(spec, shapes)
+
+    @classmethod
+    def serving_options(
+        cls, options: ServingOptions, package: LoadedPackage | None
+    ) -> ServingOptions:
+        """One slide a forward, a queue bounded in tiles (:func:`slide_options`)."""
+        return slide_options(options, package)
 
     @classmethod
     def build_demo(cls, spec: ModelSpec, preset: str, opts: dict[str, Any]) -> nn.Module:
@@ -118,29 +135,29 @@ class SlideServerModel(BaseServerModel):
 
     def bind_device(self, package: LoadedPackage) -> list[tuple[int, ...]]:
         """Runs slides of 1 and 3 tiles; checks output count, shapes and finiteness."""
-        names = self.package_outputs(self._spec)
+        names = self.package_outputs(self.spec)
         shapes = [self._probe(package, n, names) for n in _PROBE_TILES]
-        check_slide_outputs(self._spec, shapes[-1])
+        check_slide_outputs(self.spec, shapes[-1])
         attention = shapes[-1][names.index("attention")]
-        self._attention_shape = [-1, *attention[1:]]
-        self._input_limit = input_limit(package.input_dtype)
+        self._attention_shape = (-1, *attention[1:])
+        self.input_limit = input_limit(package.input_dtype)
         return list(shapes[-1])
 
     def _probe(
         self, package: LoadedPackage, n: int, names: Sequence[str]
     ) -> tuple[tuple[int, ...], ...]:
-        features = torch.zeros((n, self._spec.feature_dim), dtype=package.input_dtype)
+        features = torch.zeros((n, self.spec.feature_dim), dtype=package.input_dtype)
         try:
             with torch.inference_mode():
                 outputs = package(features.to(package.device))
         except Exception as exc:
             raise SpecMismatch(
-                f"package {package.path.name} fails on spec {self._spec.name!r} features "
-                f"[{n}, {self._spec.feature_dim}]: {exc}"
+                f"package {package.path.name} fails on spec {self.spec.name!r} features "
+                f"[{n}, {self.spec.feature_dim}]: {exc}"
             ) from exc
         if len(outputs) != len(names):
             raise SpecMismatch(
-                f"spec {self._spec.name!r} expects outputs {list(names)} but the package returns "
+                f"spec {self.spec.name!r} expects outputs {list(names)} but the package returns "
                 f"{len(outputs)}: {format_shapes([o.shape for o in outputs])}"
             )
         for name, out in zip(names, outputs, strict=True):
@@ -153,13 +170,13 @@ class SlideServerModel(BaseServerModel):
     def warm_worker(self, slot: DeviceSlot, batch: int) -> None:
         """One forward of a small blank slide with a worker's slot."""
         package = slot.package
-        features = torch.zeros((8, self._spec.feature_dim), dtype=package.input_dtype)
+        features = torch.zeros((8, self.spec.feature_dim), dtype=package.input_dtype)
         package(features.to(package.device))
 
-    # -- protocol -----------------------------------------------------------------------
+    # -- decode -------------------------------------------------------------------------
     def v2_codec(self, model_name: str) -> Codec:
-        limits, types = self._options.limits, self.output_datatypes()
-        return SlideV2Codec(self._spec, limits, model_name=model_name, datatypes=types)
+        types = {o.name: o.datatype for o in self.outputs()}
+        return SlideV2Codec(self.spec, self.options.limits, model_name=model_name, datatypes=types)
 
     def resolve_mode(self, mode: str | None) -> str:
         """One mode, or several joined by commas (answered from one forward, in spec order)."""
@@ -170,18 +187,18 @@ class SlideServerModel(BaseServerModel):
             super().resolve_mode(part)
         if len(set(parts)) != len(parts):
             raise InvalidInput(f"mode {mode!r} names a mode twice", input_name="parameters.mode")
-        return ",".join(m for m in self._spec.modes if m in parts)
+        return ",".join(m for m in self.spec.modes if m in parts)
 
     def mode_for_outputs(self, names: Sequence[str]) -> str:
         """The modes of the named outputs, joined (``prediction,attention``): one forward."""
-        modes = {OUTPUT_OF_MODE[m]: m for m in self._spec.modes}
+        modes = {OUTPUT_OF_MODE[m]: m for m in self.spec.modes}
         unknown = [name for name in names if name not in modes]
         if unknown:
             raise InvalidInput(
-                f"no mode gives output {unknown[0]!r}; model {self._spec.name!r} gives "
-                f"{list(modes)} (modes {list(self._spec.modes)})"
+                f"no mode gives output {unknown[0]!r}; model {self.spec.name!r} gives "
+                f"{list(modes)} (modes {list(self.spec.modes)})"
             )
-        return ",".join(m for m in self._spec.modes if OUTPUT_OF_MODE[m] in names)
+        return ",".join(m for m in self.spec.modes if OUTPUT_OF_MODE[m] in names)
 
     # -- stage 1 ----------------------------------------------------------------------
     def prepare_sample(self, request: ModelRequest) -> PreparedSample:
@@ -193,7 +210,7 @@ class SlideServerModel(BaseServerModel):
         features = request.features
         if features is None:
             raise InvalidInput(
-                f"slide model {self._spec.name!r} takes V2 'features' [N, D], one slide a request",
+                f"slide model {self.spec.name!r} takes V2 'features' [N, D], one slide a request",
                 input_name=FEATURES,
             )
         tile = first_non_finite(features)
@@ -203,11 +220,11 @@ class SlideServerModel(BaseServerModel):
                 input_name=FEATURES,
                 tile=tile,
             )
-        beyond = first_beyond(features, self._input_limit)
+        beyond = first_beyond(features, self.input_limit)
         if beyond is not None:
             raise InvalidInput(
                 f"feature {beyond[1]:g} is beyond the package's finite range "
-                f"(+-{self._input_limit:g}): the model would overflow",
+                f"(+-{self.input_limit:g}): the model would overflow",
                 input_name=FEATURES,
                 tile=beyond[0],
             )
@@ -217,60 +234,63 @@ class SlideServerModel(BaseServerModel):
         return PreparedSample(tile=np.ascontiguousarray(x), extra_tensors=extra)
 
     # -- stage 2 ----------------------------------------------------------------------
-    @torch.inference_mode()
     def forward_batch(
         self,
         samples: list[PreparedSample],
         requests: list[ModelRequest],
-        mode: str = "prediction",
+        mode: str,
+        slot: DeviceSlot,
     ) -> list[ModelResponse]:
         """One package forward per slide (the batcher hands one slide a batch)."""
-        if self._fault_hook is not None:
-            self._fault_hook.check([s.tile for s in samples])
-        slot = self.active_slot()
+        if self.fault_hook is not None:
+            self.fault_hook.check([s.tile for s in samples])
         package = slot.package
-        names = self.package_outputs(self._spec)
-        wanted = self.output_names(mode)
+        names = self.package_outputs(self.spec)
+        wanted = [OUTPUT_OF_MODE[part] for part in mode.split(",")]
         responses = []
         for sample in samples:
             x = torch.from_numpy(sample.tile).to(package.device, dtype=package.input_dtype)
             slot.staged(x)  # a lane computes in turn, as for tiles
             outputs = unshared(package(x.contiguous()), [x])
             check_finite(dict(zip(names, outputs, strict=True)))
-            host = {n: self.output_to_host(o) for n, o in zip(names, outputs, strict=True)}
+            host = {n: to_host(o.float()) for n, o in zip(names, outputs, strict=True)}
             slot.settle()
             responses.append(ModelResponse({n: host[n].numpy() for n in wanted}))
         return responses
 
-    # -- description --------------------------------------------------------------------
-    def output_names(self, mode: str) -> tuple[str, ...]:
-        return tuple(OUTPUT_OF_MODE[part] for part in mode.split(","))
+    # -- outputs ------------------------------------------------------------------------
+    def outputs(self, mode: str | None = None) -> tuple[OutputSpec, ...]:
+        """``prediction [C]`` (with classes), ``attention [N]`` or ``[N, C]``, ``slide_embedding [E]``.
 
-    def output_datatypes(self) -> Mapping[str, str]:
-        return {name: "FP32" for name in self.package_outputs(self._spec)}
+        FP32 each; a mode (or modes joined by commas) returns its outputs in its order.
+        """
+        spec = self.spec
+        every = {
+            "prediction": OutputSpec("prediction", "FP32", (len(spec.classes),)),
+            "attention": OutputSpec("attention", "FP32", self._attention_shape),
+            "slide_embedding": OutputSpec("slide_embedding", "FP32", (spec.embedding_dim,)),
+        }
+        if mode is None:
+            return tuple(every[name] for name in self.package_outputs(spec))
+        return tuple(every[OUTPUT_OF_MODE[part]] for part in mode.split(","))
 
-    def output_shapes(self) -> Mapping[str, list[int]]:
-        spec = self._spec
-        shapes = {"attention": self._attention_shape, "slide_embedding": [spec.embedding_dim]}
-        return ({"prediction": [len(spec.classes)]} if spec.classes else {}) | shapes
-
-    def get_input_types(self) -> list[dict[str, Any]]:
+    def input_types(self) -> list[dict[str, Any]]:
         return [
-            {"name": FEATURES, "datatype": "FP32", "shape": [-1, self._spec.feature_dim]},
+            {"name": FEATURES, "datatype": "FP32", "shape": [-1, self.spec.feature_dim]},
             {"name": COORDS, "datatype": "INT64", "shape": [-1, 2]},
         ]
 
-    def get_metadata(self) -> dict[str, Any]:
-        spec = self._spec
+    def metadata(self) -> Mapping[str, Any]:
+        spec = self.spec
         encoder = {
             "name": spec.tile_encoder,
             "feature_dim": spec.feature_dim,
             "package_sha256": spec.tile_encoder_sha256,
         }
-        return super().get_metadata() | {
+        return {
             "classes": list(spec.classes),
             "tile_encoder": encoder,
-            "max_tiles_per_slide": self._options.limits.max_tiles_per_slide,
+            "max_tiles_per_slide": self.options.limits.max_tiles_per_slide,
         }
 
 
@@ -324,7 +344,7 @@ def check_slide_outputs(spec: ModelSpec, shapes: Sequence[tuple[int, ...]]) -> N
     Raises:
         SpecMismatch: One line naming the spec, the expectation and the package's value.
     """
-    named = dict(zip(SlideServerModel.package_outputs(spec), shapes, strict=False))
+    named = dict(zip(SlideFamily.package_outputs(spec), shapes, strict=False))
     classes = len(spec.classes)
     if spec.classes and named.get("prediction") != (classes,):
         raise SpecMismatch(
@@ -341,3 +361,7 @@ def check_slide_outputs(spec: ModelSpec, shapes: Sequence[tuple[int, ...]]) -> N
             f"spec {spec.name!r} says embedding_dim {spec.embedding_dim} but the package's "
             f"slide_embedding is {list(named.get('slide_embedding', ()))}"
         )
+
+
+FAMILY = SlideFamily
+"""The ``slide`` family's hooks (the registry: :func:`predictor.families.family_for`)."""

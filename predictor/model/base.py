@@ -1,13 +1,22 @@
-"""``BaseServerModel``: the seed's server model, served as is for embedding backbones.
+"""``BaseServerModel``: the seed's server model, one class for every family.
 
-It is the tile model: every hook it calls is declared, with the embedding
-backbone's default, on its base :class:`~predictor.model.hooks.TileHooks`
-(and the class-level ones on :class:`~predictor.model.package_hooks.PackageFamily`);
-this module adds KServe and the lifecycle. A model author, or a family
-(:mod:`predictor.families`), subclasses it and overrides ``prepare_sample``
-and ``forward_batch`` (the seed's signatures), calling ``super()`` where the
-defaults serve; ``python -m predictor --model_class MODULE:CLASS`` serves
-such a subclass.
+The model is composed of parts it is given or builds, never of mixins: its
+family (:class:`~predictor.model.family.Family`, the hooks that differ per
+family; :class:`~predictor.model.tiles.TileFamily` for embedding backbones),
+the served package (:class:`~predictor.model.served_package.ServedPackage`),
+the devices (:class:`~predictor.device.workers.DeviceWorkers`, one slot per
+worker), the decode pool, admission, the batcher
+(:class:`~predictor.batching.batcher.Batcher`) and KServe's ``Model``, the
+one class it inherits. A front end (``--frontends``) is a model built with a
+:class:`FrontEnd`: said at construction, it decodes here and never loads the
+package.
+
+The seed's extension API is this class's: a model author subclasses it and
+overrides ``prepare_sample`` and ``forward_batch(samples, requests, mode)``
+(the seed's signatures), calling ``super()`` where the family's defaults
+serve; ``python -m predictor --model_class MODULE:CLASS`` serves such a
+subclass. Stage 1 calls the model's ``prepare_sample`` and the device worker
+its ``forward_batch``, which hand over to the family.
 
 KServe calls :meth:`~BaseServerModel.preprocess` (stage 1), :meth:`predict`
 (stage 2) and :meth:`postprocess` on one request. Stage 1 picks the request's
@@ -15,10 +24,9 @@ codec once (V1 for a dict body, V2 for an ``InferRequest``), decodes it into
 per-tile :class:`~predictor.codecs.samples.ModelRequest` items and runs
 ``prepare_sample`` on each in a thread pool (an error there is a 400 for that
 request only). Stage 2 hands the prepared samples with their requests, and
-nothing else, to the :class:`~predictor.batching.batcher.DynamicBatcher`,
-which calls ``forward_batch`` on one device worker (an error there is a 503
-for that batch only). The same codec encodes the responses. See
-``docs/architecture.md`` for the whole walk.
+nothing else, to the batcher, which calls ``forward_batch`` on one device
+worker (an error there is a 503 for that batch only). The same codec encodes
+the responses. See ``docs/architecture.md`` for the whole walk.
 """
 
 from __future__ import annotations
@@ -26,30 +34,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from predictor.batching.batcher import Batcher, DynamicBatcher
 from predictor.codecs.base import Codec
-from predictor.codecs.samples import DecodedRequest, ModelResponse, PreparedSample
+from predictor.codecs.samples import DecodedRequest, ModelRequest, ModelResponse, PreparedSample
 from predictor.codecs.v1 import V1Codec
 from predictor.device.failures import classify_error
 from predictor.device.faults import FaultHook
-from predictor.device.slot import build_normalizer, build_slot
-from predictor.errors import InvalidInput, ModelNotReady, Overloaded
+from predictor.device.normalizer import Normalizer
+from predictor.device.slot import DeviceSlot, build_normalizer, build_slot
+from predictor.device.workers import DeviceWorkers
+from predictor.errors import InvalidInput, ModelNotReady, Overloaded, SpecError
 from predictor.kserve.compat import InferenceVerb, InferRequest, InferResponse, Model
 from predictor.kserve.stage_call import StageCall
 from predictor.model.admission import Admission
 from predictor.model.device_jpeg import JpegDecodePlace
+from predictor.model.family import Family, request_mode
 from predictor.model.forward import BatchItem, batch_forward, item_tiles, request_tiles
-from predictor.model.hooks import TileHooks
 from predictor.model.metrics import Metrics
 from predictor.model.options import ServingOptions
+from predictor.model.served_package import ServedPackage
 from predictor.model.stage1 import Stage1Pool
+from predictor.model.tiles import TileFamily, transform_bulk_rna
 from predictor.pt2.loader import LoadedPackage, StartupPhases, inspect_package, open_package
 from predictor.spec import ModelSpec
 
@@ -68,13 +81,26 @@ class _Prepared:
     samples: list[PreparedSample]
 
 
-class BaseServerModel(TileHooks, Model):
+@dataclass(frozen=True)
+class FrontEnd:
+    """What makes a model a front end (``--frontends``): the device owner's batcher and config.
+
+    A front end decodes and prepares here, submits to the owner's batcher
+    through ``batcher`` (:class:`~predictor.multiprocess.proxy.BatcherProxy`)
+    and never loads the package: what answers say of it comes from
+    ``owner_config`` (the owner's ``get_metadata``).
+    """
+
+    batcher: Batcher
+    owner_config: Mapping[str, Any]
+
+
+class BaseServerModel(Model):
     """Loads an exported ``.pt2`` package and serves it over KServe with dynamic batching.
 
-    Used directly for embedding backbones (h0-mini, h0, h1): no subclass
-    needed. Override ``prepare_sample`` and ``forward_batch`` (declared with
-    their defaults on :class:`~predictor.model.hooks.TileHooks`, like every
-    other hook this class calls) for models that need custom input handling.
+    Used directly for every built-in family: the spec's family is a part
+    (``family``). Override ``prepare_sample`` and ``forward_batch`` for
+    models that need custom input handling.
 
     Args:
         model_spec: The model specification (tile size, normalisation, ...).
@@ -90,11 +116,16 @@ class BaseServerModel(TileHooks, Model):
         more_packages: Device name to the same package loaded on each further
             device (one per GPU after the first under ``--device auto``); each
             gets its own worker(s), normaliser and probe.
-        batcher: A front end's stand-in for the device owner's batcher (a
-            :class:`~predictor.batching.batcher.Batcher`, :mod:`predictor.multiprocess`);
-            a model given one is a front end:
-            stage 1 runs here, the package is never loaded in this process
-            (``load`` reads only :meth:`~TileHooks.load_assets`).
+        family: The family class whose hooks serve the spec
+            (:func:`predictor.families.family_for`); ``None``: the embedding
+            backbone's (:class:`~predictor.model.tiles.TileFamily`), which
+            only an ``embedding`` spec may use.
+        front_end: Set in a front end (:mod:`predictor.multiprocess`): stage 1
+            runs here, the package is never loaded in this process (``load``
+            reads only the family's assets).
+
+    Raises:
+        SpecError: No family given for a spec of another family than ``embedding``.
     """
 
     def __init__(
@@ -109,24 +140,40 @@ class BaseServerModel(TileHooks, Model):
         fault_hook: FaultHook | None = None,
         package: LoadedPackage | None = None,
         more_packages: Mapping[str, LoadedPackage] | None = None,
-        batcher: Batcher | None = None,
+        family: type[Family] | None = None,
+        front_end: FrontEnd | None = None,
     ):
-        options = options or ServingOptions()
-        TileHooks.__init__(self, model_spec, options, fault_hook, package)
+        if family is None and model_spec.family != "embedding":
+            raise SpecError(
+                f"spec {model_spec.name!r} is of the {model_spec.family!r} family: build its "
+                "model with family=predictor.families.family_for(spec)"
+            )
+        family = family or TileFamily
+        options = family.serving_options(options or ServingOptions(), package)
         Model.__init__(self, options.name or model_spec.name)
+        self._spec = model_spec
+        self._options = options
+        self.served = ServedPackage(package)
+        self.family = family(model_spec, options, self.served, fault_hook)
+        self._normalizer: Normalizer | None = None  # the first device's, built by load
+        # the further devices' slots, and each worker's (warmed up on CUDA)
+        self._devices = DeviceWorkers(warm_up=self.family.warm_worker)
         self._checkpoint = Path(model_root) / checkpoint_name
         self._device = torch.device(device)
         self._metrics = metrics
         self._more_packages = dict(more_packages or {})
         self._phases = package.phases if package is not None else StartupPhases()
         self._pool: Stage1Pool | None = None
-        self._batcher: Batcher | None = batcher
-        self._front_end = batcher is not None  # stage 1 here, the device in the owner
+        self._front_end = front_end is not None
+        self._batcher: Batcher | None = front_end.batcher if front_end is not None else None
+        if front_end is not None:
+            self.served.served_from(front_end.owner_config)
         self._stopped = False
         self._stage_call = StageCall(self.name)
-        self._v1 = V1Codec(model_spec, self._options.limits)
-        self._v2 = self.v2_codec(self.name)
-        batching = self._options.batching
+        self._v1 = V1Codec(model_spec, options.limits)
+        self._v2 = self.family.v2_codec(self.name)
+        self._output_names: dict[str, tuple[str, ...]] = {}  # per mode, the names never change
+        batching = options.batching
         self._admission = Admission(
             self.name,
             batching.max_queue_size,
@@ -135,6 +182,11 @@ class BaseServerModel(TileHooks, Model):
         )
 
     # -- identity -------------------------------------------------------------------------
+    @property
+    def model_spec(self) -> ModelSpec:
+        """The model's specification (tile size, normalisation, etc.)."""
+        return self._spec
+
     @property
     def model_name(self) -> str:
         """Human-readable model identifier (the name in URLs)."""
@@ -157,27 +209,29 @@ class BaseServerModel(TileHooks, Model):
         if self._stopped:
             return False
         if self._pool is None and self._front_end:  # never loads the package
-            self.load_assets(self._checkpoint.parent)
+            self.family.load_assets(self._checkpoint.parent)
             self._pool = Stage1Pool(self._options.preprocess_workers, self._spec.tile_size)
         if self._pool is None:
-            if self._package is None:
+            served = self.served
+            if served.package is None:
                 facts = inspect_package(self._checkpoint, self._phases)
-                self._package = open_package(self._checkpoint, self._device, facts, self._phases)
+                served.package = open_package(self._checkpoint, self._device, facts, self._phases)
+            package = served.package
             with self._phases.time("probe"):
-                self.check_package(self._package)
-                self._normalizer = build_normalizer(self._package, self._spec)
+                self.family.check_package(package)
+                self._normalizer = build_normalizer(package, self._spec)
                 place = JpegDecodePlace(
                     self._options.jpeg_decode,
-                    self._package.device,
+                    package.device,
                     self._spec.tile_size,
                     self._spec.interpolation,
                 )
-                self._jpeg = place if place.on_device_enabled else None
-                for dev, package in self._more_packages.items():
-                    self.bind_device(package)
-                    self._devices.slots[dev] = build_slot(package, self._spec)
+                served.jpeg = place if place.on_device_enabled else None
+                for dev, more in self._more_packages.items():
+                    self.family.bind_device(more)
+                    self._devices.slots[dev] = build_slot(more, self._spec)
             with self._phases.time("warmup"):
-                self.warm_up(self._package)
+                self.family.warm_up(package)
             self._pool = Stage1Pool(self._options.preprocess_workers, self._spec.tile_size)
             logger.info(
                 "loaded %s (%s, served by %s.%s) on %s; start-up phases: %s",
@@ -273,7 +327,7 @@ class BaseServerModel(TileHooks, Model):
             self._batcher.close_nowait()
         if self._pool is not None:
             self._pool.shutdown()
-        self._package = None
+        self.served.package = None
         self._more_packages.clear()
         self._devices.slots.clear()
 
@@ -313,7 +367,7 @@ class BaseServerModel(TileHooks, Model):
         codec: Codec = self._v2 if isinstance(payload, InferRequest) else self._v1
         decoded = codec.decode(payload)
         try:
-            mode = self.request_mode(decoded.mode, decoded.requested_outputs)
+            mode = request_mode(self.family, decoded.mode, decoded.requested_outputs)
             codec.check_outputs(decoded, self.output_names(mode))  # before any compute
             samples = await self._prepare_staged(decoded)
         except InvalidInput:
@@ -347,7 +401,7 @@ class BaseServerModel(TileHooks, Model):
         """Encodes the responses with the codec the request was decoded with."""
         prepared, responses = result
         names = self.output_names(prepared.mode)
-        parameters = self.answer_parameters(prepared.samples)
+        parameters = self.served.answer_parameters(prepared.samples)
         return prepared.codec.encode(prepared.decoded, responses, names, parameters)
 
     async def _prepare_staged(self, decoded: DecodedRequest) -> list[PreparedSample]:
@@ -356,10 +410,83 @@ class BaseServerModel(TileHooks, Model):
         with self._admission.staged(request_tiles(decoded.items), depth):
             return await self._pool.prepare(decoded.items, decoded.tile_input, self.prepare_sample)
 
+    # -- the seed's hooks: the family's, overridable ---------------------------------------
+    def prepare_sample(self, request: ModelRequest) -> PreparedSample:
+        """Deserialises, transforms and validates one tile; a ``ValueError`` is a 400.
+
+        Called in the stage-1 thread pool; the family's
+        (:meth:`~predictor.model.family.Family.prepare_sample`). A tile family
+        hands the tile over as ``uint8 [H, W, 3]``; a subclass may return the
+        seed's ``(3, H, W)`` instead. Normalisation happens on the device.
+        """
+        return self.family.prepare_sample(request)
+
+    @torch.inference_mode()
+    def forward_batch(
+        self,
+        samples: list[PreparedSample],
+        requests: list[ModelRequest],
+        mode: str = "prediction",
+    ) -> list[ModelResponse]:
+        """Runs one batch on the calling worker's device: one response per sample, aligned.
+
+        The family's (:meth:`~predictor.model.family.Family.forward_batch`),
+        on the worker's slot (:meth:`active_slot`). Any failure propagates as
+        raised: the batcher classifies it and fails the batch (503); a
+        response that is an exception fails its own request only.
+
+        Args:
+            samples: Samples that passed :meth:`prepare_sample`.
+            requests: Each sample's request (for response metadata), aligned.
+            mode: The request's mode (``prediction``, ``embedding``, ...).
+        """
+        return self.family.forward_batch(samples, requests, mode, self.active_slot())
+
+    @torch.inference_mode()
+    def forward(self, requests: list[ModelRequest]) -> torch.Tensor:
+        """Runs the model on a batch of tile requests (the seed's legacy path).
+
+        Prepares each request, runs one forward and returns the primary
+        output on the host, ``[N, ...]`` (``[N, D]`` for an embedding).
+
+        Raises:
+            InvalidInput: A request :meth:`prepare_sample` refuses.
+            SpecError: The family is not a tile family.
+        """
+        if not isinstance(self.family, TileFamily):
+            raise SpecError(f"model {self.name!r}: the legacy forward serves tile families only")
+        samples = [self.prepare_sample(r) for r in requests]
+        return self.family.forward_primary(samples, self.active_slot())
+
+    def preprocess_bulk_rna(self, raw: Sequence[float] | np.ndarray) -> np.ndarray:
+        """Applies the spec's omics transform to raw counts (``float32``; unchanged when none)."""
+        return transform_bulk_rna(self._spec, raw)
+
+    def active_slot(self) -> DeviceSlot:
+        """The calling worker's package, normaliser and stream (the model's own off a worker).
+
+        Raises:
+            ModelNotReady: Not loaded yet, or stopped.
+        """
+        slot = self._devices.current()
+        if slot is not None:
+            return slot
+        package = self.served.package
+        if package is None or self._normalizer is None:
+            raise ModelNotReady(f"model {self._spec.name!r} is not loaded")
+        return DeviceSlot(package, self._normalizer)
+
     # -- description ----------------------------------------------------------------------
+    def output_names(self, mode: str) -> tuple[str, ...]:
+        """Output tensor names a (resolved) mode returns, primary first."""
+        names = self._output_names.get(mode)
+        if names is None:
+            names = self._output_names[mode] = tuple(o.name for o in self.family.outputs(mode))
+        return names
+
     def get_metadata(self) -> dict[str, Any]:
         """Name, inputs/outputs, spec, provenance, batching, limits and start-up phases."""
-        package = self._package
+        package = self.served.package
         inputs = self.get_input_types()
         names = {i["name"] for i in inputs}
         return {
@@ -369,7 +496,7 @@ class BaseServerModel(TileHooks, Model):
             "outputs": self.get_output_types(),
             # jpeg: jpeg_tiles decoded here, larger boxes resized with the spec's filter
             "transports": ["pixels", *(["jpeg"] if "jpeg_tiles" in names else [])],
-            "jpeg_decode": self.jpeg_decode,
+            "jpeg_decode": self.served.jpeg_decode,
             "checkpoint": str(self._checkpoint),
             "device": str(self._device),
             "forward_runner": package.forward_runner if package else "",
@@ -379,14 +506,16 @@ class BaseServerModel(TileHooks, Model):
             "limits": asdict(self._options.limits),
             "preprocess_workers": self._options.preprocess_workers,
             "startup_seconds": self._phases.as_dict(),
+            **self.family.metadata(),
         }
 
+    def get_input_types(self) -> list[dict[str, Any]]:
+        """V2 metadata of the inputs a request may carry (the family's)."""
+        return self.family.input_types()
+
     def get_output_types(self) -> list[dict[str, Any]]:
-        """V2 metadata of every output, from ``output_datatypes`` and ``output_shapes``."""
-        types = self.output_datatypes()
-        return [
-            {"name": n, "datatype": types[n], "shape": s} for n, s in self.output_shapes().items()
-        ]
+        """V2 metadata of every output the model can return (the family's ``outputs()``)."""
+        return [o.as_v2() for o in self.family.outputs()]
 
     def _count(self, outcome: str, n: int) -> None:
         if self._metrics is not None:

@@ -1,8 +1,9 @@
 """What the served package is, as requests see it: its digest, its dtype, what answers say of it.
 
-Mixed into :class:`~predictor.model.hooks.TileHooks`. In one process the
-loaded package says; a front end (``--frontends``) never loads it, so it
-takes the device owner's ``/config`` answer (:meth:`ServedPackage.served_from`).
+A part the served model holds (``model.served``) and hands its family. In
+one process the loaded package says; a front end (``--frontends``) never
+loads it, so it takes the device owner's ``/config`` answer
+(:meth:`ServedPackage.served_from`).
 """
 
 from __future__ import annotations
@@ -20,11 +21,19 @@ from predictor.pt2.metadata import package_input_dtype
 
 
 class ServedPackage:
-    """The served package's facts; ``_package`` and ``_owner_config`` are set by the model."""
+    """The served package's facts: the package once loaded, or a front end's owner config.
 
-    _package: LoadedPackage | None
-    _owner_config: Mapping[str, Any]
-    _jpeg: JpegDecodePlace | None
+    Attributes:
+        package: The first device's loaded package (``None`` in a front end,
+            and until the model loads it).
+        jpeg: Where jpeg-transport tiles decode when on a device (set by the
+            model's ``load`` only when they do); ``None``: in stage 1, on the CPU.
+    """
+
+    def __init__(self, package: LoadedPackage | None = None) -> None:
+        self.package = package
+        self.jpeg: JpegDecodePlace | None = None
+        self._owner_config: Mapping[str, Any] = {}
 
     def served_from(self, owner_config: Mapping[str, Any]) -> None:
         """A front end's package facts: the device owner's config (it never loads the package)."""
@@ -33,15 +42,15 @@ class ServedPackage:
     @property
     def package_sha256(self) -> str:
         """The served package's SHA-256 ("" before it is known)."""
-        if self._package is not None:
-            return self._package.sha256
+        if self.package is not None:
+            return self.package.sha256
         return str(self._owner_config.get("package_sha256") or "")
 
     @property
     def package_dtype(self) -> torch.dtype:
         """The dtype the package computes in (its tile input's); float32 before it is known."""
-        if self._package is not None:
-            return self._package.input_dtype
+        if self.package is not None:
+            return self.package.input_dtype
         metadata = self._owner_config.get("package_metadata")
         return package_input_dtype(metadata) if metadata else torch.float32
 
@@ -52,7 +61,7 @@ class ServedPackage:
         A front end decodes in its own stage 1, on the CPU, whatever the
         device owner would do.
         """
-        return "cpu" if self._jpeg is None else "device"
+        return "cpu" if self.jpeg is None else "device"
 
     def answer_parameters(self, samples: Sequence[PreparedSample] = ()) -> dict[str, str]:
         """What every answer says about who made it: the package's digest, where JPEG tiles decode.
@@ -66,5 +75,5 @@ class ServedPackage:
         """
         digest = self.package_sha256
         facts = {"package_sha256": digest} if digest else {}
-        on_device = self._jpeg is not None and any(isinstance(s.tile, JpegRegion) for s in samples)
+        on_device = self.jpeg is not None and any(isinstance(s.tile, JpegRegion) for s in samples)
         return {**facts, "jpeg_decode": "device" if on_device else "cpu"}

@@ -33,9 +33,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
-from predictor.families import load_model_class
+from predictor.families import load_model_class, server_model
 from predictor.http.app import HistoModelServer
-from predictor.model.base import BaseServerModel
+from predictor.model.base import BaseServerModel, FrontEnd
 from predictor.model.metrics import create_metrics
 from predictor.model.options import ServingOptions
 from predictor.multiprocess.messages import recv_blocking, send_blocking
@@ -106,7 +106,10 @@ def build_frontend_model(
     batching: BatchingConfig,
     limits: LimitsConfig,
 ) -> BaseServerModel:
-    """The owner's model class, served through a proxy of its batcher (no package here)."""
+    """The owner's model class and the spec's family, served through a proxy of its batcher.
+
+    A front end (:class:`~predictor.model.base.FrontEnd`): no package here.
+    """
     spec = spec_from_json(info["spec"])
     cls = load_model_class(info["model_class"])
     name = info["name"]
@@ -122,16 +125,16 @@ def build_frontend_model(
     proxy = BatcherProxy(
         sock, slab, name, batching.retry_after_s, _exit_later, on_reject=metrics.on_reject
     )
-    model = cls(
+    model = server_model(
         spec,
         info["checkpoint"],
+        model_class=cls,
         device="cpu",
         model_root=Path(info["model_root"]),
         options=options,
         metrics=metrics,
-        batcher=proxy,
+        front_end=FrontEnd(proxy, info["metadata"]),
     )
-    model.served_from(info["metadata"])
     model.load()
     return model
 

@@ -71,14 +71,15 @@ def check_crossable(model: BaseServerModel) -> None:
         StartupError: An output that is not a number (``BYTES``), or an extra
             input or output with a dynamic dimension besides the batch axis.
     """
-    if not model.CROSSES_PROCESSES:
+    family = model.family
+    if not family.CROSSES_PROCESSES:
         raise StartupError(
-            f"--frontends > 1: {type(model).__name__} answers whole requests of any size "
+            f"--frontends > 1: {type(family).__name__} answers whole requests of any size "
             "(e.g. one slide a request), which fixed shared-memory slots cannot hold; "
             "serve it with --frontends 1"
         )
-    types = model.output_datatypes()
-    shapes = dict(model.output_shapes())
+    types = {o.name: o.datatype for o in family.outputs()}
+    shapes = {o.name: list(o.shape) for o in family.outputs()}
     for name in shapes:
         if types.get(name, "BYTES") not in _NUMERIC:
             raise StartupError(
@@ -104,7 +105,7 @@ def slot_layout(model: BaseServerModel, batching: BatchingConfig, workers: int) 
     extra = sum(
         math.prod(i["shape"][1:]) for i in model.get_input_types() if i["name"] not in _TILE_INPUTS
     )
-    outputs = sum(math.prod(shape[1:]) for shape in model.output_shapes().values())
+    outputs = sum(math.prod(o.shape[1:]) for o in model.family.outputs())
     slots = 2 * (batching.max_queue_size + batching.max_batch_size * max(1, workers))
     return layout_for(
         model.model_spec.tile_size, extra * _ELEMENT_BYTES, outputs * _ELEMENT_BYTES, slots

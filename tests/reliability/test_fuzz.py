@@ -31,7 +31,7 @@ from predictor.codecs.samples import ModelRequest
 from predictor.codecs.v2 import decode_v2, parse_binary_body
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
-from predictor.families import model_class_for
+from predictor.families import server_model
 from predictor.kserve.dataplane import HistoDataPlane
 from predictor.model.base import BaseServerModel, ServingOptions
 from predictor.spec import BUILTIN_SPECS
@@ -52,9 +52,9 @@ def _model(spec_name: str) -> BaseServerModel:
     """A model of the spec's family, not loaded: ``prepare_sample`` needs no package."""
     spec = BUILTIN_SPECS[spec_name]
     options = ServingOptions(limits=LIMITS)
-    model = model_class_for(spec)(spec, "absent.pt2", device="cpu", options=options)
+    model = server_model(spec, "absent.pt2", device="cpu", options=options)
     if spec.takes_bulk_rna:
-        model.genes_in = [f"ENSG{i:011d}" for i in range(GENES)]
+        model.family.genes_in = [f"ENSG{i:011d}" for i in range(GENES)]
     return model
 
 

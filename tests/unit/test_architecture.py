@@ -228,3 +228,46 @@ def test_the_architecture_walk_names_real_code():
     assert len(refs) >= 20
     missing = sorted(f"{f}:{name}" for f, name in refs if not _defined(ROOT / f, name))
     assert not missing, missing
+
+
+def _own_classes() -> set[str]:
+    """The names of every class defined in the project's two packages."""
+    return {
+        node.name
+        for path in _modules().values()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef)
+    }
+
+
+def test_no_server_class_inherits_from_two_of_the_projects_own():
+    """Parts are composed, not mixed in: at most one base of ours per class of ``predictor/``."""
+    own = _own_classes()
+    mixed = {}
+    for name, path in _modules(("predictor",)).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(b).split(".")[-1].split("[")[0] for b in node.bases]
+                ours = [b for b in bases if b in own]
+                if len(ours) > 1:
+                    mixed[f"{name}.{node.name}"] = ours
+    assert not mixed, mixed
+
+
+def test_the_check_can_see_a_mixin():
+    """The names above resolve: the served model's one base is KServe's, a family's one is ours."""
+    own = _own_classes()
+    assert {"BaseServerModel", "Family", "TileFamily", "SlideFamily"} <= own
+    assert "Model" not in own  # KServe's
+
+
+def test_the_slide_family_overrides_no_tile_hook():
+    """A slide head is a family of its own, not a tile model with parts switched off."""
+    from predictor.families.slide import SlideFamily
+    from predictor.model.family import Family
+    from predictor.model.tiles import TileFamily
+
+    tile_hooks = {n for n in vars(TileFamily) if not n.startswith("__")} - set(vars(Family))
+    assert {"batch_inputs", "output_to_host", "build_responses"} <= tile_hooks
+    assert not issubclass(SlideFamily, TileFamily)
+    assert not tile_hooks & set(vars(SlideFamily))

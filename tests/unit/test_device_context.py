@@ -139,13 +139,13 @@ def _build(
 
 def _serve(model: Any, recorder: Recorder, calls: list[Any], requests: int) -> None:
     """Serves ``requests`` one-tile requests; records the context of every copy back."""
-    real_copy_back = model.output_to_host
+    real_copy_back = model.family.output_to_host
 
     def copy_back(output: torch.Tensor) -> torch.Tensor:
         calls.append(("copy_back", None, *recorder.current()))
         return real_copy_back(output)
 
-    model.output_to_host = copy_back
+    model.family.output_to_host = copy_back
     pixels = np.zeros((224, 224, 3), dtype=np.uint8)
     tile = BatchItem(PreparedSample(tile=pixels), ModelRequest(0, pixels=pixels))
 

@@ -13,7 +13,7 @@ from harness.packages import package_in
 from predictor import startup
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.errors import CheckpointError
-from predictor.families import model_class_for
+from predictor.families import server_model
 from predictor.model.base import BaseServerModel
 from predictor.model.metrics import create_metrics
 from predictor.pt2 import digest, loader
@@ -111,7 +111,7 @@ def test_a_model_built_without_a_package_loads_and_hashes_it_once(
 ) -> None:
     spec = BUILTIN_SPECS["h0-mini"]
     path = package_in(embedding_package_dir)
-    model = model_class_for(spec)(spec, path.name, device="cpu", model_root=embedding_package_dir)
+    model = server_model(spec, path.name, device="cpu", model_root=embedding_package_dir)
     assert model.load() and hashed == [path]
     assert list(model.get_metadata()["startup_seconds"]) == PHASES
     model.stop()

@@ -148,15 +148,16 @@ def test_a_warm_up_out_of_memory_is_logged_not_fatal(fails: bool, caplog: Any) -
 
 
 def test_the_models_warm_up_forward_runs_the_real_package_at_the_batch() -> None:
-    """``TileHooks.warm_worker`` on the tiny demo package (the CPU build): staged and run at 5."""
+    """``TileFamily.warm_worker`` on the tiny demo package (the CPU build): staged and run at 5."""
     from harness.packages import demo_package
     from predictor.device.slot import build_slot
-    from predictor.families import model_class_for
+    from predictor.model.options import ServingOptions
+    from predictor.model.served_package import ServedPackage
+    from predictor.model.tiles import TileFamily
     from predictor.pt2.loader import load_package
 
     package = load_package(demo_package("h0-mini"), torch.device("cpu"))
-    model = model_class_for(SPEC).__new__(model_class_for(SPEC))
-    model._spec = SPEC
+    family = TileFamily(SPEC, ServingOptions(), ServedPackage(package))
     ran: list[int] = []
     slot = build_slot(package, SPEC)
     inner = slot.package
@@ -170,7 +171,7 @@ def test_the_models_warm_up_forward_runs_the_real_package_at_the_batch() -> None
             return inner(*inputs)
 
     with torch.inference_mode():
-        model.warm_worker(DeviceSlot(Counting(), slot.normalizer), 5)  # type: ignore[arg-type]
+        family.warm_worker(DeviceSlot(Counting(), slot.normalizer), 5)  # type: ignore[arg-type]
     assert ran == [5] and slot.normalizer.host_buffer.shape[0] == 5
 
 

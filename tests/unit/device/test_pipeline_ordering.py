@@ -25,8 +25,9 @@ from predictor.device.normalizer import Normalizer, fused_normalise
 from predictor.device.slot import DeviceSlot
 from predictor.device.workers import DeviceWorkers
 from predictor.errors import ErrorKind, StartupError
-from predictor.model.hooks import TileHooks
 from predictor.model.options import ServingOptions
+from predictor.model.served_package import ServedPackage
+from predictor.model.tiles import TileFamily
 from predictor.pt2.device_context import use_device_context
 from tests.unit.device.fakes import (
     SHIM,
@@ -41,13 +42,14 @@ from tests.unit.device.fakes import (
 )
 
 
-class Hooks(TileHooks):
-    """The seed's hooks; building the answers logs whether the instance's turn is held."""
+class Hooks(TileFamily):
+    """The tile family's hooks; building the answers logs whether the instance's turn is held."""
 
     log: Log
+    devices: DeviceWorkers
 
     def build_responses(self, outputs: Sequence[np.ndarray], mode: str) -> list[ModelResponse]:
-        turn = self._devices.current().lane.turn  # type: ignore[union-attr]
+        turn = self.devices.current().lane.turn  # type: ignore[union-attr]
         self.log.add(f"build responses, turn {'held' if turn.held else 'free'}")
         return super().build_responses(outputs, mode)
 
@@ -55,11 +57,13 @@ class Hooks(TileHooks):
 def test_a_lane_gives_the_turn_back_before_it_waits_and_builds_the_answers() -> None:
     log = Log()
     workers, slot = pipelined(log)
-    hooks = Hooks(SPEC, ServingOptions(), None, slot.package)  # type: ignore[arg-type]
-    hooks.log, hooks._devices, hooks._normalizer = log, workers, slot.normalizer
+    hooks = Hooks(SPEC, ServingOptions(), ServedPackage(slot.package))  # type: ignore[arg-type]
+    hooks.log, hooks.devices = log, workers
 
     def forward(samples: list[Any], mode: Any) -> list[Any]:
-        return hooks.forward_batch(samples, [None] * len(samples), mode)  # type: ignore[list-item]
+        active = workers.current()
+        assert active is not None
+        return hooks.forward_batch(samples, [None] * len(samples), mode, active)  # type: ignore[arg-type]
 
     runs = workers.runs("cpu", slot, forward, instances=1, max_batch=4)
     log.local.label = "a"

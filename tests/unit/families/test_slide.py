@@ -14,8 +14,9 @@ from predictor.batching.queue import BatchPolicy, BatchQueue
 from predictor.codecs.samples import ModelRequest, ModelResponse
 from predictor.config import BatchingConfig, LimitsConfig
 from predictor.errors import InvalidInput, SpecError
-from predictor.families import build_demo_model, model_class_for
-from predictor.families.slide import SlideServerModel, first_beyond, input_limit, slide_options
+from predictor.families import build_demo_model, family_for, server_model
+from predictor.families.slide import SlideFamily, first_beyond, input_limit, slide_options
+from predictor.model.base import BaseServerModel
 from predictor.model.options import ServingOptions
 from predictor.spec import BUILTIN_SPECS, spec_from_dict
 
@@ -24,9 +25,9 @@ MEAN = BUILTIN_SPECS["mean-pool"]
 
 
 @pytest.fixture
-def model(tmp_path: Path) -> SlideServerModel:
+def model(tmp_path: Path) -> BaseServerModel:
     options = ServingOptions(limits=LimitsConfig(max_tiles_per_slide=100))
-    return SlideServerModel(ABMIL, "abmil.pt2", "cpu", tmp_path, options=options)
+    return server_model(ABMIL, "abmil.pt2", "cpu", tmp_path, options=options)
 
 
 def _request(*inputs: InferInput, params: dict | None = None) -> InferRequest:
@@ -39,17 +40,17 @@ def _features(array: np.ndarray, datatype: str = "FP32") -> InferInput:
     return inp
 
 
-def _decode(model: SlideServerModel, *inputs: InferInput) -> ModelRequest:
+def _decode(model: BaseServerModel, *inputs: InferInput) -> ModelRequest:
     decoded = model._v2.decode(_request(*inputs))
     assert len(decoded.items) == 1
     return decoded.items[0]
 
 
 def test_the_family_is_registered_with_its_specs() -> None:
-    assert model_class_for(ABMIL) is SlideServerModel
+    assert family_for(ABMIL) is SlideFamily
     assert ABMIL.feature_dim == 1536 and ABMIL.classes == ("class_0", "class_1")
     assert MEAN.modes == ("embedding", "attention") and MEAN.embedding_dim == 1536
-    assert SlideServerModel.package_outputs(MEAN) == ("attention", "slide_embedding")
+    assert SlideFamily.package_outputs(MEAN) == ("attention", "slide_embedding")
 
 
 def test_a_slide_spec_needs_a_width_and_classes_with_prediction() -> None:
@@ -63,7 +64,7 @@ def test_a_slide_spec_needs_a_width_and_classes_with_prediction() -> None:
     assert spec_from_dict(ABMIL.to_dict()) == ABMIL
 
 
-def test_features_decode_as_one_item_whatever_the_float_type(model: SlideServerModel) -> None:
+def test_features_decode_as_one_item_whatever_the_float_type(model: BaseServerModel) -> None:
     x = np.random.default_rng(0).normal(size=(7, 1536)).astype(np.float32)
     assert np.array_equal(_decode(model, _features(x)).features, x)
     half = _decode(model, _features(x.astype(np.float16), "FP16")).features
@@ -94,7 +95,7 @@ def test_bad_features_are_400s_naming_the_input(model, shape, datatype, match) -
     assert err.value.input_name == "features"
 
 
-def test_other_inputs_are_refused(model: SlideServerModel) -> None:
+def test_other_inputs_are_refused(model: BaseServerModel) -> None:
     x = np.zeros((3, 1536), np.float32)
     with pytest.raises(InvalidInput, match=r"N = 3"):
         model._v2.decode(_request(_features(x), InferInput("coords", [2, 2], "INT64", [0] * 4)))
@@ -102,7 +103,7 @@ def test_other_inputs_are_refused(model: SlideServerModel) -> None:
         model._v2.decode(_request(InferInput("pixels", [1, 2, 2, 3], "UINT8", [0] * 12)))
 
 
-def test_a_non_finite_feature_is_a_400_naming_its_tile(model: SlideServerModel) -> None:
+def test_a_non_finite_feature_is_a_400_naming_its_tile(model: BaseServerModel) -> None:
     x = np.ones((5, 1536), np.float32)
     x[3, 10] = np.nan
     with pytest.raises(InvalidInput, match="non-finite") as err:
@@ -113,7 +114,7 @@ def test_a_non_finite_feature_is_a_400_naming_its_tile(model: SlideServerModel) 
 
 
 def test_a_feature_beyond_the_package_dtype_is_a_400_naming_its_tile(
-    model: SlideServerModel,
+    model: BaseServerModel,
 ) -> None:
     """Issue 33, case 11: 1e5 cast into an FP16 package became inf, then NaN with a 200."""
     import torch
@@ -126,30 +127,32 @@ def test_a_feature_beyond_the_package_dtype_is_a_400_naming_its_tile(
     assert first_beyond(x, input_limit(torch.float16)) == (3, -1e5)
     assert first_beyond(x, input_limit(torch.float32)) is None
     model.prepare_sample(ModelRequest(index=0, features=x))  # an FP32 package takes it
-    model._input_limit = input_limit(torch.float16)  # what bind_device sets for an FP16 package
+    model.family.input_limit = input_limit(
+        torch.float16
+    )  # what bind_device sets for an FP16 package
     with pytest.raises(InvalidInput, match="beyond the package's finite range") as err:
         model.prepare_sample(ModelRequest(index=0, features=x))
     assert (err.value.input_name, err.value.tile) == ("features", 3)
 
 
-def test_stage_1_gives_writable_contiguous_float32(model: SlideServerModel) -> None:
+def test_stage_1_gives_writable_contiguous_float32(model: BaseServerModel) -> None:
     x = np.frombuffer(np.ones((4, 1536), np.float16).tobytes(), np.float16).reshape(4, 1536)
     tile = model.prepare_sample(ModelRequest(index=0, features=x)).tile
     assert tile.dtype == np.float32 and tile.flags.writeable and tile.flags.c_contiguous
 
 
-def test_modes_combine_in_spec_order(model: SlideServerModel) -> None:
-    assert model.resolve_mode(None) == "prediction"
-    assert model.resolve_mode("attention, prediction") == "prediction,attention"
+def test_modes_combine_in_spec_order(model: BaseServerModel) -> None:
+    assert model.family.resolve_mode(None) == "prediction"
+    assert model.family.resolve_mode("attention, prediction") == "prediction,attention"
     assert model.output_names("prediction,attention") == ("prediction", "attention")
     assert model.output_names("embedding") == ("slide_embedding",)
     for bad in ("prediction,prediction", "prediction,bogus", "prediction_with_embedding"):
         with pytest.raises(InvalidInput) as err:
-            model.resolve_mode(bad)
+            model.family.resolve_mode(bad)
         assert err.value.input_name == "parameters.mode"
 
 
-def test_answers_keep_each_output_s_own_shape(model: SlideServerModel) -> None:
+def test_answers_keep_each_output_s_own_shape(model: BaseServerModel) -> None:
     decoded = model._v2.decode(_request(_features(np.zeros((3, 1536), np.float32))))
     outputs = {"prediction": np.ones(2), "attention": np.full(3, 1 / 3)}
     answer = model._v2.encode(decoded, [ModelResponse(outputs)], ("prediction", "attention"))
@@ -204,8 +207,8 @@ def test_export_defaults_n_to_200000_for_slide_heads() -> None:
 
     args = build_parser().parse_args(["--spec", "abmil-demo", "--demo", "--output", "x.pt2"])
     assert args.max_batch is None
-    assert model_class_for(ABMIL).DEFAULT_MAX_BATCH == 200_000
-    assert model_class_for(BUILTIN_SPECS["h0-mini"]).DEFAULT_MAX_BATCH == 256
+    assert family_for(ABMIL).DEFAULT_MAX_BATCH == 200_000
+    assert family_for(BUILTIN_SPECS["h0-mini"]).DEFAULT_MAX_BATCH == 256
 
 
 def test_unguarded_sums_patch_only_inside_the_with() -> None:
@@ -219,7 +222,7 @@ def test_unguarded_sums_patch_only_inside_the_with() -> None:
     assert CppKernel.need_use_acc_helper is original
 
 
-def test_several_front_ends_are_refused(model: SlideServerModel) -> None:
+def test_several_front_ends_are_refused(model: BaseServerModel) -> None:
     from predictor.errors import StartupError
     from predictor.multiprocess.supervisor import check_crossable
 

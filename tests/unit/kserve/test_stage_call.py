@@ -25,7 +25,7 @@ from prometheus_client import REGISTRY
 from harness.packages import package_in
 from harness.tiles import encode_png, random_tiles
 from predictor.errors import InvalidInput
-from predictor.families import model_class_for
+from predictor.families import server_model
 from predictor.kserve.stage_call import StageCall
 from predictor.model.base import BaseServerModel, ServingOptions
 from predictor.spec import BUILTIN_SPECS
@@ -65,7 +65,7 @@ def served(
     spec = BUILTIN_SPECS["h0-mini"]
     path = package_in(embedding_package_dir)
     options = ServingOptions(name="costs-model")
-    model = model_class_for(spec)(
+    model = server_model(
         spec, path.name, device="cpu", model_root=embedding_package_dir, options=options
     )
     model.load()

@@ -18,7 +18,7 @@ from predictor.codecs.jpeg_input import JpegRegion, jpeg_regions
 from predictor.codecs.samples import ModelRequest
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
-from predictor.families import model_class_for
+from predictor.families import server_model
 from predictor.model.device_jpeg import JpegDecodePlace
 from predictor.spec import BUILTIN_SPECS
 
@@ -31,7 +31,7 @@ BOXES = np.array([[0, 0, 224, 224], [150, 10, 224, 224], [300, 20, 224, 224]], n
 def model(embedding_package_dir):
     spec = BUILTIN_SPECS["h0-mini"]
     path = package_in(embedding_package_dir)
-    served = model_class_for(spec)(spec, path.name, device="cpu", model_root=embedding_package_dir)
+    served = server_model(spec, path.name, device="cpu", model_root=embedding_package_dir)
     served.load()
     return served
 
@@ -52,12 +52,12 @@ def _requests(streams: list[bytes]) -> list[ModelRequest]:
 
 
 def _embed(model, requests, place):
-    model._jpeg = place
+    model.served.jpeg = place
     try:
         samples = [model.prepare_sample(r) for r in requests]
         return samples, model.forward_batch(samples, requests, "embedding")
     finally:
-        model._jpeg = None
+        model.served.jpeg = None
 
 
 def test_deferred_tiles_embed_as_the_cpu_decode_does(model) -> None:
@@ -88,13 +88,13 @@ def test_a_corrupt_slide_tile_fails_its_rows_and_no_other(model) -> None:
 def test_a_truncated_stream_is_refused_in_stage_one(model) -> None:
     good, bad = _streams()
     requests = _requests([good, bad[: len(bad) // 2]])
-    model._jpeg = JpegDecodePlace.for_tests(224)
+    model.served.jpeg = JpegDecodePlace.for_tests(224)
     try:
         assert isinstance(model.prepare_sample(requests[0]).tile, JpegRegion)
         with pytest.raises(InvalidInput) as caught:
             model.prepare_sample(requests[2])
     finally:
-        model._jpeg = None
+        model.served.jpeg = None
     assert (caught.value.input_name, caught.value.tile) == ("jpeg_tiles", 1)
     assert "EOI" in caught.value.reason
 
@@ -106,27 +106,28 @@ def test_a_request_declaring_more_than_the_device_budget_is_refused_not_decoded_
 
     monkeypatch.setattr(module, "MAX_REQUEST_PIXELS", SLIDE_TILE * SLIDE_TILE)  # one of two tiles
     requests = _requests(_streams())
-    model._jpeg = JpegDecodePlace.for_tests(224)
+    model.served.jpeg = JpegDecodePlace.for_tests(224)
     try:
         with pytest.raises(InvalidInput) as caught:
             model.prepare_sample(requests[0])
     finally:
-        model._jpeg = None
+        model.served.jpeg = None
     assert caught.value.input_name == "jpeg_tiles" and "send fewer tiles" in caught.value.reason
 
 
 def test_each_answer_says_where_its_own_tiles_were_decoded(model) -> None:
     requests = _requests(_streams())
-    model._jpeg = JpegDecodePlace.for_tests(224)
+    model.served.jpeg = JpegDecodePlace.for_tests(224)
     try:
         deferred = [model.prepare_sample(r) for r in requests]
-        assert model.answer_parameters(deferred)["jpeg_decode"] == "device"
+        assert model.served.answer_parameters(deferred)["jpeg_decode"] == "device"
         pixels = [model.prepare_sample(ModelRequest(0, pixels=np.zeros((224, 224, 3), np.uint8)))]
-        assert model.answer_parameters(pixels)["jpeg_decode"] == "cpu"
+        assert model.served.answer_parameters(pixels)["jpeg_decode"] == "cpu"
     finally:
-        model._jpeg = None
+        model.served.jpeg = None
     assert (
-        model.answer_parameters([model.prepare_sample(r) for r in requests])["jpeg_decode"] == "cpu"
+        model.served.answer_parameters([model.prepare_sample(r) for r in requests])["jpeg_decode"]
+        == "cpu"
     )
 
 

@@ -19,7 +19,7 @@ from harness.reference import Reference, normalise_reference
 from harness.tiles import random_tiles
 from predictor.codecs.samples import ModelRequest, ModelResponse
 from predictor.errors import NonFiniteOutput
-from predictor.families import model_class_for
+from predictor.families import server_model
 from predictor.model.finite import first_beyond, input_limit, non_finite_rows
 from predictor.spec import BUILTIN_SPECS
 
@@ -27,7 +27,7 @@ from predictor.spec import BUILTIN_SPECS
 def _model(spec_name: str):
     path = module_package(spec_name, BLANK_OVERFLOW_TARGET)
     spec = BUILTIN_SPECS[spec_name]
-    model = model_class_for(spec)(spec, path.name, device="cpu", model_root=path.parent)
+    model = server_model(spec, path.name, device="cpu", model_root=path.parent)
     model.load()
     return model, path
 
@@ -53,7 +53,7 @@ def test_a_blank_tile_fails_its_own_sample_and_the_batch_keeps_its_rows(
     assert len(responses) == 5
     error = responses[1]
     assert isinstance(error, NonFiniteOutput)
-    name = model.package_outputs(model.model_spec)[0]
+    name = model.family.package_outputs(model.model_spec)[0]
     assert f"output {name!r} is not finite (NaN or infinity) for tile 1" in str(error)
     good = np.concatenate([tiles_a[[0, 2]], tiles_b])
     spec = model.model_spec

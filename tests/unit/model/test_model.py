@@ -15,7 +15,7 @@ from harness.tiles import encode_png, random_tiles
 from predictor.codecs.samples import ModelRequest
 from predictor.device.faults import parse_fault_spec
 from predictor.errors import ForwardError, InvalidInput, ModelNotReady
-from predictor.families import model_class_for
+from predictor.families import server_model
 from predictor.model.base import ServingOptions
 from predictor.spec import BUILTIN_SPECS
 
@@ -23,7 +23,7 @@ from predictor.spec import BUILTIN_SPECS
 def _model(model_dir, spec_name="h0-mini", **kwargs):
     spec = BUILTIN_SPECS[spec_name]
     path = package_in(model_dir)
-    model = model_class_for(spec)(spec, path.name, device="cpu", model_root=model_dir, **kwargs)
+    model = server_model(spec, path.name, device="cpu", model_root=model_dir, **kwargs)
     model.load()
     return model
 
@@ -104,7 +104,7 @@ def test_metadata_describes_model_and_config(embedding_package_dir):
 def test_preprocess_bulk_rna_is_the_specs_transform_on_the_base(spec_name, log1p):
     """The seed's ``preprocess_bulk_rna`` is on every model; no package needed to call it."""
     spec = BUILTIN_SPECS[spec_name]
-    model = model_class_for(spec)(spec, "absent.pt2", device="cpu")
+    model = server_model(spec, "absent.pt2", device="cpu")
     raw = [0.0, 1.0, 9.0]
     want = np.log1p(raw) if log1p else np.asarray(raw)
     got = model.preprocess_bulk_rna(raw)

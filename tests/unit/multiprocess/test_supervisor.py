@@ -9,17 +9,15 @@ from typing import Any
 import pytest
 
 from predictor.errors import StartupError
+from predictor.model.family import OutputSpec
 from predictor.multiprocess.supervisor import check_crossable
 
 
 def _model(outputs: dict[str, tuple[str, list[int]]], extras: list[dict[str, Any]] = ()) -> Any:
     inputs = [{"name": "pixels", "datatype": "UINT8", "shape": [-1, 224, 224, 3]}, *extras]
-    return SimpleNamespace(
-        CROSSES_PROCESSES=True,
-        output_datatypes=lambda: {n: t for n, (t, _) in outputs.items()},
-        output_shapes=lambda: {n: s for n, (_, s) in outputs.items()},
-        get_input_types=lambda: inputs,
-    )
+    specs = tuple(OutputSpec(n, t, tuple(s)) for n, (t, s) in outputs.items())
+    family = SimpleNamespace(CROSSES_PROCESSES=True, outputs=lambda: specs)
+    return SimpleNamespace(family=family, get_input_types=lambda: inputs)
 
 
 def test_numeric_fixed_outputs_cross() -> None:
