@@ -110,7 +110,8 @@ class JpegTiles:
         self._decoded: list[np.ndarray | InvalidInput | None] = [None] * len(self._streams)
         self._headers: list[tuple[int, int] | InvalidInput | None] = [None] * len(self._streams)
         self._locks = [threading.Lock() for _ in self._streams]
-        self._needs = [int(n) for n in plan.needs]
+        self._valid: list[list[int]] = layout[:, 2:].tolist()
+        self._needs = plan.needs.tolist()
         self._composed = [False] * len(plan.overlaps)
         self._needs_lock = threading.Lock()
 
@@ -188,7 +189,7 @@ class JpegTiles:
         import simplejpeg
 
         stream = self._streams[index]
-        valid_w, valid_h = (int(v) for v in self.layout[index, 2:])
+        valid_w, valid_h = self._valid[index]
         try:
             height, width, _, _ = simplejpeg.decode_jpeg_header(stream)
         except ValueError as exc:

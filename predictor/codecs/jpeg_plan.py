@@ -125,10 +125,19 @@ def plan_boxes(layout: np.ndarray, boxes: np.ndarray, limits: LimitsConfig) -> B
 
 
 def _overlap_matrix(layout: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-    """``bool [N, S]``: box ``n`` overlaps slide tile ``s``'s valid area."""
-    tx, ty, tw, th = (layout[:, i][None, :] for i in range(4))
-    bx, by, bw, bh = (boxes[:, i][:, None] for i in range(4))
-    return (tx < bx + bw) & (tx + tw > bx) & (ty < by + bh) & (ty + th > by)
+    """``bool [N, S]``: box ``n`` overlaps slide tile ``s``'s valid area.
+
+    In ``int32`` (rows are checked: every edge is below ``2**30 + 8192``).
+    """
+    tiles = np.concatenate([layout[:, :2], layout[:, :2] + layout[:, 2:]], axis=1)
+    spans = np.concatenate([boxes[:, :2], boxes[:, :2] + boxes[:, 2:]], axis=1)
+    t0x, t0y, t1x, t1y = tiles.astype(np.int32).T[:, None, :]
+    b0x, b0y, b1x, b1y = spans.astype(np.int32).T[:, :, None]
+    hit = t0x < b1x
+    hit &= t1x > b0x
+    hit &= t0y < b1y
+    hit &= t1y > b0y
+    return hit
 
 
 def _overlap_area(tiles: np.ndarray, boxes: np.ndarray) -> np.ndarray:
