@@ -14,6 +14,8 @@ import io
 import numpy as np
 import pytest
 import simplejpeg
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from predictor.codecs.jpeg_input import jpeg_regions
@@ -163,3 +165,69 @@ def test_a_request_at_the_budget_is_served_and_holds_at_most_what_its_boxes_stil
         _regions([_jpeg(256, 256, i) for i in range(16)], layout, boxes,
                  LimitsConfig(max_request_pixels=16 * 256 * 256 - 1))  # fmt: skip
     assert caught.value.input_name == "jpeg_boxes"  # one pixel less: its boxes cover too much
+
+
+_rect = st.tuples(st.integers(0, 96), st.integers(0, 96), st.integers(1, 40), st.integers(1, 40))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    layout=st.lists(_rect, min_size=1, max_size=10),
+    boxes=st.lists(_rect, min_size=1, max_size=6),
+    budget=st.integers(400, 30_000),
+)
+def test_a_request_is_refused_exactly_when_a_bound_is_broken_and_composes_as_sent(
+    layout, boxes, budget
+) -> None:
+    """Against a brute-force reading of the rules: no false refusal, no missed one; what
+    passes composes each box as the tiles pasted in order over white, each decoded once."""
+    streams = [_jpeg(40, 40, i) for i in range(len(layout))]  # declares 1,600 px each
+    overlaps = [
+        [i for i, (tx, ty, tw, th) in enumerate(layout)
+         if tx < bx + bw and bx < tx + tw and ty < by + bh and by < ty + th]
+        for bx, by, bw, bh in boxes
+    ]  # fmt: skip
+    pasted = sum(
+        (min(bx + bw, layout[i][0] + layout[i][2]) - max(bx, layout[i][0]))
+        * (min(by + bh, layout[i][1] + layout[i][3]) - max(by, layout[i][1]))
+        for (bx, by, bw, bh), tiles in zip(boxes, overlaps, strict=True)
+        for i in tiles
+    )
+    broken = (
+        sum(w * h for _, _, w, h in boxes) > budget
+        or any(not 0 < len(o) <= MAX_SLIDE_TILES_PER_BOX for o in overlaps)
+        or set(range(len(layout))) - {i for o in overlaps for i in o}
+        or pasted > budget
+        or 1600 * len(layout) > budget
+    )
+    limits = LimitsConfig(max_request_pixels=budget)
+    calls: list[int] = []
+    real = simplejpeg.decode_jpeg
+    try:
+        simplejpeg.decode_jpeg = lambda data, *a, **k: calls.append(id(data)) or real(data, *a, **k)
+        try:
+            regions = _regions(streams, layout, boxes, limits, tile_size=16)
+        except InvalidInput as exc:
+            assert broken, exc
+            assert exc.input_name in ("jpeg_tiles", "jpeg_boxes") and exc.tile is not None
+            assert not calls
+            return
+        assert not broken
+        for region, (bx, by, bw, bh), tiles in zip(regions, boxes, overlaps, strict=True):
+            assert region.overlaps() == tuple(tiles)
+            want = np.full((bh, bw, 3), 255, np.uint8)
+            for i in tiles:
+                tx, ty, tw, th = layout[i]
+                decoded = real(streams[i], colorspace="RGB", fastdct=False, fastupsample=False)
+                x0, y0 = max(bx, tx), max(by, ty)
+                x1, y1 = min(bx + bw, tx + tw), min(by + bh, ty + th)
+                want[y0 - by : y1 - by, x0 - bx : x1 - bx] = decoded[
+                    y0 - ty : y1 - ty, x0 - tx : x1 - tx
+                ]
+            if (bw, bh) != (16, 16):
+                want = np.asarray(Image.fromarray(want).resize((16, 16), Image.Resampling.BICUBIC))
+            np.testing.assert_array_equal(region.pixels(), want)
+        assert len(calls) == len(set(calls)) == len(layout)  # each slide tile decoded once
+        assert regions[0].tiles.held() == 0
+    finally:
+        simplejpeg.decode_jpeg = real
