@@ -44,6 +44,12 @@ a box of 7 slide tiles' edge (1,680 px over 240 px tiles). A larger read is
 refused and the client sends that batch as pixels."""
 
 
+MATRIX_CELLS = 1 << 22
+"""(box, slide tile) pairs tested at once: 4 MiB of ``bool``, the whole of a request at
+the default limits (1,024 boxes x 4,096 slide tiles); a server with a larger
+``--max_tiles_per_request`` tests its boxes in blocks, never ``N x S`` at once."""
+
+
 @dataclass(frozen=True, eq=False)
 class BoxPlan:
     """Which slide tiles each box needs, and how many boxes need each slide tile.
@@ -95,18 +101,17 @@ def plan_boxes(layout: np.ndarray, boxes: np.ndarray, limits: LimitsConfig) -> B
         "the boxes up to this one cover {total} pixels, more than the limit of {budget} "
         "(max_request_pixels) one request composes from its 'jpeg_tiles'",
     )
-    hit = _overlap_matrix(layout, boxes)
-    per_box = hit.sum(axis=1)
-    for row in np.flatnonzero((per_box == 0) | (per_box > MAX_SLIDE_TILES_PER_BOX))[:1]:
-        box, count = list(map(int, boxes[row])), int(per_box[row])
-        why = (
-            "overlaps no slide tile of jpeg_layout"
-            if count == 0
-            else f"overlaps {count} slide tiles of 'jpeg_tiles', more than the limit of "
-            f"{MAX_SLIDE_TILES_PER_BOX} a box"
-        )
-        raise InvalidInput(f"box {box} {why}", input_name=JPEG_BOXES, tile=int(row))
-    needs = hit.sum(axis=0)
+    per_box = np.zeros(len(boxes), np.int64)
+    needs = np.zeros(len(layout), np.int64)
+    pairs: list[np.ndarray] = []
+    step = max(1, MATRIX_CELLS // len(layout))
+    for start in range(0, len(boxes), step):
+        hit = _overlap_matrix(layout, boxes[start : start + step])
+        counts = hit.sum(axis=1)
+        _check_box_counts(counts, boxes, start)
+        per_box[start : start + len(counts)] = counts
+        needs += hit.sum(axis=0)
+        pairs.append(np.flatnonzero(hit) + start * len(layout))  # by box, then slide tile
     for index in np.flatnonzero(needs == 0)[:1]:
         raise InvalidInput(
             f"slide tile {list(map(int, layout[index]))} of jpeg_layout lies under no box of "
@@ -114,7 +119,7 @@ def plan_boxes(layout: np.ndarray, boxes: np.ndarray, limits: LimitsConfig) -> B
             input_name=JPEG_TILES,
             tile=int(index),
         )
-    rows, tiles = np.nonzero(hit)  # row-major: by box, then ascending slide tile
+    rows, tiles = np.divmod(np.concatenate(pairs), len(layout))
     _check_running_sum(
         np.bincount(rows, weights=_overlap_area(layout[tiles], boxes[rows]), minlength=len(boxes)),
         budget,
@@ -122,6 +127,20 @@ def plan_boxes(layout: np.ndarray, boxes: np.ndarray, limits: LimitsConfig) -> B
         "(stacked in jpeg_layout), more than the limit of {budget} (max_request_pixels)",
     )
     return BoxPlan(tuple(np.split(tiles, np.cumsum(per_box)[:-1])), needs)
+
+
+def _check_box_counts(counts: np.ndarray, boxes: np.ndarray, start: int) -> None:
+    """InvalidInput at the first box (of those from row ``start``) over no slide tile or too many."""
+    for offset in np.flatnonzero((counts == 0) | (counts > MAX_SLIDE_TILES_PER_BOX))[:1]:
+        row = start + int(offset)
+        box, count = list(map(int, boxes[row])), int(counts[offset])
+        why = (
+            "overlaps no slide tile of jpeg_layout"
+            if count == 0
+            else f"overlaps {count} slide tiles of 'jpeg_tiles', more than the limit of "
+            f"{MAX_SLIDE_TILES_PER_BOX} a box"
+        )
+        raise InvalidInput(f"box {box} {why}", input_name=JPEG_BOXES, tile=row)
 
 
 def _overlap_matrix(layout: np.ndarray, boxes: np.ndarray) -> np.ndarray:

@@ -231,3 +231,23 @@ def test_a_request_is_refused_exactly_when_a_bound_is_broken_and_composes_as_sen
         assert regions[0].tiles.held() == 0
     finally:
         simplejpeg.decode_jpeg = real
+
+
+def test_the_plan_in_blocks_of_boxes_is_the_plan_at_once(monkeypatch) -> None:
+    """A server with a larger ``--max_tiles_per_request`` never tests N x S pairs at once."""
+    import predictor.codecs.jpeg_plan as plan
+
+    layout = np.array([[16 * (i % 8), 16 * (i // 8), 16, 16] for i in range(64)], np.int64)
+    boxes = np.array([[8 * (i % 14), 8 * (i // 14), 24, 24] for i in range(196)], np.int64)
+    whole = plan.plan_boxes(layout, boxes, LimitsConfig())
+    monkeypatch.setattr(plan, "MATRIX_CELLS", 3 * len(layout))  # blocks of three boxes
+    blocks = plan.plan_boxes(layout, boxes, LimitsConfig())
+    assert len(whole.overlaps) == len(blocks.overlaps) == len(boxes)
+    for a, b in zip(whole.overlaps, blocks.overlaps, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(whole.needs, blocks.needs)
+    boxes[100] = [0, 0, 128, 128]  # 64 slide tiles: at the bound; one more row over it
+    plan.plan_boxes(layout, boxes, LimitsConfig())
+    with pytest.raises(InvalidInput) as caught:
+        plan.plan_boxes(np.concatenate([layout, [[0, 0, 8, 8]]]), boxes, LimitsConfig())
+    assert (caught.value.input_name, caught.value.tile) == ("jpeg_boxes", 100)
