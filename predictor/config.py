@@ -59,6 +59,11 @@ class LimitsConfig:
         max_bulk_rna_length: Longest bulk RNA vector accepted.
         max_body_bytes: Largest HTTP request body accepted.
         max_tiles_per_slide: Slide models: most tiles (``N``) one slide may carry.
+        max_request_pixels: The jpeg transport's budget for one request
+            (:mod:`predictor.codecs.jpeg_plan`): the pixels its slide tiles'
+            headers declare (what decoding them holds), the pixels its boxes
+            cover and the pixels pasted into them, each at most this, checked
+            before any decode on the CPU and the device alike.
     """
 
     max_tiles_per_request: int = flag(1024, "most tiles in one request", type=int)
@@ -71,6 +76,11 @@ class LimitsConfig:
         "slide models: most tiles in one slide's features (also bounded by the package)",
         type=int,
     )
+    max_request_pixels: int = flag(
+        64 * 1024 * 1024,
+        "jpeg_tiles: pixels one request may decode (and its boxes cover, and paste)",
+        type=int,
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -80,6 +90,7 @@ class LimitsConfig:
             "max_bulk_rna_length",
             "max_body_bytes",
             "max_tiles_per_slide",
+            "max_request_pixels",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

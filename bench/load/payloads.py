@@ -164,20 +164,26 @@ def slide_jpeg_inputs(n: int, box: int) -> dict[str, np.ndarray]:
 
     The boxes lie edge to edge in a square grid, as a client's rows of model
     tiles do; the region is real H&E texture cut into :data:`SLIDE_TILE` px
-    q90 JPEG tiles, each sent once.
+    q90 JPEG tiles, each sent once if some box overlaps it (as the client
+    sends them: the server refuses a slide tile under no box).
     """
     side = math.isqrt(n - 1) + 1 if n > 1 else 1
     extent = side * box
     plane = tiles_for("v2-jpeg", 1, extent)[0]
     per_row = -(-extent // SLIDE_TILE)
+    boxes = [[(i % side) * box, (i // side) * box, box, box] for i in range(n)]
     streams, layout = [], []
     for ty in range(per_row):
         for tx in range(per_row):
             x, y = tx * SLIDE_TILE, ty * SLIDE_TILE
+            if not any(
+                bx < x + SLIDE_TILE and x < bx + bw and by < y + SLIDE_TILE and y < by + bh
+                for bx, by, bw, bh in boxes
+            ):
+                continue
             part = plane[y : y + SLIDE_TILE, x : x + SLIDE_TILE]
             streams.append(encode(np.ascontiguousarray(part), "JPEG"))
             layout.append([x, y, part.shape[1], part.shape[0]])
-    boxes = [[(i % side) * box, (i // side) * box, box, box] for i in range(n)]
     tiles = np.empty(len(streams), np.object_)
     tiles[:] = streams
     return {

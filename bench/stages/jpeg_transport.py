@@ -83,16 +83,17 @@ def client_pass(
 
 def server_pass(batches: list[Any]) -> float:
     """CPU seconds of the server's stage 1 over every jpeg batch (one thread)."""
-    from predictor.codecs.jpeg_input import JpegTiles
+    from predictor.codecs.jpeg_input import jpeg_regions
     from predictor.config import LimitsConfig
 
     start = time.thread_time()
     for batch in batches:
-        tiles = JpegTiles(
-            batch.streams, batch.layout.astype("int64"), LimitsConfig(), 224, "bicubic"
-        )
-        for box in batch.boxes:
-            tiles.region(box)
+        regions = jpeg_regions(
+            batch.streams, batch.layout, batch.boxes, limits=LimitsConfig(), tile_size=224,
+            interpolation="bicubic",
+        )  # fmt: skip
+        for region in regions:
+            region.pixels()
     return time.thread_time() - start
 
 

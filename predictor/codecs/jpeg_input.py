@@ -19,44 +19,55 @@ when the box is larger: the very call the client's ``--resize bicubic``
 makes, so the features equal the pixel path's on the same decoded pixels.
 
 Decoding is libjpeg-turbo (``simplejpeg``) with libjpeg's defaults, in the
-stage-1 decode pool; each slide tile is decoded at most once per request
-(:class:`JpegTiles`, shared by the request's items and thread-safe). Bounds:
-tile count and bytes, layout and box sizes, the declared JPEG size (read from
-the header before decoding), the valid area inside the decoded tile, each
-box overlapping some slide tile. A JPEG that fails (bad tables, a huge
-declared size, truncated) is an :class:`~predictor.errors.InvalidInput`
-naming ``jpeg_tiles`` and the slide tile's index: its request is a 400 and
-no other request of the batch is touched.
+stage-1 decode pool, box by box: each slide tile is decoded at most once per
+request, by the first box that needs it, and released when the last box that
+needs it is composed (:class:`JpegTiles`, shared by the request's items and
+thread-safe). Bounds, all checked before any decode: tile count and bytes,
+layout and box sizes, the declared JPEG size (read from the header), the
+valid area inside the decoded tile, and the request's work
+(:mod:`predictor.codecs.jpeg_plan`: each box over 1..64 slide tiles, each
+slide tile under some box, and ``--max_request_pixels`` on the pixels the
+slide tiles declare, the boxes cover and the pastes copy). So a request holds
+at most ``max_request_pixels`` decoded pixels whatever ``S`` is. A JPEG
+that fails (bad tables, a huge declared size, truncated) is an
+:class:`~predictor.errors.InvalidInput` naming ``jpeg_tiles`` and the slide
+tile's index: its request is a 400 and no other request of the batch is
+touched.
 
 On a CUDA server the decode can move to the device
 (:mod:`predictor.device.jpeg`): stage 1 then only checks each needed slide
 tile's header (:meth:`JpegRegion.check_for_device`: the bounds above, and a
 complete stream, ending in its EOI marker) and hands the region itself on as
-the sample's tile.
+the sample's tile; the same ``max_request_pixels`` bounds what the device
+holds for one request.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
+from predictor.codecs.jpeg_plan import (
+    JPEG_BOXES,
+    JPEG_LAYOUT,
+    JPEG_TILES,
+    BoxPlan,
+    plan_boxes,
+)
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
 
-JPEG_TILES, JPEG_LAYOUT, JPEG_BOXES = "jpeg_tiles", "jpeg_layout", "jpeg_boxes"
 JPEG_INPUTS: Mapping[str, tuple[str, str]] = {
     JPEG_TILES: ("BYTES", "[S]"),
     JPEG_LAYOUT: ("INT32", "[S, 4]"),
     JPEG_BOXES: ("INT32", "[N, 4]"),
 }
 """The jpeg transport's inputs: name to (datatype, shape)."""
-SLIDE_TILES_PER_TILE = 4
-"""Slide tiles a request may carry per model tile (a box across a 2x2 corner)."""
 MAX_EDGE_PX = 8192
 """Longest edge of a slide tile's valid area or a box."""
 _FILTERS = {
@@ -68,12 +79,15 @@ _FILTERS = {
 
 
 class JpegTiles:
-    """One request's slide tiles: each decoded at most once, by whichever thread needs it first.
+    """One request's slide tiles: each decoded once, by the first box that needs it, and
+    released when the last box that needs it is composed.
 
     Args:
         streams: Each slide tile's complete JPEG.
         layout: ``int64 [S, 4]`` (x, y, valid w, valid h), checked.
-        limits: ``max_image_pixels`` bounds the declared JPEG size.
+        plan: Which slide tiles each box needs (:func:`~predictor.codecs.jpeg_plan.plan_boxes`).
+        limits: ``max_image_pixels`` bounds each declared JPEG size,
+            ``max_request_pixels`` their sum.
         tile_size: The spec's tile edge.
         interpolation: The spec's resize filter.
     """
@@ -82,33 +96,74 @@ class JpegTiles:
         self,
         streams: Sequence[bytes],
         layout: np.ndarray,
+        plan: BoxPlan,
         limits: LimitsConfig,
         tile_size: int,
         interpolation: str,
     ):
         self._streams = list(streams)
         self.layout = layout
+        self.plan = plan
         self._limits = limits
         self.tile_size = tile_size
         self._filter = _FILTERS.get(interpolation, Image.Resampling.BICUBIC)
         self._decoded: list[np.ndarray | InvalidInput | None] = [None] * len(self._streams)
         self._headers: list[tuple[int, int] | InvalidInput | None] = [None] * len(self._streams)
         self._locks = [threading.Lock() for _ in self._streams]
-        self._declared: int | None = None
+        self._valid: list[list[int]] = layout[:, 2:].tolist()
+        self._needs = plan.needs.tolist()
+        self._composed = [False] * len(plan.overlaps)
+        self._needs_lock = threading.Lock()
 
     @property
     def streams(self) -> Sequence[bytes]:
         """Each slide tile's complete JPEG, as sent."""
         return self._streams
 
+    def held(self) -> int:
+        """Slide tiles decoded and held now (released once no box needs them)."""
+        return sum(isinstance(d, np.ndarray) for d in self._decoded)
+
+    def check_declared(self) -> None:
+        """Every slide tile's header read and checked; their declared pixels within the budget.
+
+        Raises:
+            InvalidInput: Naming ``jpeg_tiles`` and the slide tile: its header
+                (:meth:`header`), or the one whose declared pixels take the
+                request's sum over ``max_request_pixels``.
+        """
+        budget, total = self._limits.max_request_pixels, 0
+        for index in range(len(self._streams)):
+            width, height = self.header(index)
+            total += width * height
+            if total > budget:
+                raise InvalidInput(
+                    f"the slide tiles up to this one declare {total} pixels, more than the "
+                    f"limit of {budget} (max_request_pixels) one request decodes: send fewer "
+                    "tiles a request",
+                    input_name=JPEG_TILES,
+                    tile=index,
+                )
+
     def tile(self, index: int) -> np.ndarray:
-        """Slide tile ``index`` decoded (``uint8 [h, w, 3]``).
+        """Slide tile ``index`` decoded (``uint8 [h, w, 3]``), kept while a box still needs it.
 
         Raises:
             InvalidInput: Naming ``jpeg_tiles`` and ``index`` (every asker gets it).
         """
         self.header(index)
-        return self._once(self._decoded, index, self._decode)
+        with self._locks[index]:
+            done = self._decoded[index]
+            if done is None:
+                try:
+                    done = self._decode(index)
+                except InvalidInput as exc:
+                    done = exc.at(input_name=JPEG_TILES, tile=index)
+                if isinstance(done, InvalidInput) or self._needs[index] > 0:
+                    self._decoded[index] = done
+        if isinstance(done, InvalidInput):
+            raise done
+        return done
 
     def header(self, index: int) -> tuple[int, int]:
         """Slide tile ``index``'s declared ``(width, height)``, checked against the limits.
@@ -118,22 +173,14 @@ class JpegTiles:
                 header, a declared size beyond ``max_image_pixels``, or one
                 smaller than the tile's valid area in the layout.
         """
-        return self._once(self._headers, index, self._read_header)
-
-    def _once(self, results: list[Any], index: int, compute: Callable[[int], Any]) -> Any:
-        """``compute(index)`` at most once per slide tile, by whichever thread asks first.
-
-        Its result, or its :class:`InvalidInput` located at ``jpeg_tiles`` and
-        ``index``, is kept in ``results[index]``: every later asker gets the same.
-        """
         with self._locks[index]:
-            done = results[index]
+            done = self._headers[index]
             if done is None:
                 try:
-                    done = compute(index)
+                    done = self._read_header(index)
                 except InvalidInput as exc:
                     done = exc.at(input_name=JPEG_TILES, tile=index)
-                results[index] = done
+                self._headers[index] = done
         if isinstance(done, InvalidInput):
             raise done
         return done
@@ -142,7 +189,7 @@ class JpegTiles:
         import simplejpeg
 
         stream = self._streams[index]
-        valid_w, valid_h = (int(v) for v in self.layout[index, 2:])
+        valid_w, valid_h = self._valid[index]
         try:
             height, width, _, _ = simplejpeg.decode_jpeg_header(stream)
         except ValueError as exc:
@@ -158,19 +205,6 @@ class JpegTiles:
             )
         return width, height
 
-    def declared_pixels(self) -> int:
-        """Pixels all slide tiles declare (tiles whose header fails count nothing)."""
-        if self._declared is None:
-            total = 0
-            for index in range(len(self._streams)):
-                try:
-                    width, height = self.header(index)
-                except InvalidInput:
-                    continue
-                total += width * height
-            self._declared = total
-        return self._declared
-
     def _decode(self, index: int) -> np.ndarray:
         import simplejpeg
 
@@ -182,67 +216,78 @@ class JpegTiles:
             raise InvalidInput(f"corrupt JPEG data ({exc})") from exc
         return pixels
 
-    def region(self, box: np.ndarray) -> np.ndarray:
-        """Box ``(x, y, w, h)`` composed and resized to ``tile_size``: ``uint8 [T, T, 3]``.
+    def region(self, row: int, box: np.ndarray) -> np.ndarray:
+        """Box ``row`` (``x, y, w, h``) composed and resized to ``tile_size``: ``uint8 [T, T, 3]``.
+
+        Its slide tiles no other box still needs are released afterwards,
+        whether it composed or failed.
 
         Raises:
             InvalidInput: A slide tile it needs fails to decode.
         """
         x, y, w, h = (int(v) for v in box)
         out = np.full((h, w, 3), 255, np.uint8)
-        for index in self.overlapping(x, y, w, h):
-            tx, ty, tw, th = (int(v) for v in self.layout[index])
-            ax0, ay0 = max(x, tx), max(y, ty)
-            ax1, ay1 = min(x + w, tx + tw), min(y + h, ty + th)
-            tile = self.tile(index)
-            out[ay0 - y : ay1 - y, ax0 - x : ax1 - x] = tile[
-                ay0 - ty : ay1 - ty, ax0 - tx : ax1 - tx
-            ]
+        try:
+            for index in self.plan.overlaps[row]:
+                tx, ty, tw, th = (int(v) for v in self.layout[index])
+                ax0, ay0 = max(x, tx), max(y, ty)
+                ax1, ay1 = min(x + w, tx + tw), min(y + h, ty + th)
+                tile = self.tile(int(index))
+                out[ay0 - y : ay1 - y, ax0 - x : ax1 - x] = tile[
+                    ay0 - ty : ay1 - ty, ax0 - tx : ax1 - tx
+                ]
+                del tile
+        finally:
+            self._composed_box(row)
         if (w, h) == (self.tile_size, self.tile_size):
             return out
         resized = Image.fromarray(out).resize((self.tile_size, self.tile_size), self._filter)
         return np.asarray(resized)
 
-    def overlapping(self, x: int, y: int, w: int, h: int) -> np.ndarray:
-        """Indices of the slide tiles whose valid area overlaps box ``(x, y, w, h)``."""
-        lay = self.layout
-        hit = (
-            (lay[:, 0] < x + w)
-            & (lay[:, 0] + lay[:, 2] > x)
-            & (lay[:, 1] < y + h)
-            & (lay[:, 1] + lay[:, 3] > y)
-        )
-        return np.flatnonzero(hit)
+    def _composed_box(self, row: int) -> None:
+        """Counts box ``row`` done (once); slide tiles no box needs any more are dropped."""
+        with self._needs_lock:
+            if self._composed[row]:
+                return
+            self._composed[row] = True
+            unneeded = []
+            for index in self.plan.overlaps[row]:
+                self._needs[index] -= 1
+                if not self._needs[index]:
+                    unneeded.append(int(index))
+        for index in unneeded:
+            with self._locks[index]:
+                if isinstance(self._decoded[index], np.ndarray):
+                    self._decoded[index] = None
 
 
 @dataclass
 class JpegRegion:
-    """One model tile of a jpeg-transport request: its box in its request's :class:`JpegTiles`."""
+    """One model tile of a jpeg-transport request: box ``row`` of its request's :class:`JpegTiles`."""
 
     tiles: JpegTiles
     box: np.ndarray
+    row: int
 
     def pixels(self) -> np.ndarray:
         """The tile's pixels (see :meth:`JpegTiles.region`)."""
-        return self.tiles.region(self.box)
+        return self.tiles.region(self.row, self.box)
 
     def overlaps(self) -> tuple[int, ...]:
         """The slide tiles this box takes pixels from."""
-        x, y, w, h = (int(v) for v in self.box)
-        return tuple(int(i) for i in self.tiles.overlapping(x, y, w, h))
+        return tuple(int(i) for i in self.tiles.plan.overlaps[self.row])
 
-    def check_for_device(self, max_request_pixels: int) -> None:
+    def check_for_device(self) -> None:
         """Checks what a device decode needs checked first.
 
         Each slide tile the box needs must pass :meth:`JpegTiles.header` and
         end in its EOI marker (a truncated stream is refused here, as
-        libjpeg-turbo refuses it on the CPU path; nvJPEG may not), and the
-        request's tiles together may declare at most ``max_request_pixels``
-        (what one request holds on the device while its boxes are composed).
+        libjpeg-turbo refuses it on the CPU path; nvJPEG may not). The
+        request's budget (``max_request_pixels``: what one request holds on
+        the device while its boxes are composed) was checked with its inputs.
 
         Raises:
-            InvalidInput: Naming ``jpeg_tiles`` and the slide tile at fault,
-                or the request's declared pixels and the limit.
+            InvalidInput: Naming ``jpeg_tiles`` and the slide tile at fault.
         """
         for index in self.overlaps():
             self.tiles.header(index)
@@ -252,14 +297,6 @@ class JpegRegion:
                     input_name=JPEG_TILES,
                     tile=index,
                 )
-        declared = self.tiles.declared_pixels()
-        if declared > max_request_pixels:
-            raise InvalidInput(
-                f"the request's slide tiles declare {declared} pixels, more than the "
-                f"{max_request_pixels} one request decodes on the device with "
-                "(--jpeg_decode device): send fewer tiles a request",
-                input_name=JPEG_TILES,
-            )
 
 
 def jpeg_regions(
@@ -274,6 +311,9 @@ def jpeg_regions(
     """Checks the three inputs against each other and the limits; one region per box.
 
     ``streams`` are already bytes, each checked against ``max_image_bytes``.
+    Everything is checked here, before any pixel is decoded: the rows, the
+    plan (:func:`~predictor.codecs.jpeg_plan.plan_boxes`) and every header
+    with the declared pixels' budget (:meth:`JpegTiles.check_declared`).
 
     Raises:
         InvalidInput: Naming the input, the row and the reason.
@@ -296,15 +336,9 @@ def jpeg_regions(
                 input_name=JPEG_BOXES,
                 tile=row,
             )
-    tiles = JpegTiles(streams, lay, limits, tile_size, interpolation)
-    for row, (x, y, w, h) in enumerate(box):
-        if not len(tiles.overlapping(int(x), int(y), int(w), int(h))):
-            raise InvalidInput(
-                f"box ({x}, {y}, {w}, {h}) overlaps no slide tile of jpeg_layout",
-                input_name=JPEG_BOXES,
-                tile=row,
-            )
-    return [JpegRegion(tiles, box[i]) for i in range(len(box))]
+    tiles = JpegTiles(streams, lay, plan_boxes(lay, box, limits), limits, tile_size, interpolation)
+    tiles.check_declared()
+    return [JpegRegion(tiles, box[i], i) for i in range(len(box))]
 
 
 def _check_rows(rows: np.ndarray, name: str, what: str) -> None:

@@ -42,9 +42,9 @@ from predictor.codecs.jpeg_input import (
     JPEG_INPUTS,
     JPEG_LAYOUT,
     JPEG_TILES,
-    SLIDE_TILES_PER_TILE,
     jpeg_regions,
 )
+from predictor.codecs.jpeg_plan import check_slide_tile_count
 from predictor.codecs.samples import ModelRequest, ModelResponse
 from predictor.codecs.tensors import bytes_elements, numeric_tensor, parse_shape
 from predictor.codecs.v2_response import (
@@ -261,20 +261,17 @@ def _decode_tiles(inp: Any, limits: LimitsConfig) -> list[ModelRequest]:
 def _decode_jpeg(inputs: Mapping[str, Any], spec: ModelSpec, limits: LimitsConfig) -> list:
     """One item per ``jpeg_boxes`` row (:mod:`predictor.codecs.jpeg_input`)."""
     streams, layout = inputs[JPEG_TILES], inputs[JPEG_LAYOUT]
+    box_shape = _shape(inputs[JPEG_BOXES], 2, limits)
+    if box_shape[1] != 4:
+        raise InvalidInput(f"shape must be [N, 4], got {list(box_shape)}", input_name=JPEG_BOXES)
     (count,) = _ranked(streams, 1)
-    if not 0 < count <= SLIDE_TILES_PER_TILE * limits.max_tiles_per_request:
-        raise InvalidInput(
-            f"{count} slide tiles; expected 1..{SLIDE_TILES_PER_TILE * limits.max_tiles_per_request}",
-            input_name=JPEG_TILES,
-        )
+    check_slide_tile_count(count, box_shape[0], limits)
     try:
         elements = bytes_elements(streams.data, raw_data(streams), count)
     except InvalidInput as exc:
         raise exc.at(input_name=JPEG_TILES) from None
     data = [_tile_bytes(e, i, limits, JPEG_TILES) for i, e in enumerate(elements)]
-    boxes = _numeric(inputs[JPEG_BOXES], _shape(inputs[JPEG_BOXES], 2, limits))
-    if boxes.shape[1] != 4:
-        raise InvalidInput(f"shape must be [N, 4], got {list(boxes.shape)}", input_name=JPEG_BOXES)
+    boxes = _numeric(inputs[JPEG_BOXES], box_shape)
     regions = jpeg_regions(
         data,
         _numeric(layout, _ranked(layout, 2)),

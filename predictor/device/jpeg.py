@@ -19,8 +19,9 @@ CPU (``--jpeg_decode cpu``).
 A slide tile nvJPEG cannot decode fails only the model tiles that need it:
 a failing batched call is decoded again one stream at a time to find it.
 Memory is bounded by the caller: a request reaches the device only when its
-declared pixels fit :data:`MAX_REQUEST_PIXELS`, and one request's tiles are
-decoded at a time.
+slide tiles' declared pixels fit ``--max_request_pixels``
+(:mod:`predictor.codecs.jpeg_plan`, checked for every request), and one
+request's tiles are decoded at a time.
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ logger = logging.getLogger(__name__)
 Decoder = Callable[[Sequence[bytes]], list[torch.Tensor]]
 """Complete JPEG streams to ``uint8 [3, H, W]`` RGB tensors on the device, one per stream."""
 
-MAX_REQUEST_PIXELS = 64 * 1024 * 1024
-"""Declared pixels of one request's slide tiles above which it is decoded on the CPU instead."""
 MAX_RESIZE_PIXELS = 32 * 1024 * 1024
 """Canvas pixels resized in one call (each held as float32 while it is resized), and
 the most composed canvases wait for their resize: a batch of boxes as large as

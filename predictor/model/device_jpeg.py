@@ -24,7 +24,6 @@ from predictor.codecs.jpeg_input import JPEG_TILES, JpegRegion
 from predictor.codecs.samples import PreparedSample, tile_hwc
 from predictor.device.jpeg import (
     DEVICE_FILTERS,
-    MAX_REQUEST_PIXELS,
     Box,
     Decoder,
     DeviceJpeg,
@@ -93,12 +92,11 @@ class JpegDecodePlace:
         while its answer says ``device``.
 
         Raises:
-            InvalidInput: A slide tile the region needs fails its checks, or
-                the request declares more than :data:`MAX_REQUEST_PIXELS`.
+            InvalidInput: A slide tile the region needs fails its checks.
         """
         if not self.on_device_enabled:
             return False
-        region.check_for_device(MAX_REQUEST_PIXELS)
+        region.check_for_device()
         return True
 
     def on_device(

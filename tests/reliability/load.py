@@ -34,6 +34,7 @@ TILES_PER_CLIENT = 4
 MAX_TILES = 16
 MAX_BODY_BYTES = 4_000_000
 MAX_IMAGE_PIXELS = 1 << 20
+MAX_REQUEST_PIXELS = 4 << 20
 LIMITED_FLAGS = (
     "--max_tiles_per_request",
     str(MAX_TILES),
@@ -41,6 +42,8 @@ LIMITED_FLAGS = (
     str(MAX_BODY_BYTES),
     "--max_image_pixels",
     str(MAX_IMAGE_PIXELS),
+    "--max_request_pixels",
+    str(MAX_REQUEST_PIXELS),
     "--max_batch_size",
     "8",
     "--max_latency_ms",

@@ -20,6 +20,7 @@ from harness.reference import Reference, normalise_reference
 from harness.server import Server
 from tests.reliability.corpus import V1_CASES, HttpCase
 from tests.reliability.corpus_binary import BINARY_CASES
+from tests.reliability.corpus_jpeg import JPEG_CASES
 from tests.reliability.corpus_v2 import V2_JSON_CASES
 from tests.reliability.load import access_log_statuses
 from tests.reliability.traffic import (
@@ -31,12 +32,12 @@ from tests.reliability.traffic import (
 )
 
 pytestmark = pytest.mark.integration
-CASES = {c.name: c for c in (*V1_CASES, *V2_JSON_CASES, *BINARY_CASES)}
+CASES = {c.name: c for c in (*V1_CASES, *V2_JSON_CASES, *BINARY_CASES, *JPEG_CASES)}
 CHUNK = 64 * 1024
 
 
 def test_the_corpus_is_large_and_its_names_unique():
-    names = [c.name for c in (*V1_CASES, *V2_JSON_CASES, *BINARY_CASES)]
+    names = [c.name for c in (*V1_CASES, *V2_JSON_CASES, *BINARY_CASES, *JPEG_CASES)]
     assert len(names) == len(set(names)) >= 40
     assert {c.route for c in CASES.values()} == {"v1", "v2"}
     assert any(n.startswith("bin-") for n in names)

@@ -20,6 +20,8 @@ from harness.server import Server
 from harness.tiles import random_tiles
 from histoserve.wire import length_prefixed
 from tests.reliability.corpus import GENES, bomb, counts, image, truncated
+from tests.reliability.corpus_jpeg import CASES as JPEG_CASES
+from tests.reliability.corpus_jpeg import Triple
 from tests.reliability.load import MAX_BODY_BYTES, MAX_TILES
 from tests.reliability.traffic import RawGrpc, TilePool
 
@@ -68,6 +70,18 @@ def with_rna(model: str, *rows: list[float]) -> pb.ModelInferRequest:
     tensor, data = rna(*rows)
     return request(
         model, pixels([len(rows), 224, 224, 3]), tensor, raw=(tile_bytes(len(rows)), data)
+    )
+
+
+def jpeg(model: str, build: Callable[[], Triple]) -> pb.ModelInferRequest:
+    """A jpeg-transport request: ``jpeg_tiles`` length-prefixed, layout and boxes raw INT32."""
+    streams, layout, boxes = build()
+    return request(
+        model,
+        Tensor(name="jpeg_boxes", datatype="INT32", shape=list(boxes.shape)),
+        Tensor(name="jpeg_layout", datatype="INT32", shape=list(layout.shape)),
+        Tensor(name="jpeg_tiles", datatype="BYTES", shape=[len(streams)]),
+        raw=(boxes.tobytes(), layout.tobytes(), length_prefixed(streams)),
     )
 
 
@@ -143,6 +157,7 @@ CASES = [
              ("'bulk_rna'", "tile 0", "negative"), model="multimodal"),
     GrpcCase("grpc-bulk-rna-wrong-gene-count", lambda m: with_rna(m, [1.0] * (GENES - 2)),
              ("'bulk_rna'", "tile 0", f"expected {GENES} gene counts"), model="multimodal"),
+    *(GrpcCase(f"grpc-{c.name}", lambda m, c=c: jpeg(m, c.build), c.words) for c in JPEG_CASES),
 ]  # fmt: skip
 BY_NAME = {c.name: c for c in CASES}
 

@@ -59,18 +59,27 @@ def test_a_box_composes_white_beyond_the_valid_area_and_resizes_to_the_tile() ->
     assert (crop.pixels()[8:] == 255).all() and not (crop.pixels()[:8] == 255).all()
 
 
-def test_a_declared_size_over_the_limit_fails_before_decoding() -> None:
-    (region,) = _regions([[0, 0, 64, 64]], [[0, 0, 32, 32]], [_stream(1024, 512)])
+def test_a_declared_size_over_the_limit_is_refused_with_the_inputs() -> None:
     with pytest.raises(InvalidInput) as caught:
-        region.pixels()
+        _regions([[0, 0, 64, 64]], [[0, 0, 32, 32]], [_stream(1024, 512)])
     assert (caught.value.input_name, caught.value.tile) == ("jpeg_tiles", 0)
     assert "more than the limit" in caught.value.reason
 
 
-def test_a_bad_header_is_named_once_for_every_box_that_needs_it() -> None:
-    regions = _regions([[0, 0, 64, 64]], [[0, 0, 32, 32], [16, 16, 32, 32]], [b"\xff\xd8garbage"])
+def test_a_bad_header_is_refused_with_the_inputs_naming_its_slide_tile() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        _regions(
+            [[0, 0, 64, 64]] * 2, [[0, 0, 32, 32], [16, 16, 32, 32]], [_stream(), b"\xff\xd8x"]
+        )
+    assert (caught.value.input_name, caught.value.tile) == ("jpeg_tiles", 1)
+    assert "unreadable JPEG header" in caught.value.reason
+
+
+def test_a_truncated_stream_is_named_for_every_box_that_needs_it_on_the_device() -> None:
+    whole = _stream()
+    regions = _regions([[0, 0, 64, 64]], [[0, 0, 32, 32], [16, 16, 32, 32]], [whole[:-40]])
     for region in regions:
         with pytest.raises(InvalidInput) as caught:
-            region.check_for_device(1 << 30)
+            region.check_for_device()
         assert (caught.value.input_name, caught.value.tile) == ("jpeg_tiles", 0)
-        assert "unreadable JPEG header" in caught.value.reason
+        assert "EOI" in caught.value.reason

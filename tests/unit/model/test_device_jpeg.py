@@ -44,10 +44,11 @@ def _corrupt(stream: bytes) -> bytes:
     return corrupt_scan(stream)
 
 
-def _requests(streams: list[bytes]) -> list[ModelRequest]:
+def _requests(streams: list[bytes], limits: LimitsConfig | None = None) -> list[ModelRequest]:
     regions = jpeg_regions(
-        streams, LAYOUT, BOXES, limits=LimitsConfig(), tile_size=224, interpolation="bicubic"
-    )
+        streams, LAYOUT, BOXES, limits=limits or LimitsConfig(), tile_size=224,
+        interpolation="bicubic",
+    )  # fmt: skip
     return [ModelRequest(i, jpeg=region) for i, region in enumerate(regions)]
 
 
@@ -99,20 +100,14 @@ def test_a_truncated_stream_is_refused_in_stage_one(model) -> None:
     assert "EOI" in caught.value.reason
 
 
-def test_a_request_declaring_more_than_the_device_budget_is_refused_not_decoded_elsewhere(
-    model, monkeypatch
-) -> None:
-    import predictor.model.device_jpeg as module
-
-    monkeypatch.setattr(module, "MAX_REQUEST_PIXELS", SLIDE_TILE * SLIDE_TILE)  # one of two tiles
-    requests = _requests(_streams())
-    model.served.jpeg = JpegDecodePlace.for_tests(224)
-    try:
-        with pytest.raises(InvalidInput) as caught:
-            model.prepare_sample(requests[0])
-    finally:
-        model.served.jpeg = None
-    assert caught.value.input_name == "jpeg_tiles" and "send fewer tiles" in caught.value.reason
+def test_a_request_declaring_more_than_the_budget_is_refused_before_either_decode() -> None:
+    """Refused with its inputs, the same on either path: the message names ``'jpeg_tiles'``,
+    so the client reads that batch again as pixels."""
+    one_tile = LimitsConfig(max_request_pixels=SLIDE_TILE * SLIDE_TILE)  # one of the two tiles
+    with pytest.raises(InvalidInput) as caught:
+        _requests(_streams(), one_tile)
+    assert caught.value.tile == 1 and "'jpeg_tiles'" in str(caught.value)
+    assert f"limit of {SLIDE_TILE * SLIDE_TILE} (max_request_pixels)" in caught.value.reason
 
 
 def test_each_answer_says_where_its_own_tiles_were_decoded(model) -> None:
