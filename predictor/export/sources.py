@@ -1,6 +1,7 @@
 """Model sources for the exporter beyond ``--demo``: ``--module`` and ``--timm``.
 
-``--module pkg.mod:factory`` imports any ``nn.Module`` factory. ``--timm ARCH
+``--module pkg.mod:factory`` imports any ``nn.Module`` factory, with its
+weights from ``--weights FILE`` when given (:func:`load_weights`). ``--timm ARCH
 --weights FILE`` builds real weights through timm, imported lazily inside
 :func:`build_timm` only: timm imports torchvision, which does not import beside
 the CPU torch used here and is never needed for serving.
@@ -53,6 +54,39 @@ def build_from_factory(factory: Callable[..., nn.Module], spec: ModelSpec) -> nn
     if not isinstance(module, nn.Module):
         raise SpecError(f"factory {factory!r} returned {type(module).__name__}, not an nn.Module")
     return module
+
+
+def weights_digest(weights: Path) -> str:
+    """The weights file's SHA-256 (what provenance and the build key record).
+
+    Raises:
+        SpecError: The file does not exist.
+    """
+    weights = Path(weights)
+    if not weights.is_file():
+        raise SpecError(f"weights file {weights} does not exist")
+    return sha256_file(weights)
+
+
+def load_weights(module: nn.Module, weights: Path) -> str:
+    """Loads ``weights`` (``.safetensors`` or a torch state dict) into ``module``, strictly.
+
+    Returns:
+        The weights file's SHA-256.
+
+    Raises:
+        SpecError: Missing or unreadable file, or keys/shapes that do not fit the module.
+    """
+    digest = weights_digest(weights)
+    try:
+        state = _load_state_dict(Path(weights))
+    except Exception as exc:  # safetensors' and torch.load's own errors, wrapped
+        raise SpecError(f"weights file {weights} cannot be read: {exc}") from exc
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise SpecError(f"weights {weights} do not fit the --module model: {exc}") from exc
+    return digest
 
 
 def module_example_inputs(

@@ -51,6 +51,7 @@ from predictor.model.metrics import Metrics
 from predictor.model.options import ServingOptions
 from predictor.model.stage1 import Stage1Pool
 from predictor.pt2.loader import LoadedPackage, StartupPhases, inspect_package, open_package
+from predictor.pt2.package_set import config_facts
 from predictor.spec import ModelSpec
 
 logger = logging.getLogger("histoserve")
@@ -372,6 +373,7 @@ class BaseServerModel(TileHooks, Model):
             "forward_runner": package.forward_runner if package else "",
             "package_metadata": dict(package.metadata) if package else {},
             "package_sha256": package.sha256 if package else "",
+            **config_facts(package),  # build_key, weights_sha256, package_choice
             "batching": asdict(self._options.batching),
             "limits": asdict(self._options.limits),
             "preprocess_workers": self._options.preprocess_workers,
