@@ -91,3 +91,31 @@ def export_argv(volume: Path, weights: Path, *more: str) -> list[str]:
         "--spec", "h0-mini", "--module", WEIGHTS_TARGET, "--weights", str(weights),
         "--max_batch", "8", "--package_set", str(volume), "--if_missing", *more,
     ]  # fmt: skip
+
+
+def three_builds(folder: Path) -> dict[str, Path]:
+    """The tiny h0-mini demo as three builds in ``folder``, each named by its build key.
+
+    ``native`` (``-march=native``, batches 1..256), ``v3`` (``x86-64-v3``,
+    batches 1..8), both real and cached (:func:`harness.packages.demo_package`),
+    and ``gpu``: the portable one's copy claiming CUDA 12.8 ``sm_90``.
+    """
+    import shutil
+
+    from harness.packages import demo_package
+    from predictor.export.build import write_sha256
+    from predictor.pt2.build_key import key_from_metadata
+    from predictor.pt2.metadata import read_metadata
+
+    folder.mkdir(parents=True, exist_ok=True)
+    found: dict[str, Path] = {}
+    for label, src in (
+        ("native", demo_package("h0-mini")),
+        ("v3", demo_package("h0-mini", cpu_target="x86-64-v3", max_batch=8)),
+    ):
+        key = key_from_metadata(read_metadata(src))
+        found[label] = folder / f"{key.name if key else label}.pt2"
+        shutil.copy2(src, found[label])
+        write_sha256(found[label])
+    found["gpu"] = fake_gpu_package(found["v3"], folder)
+    return found

@@ -17,10 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.package_sets import claim, fake_gpu_package, rewrite_metadata
-from harness.packages import demo_package
+from harness.package_sets import claim, rewrite_metadata, three_builds
 from predictor.errors import CheckpointError, IncompatiblePackage
-from predictor.export.build import write_sha256
 from predictor.pt2 import package_set
 from predictor.pt2.build_key import BUILD_KEY_KEY, BuildKey, key_from_metadata
 from predictor.pt2.host import HostFacts
@@ -32,19 +30,7 @@ CPU = torch.device("cpu")
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The three builds, each under its build key's name, in one folder (copy before editing)."""
-    folder = tmp_path_factory.mktemp("package-set")
-    found: dict[str, Path] = {}
-    for label, src in (
-        ("native", demo_package("h0-mini")),
-        ("v3", demo_package("h0-mini", cpu_target="x86-64-v3", max_batch=8)),
-    ):
-        key = key_from_metadata(read_metadata(src))
-        assert key is not None
-        found[label] = folder / f"{key.name}.pt2"
-        shutil.copy2(src, found[label])
-        write_sha256(found[label])
-    found["gpu"] = fake_gpu_package(found["v3"], folder)
-    return found
+    return three_builds(tmp_path_factory.mktemp("package-set"))
 
 
 def _set(tmp_path: Path, builds: dict[str, Path], *labels: str) -> list[Path]:
