@@ -68,7 +68,8 @@ def fake_gpu_package(src: Path, folder: Path, capability: str = "90", cuda: str 
     def to_gpu(metadata: dict[str, str]) -> None:
         metadata["AOTI_DEVICE_KEY"] = "cuda"
         metadata["AOTI_COMPUTE_CAPABILITY"] = capability
-        claim(metadata, target=f"sm_{capability}", cuda=cuda, cuda_version=cuda, device="cuda")
+        target = f"sm_{capability}+x86-64-v3"  # the portable build's host code
+        claim(metadata, target=target, cuda=cuda, cuda_version=cuda, device="cuda")
 
     return rewrite_metadata(src, folder, to_gpu)
 

@@ -38,7 +38,13 @@ import torch
 
 from predictor.errors import CheckpointError, SpecError, StartupError
 from predictor.export.sources import weights_digest
-from predictor.pt2.build_key import BuildKey, cpu_target_name, key_from_metadata, torch_release
+from predictor.pt2.build_key import (
+    BuildKey,
+    cpu_target_name,
+    gpu_target,
+    key_from_metadata,
+    torch_release,
+)
 from predictor.pt2.build_key import weights_id as make_weights_id
 from predictor.pt2.host import HostFacts, isa_flags, read_cpu_flags
 from predictor.pt2.metadata import read_metadata
@@ -140,11 +146,10 @@ def export_key(
     the package's metadata.
     """
     target_device = torch.device(device)
+    target, cuda = cpu_target_name(cpu_target, isa_flags(read_cpu_flags())), None
     if target_device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(target_device)
-        target, cuda = f"sm_{major}{minor}", torch.version.cuda
-    else:
-        target, cuda = cpu_target_name(cpu_target, isa_flags(read_cpu_flags())), None
+        target, cuda = gpu_target(f"{major}{minor}", target), torch.version.cuda
     return BuildKey(
         spec=spec_name,
         weights=make_weights_id(source, weights_sha256),
@@ -166,14 +171,20 @@ def fitting_package(folder: Path, key: BuildKey) -> Path | None:
     """A package in ``folder`` of ``key``'s model that the server would take on this host.
 
     The server's own rule (:func:`predictor.pt2.package_set.judge`, best
-    first by :func:`~predictor.pt2.package_set.rank`) on ``key``'s device.
+    first by :func:`~predictor.pt2.package_set.rank`) on ``key``'s device,
+    for a batch range reaching ``key.max_batch``.
     """
     folder = Path(folder)
     if not folder.is_dir():
         return None
     device = torch.device("cuda" if key.target.startswith("sm_") else "cpu")
     host = HostFacts.detect()
-    judged = [judge(p, device, host) for p in sorted(folder.glob("*.pt2")) if p.is_file()]
+    # a package at least as wide as asked: the server's --max_batch_size may need it all
+    judged = [
+        judge(p, device, host, max_batch_size=key.max_batch)
+        for p in sorted(folder.glob("*.pt2"))
+        if p.is_file()
+    ]
     same = [c for c in rank(judged) if c.key is not None and c.key.model == key.model]
     return same[0].path if same else None
 

@@ -10,10 +10,13 @@ The exporter also records the key in the package's metadata
 (:data:`BUILD_KEY_KEY`), so a renamed file still says what it is; packages
 exported before the key existed get one derived from their provenance.
 
-The target is ``sm_XX`` for a CUDA package, ``x86-64-v3`` for the portable
-CPU build, and ``native-<digest>`` for a CPU build with ``-march=native``:
-the digest (8 hex digits) names the instruction-set flags it was compiled
-for, so native packages of two CPU kinds never share a name.
+The target is ``x86-64-v3`` for the portable CPU build and ``native-<digest>``
+for a CPU build with ``-march=native``: the digest (8 hex digits) names the
+instruction-set flags it was compiled for, so native packages of two CPU
+kinds never share a name. A CUDA package's host code is compiled for a CPU
+target too, so its target is both: ``sm_90+native-<digest>`` or
+``sm_90+x86-64-v3`` (two GPU nodes of one kind with different CPUs need two
+packages).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from predictor.spec import METADATA_KEY
 BUILD_KEY_KEY = "histoserve.build_key"
 """Metadata key of the build key (JSON of :class:`BuildKey`'s fields)."""
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
+_UNSAFE = re.compile(r"[^A-Za-z0-9.+-]+")
 _NAMED_WEIGHTS_CHARS = 12
 
 
@@ -49,7 +52,8 @@ class BuildKey:
         max_batch: Largest batch the package accepts.
         torch: The torch release that exported it (``2.13.0``, build tag aside).
         cuda: The CUDA version of a CUDA package (``12.8``); ``None`` on the CPU.
-        target: ``sm_XX``, ``x86-64-v3`` or ``native-<flags digest>``.
+        target: ``x86-64-v3`` or ``native-<flags digest>``; for CUDA
+            ``sm_XX+`` either.
     """
 
     spec: str
@@ -128,6 +132,11 @@ def cpu_target_name(cpu_target: str, isa_flags: Iterable[str]) -> str:
     return native_target(isa_flags) if cpu_target == "native" else cpu_target
 
 
+def gpu_target(capability: str, cpu_target: str) -> str:
+    """A CUDA package's target: its GPU architecture and its host code's CPU target."""
+    return f"sm_{capability}+{cpu_target}"
+
+
 def key_from_metadata(metadata: Mapping[str, str]) -> BuildKey | None:
     """The package's build key: recorded, else derived from its provenance.
 
@@ -145,14 +154,13 @@ def key_from_metadata(metadata: Mapping[str, str]) -> BuildKey | None:
     if not prov.get("torch_version") or not spec_text:
         return None
     cuda = metadata.get("AOTI_DEVICE_KEY") == "cuda"
+    build = json_field(metadata, CPU_BUILD_KEY, {})
+    target = cpu_target_name(
+        str(build.get("march", prov.get("cpu_target", "native"))),
+        build.get("required_flags", ()),
+    )
     if cuda:
-        target = f"sm_{metadata.get('AOTI_COMPUTE_CAPABILITY') or '?'}"
-    else:
-        build = json_field(metadata, CPU_BUILD_KEY, {})
-        target = cpu_target_name(
-            str(build.get("march", prov.get("cpu_target", "native"))),
-            build.get("required_flags", ()),
-        )
+        target = gpu_target(metadata.get("AOTI_COMPUTE_CAPABILITY") or "?", target)
     return BuildKey(
         spec=str(json.loads(spec_text).get("name", "?")),
         weights=weights_id(str(prov.get("source", "?")), prov.get("weights_sha256")),

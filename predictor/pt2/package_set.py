@@ -34,7 +34,13 @@ from typing import Any
 import torch
 
 from predictor.errors import CheckpointError, IncompatiblePackage, StartupError
-from predictor.pt2.build_key import BuildKey, key_from_metadata, native_target, torch_release
+from predictor.pt2.build_key import (
+    BuildKey,
+    gpu_target,
+    key_from_metadata,
+    native_target,
+    torch_release,
+)
 from predictor.pt2.host import HostFacts, check_host_compat, isa_flags
 from predictor.pt2.loader import check_batch_size
 from predictor.pt2.metadata import provenance, read_metadata
@@ -66,8 +72,8 @@ class Candidate:
 
     @property
     def native(self) -> bool:
-        """A ``-march=native`` CPU build (preferred over the portable one)."""
-        return self.key is not None and self.key.target.startswith("native-")
+        """Built ``-march=native`` (preferred over the portable ``x86-64-v3``)."""
+        return self.key is not None and "native-" in self.key.target
 
 
 @dataclass(frozen=True)
@@ -214,11 +220,12 @@ def _host_line(device: torch.device, host: HostFacts) -> str:
 
 def wanted_key(template: BuildKey, device: torch.device, host: HostFacts) -> BuildKey:
     """``template``'s model built for this host: what a package that fits would be named."""
+    target = native_target(isa_flags(host.cpu_flags))
     if device.type == "cuda":
         index = device.index or 0
         arch = host.cuda_capabilities[index] if index < len(host.cuda_capabilities) else "?"
-        return template.for_host(torch_release(host.torch_version), host.cuda_version, f"sm_{arch}")
-    target = native_target(isa_flags(host.cpu_flags))
+        target = gpu_target(arch, target)
+        return template.for_host(torch_release(host.torch_version), host.cuda_version, target)
     return template.for_host(torch_release(host.torch_version), None, target)
 
 

@@ -8,6 +8,7 @@ a killed one and two replicas in ``tests/integration/test_package_set_server.py`
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import shutil
@@ -205,3 +206,16 @@ def test_weights_that_do_not_fit_the_module_are_refused(
     assert export_main([*argv, "--package_set", str(tmp_path / "set")]) == 2
     assert "do not fit the --module model" in capsys.readouterr().err
     assert not list(tmp_path.rglob("*.pt2"))
+
+
+def test_if_missing_wants_a_package_as_wide_as_asked(
+    tmp_path: Path, portable: tuple[Path, BuildKey]
+) -> None:
+    """A fitting build whose batch range stops short of the one asked for does not count."""
+    src, key = portable  # batches 1..8
+    shutil.copy2(src, tmp_path / f"{key.name}.pt2")
+    assert package_set.fitting_package(tmp_path, key) == tmp_path / f"{key.name}.pt2"
+    wider = dataclasses.replace(key, max_batch=64, target="native-00000000")
+    assert package_set.fitting_package(tmp_path, wider) is None
+    other_weights = dataclasses.replace(key, weights="sha256:" + "0" * 64)
+    assert package_set.fitting_package(tmp_path, other_weights) is None

@@ -78,8 +78,9 @@ def test_a_package_without_a_recorded_key_gets_the_same_key_from_its_provenance(
 
 
 def test_weights_from_a_file_are_named_by_their_digest() -> None:
-    key = BuildKey("h0", "sha256:" + "ab" * 32, "bf16", 1, 64, "2.13.0", "12.8", "sm_90")
-    assert key.name == "h0_wabababababab_bf16_b1-64_torch2.13.0_cu12.8_sm-90"
+    target = "sm_90+native-1a2b3c4d"
+    key = BuildKey("h0", "sha256:" + "ab" * 32, "bf16", 1, 64, "2.13.0", "12.8", target)
+    assert key.name == "h0_wabababababab_bf16_b1-64_torch2.13.0_cu12.8_sm-90+native-1a2b3c4d"
     assert key.weights_sha256 == "ab" * 32
     long_label = BuildKey("h0", "module:" + "x" * 60, "fp32", 1, 8, "2.13.0", None, "x86-64-v3")
     assert len(long_label.name) < 80 and "xxxx" not in long_label.name
@@ -137,7 +138,7 @@ def test_on_a_gpu_node_the_gpu_build_of_its_architecture_is_taken(
         tmp_path, candidates, cuda, _gpu_host("90"), max_batch_size=8
     )
     assert choice.path.name == builds["gpu"].name
-    assert choice.key is not None and choice.key.target == "sm_90"
+    assert choice.key is not None and choice.key.target == "sm_90+x86-64-v3"
 
 
 def test_none_fitting_names_each_candidate_the_missing_key_and_the_command(
@@ -154,7 +155,9 @@ def test_none_fitting_names_each_candidate_the_missing_key_and_the_command(
         assert (
             f"{builds[label].name}: package was built for cpu but the server runs on cuda:0" in text
         )
-    assert "missing build key h0-mini_demo-tiny_fp32_b1-" in text and "_cu12.8_sm-80" in text
+    assert (
+        "missing build key h0-mini_demo-tiny_fp32_b1-" in text and "_cu12.8_sm-80+native-" in text
+    )
     assert "histoserve export --spec h0-mini --demo --demo_preset tiny" in text
     assert f"--device cuda --package_set {tmp_path}" in text
 
@@ -223,4 +226,4 @@ def test_packages_of_two_models_fitting_is_an_error_not_a_pick(
 def test_checkpoint_forces_a_file_whatever_it_was_built_for(builds: dict[str, Path]) -> None:
     choice = package_set.forced_choice(builds["gpu"])
     assert choice.reason == "named by --checkpoint" and choice.key is not None
-    assert choice.key.target == "sm_90"
+    assert choice.key.target == "sm_90+x86-64-v3"
