@@ -26,11 +26,11 @@ import torch
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.device.cpus import available_cpus, resolve_instances, threads_per_instance
 from predictor.device.faults import parse_fault_spec
-from predictor.errors import SpecError
+from predictor.errors import IncompatiblePackage, SpecError
 from predictor.families import load_model_class, model_class_for
 from predictor.model.base import BaseServerModel, ServingOptions
 from predictor.model.metrics import create_metrics
-from predictor.pt2.host import HostFacts, apply_gpu_settings, resolve_devices
+from predictor.pt2.host import apply_gpu_settings, resolve_devices
 from predictor.pt2.loader import (
     StartupPhases,
     check_batch_size,
@@ -38,7 +38,7 @@ from predictor.pt2.loader import (
     inspect_package,
     open_package,
 )
-from predictor.pt2.package_set import PackageChoice, choose_package, forced_choice
+from predictor.pt2.package_set import PackageChoice, choose_package, missing_hint, taken
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec, spec_from_json
 
 logger = logging.getLogger("histoserve")
@@ -65,10 +65,9 @@ def build_model(
     (:mod:`bench.stages.coldstart` parses these two lines).
     """
     logger.info("start-up begins at monotonic %.6f s", time.monotonic())
-    host = HostFacts.detect()
-    devices = resolve_devices(config.device, host)
+    devices = resolve_devices(config.device)
     device = devices[0]
-    choice = choose_checkpoint(config, device, host, batching.max_batch_size)
+    choice = choose_checkpoint(config, device, batching.max_batch_size)
     checkpoint = choice.path
     phases = StartupPhases()
     facts = inspect_package(checkpoint, phases, choice.metadata)
@@ -79,12 +78,18 @@ def build_model(
     # gets its own normaliser and, on CUDA, stream (predictor.device.workers).
     cpus = available_cpus()
     instances = resolve_instances(config.instances_per_device, device.type, cpus)
-    packages = {
-        str(d): open_package(
-            checkpoint, d, facts, phases, runner=config.forward_runner, instances=instances
-        )
-        for d in devices
-    }
+    try:
+        packages = {
+            str(d): open_package(
+                checkpoint, d, facts, phases, runner=config.forward_runner, instances=instances
+            )
+            for d in devices
+        }
+    except IncompatiblePackage as exc:  # the only package, or --checkpoint's, does not fit
+        if choice.key is None:
+            raise
+        hint = missing_hint(choice.key, facts.metadata, checkpoint.parent, device)
+        raise IncompatiblePackage(f"{exc}{hint}") from exc
     package = replace(packages.pop(str(device)), choice=choice.as_dict())
     apply_gpu_settings(package.device, package.input_dtype, allow_tf32=config.allow_tf32)
     name = config.model_name or spec.name
@@ -115,7 +120,7 @@ def build_model(
 
 
 def choose_checkpoint(
-    config: ModelConfig, device: torch.device, host: HostFacts, max_batch_size: int
+    config: ModelConfig, device: torch.device, max_batch_size: int
 ) -> PackageChoice:
     """``--checkpoint``'s file, else the package of ``--model_dir`` that fits (logged).
 
@@ -126,10 +131,10 @@ def choose_checkpoint(
     """
     candidates = find_candidates(Path(config.model_dir), config.checkpoint)
     if config.checkpoint:
-        choice = forced_choice(candidates[0])
+        choice = taken(candidates[0], "named by --checkpoint")
     else:
         choice = choose_package(
-            Path(config.model_dir), candidates, device, host, max_batch_size=max_batch_size
+            Path(config.model_dir), candidates, device, max_batch_size=max_batch_size
         )
     logger.info("package: %s", choice.log_line())
     return choice

@@ -16,15 +16,14 @@ features); two models fitting is an error naming them, never a silent pick.
 Among one model's fitting builds the tie-break is: a ``-march=native`` CPU
 build over the portable ``x86-64-v3`` one (it was compiled for this host's
 instruction sets or a subset), then the newest export (``created_utc``),
-then the file name. With one package and no flag the rule is the same; a
-package that does not fit is the same error as today's host checks, plus the
-build key that would fit and the command that makes it. ``--checkpoint``
-forces a file (the host checks still run when it loads).
+then the file name. None fitting is an error naming each candidate's
+mismatch, the build key that would fit and the command that makes it. One
+package is taken as it always was, and so is ``--checkpoint``'s file: the
+host checks at load refuse them when they do not fit.
 """
 
 from __future__ import annotations
 
-import logging
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,8 +43,6 @@ from predictor.pt2.build_key import (
 from predictor.pt2.host import HostFacts, check_host_compat, isa_flags
 from predictor.pt2.loader import check_batch_size
 from predictor.pt2.metadata import provenance, read_metadata
-
-logger = logging.getLogger("histoserve")
 
 
 @dataclass(frozen=True)
@@ -158,11 +155,22 @@ def choose_package(
     model_dir: Path,
     candidates: Sequence[Path],
     device: torch.device,
-    host: HostFacts,
+    host: HostFacts | None = None,
     *,
     max_batch_size: int | None = None,
 ) -> PackageChoice:
     """The package to serve from ``candidates`` (every ``*.pt2`` of ``model_dir``).
+
+    One candidate is taken as it always was: its own checks at load say what
+    is wrong with it. Several are a package set, judged by the rule of the
+    module docstring.
+
+    Args:
+        model_dir: The model directory (for messages).
+        candidates: Its ``*.pt2`` files.
+        device: The device the server runs on.
+        host: This host's facts; detected when ``None`` (tests pass fakes).
+        max_batch_size: ``--max_batch_size``: a package's range must hold it.
 
     Raises:
         IncompatiblePackage: None fits: names each candidate and its mismatch,
@@ -170,10 +178,10 @@ def choose_package(
         CheckpointError: Packages of different models fit (spec, weights or
             dtype differ): names them; choose one with ``--checkpoint``.
     """
+    if len(candidates) == 1:
+        return taken(candidates[0], f"the only *.pt2 in {model_dir}")
+    host = host or HostFacts.detect()
     judged = [judge(p, device, host, max_batch_size=max_batch_size) for p in candidates]
-    if len(judged) == 1 and judged[0].key is None and judged[0].mismatch.startswith("unreadable"):
-        # one package: its own checks say what is wrong with it, as they always did
-        return PackageChoice(judged[0].path, None, f"the only *.pt2 in {model_dir}")
     fitting = rank(judged)
     if not fitting:
         raise IncompatiblePackage(_none_fits(model_dir, judged, device, host))
@@ -188,22 +196,24 @@ def choose_package(
     rejected = [(c.path.name, c.mismatch) for c in judged if not c.fits]
     rejected += [(c.path.name, f"fits, ranked below {best.path.name}") for c in fitting[1:]]
     reason = (
-        f"the only *.pt2 in {model_dir}"
-        if len(judged) == 1
-        else f"fits this host ({_host_line(device, host)}); {len(fitting)} of {len(judged)} fit, "
+        f"fits this host ({_host_line(device, host)}); {len(fitting)} of {len(judged)} fit, "
         "preferred: native CPU build, then newest export, then name"
     )
     return PackageChoice(best.path, best.key, reason, tuple(sorted(rejected)), best.metadata)
 
 
-def forced_choice(path: Path) -> PackageChoice:
-    """``--checkpoint``'s file, as a choice (its key read when it can be)."""
+def taken(path: Path, reason: str) -> PackageChoice:
+    """``path`` as the choice, unjudged (``--checkpoint``'s file, or the only package).
+
+    Its key is read when it can be; when not, :func:`~predictor.pt2.loader.inspect_package`
+    reads the metadata again and says what is wrong.
+    """
     try:
         metadata = read_metadata(path)
         key = key_from_metadata(metadata)
-    except StartupError:  # inspect_package reads it again and says what is wrong
-        return PackageChoice(path, None, "named by --checkpoint")
-    return PackageChoice(path, key, "named by --checkpoint", metadata=metadata)
+    except StartupError:
+        return PackageChoice(path, None, reason)
+    return PackageChoice(path, key, reason, metadata=metadata)
 
 
 def _model_line(key: BuildKey | None) -> str:
@@ -259,10 +269,23 @@ def _none_fits(
     template = next((c for c in judged if c.key is not None), None)
     if template is None or template.key is None:
         return text + "; export one for this host with histoserve export --package_set"
-    missing = wanted_key(template.key, device, host)
-    source = str(provenance(template.metadata or {}).get("source", "module:"))
+    return text + missing_hint(template.key, template.metadata or {}, model_dir, device, host)
+
+
+def missing_hint(
+    key: BuildKey,
+    metadata: Mapping[str, str],
+    model_dir: Path,
+    device: torch.device,
+    host: HostFacts | None = None,
+) -> str:
+    """``; missing build key K; make it ... with: <command>``: what a refused package's model
+    would need on this host, for the end of a start-up error."""
+    host = host or HostFacts.detect()
+    missing = wanted_key(key, device, host)
+    source = str(provenance(metadata).get("source", "module:"))
     return (
-        f"{text}; missing build key {missing.name}; make it on this kind of host with: "
+        f"; missing build key {missing.name}; make it on this kind of host with: "
         f"{export_command(missing, source, model_dir, device)} "
         f"(or let the chart's model.build do it)"
     )

@@ -21,7 +21,7 @@ from harness.package_sets import claim, rewrite_metadata, three_builds
 from predictor.errors import CheckpointError, IncompatiblePackage
 from predictor.pt2 import package_set
 from predictor.pt2.build_key import BUILD_KEY_KEY, BuildKey, key_from_metadata
-from predictor.pt2.host import HostFacts
+from predictor.pt2.host import HostFacts, check_host_compat
 from predictor.pt2.metadata import CPU_BUILD_KEY, read_metadata
 
 CPU = torch.device("cpu")
@@ -162,14 +162,19 @@ def test_none_fitting_names_each_candidate_the_missing_key_and_the_command(
     assert f"--device cuda --package_set {tmp_path}" in text
 
 
-def test_one_package_that_does_not_fit_says_what_would(
+def test_one_package_is_taken_as_always_and_its_host_check_names_the_missing_key(
     tmp_path: Path, builds: dict[str, Path]
 ) -> None:
     (candidate,) = _set(tmp_path, builds, "gpu")
-    with pytest.raises(IncompatiblePackage, match="package was built for cuda") as failed:
-        package_set.choose_package(tmp_path, [candidate], CPU, HostFacts.detect())
-    assert "missing build key h0-mini_demo-tiny_fp32_b1-8_torch" in str(failed.value)
-    assert "_cpu_native-" in str(failed.value)
+    choice = package_set.choose_package(tmp_path, [candidate], CPU, HostFacts.detect())
+    assert (choice.path, choice.rejected) == (candidate, ())
+    assert choice.reason == f"the only *.pt2 in {tmp_path}" and choice.metadata is not None
+    with pytest.raises(IncompatiblePackage, match="package was built for cuda"):
+        check_host_compat(choice.metadata, CPU, HostFacts.detect())  # at load, as always
+    assert choice.key is not None
+    hint = package_set.missing_hint(choice.key, choice.metadata, tmp_path, CPU)
+    assert hint.startswith("; missing build key h0-mini_demo-tiny_fp32_b1-8_torch")
+    assert "_cpu_native-" in hint and f"--device cpu --package_set {tmp_path}" in hint
 
 
 def test_one_unreadable_package_is_left_to_its_own_checks(tmp_path: Path) -> None:
@@ -224,6 +229,6 @@ def test_packages_of_two_models_fitting_is_an_error_not_a_pick(
 
 
 def test_checkpoint_forces_a_file_whatever_it_was_built_for(builds: dict[str, Path]) -> None:
-    choice = package_set.forced_choice(builds["gpu"])
+    choice = package_set.taken(builds["gpu"], "named by --checkpoint")
     assert choice.reason == "named by --checkpoint" and choice.key is not None
     assert choice.key.target == "sm_90+x86-64-v3"
