@@ -144,10 +144,15 @@ def export_key(
 
     :func:`predictor.export.build.export_package` records the same key in
     the package's metadata.
+
+    Raises:
+        SpecError: A CUDA device asked for on a host without one.
     """
     target_device = torch.device(device)
     target, cuda = cpu_target_name(cpu_target, isa_flags(read_cpu_flags())), None
     if target_device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SpecError(f"--device {device} but this host has no usable CUDA GPU")
         major, minor = torch.cuda.get_device_capability(target_device)
         target, cuda = gpu_target(f"{major}{minor}", target), torch.version.cuda
     return BuildKey(

@@ -179,6 +179,7 @@ def test_if_missing_takes_a_fitting_package_of_the_same_model(
         (["--demo", "--output", "x.pt2", "--if_missing"], "--if_missing goes with --package_set"),
         (["--demo", "--package_set", "d", "--weights", "w.pt"], "--weights goes with --timm"),
         (["--module", WEIGHTS_TARGET, "--package_set", "d", "--weights", "nope.pt"], "nope.pt"),
+        (["--demo", "--package_set", "d", "--device", "cuda"], "no usable CUDA GPU"),
     ],
 )
 def test_refused_package_set_commands(
