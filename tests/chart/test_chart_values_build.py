@@ -165,3 +165,13 @@ def test_an_oci_uri_with_a_serving_runtime_is_the_model_s_storage_uri(render, va
     assert model["storageUri"] == "oci://registry.example.com/histo/h0-mini-packages:2026.12"
     assert args_of(model)["model_dir"] == "/mnt/models"
     assert one(objs, "InferenceService")["spec"]["predictor"].get("storageUris") is None
+
+
+def test_the_build_renders_in_knative_mode_too(render, validate_object):
+    """Knative needs its init-container and PVC-write feature flags (docs/deployment.md)."""
+    objs = _validated(
+        render, validate_object, values=["knative-kpa-scale-to-zero-values.yaml"], set_json=BUILD
+    )
+    assert _init(objs)["args"][-3:] == ["--package_set=/opt/ml/model", "--if_missing",
+                                        "--lock_timeout_s=2400"]  # fmt: skip
+    assert volumes_of(objs)["model-store"]["persistentVolumeClaim"]["readOnly"] is False
