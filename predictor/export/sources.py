@@ -10,6 +10,7 @@ the CPU torch used here and is never needed for serving.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 from collections.abc import Callable
@@ -59,13 +60,23 @@ def build_from_factory(factory: Callable[..., nn.Module], spec: ModelSpec) -> nn
 def weights_digest(weights: Path) -> str:
     """The weights file's SHA-256 (what provenance and the build key record).
 
+    Hashed once per process for one file as it is (path, size, modification
+    time): ``--package_set`` needs the digest for the key before the export
+    loads the weights, and a ViT-g file is gigabytes.
+
     Raises:
         SpecError: The file does not exist.
     """
-    weights = Path(weights)
+    weights = Path(weights).resolve()
     if not weights.is_file():
         raise SpecError(f"weights file {weights} does not exist")
-    return sha256_file(weights)
+    stat = weights.stat()
+    return _digest(weights, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _digest(path: Path, size: int, mtime_ns: int) -> str:
+    return sha256_file(path)
 
 
 def load_weights(module: nn.Module, weights: Path) -> str:
@@ -134,7 +145,7 @@ def build_timm(spec: ModelSpec, arch: str, weights: Path) -> tuple[nn.Module, st
         raise SpecError(f"weights {weights} do not fit timm {arch!r}: {exc}") from exc
     if spec.extra.get("pooling") == "cls+mean":
         model = _ClsMeanPool(model, int(getattr(model, "num_prefix_tokens", spec.prefix_tokens)))
-    return model, sha256_file(weights)
+    return model, weights_digest(weights)
 
 
 def _timm_kwargs(text: str, timm: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import hashlib
 import os
 import shutil
 import threading
@@ -24,6 +25,7 @@ from harness.packages import demo_package
 from predictor.errors import CheckpointError
 from predictor.export import package_set
 from predictor.export.build import main as export_main
+from predictor.export.sources import weights_digest
 from predictor.pt2.build_key import BuildKey, key_from_metadata
 from predictor.pt2.metadata import read_metadata
 
@@ -220,3 +222,12 @@ def test_if_missing_wants_a_package_as_wide_as_asked(
     assert package_set.fitting_package(tmp_path, wider) is None
     other_weights = dataclasses.replace(key, weights="sha256:" + "0" * 64)
     assert package_set.fitting_package(tmp_path, other_weights) is None
+
+
+def test_the_weights_digest_follows_the_file(tmp_path: Path) -> None:
+    """Hashed once for the key and the export alike, and again when the file changes."""
+    weights = tmp_path / "w.pt"
+    weights.write_bytes(b"first")
+    assert weights_digest(weights) == hashlib.sha256(b"first").hexdigest()
+    weights.write_bytes(b"second, longer")
+    assert weights_digest(weights) == hashlib.sha256(b"second, longer").hexdigest()
