@@ -73,3 +73,17 @@ def blank_overflow_model(spec: ModelSpec) -> nn.Module:
             return prediction, embedding
 
     return BlankOverflow().eval()
+
+
+WEIGHTS_TARGET = "harness.factories:untrained_encoder"
+
+
+def untrained_encoder(spec: ModelSpec) -> nn.Module:
+    """The tiny demo encoder's architecture with throw-away weights: ``--weights`` gives the real ones.
+
+    What a lab's ``--module`` factory is: code for the architecture; the weights
+    arrive as a file (:func:`harness.package_sets.write_weights`).
+    """
+    from predictor.families import build_demo_model
+
+    return build_demo_model(spec, seed=99)

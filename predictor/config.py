@@ -108,7 +108,8 @@ class ModelConfig:
 
     Attributes:
         model_dir: Directory holding checkpoints (``/opt/ml/model``).
-        checkpoint: File name in ``model_dir``; ``None`` picks the only ``*.pt2``.
+        checkpoint: File name in ``model_dir``; ``None`` takes the ``*.pt2`` there that fits
+            this host (:mod:`predictor.pt2.package_set`).
         spec: Built-in spec name or spec file path overriding the embedded one.
         model_name: Name in URLs; ``None`` uses the spec's name.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
@@ -140,7 +141,9 @@ class ModelConfig:
     """
 
     model_dir: Path = flag(Path("/opt/ml/model"), "where checkpoints live", type=Path)
-    checkpoint: str | None = flag(None, "file name in model_dir (default: the only *.pt2)")
+    checkpoint: str | None = flag(
+        None, "file name in model_dir (default: the *.pt2 there that fits this host)"
+    )
     spec: str | None = flag(None, "built-in spec name or spec file; overrides the embedded one")
     model_name: str | None = flag(None, kserve=True)  # None: the spec's name
     device: str = flag("auto", "auto (every visible GPU, else cpu), cpu, cuda or cuda:N")

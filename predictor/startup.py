@@ -1,6 +1,8 @@
 """Start-up assembly: from a :class:`ModelConfig` to a loaded, checked model.
 
-Resolves the checkpoint, verifies it (the one SHA-256 of start-up) and reads
+Chooses the checkpoint (the named file, or the package of the model
+directory's package set that fits this host, :mod:`predictor.pt2.package_set`;
+the choice is logged and served), verifies it (the one SHA-256 of start-up) and reads
 its metadata, resolves the spec (embedded in the package, or overridden by
 ``--spec``), the devices (every visible GPU under ``--device auto``) and the
 family class, loads the package once per device and
@@ -16,11 +18,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+import torch
 
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.device.cpus import available_cpus, resolve_instances, threads_per_instance
 from predictor.device.faults import parse_fault_spec
-from predictor.errors import SpecError
+from predictor.errors import IncompatiblePackage, SpecError
 from predictor.families import load_model_class, server_model
 from predictor.model.base import BaseServerModel, ServingOptions
 from predictor.model.metrics import create_metrics
@@ -28,10 +34,11 @@ from predictor.pt2.host import apply_gpu_settings, resolve_devices
 from predictor.pt2.loader import (
     StartupPhases,
     check_batch_size,
-    find_checkpoint,
+    find_candidates,
     inspect_package,
     open_package,
 )
+from predictor.pt2.package_set import PackageChoice, choose_package, missing_hint, taken
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec, spec_from_json
 
 logger = logging.getLogger("histoserve")
@@ -58,25 +65,32 @@ def build_model(
     (:mod:`bench.stages.coldstart` parses these two lines).
     """
     logger.info("start-up begins at monotonic %.6f s", time.monotonic())
-    checkpoint = find_checkpoint(config.model_dir, config.checkpoint)
-    phases = StartupPhases()
-    facts = inspect_package(checkpoint, phases)
-    check_batch_size(facts.metadata, batching.max_batch_size)
-    spec = resolve_model_spec(facts.metadata, config.spec)
     devices = resolve_devices(config.device)
     device = devices[0]
+    choice = choose_checkpoint(config, device, batching.max_batch_size)
+    checkpoint = choice.path
+    phases = StartupPhases()
+    facts = inspect_package(checkpoint, phases, choice.metadata)
+    check_batch_size(facts.metadata, batching.max_batch_size)
+    spec = resolve_model_spec(facts.metadata, config.spec)
     cls = load_model_class(config.model_class) if config.model_class else None
     # Each device's package holds one model copy per instance; each worker
     # gets its own normaliser and, on CUDA, stream (predictor.device.workers).
     cpus = available_cpus()
     instances = resolve_instances(config.instances_per_device, device.type, cpus)
-    packages = {
-        str(d): open_package(
-            checkpoint, d, facts, phases, runner=config.forward_runner, instances=instances
-        )
-        for d in devices
-    }
-    package = packages.pop(str(device))
+    try:
+        packages = {
+            str(d): open_package(
+                checkpoint, d, facts, phases, runner=config.forward_runner, instances=instances
+            )
+            for d in devices
+        }
+    except IncompatiblePackage as exc:  # the only package, or --checkpoint's, does not fit
+        if choice.key is None:
+            raise
+        hint = missing_hint(choice.key, facts.metadata, checkpoint.parent, device)
+        raise IncompatiblePackage(f"{exc}{hint}") from exc
+    package = replace(packages.pop(str(device)), choice=choice.as_dict())
     apply_gpu_settings(package.device, package.input_dtype, allow_tf32=config.allow_tf32)
     name = config.model_name or spec.name
     options = ServingOptions(
@@ -104,3 +118,24 @@ def build_model(
     model.load()
     logger.info("model built at monotonic %.6f s", time.monotonic())
     return model
+
+
+def choose_checkpoint(
+    config: ModelConfig, device: torch.device, max_batch_size: int
+) -> PackageChoice:
+    """``--checkpoint``'s file, else the package of ``--model_dir`` that fits (logged).
+
+    Raises:
+        CheckpointError: No package, or packages of different models fit.
+        IncompatiblePackage: None fits (each candidate's mismatch, the
+            missing build key and the command that makes it).
+    """
+    candidates = find_candidates(Path(config.model_dir), config.checkpoint)
+    if config.checkpoint:
+        choice = taken(candidates[0], "named by --checkpoint")
+    else:
+        choice = choose_package(
+            Path(config.model_dir), candidates, device, max_batch_size=max_batch_size
+        )
+    logger.info("package: %s", choice.log_line())
+    return choice

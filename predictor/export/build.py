@@ -10,6 +10,9 @@ A package is ``torch.export.export`` with a dynamic batch axis, compiled by
   the batch axis) and dtypes;
 - ``histoserve.cpu_build``: ``-march`` and the CPU instruction-set flags the
   native code may use (see :mod:`predictor.pt2.host`);
+- ``histoserve.build_key``: what it was built from and for
+  (:mod:`predictor.pt2.build_key`), also its name in a package set
+  (``--package_set DIR``, :mod:`predictor.export.package_set`);
 - written by torch itself: ``AOTI_DEVICE_KEY``, ``AOTI_PLATFORM``,
   ``AOTI_MACHINE``, ``AOTI_CPU_ISA``, ``AOTI_COMPUTE_CAPABILITY``.
 
@@ -35,11 +38,13 @@ import torch
 from torch import nn
 
 from predictor.errors import CheckpointError, HistoserveError, SpecError
+from predictor.export import package_set
 from predictor.export import sources as export_sources
 from predictor.export.cache_lock import inductor_cache_lock
 from predictor.export.reductions import unguarded_cpu_sums
 from predictor.families import build_demo_model, demo_example_inputs, family_for
 from predictor.pt2 import genes, host
+from predictor.pt2.build_key import BUILD_KEY_KEY
 from predictor.pt2.demo_models import PRESETS
 from predictor.pt2.digest import sha256_file
 from predictor.pt2.dtypes import DTYPES
@@ -115,6 +120,11 @@ def export_package(
         _provenance(source, weights_digest, dtype, target, min_batch, max_batch, cpu_target),
         sort_keys=True,
     )
+    key = package_set.export_key(
+        spec_name=spec.name, source=source, weights_sha256=weights_digest, dtype=dtype,
+        min_batch=min_batch, max_batch=max_batch, device=device, cpu_target=cpu_target,
+    )  # fmt: skip
+    metadata[BUILD_KEY_KEY] = key.to_json()
     if spec.takes_bulk_rna:  # gene lists: check them before the slow part
         gene_lists = genes.gene_lists_for(spec, args[1].shape[1], outputs[0].shape[1], gene_lists)
     program = _export(module, args, min_batch, max_batch)
@@ -314,13 +324,13 @@ def build_parser() -> argparse.ArgumentParser:
     """The export CLI's argument parser (built on demand, never at import)."""
     parser = argparse.ArgumentParser(prog="histoserve export", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, help="built-in spec name or spec file path")
-    parser.add_argument("--output", required=True, type=Path, help="the .pt2 file to write")
+    package_set.add_flags(parser)  # --output or --package_set DIR, and its options
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--demo", action="store_true", help="random-weight demo model")
     source.add_argument("--module", help="pkg.mod:factory returning an nn.Module")
     source.add_argument("--timm", metavar="ARCH", help="timm architecture (needs --weights)")
     parser.add_argument("--demo_preset", default="tiny", choices=sorted(PRESETS))
-    parser.add_argument("--weights", type=Path, help="weights file for --timm")
+    parser.add_argument("--weights", type=Path, help="weights for --timm or --module")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
     parser.add_argument("--min_batch", type=int, default=1)
@@ -350,16 +360,27 @@ def run(args: argparse.Namespace) -> Path:
             genes.read_gene_ids(args.genes_in),
             genes.read_gene_ids(args.genes_out),
         )
+    if args.weights is not None and args.demo:
+        raise SpecError("--weights goes with --timm or --module, not --demo")
+    return package_set.run(args, spec.name, opts, lambda out: _export_to(args, spec, opts, out))
+
+
+def _export_to(
+    args: argparse.Namespace, spec: ModelSpec, opts: dict[str, Any], output: Path
+) -> Path:
     if args.demo:
-        return export_demo(spec, args.output, preset=args.demo_preset, **opts)
+        return export_demo(spec, output, preset=args.demo_preset, **opts)
     if args.timm:
         if args.weights is None:
             raise SpecError("--timm needs --weights FILE")
-        return export_timm(spec, args.output, args.timm, args.weights, **opts)
+        return export_timm(spec, output, args.timm, args.weights, **opts)
     module = export_sources.build_from_factory(export_sources.load_factory(args.module), spec)
+    digest = export_sources.load_weights(module, args.weights) if args.weights else None
     inputs = export_sources.module_example_inputs(module, spec)
     source = f"module:{args.module}"
-    return export_package(module, spec, args.output, example_inputs=inputs, source=source, **opts)
+    return export_package(
+        module, spec, output, example_inputs=inputs, source=source, weights_digest=digest, **opts
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -370,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HistoserveError as exc:
         print(f"histoserve export: error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {path} ({path.stat().st_size} bytes, sha256 in {path.name}.sha256)")
+    print(f"package {path} ({path.stat().st_size} bytes, sha256 in {path.name}.sha256)")
     return 0
 
 

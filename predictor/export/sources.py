@@ -1,6 +1,7 @@
 """Model sources for the exporter beyond ``--demo``: ``--module`` and ``--timm``.
 
-``--module pkg.mod:factory`` imports any ``nn.Module`` factory. ``--timm ARCH
+``--module pkg.mod:factory`` imports any ``nn.Module`` factory, with its
+weights from ``--weights FILE`` when given (:func:`load_weights`). ``--timm ARCH
 --weights FILE`` builds real weights through timm, imported lazily inside
 :func:`build_timm` only: timm imports torchvision, which does not import beside
 the CPU torch used here and is never needed for serving.
@@ -9,6 +10,7 @@ the CPU torch used here and is never needed for serving.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 from collections.abc import Callable
@@ -53,6 +55,49 @@ def build_from_factory(factory: Callable[..., nn.Module], spec: ModelSpec) -> nn
     if not isinstance(module, nn.Module):
         raise SpecError(f"factory {factory!r} returned {type(module).__name__}, not an nn.Module")
     return module
+
+
+def weights_digest(weights: Path) -> str:
+    """The weights file's SHA-256 (what provenance and the build key record).
+
+    Hashed once per process for one file as it is (path, size, modification
+    time): ``--package_set`` needs the digest for the key before the export
+    loads the weights, and a ViT-g file is gigabytes.
+
+    Raises:
+        SpecError: The file does not exist.
+    """
+    weights = Path(weights).resolve()
+    if not weights.is_file():
+        raise SpecError(f"weights file {weights} does not exist")
+    stat = weights.stat()
+    return _digest(weights, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _digest(path: Path, size: int, mtime_ns: int) -> str:
+    return sha256_file(path)
+
+
+def load_weights(module: nn.Module, weights: Path) -> str:
+    """Loads ``weights`` (``.safetensors`` or a torch state dict) into ``module``, strictly.
+
+    Returns:
+        The weights file's SHA-256.
+
+    Raises:
+        SpecError: Missing or unreadable file, or keys/shapes that do not fit the module.
+    """
+    digest = weights_digest(weights)
+    try:
+        state = _load_state_dict(Path(weights))
+    except Exception as exc:  # safetensors' and torch.load's own errors, wrapped
+        raise SpecError(f"weights file {weights} cannot be read: {exc}") from exc
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise SpecError(f"weights {weights} do not fit the --module model: {exc}") from exc
+    return digest
 
 
 def module_example_inputs(
@@ -100,7 +145,7 @@ def build_timm(spec: ModelSpec, arch: str, weights: Path) -> tuple[nn.Module, st
         raise SpecError(f"weights {weights} do not fit timm {arch!r}: {exc}") from exc
     if spec.extra.get("pooling") == "cls+mean":
         model = _ClsMeanPool(model, int(getattr(model, "num_prefix_tokens", spec.prefix_tokens)))
-    return model, sha256_file(weights)
+    return model, weights_digest(weights)
 
 
 def _timm_kwargs(text: str, timm: Any) -> dict[str, Any]:

@@ -64,6 +64,7 @@ from predictor.model.served_package import ServedPackage
 from predictor.model.stage1 import Stage1Pool
 from predictor.model.tiles import TileFamily, transform_bulk_rna
 from predictor.pt2.loader import LoadedPackage, StartupPhases, inspect_package, open_package
+from predictor.pt2.package_set import config_facts
 from predictor.spec import ModelSpec
 
 logger = logging.getLogger("histoserve")
@@ -502,6 +503,7 @@ class BaseServerModel(Model):
             "forward_runner": package.forward_runner if package else "",
             "package_metadata": dict(package.metadata) if package else {},
             "package_sha256": package.sha256 if package else "",
+            **config_facts(package),  # build_key, weights_sha256, package_choice
             "batching": asdict(self._options.batching),
             "limits": asdict(self._options.limits),
             "preprocess_workers": self._options.preprocess_workers,

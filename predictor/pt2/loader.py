@@ -2,7 +2,8 @@
 
 Start-up is fail-fast: every problem is a :class:`~predictor.errors.StartupError`
 with one clear line, raised before the server reports ready. The order is
-:func:`find_checkpoint`, then :func:`inspect_package` (the one SHA-256, checked
+:func:`find_candidates` (several are a package set:
+:mod:`predictor.pt2.package_set` chooses), then :func:`inspect_package` (the one SHA-256, checked
 against a ``.sha256`` file when there is one and reported to clients,
 :mod:`predictor.pt2.digest`: a package holds a shared library, so loading
 one runs its code; then the metadata, read straight from the zip), then
@@ -102,13 +103,15 @@ class StartupPhases:
         return ", ".join(f"{name} {seconds:.3f}s" for name, seconds in self.as_dict().items())
 
 
-def find_checkpoint(model_dir: Path, checkpoint: str | None) -> Path:
-    """The package to serve: ``model_dir/checkpoint``, or the only ``*.pt2`` there.
+def find_candidates(model_dir: Path, checkpoint: str | None) -> tuple[Path, ...]:
+    """The packages start-up may serve: ``model_dir/checkpoint``, or every ``*.pt2`` there.
+
+    Several are a package set: :func:`predictor.pt2.package_set.choose_package`
+    takes the one that fits.
 
     Raises:
         CheckpointError: The directory or named file is missing, the name
-            escapes the directory, or there is no or more than one ``*.pt2``
-            and no name was given (the message lists the candidates).
+            escapes the directory, or there is no ``*.pt2`` and no name was given.
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -121,16 +124,14 @@ def find_checkpoint(model_dir: Path, checkpoint: str | None) -> Path:
             )
         if not path.is_file():
             raise CheckpointError(f"checkpoint {checkpoint!r} not found in {model_dir}")
-        return path
-    candidates = sorted(p for p in model_dir.glob("*.pt2") if p.is_file())
+        return (path,)
+    candidates = tuple(sorted(p for p in model_dir.glob("*.pt2") if p.is_file()))
     if not candidates:
-        raise CheckpointError(f"no *.pt2 checkpoint in {model_dir}")
-    if len(candidates) > 1:
-        names = ", ".join(p.name for p in candidates)
         raise CheckpointError(
-            f"several checkpoints in {model_dir} ({names}); choose one with --checkpoint"
+            f"no *.pt2 checkpoint in {model_dir}; export one with "
+            f"histoserve export --spec SPEC <--demo|--timm ARCH|--module M> --package_set {model_dir}"
         )
-    return candidates[0]
+    return candidates
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,8 @@ class LoadedPackage:
             :class:`~predictor.pt2.aoti_runner.GilFreeRunner`.
         phases: The start-up phases so far (the model adds its own).
         sha256: Its hex SHA-256 when start-up hashed it, else ``""``.
+        choice: How start-up chose it among the model directory's packages
+            (:meth:`predictor.pt2.package_set.PackageChoice.as_dict`), else ``{}``.
     """
 
     path: Path
@@ -170,6 +173,7 @@ class LoadedPackage:
     runner: Any = field(repr=False, compare=False)
     phases: StartupPhases = field(default_factory=StartupPhases, repr=False, compare=False)
     sha256: str = ""
+    choice: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Runs the package; always a flat tuple of outputs, primary first.
@@ -199,9 +203,12 @@ class LoadedPackage:
         return None
 
 
-def inspect_package(path: Path, phases: StartupPhases) -> PackageFacts:
+def inspect_package(
+    path: Path, phases: StartupPhases, metadata: Mapping[str, str] | None = None
+) -> PackageFacts:
     """Hashes the package (the only hash of start-up; checked against a
-    ``.sha256`` file when present) and reads its metadata.
+    ``.sha256`` file when present) and reads its metadata (unless ``metadata``
+    was read already, when start-up chose it among a package set).
 
     Nothing of the package is loaded or run.
 
@@ -212,7 +219,8 @@ def inspect_package(path: Path, phases: StartupPhases) -> PackageFacts:
     with phases.time("digest"):
         sha256 = package_sha256(path)
     with phases.time("metadata"):
-        return PackageFacts(metadata=read_metadata(path), sha256=sha256)
+        read = dict(metadata) if metadata is not None else read_metadata(path)
+        return PackageFacts(metadata=read, sha256=sha256)
 
 
 def check_batch_size(metadata: Mapping[str, str], max_batch_size: int) -> None:

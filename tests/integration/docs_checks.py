@@ -260,6 +260,20 @@ def isvc_named(name: str, namespace: str) -> Callable[[Objects], None]:
     return expect
 
 
+def package_set_source(init: bool, model_dir: str) -> Callable[[Objects], None]:
+    """The InferenceService ``h0-histoserve`` serves the set at ``model_dir``, exporting into it when ``init``."""
+
+    def expect(objs: Objects) -> None:
+        isvc_named("h0-histoserve", "histo")(objs)
+        predictor = kind(objs, "InferenceService")["spec"]["predictor"]
+        assert args_of(isvc_container(list(objs)))["model_dir"] == model_dir
+        assert "checkpoint" not in args_of(isvc_container(list(objs)))
+        inits = [c["name"] for c in predictor.get("initContainers", [])]
+        assert inits == (["build-package"] if init else []), inits
+
+    return expect
+
+
 def job_in(namespace: str) -> Callable[[Objects], None]:
     def expect(objs: Objects) -> None:
         assert kind(objs, "Job")["metadata"].get("namespace", "default") == namespace

@@ -61,6 +61,7 @@ from tests.integration.docs_checks import (
     kubectl_apply,
     my_model,
     notebook_embed,
+    package_set_source,
     pod_command,
     prepare,
     ray_api,
@@ -237,6 +238,15 @@ REGISTRY: dict[str, Entry] = {
     ),
     "helm install h0 charts/histoserve -n histo --create-namespace --set image.repository=registry.example.com/histoserve --set image.tag=0.1.0 --set storage.pvc.existingClaim=histo-models --set gpu.product=NVIDIA-H100-80GB-HBM3 -f charts/histoserve/presets/keda-queue-depth.yaml": Entry(
         "render", render_chart(isvc_named("h0-histoserve", "histo"))
+    ),
+    "histoserve export --spec h0 --timm vit_giant_patch14_reg4_dinov2 --weights /models/h0/h0.safetensors --dtype bf16 --device cuda --package_set /models/h0 --if_missing": Entry(
+        "static", flags_parse("predictor.export.build", 2), why=f"a GPU export; {NO_TIMM}"
+    ),
+    "helm install h0 charts/histoserve -n histo --set storage.storageUri=oci://registry.example.com/histo/h0-packages:2026.12": Entry(
+        "render", render_chart(package_set_source(False, "/mnt/models"))
+    ),
+    "helm install h0 charts/histoserve -n histo --set storage.pvc.existingClaim=histo-models --set model.spec=h0 --set model.build.enabled=true --set model.build.timm=vit_giant_patch14_reg4_dinov2 --set model.build.weights=h0.safetensors --set model.build.dtype=bf16": Entry(
+        "render", render_chart(package_set_source(True, "/opt/ml/model"))
     ),
     "kubectl apply -f manifests/cluster-serving-runtime.yaml": Entry("render", kubectl_apply),
     "kubectl -n histo apply -f manifests/service-account.yaml -f manifests/persistent-volume-claim.yaml -f manifests/inference-service.yaml": Entry(

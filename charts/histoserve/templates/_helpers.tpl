@@ -185,7 +185,8 @@ predictor's pods; KEDA divides by the target (AverageValue) to get replicas.
 
 {{/* Where the server reads checkpoints (--model_dir). */}}
 {{- define "histoserve.modelDir" -}}
-{{- if and (include "histoserve.storageUri" .) (eq .Values.storage.storageUriMode "env") -}}
+{{- $uri := include "histoserve.storageUri" . -}}
+{{- if and $uri (or (hasPrefix "oci://" $uri) (eq .Values.storage.storageUriMode "env")) -}}
 /mnt/models
 {{- else -}}
 {{- .Values.storage.mountPath -}}

@@ -42,22 +42,21 @@ def copy_dir(src: Path, dest: Path) -> Path:
     return dest
 
 
-# -- find_checkpoint ----------------------------------------------------------------------
+# -- find_candidates ----------------------------------------------------------------------
 def test_find_the_only_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "model.pt2").write_bytes(b"x")
     (tmp_path / "model.pt2.sha256").write_text("0" * 64)
     (tmp_path / "genes_in.csv").write_text("gene_id\n")
-    assert loader.find_checkpoint(tmp_path, None) == tmp_path / "model.pt2"
+    assert loader.find_candidates(tmp_path, None) == (tmp_path / "model.pt2",)
 
 
-def test_several_checkpoints_are_listed(tmp_path: Path) -> None:
+def test_several_checkpoints_are_all_candidates(tmp_path: Path) -> None:
+    # Several packages used to be "exit 2 listing them"; they are now a package set,
+    # from which start-up takes the one that fits (tests/unit/pt2/test_package_set.py).
     for name in ("b.pt2", "a.pt2"):
         (tmp_path / name).write_bytes(b"x")
-    with pytest.raises(
-        CheckpointError, match=r"several checkpoints .*\(a\.pt2, b\.pt2\).*--checkpoint"
-    ):
-        loader.find_checkpoint(tmp_path, None)
-    assert loader.find_checkpoint(tmp_path, "b.pt2") == tmp_path / "b.pt2"
+    assert loader.find_candidates(tmp_path, None) == (tmp_path / "a.pt2", tmp_path / "b.pt2")
+    assert loader.find_candidates(tmp_path, "b.pt2") == (tmp_path / "b.pt2",)
 
 
 @pytest.mark.parametrize(
@@ -72,12 +71,12 @@ def test_several_checkpoints_are_listed(tmp_path: Path) -> None:
 def test_find_checkpoint_errors(tmp_path: Path, setup, checkpoint, needle: str) -> None:
     setup(tmp_path)
     with pytest.raises(CheckpointError, match=needle):
-        loader.find_checkpoint(tmp_path, checkpoint)
+        loader.find_candidates(tmp_path, checkpoint)
 
 
 def test_missing_model_dir(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="does not exist"):
-        loader.find_checkpoint(tmp_path / "nope", None)
+        loader.find_candidates(tmp_path / "nope", None)
 
 
 # -- sha256 -------------------------------------------------------------------------------

@@ -1,0 +1,234 @@
+"""Package sets: build keys, and which package of a model directory start-up takes.
+
+Real packages exported here: the tiny h0-mini demo built ``-march=native``
+and built ``x86-64-v3`` (shared with ``tests/unit/export/test_build.py``
+through the package cache). A GPU package cannot be built here: the third
+member is a copy of the portable one whose metadata claims CUDA ``sm_90``
+(:func:`harness.package_sets.fake_gpu_package`), and hosts we do not run on
+are :class:`HostFacts` values, the suite's one fake of the host.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.package_sets import claim, rewrite_metadata, three_builds
+from predictor.errors import CheckpointError, IncompatiblePackage
+from predictor.pt2 import package_set
+from predictor.pt2.build_key import BUILD_KEY_KEY, BuildKey, key_from_metadata
+from predictor.pt2.host import HostFacts, check_host_compat
+from predictor.pt2.metadata import CPU_BUILD_KEY, read_metadata
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The three builds, each under its build key's name, in one folder (copy before editing)."""
+    return three_builds(tmp_path_factory.mktemp("package-set"))
+
+
+def _set(tmp_path: Path, builds: dict[str, Path], *labels: str) -> list[Path]:
+    for label in labels:
+        shutil.copy2(builds[label], tmp_path / builds[label].name)
+    return sorted(tmp_path / builds[label].name for label in labels)
+
+
+def _narrow_cpu(builds: dict[str, Path]) -> HostFacts:
+    """An x86-64 host with exactly the portable build's instruction sets (not the native's)."""
+    flags = json.loads(read_metadata(builds["v3"])[CPU_BUILD_KEY])["required_flags"]
+    return HostFacts("linux", "x86_64", frozenset(flags))
+
+
+def _gpu_host(capability: str, cuda: str = "12.8") -> HostFacts:
+    here = HostFacts.detect()
+    return HostFacts("linux", "x86_64", here.cpu_flags, (capability,), cuda_version=cuda)
+
+
+# -- build keys ---------------------------------------------------------------------------
+def test_the_build_key_names_the_package_and_is_in_its_metadata(builds: dict[str, Path]) -> None:
+    native = key_from_metadata(read_metadata(builds["native"]))
+    v3 = key_from_metadata(read_metadata(builds["v3"]))
+    assert native is not None and v3 is not None
+    assert (native.spec, native.weights, native.dtype) == ("h0-mini", "demo:tiny", "fp32")
+    assert (native.min_batch, native.max_batch, native.cuda) == (1, 256, None)
+    assert native.torch == torch.__version__.split("+")[0]
+    assert native.target.startswith("native-") and v3.target == "x86-64-v3"
+    assert native.model == v3.model and native.name != v3.name
+    assert v3.name == f"h0-mini_demo-tiny_fp32_b1-8_torch{v3.torch}_cpu_x86-64-v3"
+    for key in (native, v3):
+        assert all(c.isalnum() or c in "._-" for c in key.name)
+        assert BuildKey(**json.loads(key.to_json())) == key
+
+
+def test_a_package_without_a_recorded_key_gets_the_same_key_from_its_provenance(
+    builds: dict[str, Path],
+) -> None:
+    for label in ("native", "v3", "gpu"):
+        metadata = read_metadata(builds[label])
+        recorded = key_from_metadata(metadata)
+        del metadata[BUILD_KEY_KEY]
+        assert key_from_metadata(metadata) == recorded, label
+    assert key_from_metadata({"AOTI_DEVICE_KEY": "cpu"}) is None  # built elsewhere: no key
+
+
+def test_weights_from_a_file_are_named_by_their_digest() -> None:
+    target = "sm_90+native-1a2b3c4d"
+    key = BuildKey("h0", "sha256:" + "ab" * 32, "bf16", 1, 64, "2.13.0", "12.8", target)
+    assert key.name == "h0_wabababababab_bf16_b1-64_torch2.13.0_cu12.8_sm-90+native-1a2b3c4d"
+    assert key.weights_sha256 == "ab" * 32
+    long_label = BuildKey("h0", "module:" + "x" * 60, "fp32", 1, 8, "2.13.0", None, "x86-64-v3")
+    assert len(long_label.name) < 80 and "xxxx" not in long_label.name
+
+
+# -- the choice ---------------------------------------------------------------------------
+def test_three_builds_on_this_cpu_take_the_native_one(
+    tmp_path: Path, builds: dict[str, Path]
+) -> None:
+    candidates = _set(tmp_path, builds, "native", "v3", "gpu")
+    choice = package_set.choose_package(
+        tmp_path, candidates, CPU, HostFacts.detect(), max_batch_size=8
+    )
+    assert choice.path.name == builds["native"].name
+    rejected = dict(choice.rejected)
+    assert rejected[builds["v3"].name] == f"fits, ranked below {builds['native'].name}"
+    assert "package was built for cuda but the server runs on cpu" in rejected[builds["gpu"].name]
+    served = choice.as_dict()
+    assert served["chosen"] == builds["native"].name
+    assert served["build_key"]["name"] == builds["native"].stem
+    assert {r["file"] for r in served["rejected"]} == {builds["v3"].name, builds["gpu"].name}
+    assert builds["gpu"].name in choice.log_line() and "not taken" in choice.log_line()
+
+
+def test_a_cpu_without_the_native_build_s_instructions_takes_the_portable_one(
+    tmp_path: Path, builds: dict[str, Path]
+) -> None:
+    candidates = _set(tmp_path, builds, "native", "v3", "gpu")
+    choice = package_set.choose_package(
+        tmp_path, candidates, CPU, _narrow_cpu(builds), max_batch_size=8
+    )
+    assert choice.path.name == builds["v3"].name
+    assert "missing" in dict(choice.rejected)[builds["native"].name]
+
+
+def test_the_batch_size_flag_is_part_of_the_fit(tmp_path: Path, builds: dict[str, Path]) -> None:
+    candidates = _set(tmp_path, builds, "v3", "native")
+    choice = package_set.choose_package(
+        tmp_path, candidates, CPU, _narrow_cpu(builds), max_batch_size=8
+    )
+    assert choice.path.name == builds["v3"].name
+    with pytest.raises(IncompatiblePackage) as failed:
+        package_set.choose_package(
+            tmp_path, candidates, CPU, _narrow_cpu(builds), max_batch_size=32
+        )
+    assert "--max_batch_size 32 is above the batch range" in str(failed.value)
+
+
+def test_on_a_gpu_node_the_gpu_build_of_its_architecture_is_taken(
+    tmp_path: Path, builds: dict[str, Path]
+) -> None:
+    candidates = _set(tmp_path, builds, "native", "v3", "gpu")
+    cuda = torch.device("cuda", 0)
+    choice = package_set.choose_package(
+        tmp_path, candidates, cuda, _gpu_host("90"), max_batch_size=8
+    )
+    assert choice.path.name == builds["gpu"].name
+    assert choice.key is not None and choice.key.target == "sm_90+x86-64-v3"
+
+
+def test_none_fitting_names_each_candidate_the_missing_key_and_the_command(
+    tmp_path: Path, builds: dict[str, Path]
+) -> None:
+    candidates = _set(tmp_path, builds, "native", "v3", "gpu")
+    cuda = torch.device("cuda", 0)
+    with pytest.raises(IncompatiblePackage) as failed:
+        package_set.choose_package(tmp_path, candidates, cuda, _gpu_host("80"), max_batch_size=8)
+    text = str(failed.value)
+    assert text.startswith(f"no package in {tmp_path} fits this host (cuda:0, sm_80")
+    assert f"{builds['gpu'].name}: package was built for sm_90" in text
+    for label in ("native", "v3"):
+        assert (
+            f"{builds[label].name}: package was built for cpu but the server runs on cuda:0" in text
+        )
+    assert (
+        "missing build key h0-mini_demo-tiny_fp32_b1-" in text and "_cu12.8_sm-80+native-" in text
+    )
+    assert "histoserve export --spec h0-mini --demo --demo_preset tiny" in text
+    assert f"--device cuda --package_set {tmp_path}" in text
+
+
+def test_one_package_is_taken_as_always_and_its_host_check_names_the_missing_key(
+    tmp_path: Path, builds: dict[str, Path]
+) -> None:
+    (candidate,) = _set(tmp_path, builds, "gpu")
+    choice = package_set.choose_package(tmp_path, [candidate], CPU, HostFacts.detect())
+    assert (choice.path, choice.rejected) == (candidate, ())
+    assert choice.reason == f"the only *.pt2 in {tmp_path}" and choice.metadata is not None
+    with pytest.raises(IncompatiblePackage, match="package was built for cuda"):
+        check_host_compat(choice.metadata, CPU, HostFacts.detect())  # at load, as always
+    assert choice.key is not None
+    hint = package_set.missing_hint(choice.key, choice.metadata, tmp_path, CPU)
+    assert hint.startswith("; missing build key h0-mini_demo-tiny_fp32_b1-8_torch")
+    assert "_cpu_native-" in hint and f"--device cpu --package_set {tmp_path}" in hint
+
+
+def test_one_unreadable_package_is_left_to_its_own_checks(tmp_path: Path) -> None:
+    broken = tmp_path / "model.pt2"
+    broken.write_bytes(b"not a zip")
+    choice = package_set.choose_package(tmp_path, [broken], CPU, HostFacts.detect())
+    assert choice.path == broken and choice.metadata is None and choice.key is None
+
+
+def test_an_unreadable_member_of_a_set_is_a_named_mismatch(
+    tmp_path: Path, builds: dict[str, Path]
+) -> None:
+    candidates = _set(tmp_path, builds, "v3")
+    (tmp_path / "half-copied.pt2").write_bytes(b"PK\x03\x04 truncated")
+    choice = package_set.choose_package(
+        tmp_path, [*candidates, tmp_path / "half-copied.pt2"], CPU, HostFacts.detect(),
+        max_batch_size=8,
+    )  # fmt: skip
+    assert choice.path.name == builds["v3"].name
+    assert dict(choice.rejected)["half-copied.pt2"].startswith("unreadable: ")
+
+
+def test_among_equal_builds_the_newest_export_then_the_name_wins(
+    tmp_path: Path, builds: dict[str, Path]
+) -> None:
+    def dated(when: str):
+        return lambda metadata: claim(metadata, created_utc=when)
+
+    older = rewrite_metadata(builds["v3"], tmp_path, dated("2026-01-01T00:00:00+00:00"), "b.pt2")
+    newer = rewrite_metadata(builds["v3"], tmp_path, dated("2026-06-01T00:00:00+00:00"), "c.pt2")
+    twin = rewrite_metadata(builds["v3"], tmp_path, dated("2026-06-01T00:00:00+00:00"), "d.pt2")
+    host = _narrow_cpu(builds)
+    choice = package_set.choose_package(tmp_path, [older, twin, newer], CPU, host)
+    assert choice.path == newer  # c.pt2: as new as d.pt2, and first by name
+    assert dict(choice.rejected) == {
+        "b.pt2": "fits, ranked below c.pt2",
+        "d.pt2": "fits, ranked below c.pt2",
+    }
+
+
+def test_packages_of_two_models_fitting_is_an_error_not_a_pick(
+    tmp_path: Path, builds: dict[str, Path]
+) -> None:
+    other = rewrite_metadata(
+        builds["v3"], tmp_path, lambda m: claim(m, weights="sha256:" + "cd" * 32), "other.pt2"
+    )
+    (mine,) = _set(tmp_path, builds, "v3")
+    with pytest.raises(CheckpointError, match="packages of different models fit") as failed:
+        package_set.choose_package(tmp_path, [mine, other], CPU, _narrow_cpu(builds))
+    assert "other.pt2 (h0-mini, sha256:cdcd" in str(failed.value)
+    assert "--checkpoint" in str(failed.value)
+
+
+def test_checkpoint_forces_a_file_whatever_it_was_built_for(builds: dict[str, Path]) -> None:
+    choice = package_set.taken(builds["gpu"], "named by --checkpoint")
+    assert choice.reason == "named by --checkpoint" and choice.key is not None
+    assert choice.key.target == "sm_90+x86-64-v3"
