@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from histoserve import wire
-from histoserve.errors import BadAnswer
+from histoserve.errors import BadAnswer, UsageError
 from histoserve.remote.transport import answer_bound
 from histoserve.slides.tiff.wire_tiles import DECODED_ON
 
@@ -114,7 +114,16 @@ class AnswerCheck:
 
         A mode the client does not know (the server refuses it, or answers what it
         pleases) must answer the outputs the config lists, each with one row per tile.
+
+        Raises:
+            UsageError: A slide head (it takes ``features``): its answers are one
+                slide's, checked by :class:`~histoserve.heads.head.SlideAnswerCheck`.
         """
+        if info.takes_features:
+            raise UsageError(
+                f"model {info.model!r} is a slide head (it takes 'features'): run it with "
+                "histoserve.aggregate (or pass its check)"
+            )
         if info.answers_masks:
             return cls.for_tissue(info)
         mode = mode or (info.modes[0] if info.modes else "embedding")

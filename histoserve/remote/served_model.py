@@ -81,6 +81,8 @@ class ServerInfo:
             ``mixed`` when two URLs' configs differ; ``""``: unknown (gRPC
             metadata). Which ``--transport`` may use them
             (:func:`~histoserve.slides.tiff.wire_tiles.choose_transport`).
+        inputs: The input names the server lists (config ``inputs`` or gRPC
+            metadata; empty when it lists none).
     """
 
     model: str
@@ -94,12 +96,18 @@ class ServerInfo:
     outputs: Mapping[str, OutputInfo] = field(default_factory=dict)
     transports: tuple[str, ...] = ("pixels",)
     jpeg_decode: str = ""
+    inputs: tuple[str, ...] = ()
 
     @property
     def reported_sha256(self) -> str:
         """The package digest as the server reported it; "" when made up here from metadata."""
         made_up = self.package_sha256.startswith((GRPC_DIGEST, METADATA_DIGEST))
         return "" if made_up else self.package_sha256
+
+    @property
+    def takes_features(self) -> bool:
+        """Whether it is a slide head: its inputs list ``features`` (:data:`~histoserve.wire.SLIDE_INPUT`)."""
+        return wire.SLIDE_INPUT in self.inputs
 
     @property
     def answers_masks(self) -> bool:
@@ -276,6 +284,7 @@ def info_from_config(name: str, config: Mapping[str, Any]) -> ServerInfo:
             outputs=_listed_outputs(config.get("outputs")) or _spec_outputs(spec),
             transports=tuple(str(t) for t in config.get("transports") or ("pixels",)),
             jpeg_decode=str(config.get("jpeg_decode") or "cpu")[:40],
+            inputs=tuple(str(i["name"]) for i in config.get("inputs") or ()),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise RemoteError(f"model {name!r}: unexpected config answer ({exc!r})") from exc
@@ -383,4 +392,5 @@ def info_from_metadata(
         spec={"name": name, "family": family, "inputs": inputs, "outputs": outputs},
         outputs=_listed_outputs(outputs),
         transports=("pixels", "jpeg") if "jpeg_tiles" in shapes else ("pixels",),
+        inputs=tuple(shapes),
     )

@@ -140,3 +140,30 @@ def test_the_client_core_is_what_embed_and_aggregate_send_through() -> None:
     for module in ("embedding/pipeline.py", "embedding/slide_job.py", "heads/aggregate.py"):
         text = (root / module).read_text()
         assert "HistoserveClient" in text and "Dispatcher" not in text, module
+
+
+def test_what_an_answer_must_be_is_read_off_what_the_config_declares(
+    fakes: list[BadServer],
+) -> None:
+    """A ``mask`` output: a tissue model's masks are checked; a ``features`` input: a slide head."""
+    from histoserve.errors import UsageError
+
+    masks = {"name": "mask", "datatype": "UINT8", "shape": [-1, 4, 4]}
+    tissue = {**CONFIG, "name": "tissue-seg", "spec": resolve_spec("tissue-seg").to_dict()}
+    tissue["outputs"] = [masks]
+    fakes.append(BadServer(config=tissue, source="mask"))
+    fakes.append(BadServer(config=tissue, source="mask", tamper="short"))
+    with _client(fakes[0].url, model="tissue-seg") as client:
+        out = client.infer_pixels(TILES)
+        assert client.info.answers_masks and not client.info.takes_features
+    np.testing.assert_array_equal(out["mask"], (TILES.min(axis=-1) < 220).astype(np.uint8))
+    with _client(fakes[1].url, model="tissue-seg") as client, pytest.raises(RequestFailed) as error:
+        client.infer_pixels(TILES)
+    assert "answered 1 row for 3 tiles (output 'mask')" in str(error.value)
+    head = {**CONFIG, "name": "abmil-demo", "spec": resolve_spec("abmil-demo").to_dict()}
+    head["inputs"] = [{"name": "features", "datatype": "FP32", "shape": [-1, 1536]}]
+    fakes.append(BadServer(config=head, source="pixels", dim=DIM))
+    with _client(fakes[2].url, model="abmil-demo") as client, pytest.raises(UsageError) as usage:
+        client.infer({"features": np.zeros((3, 1536), np.float32)})
+    assert "is a slide head (it takes 'features')" in str(usage.value)
+    assert fakes[2].infer_requests == 0
