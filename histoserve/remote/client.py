@@ -47,7 +47,7 @@ import numpy as np
 
 from histoserve.errors import BadAnswer, InferenceError
 from histoserve.remote.answers import DIGEST_CHARS, AnswerCheck
-from histoserve.remote.auth import Credentials
+from histoserve.remote.auth import Credentials, redact_url
 from histoserve.remote.dispatch import Check, Dispatcher, RetryPolicy, Transport, make_transport
 from histoserve.remote.http import Reply, new_client, parse_retry_after, send
 from histoserve.remote.model_config import MAX_CONFIG_BYTES
@@ -105,7 +105,8 @@ class HistoserveClient:
         for u in urls:
             if not u.startswith(SCHEMES):
                 raise ValueError(
-                    f"url must start with http://, https://, grpc:// or grpcs://, got {u!r}"
+                    "url must start with http://, https://, grpc:// or grpcs://, "
+                    f"got {redact_url(u)!r}"
                 )
         if not 0 < timeout_s < float("inf"):
             raise ValueError(f"timeout_s must be > 0 and finite, got {timeout_s}")
