@@ -1,19 +1,31 @@
-"""A FAKE V2 gRPC server on loopback whose inference answers do not decode.
+"""A FAKE V2 gRPC server on loopback whose inference answers are wrong on purpose.
 
 The gRPC counterpart of :class:`harness.bad_server.BadServer`, and a fake for
 the same reason: the real server never answers wrong. It forwards every
-unary call, as raw bytes, to a real server's gRPC port, and cuts the raw
-output buffers of its ``ModelInfer`` answers short, so that an answer's shape
-says more than its data holds (``tritonclient``'s ``as_numpy`` then raises a
-plain ``ValueError``): a client must take that for a wrong answer and retry
-it elsewhere. The protobuf messages are kserve's (this runs in the test
-process, where kserve is, never beside ``tritonclient.grpc``).
+unary call, as raw bytes, to a real server's gRPC port, and by default cuts
+the raw output buffers of its ``ModelInfer`` answers short, so that an
+answer's shape says more than its data holds (``tritonclient``'s
+``as_numpy`` then raises a plain ``ValueError``): a client must take that for
+a wrong answer and retry it elsewhere. With ``tamper`` it changes the real
+answer as :class:`~harness.bad_server.BadServer` does over REST instead
+(:func:`harness.bad_server.tamper`: ``short``, ``empty``, ``rename``,
+``dtype``, ``shape``, ``nan``; ``model``: another ``model_name``;
+``package``: ``parameters.package_sha256`` of another package), each tensor
+re-encoded with its new datatype and shape. The protobuf messages are
+kserve's (this runs in the test process, where kserve is, never beside
+``tritonclient.grpc``).
 """
 
 from __future__ import annotations
 
 import threading
 from typing import Any
+
+import numpy as np
+
+from harness.bad_server import OTHER_PACKAGE
+from harness.bad_server import tamper as tamper_outputs
+from histoserve import wire
 
 
 class BadGrpcServer:
@@ -26,14 +38,22 @@ class BadGrpcServer:
     """
 
     def __init__(
-        self, upstream: str, cut_bytes: int = 4, times: int | None = None, pad_bytes: int = 0
+        self,
+        upstream: str,
+        cut_bytes: int = 4,
+        times: int | None = None,
+        pad_bytes: int = 0,
+        *,
+        tamper: str | None = None,
+        after: int = 0,
     ):
         from concurrent import futures
 
         import grpc
 
         self.cut_bytes, self.times, self.tampered = cut_bytes, times, 0
-        self.pad_bytes = pad_bytes
+        self.pad_bytes, self.tamper, self.after = pad_bytes, tamper, after
+        self.infer_calls = 0
         self._lock = threading.Lock()
         options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
         self._channel = grpc.insecure_channel(upstream, options=options)
@@ -56,10 +76,15 @@ class BadGrpcServer:
         if not method.endswith("/ModelInfer"):
             return answer
         with self._lock:
+            self.infer_calls += 1
+            if self.infer_calls <= self.after:
+                return answer
             if self.times is not None and self.tampered >= self.times:
                 return answer
             self.tampered += 1
         message = pb.ModelInferResponse.FromString(answer)
+        if self.tamper is not None:
+            return _tampered(message, self.tamper).SerializeToString()
         if self.pad_bytes:
             cut = [raw + bytes(self.pad_bytes) for raw in message.raw_output_contents]
         else:
@@ -93,3 +118,24 @@ class _AllUnary:
         return grpc.unary_unary_rpc_method_handler(
             lambda request, context: self._fake.call(method, request, context)
         )
+
+
+def _tampered(message: Any, kind: str) -> Any:
+    """``message`` (a ``ModelInferResponse`` with raw outputs) changed as ``kind`` says."""
+    outputs = {
+        out.name: np.frombuffer(raw, wire.DATATYPES[out.datatype]).reshape(tuple(out.shape))
+        for out, raw in zip(message.outputs, message.raw_output_contents, strict=True)
+    }
+    changed = tamper_outputs(kind, outputs)
+    del message.outputs[:]
+    del message.raw_output_contents[:]
+    for name, values in changed.items():
+        entry = message.outputs.add()
+        entry.name, entry.datatype = name, wire.datatype_of(values)
+        entry.shape.extend(values.shape)
+        message.raw_output_contents.append(np.ascontiguousarray(values).tobytes())
+    if kind == "model":
+        message.model_name = "another-model"
+    if kind == "package":
+        message.parameters["package_sha256"].string_param = OTHER_PACKAGE
+    return message

@@ -35,6 +35,9 @@ __version__ = "0.1.0"
 
 _WHERE = {
     "HistoserveClient": "histoserve.remote.client",
+    "HistoserveError": "histoserve.errors",
+    "RemoteError": "histoserve.errors",
+    "RequestFailed": "histoserve.errors",
     "InferenceError": "histoserve.errors",
     "embed": "histoserve.api",
     "read_features": "histoserve.api",

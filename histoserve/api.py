@@ -5,8 +5,9 @@ keyword argument of the same name (``--target-mpp`` is ``target_mpp``, a
 repeatable flag such as ``--url`` takes one value or a list), with the same
 defaults, the same checks and the same files written: both are made from
 one declaration per option (:mod:`histoserve.options.declare`). Where the command line exits 2 or 1, the
-function raises :class:`~histoserve.errors.UsageError` or
-:class:`~histoserve.errors.EmbedError`; slides that fail are in the
+function raises :class:`~histoserve.errors.UsageError` or another
+:class:`~histoserve.errors.HistoserveError` (a server that cannot be reached
+is a :class:`~histoserve.errors.RemoteError`); slides that fail are in the
 summary's ``failed`` (and ``status.csv``), as they are for the command.
 """
 
@@ -71,7 +72,7 @@ def embed(
         TypeError: An unknown keyword, or ``url`` or ``out`` missing (as for any function).
         UsageError: A bad option, found before any slide is read; an ``out`` made with
             other settings (without ``force``).
-        EmbedError: The server cannot be reached or described.
+        RemoteError: The server cannot be reached or described.
     """
     try:
         bound = embed.__signature__.bind(slides, env=env, **options)  # type: ignore[attr-defined]

@@ -1,17 +1,21 @@
-"""Client-side errors of ``histoserve embed``, and what each one means for a run.
+"""The client's errors, one tree, and what each one means for a caller.
 
 ::
 
-    EmbedError                 base of every error the client raises on purpose
-    ├── UsageError             the command line or manifest is wrong: exit status 2, nothing embedded
-    ├── SlideError             this slide fails alone (``failed`` in status.csv); the others go on
+    HistoserveError            base of every error the client raises on purpose
+    ├── UsageError             what was asked is wrong (an argument, a flag, the manifest, a model
+    │                          that cannot answer it): ``histoserve embed`` exits 2, nothing embedded
+    ├── EmbedError             a run of ``embed`` or ``aggregate`` failed (:mod:`histoserve.embedding`)
+    │   └── SlideError         this slide fails alone (``failed`` in status.csv); the others go on
     └── RemoteError            a server or the network (:mod:`histoserve.remote`)
         ├── RetryableError     this attempt failed; another (elsewhere, later) may not
         │   └── BadAnswer      an answer that does not fit its request: wrong, too large, late
         ├── ServerRefused      the server refused the request (4xx): retrying cannot help
-        ├── InferenceError     :class:`~histoserve.HistoserveClient`: any 4xx/5xx, with its status
         └── RequestFailed      refused, or every attempt failed: the slide fails with the reason
+            └── InferenceError the server's own refusal: ``status`` (HTTP status or gRPC code)
 
+:class:`~histoserve.HistoserveClient` raises :class:`RemoteError` and
+:class:`UsageError` only; ``embed`` and ``aggregate`` add :class:`EmbedError`.
 Messages say what is wrong *and* how to fix it (which flag or manifest column),
 because they end up in ``status.csv`` read by someone who did not write the code.
 Third-party errors (OpenSlide, tifffile, h5py) are wrapped with ``raise ... from``.
@@ -20,19 +24,24 @@ Third-party errors (OpenSlide, tifffile, h5py) are wrapped with ``raise ... from
 from __future__ import annotations
 
 
-class EmbedError(Exception):
-    """Base of client-side embed errors."""
+class HistoserveError(Exception):
+    """Base of every error the client raises on purpose: ``except HistoserveError`` catches them all."""
 
 
-class UsageError(EmbedError):
-    """Bad usage (``--shard``, no slides, a bad manifest): the run stops with exit status 2."""
+class UsageError(HistoserveError):
+    """Bad usage (``--shard``, no slides, a bad manifest, a model that cannot answer what is
+    asked): ``histoserve embed`` stops with exit status 2."""
+
+
+class EmbedError(HistoserveError):
+    """A run of ``embed`` or ``aggregate`` failed, or one of its slides did."""
 
 
 class SlideError(EmbedError):
     """This slide cannot be embedded; the message says why and how to fix it."""
 
 
-class RemoteError(EmbedError):
+class RemoteError(HistoserveError):
     """A server or the network failed a request (messages are scrubbed of credentials)."""
 
 
@@ -40,12 +49,16 @@ class RetryableError(RemoteError):
     """This attempt failed in a way another attempt (elsewhere or later) may not.
 
     503, 429, other 5xx and 408, connection refused or reset, a passed deadline,
-    an answer that does not decode. ``retry_after_s``: the server's ``Retry-After``.
+    an answer that does not decode. ``retry_after_s``: the server's ``Retry-After``;
+    ``status``: the server's HTTP status (or gRPC code) when it answered one, else None.
     """
 
-    def __init__(self, message: str, retry_after_s: float | None = None):
+    def __init__(
+        self, message: str, retry_after_s: float | None = None, status: int | str | None = None
+    ):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.status = status
 
 
 class BadAnswer(RetryableError):
@@ -54,21 +67,32 @@ class BadAnswer(RetryableError):
 
 
 class ServerRefused(RemoteError):
-    """The server refused the request as invalid (4xx): never retried."""
+    """The server refused the request as invalid (4xx): never retried.
 
-    def __init__(self, status: str, message: str):
+    ``status``: ``"HTTP 400"``, ``"gRPC INVALID_ARGUMENT"``; ``code``: ``400``,
+    ``"INVALID_ARGUMENT"``.
+    """
+
+    def __init__(self, status: str, message: str, code: int | str | None = None):
         super().__init__(f"{status}: {message}")
         self.status = status
-
-
-class InferenceError(RemoteError):
-    """:class:`~histoserve.HistoserveClient`'s refused request; ``status`` is the HTTP status."""
-
-    def __init__(self, status: int, message: str, retry_after_s: float | None = None):
-        self.status = status
-        self.retry_after_s = retry_after_s
-        super().__init__(f"HTTP {status}: {message}")
+        self.code = code
 
 
 class RequestFailed(RemoteError):
     """A request the server refused (4xx) or that failed on every attempt."""
+
+
+class InferenceError(RequestFailed):
+    """A request the server itself refused: a 4xx, or an error status on every attempt.
+
+    Attributes:
+        status: The HTTP status (``400``, ``503``), or the gRPC status code
+            (``"INVALID_ARGUMENT"``) over gRPC.
+        retry_after_s: The server's ``Retry-After`` on the last attempt, if any.
+    """
+
+    def __init__(self, status: int | str, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s

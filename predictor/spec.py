@@ -17,15 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from histoserve.wire import MODES
+from histoserve.wire import MODES, SLIDE_MODES
 from predictor.errors import SpecError
 
 METADATA_KEY = "histoserve.spec"
 
 FAMILIES = ("embedding", "multimodal", "segmentation", "slide")
-
-SLIDE_MODES = ("prediction", "embedding", "attention")
-"""Modes of the ``slide`` family; a request may also join several with commas."""
 
 _ENCODER_MEAN = (0.707223, 0.578729, 0.703617)
 _ENCODER_STD = (0.211883, 0.230117, 0.177517)

@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from histoserve.errors import EmbedError, UsageError
+    from histoserve.errors import HistoserveError, UsageError
     from histoserve.heads.aggregate import SLIDES_STATUS_FILE, aggregate
 
     def said(slide_id: str, status: str, reason: str) -> None:
@@ -112,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         _say(str(exc))
         return EXIT_USAGE
-    except EmbedError as exc:
+    except HistoserveError as exc:
         _say(str(exc))
         return EXIT_FAILED
     where = args.features_dir

@@ -148,14 +148,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from histoserve.api import embed
-    from histoserve.errors import EmbedError, UsageError
+    from histoserve.errors import HistoserveError, UsageError
 
     try:
         summary = embed(**options_of(args), env=os.environ)
     except UsageError as exc:
         _say(str(exc))
         return EXIT_USAGE
-    except EmbedError as exc:
+    except HistoserveError as exc:
         _say(str(exc))
         return EXIT_FAILED
     done, skipped, failed = len(summary.done), len(summary.skipped), len(summary.failed)

@@ -62,9 +62,10 @@ from histoserve.embedding.settings import (
 )
 from histoserve.embedding.slide_job import RunContext, embed_slide
 from histoserve.embedding.slide_model import check_slide_model, run_slide_model
-from histoserve.errors import EmbedError, SlideError, UsageError
+from histoserve.errors import HistoserveError, SlideError, UsageError
 from histoserve.remote.auth import load_credentials, warn_if_plaintext
-from histoserve.remote.dispatch import Dispatcher, RetryPolicy
+from histoserve.remote.client import HistoserveClient
+from histoserve.remote.dispatch import RetryPolicy
 from histoserve.remote.served_model import ServerInfo, fetch_server_info
 from histoserve.remote.transport import RecyclePolicy
 from histoserve.results.claims import ClaimStore
@@ -125,16 +126,15 @@ def collect_entries(config: EmbedConfig) -> list[SlideEntry]:
     return select_shard(entries, config.shard)
 
 
-def _context(
-    config: EmbedConfig, dispatcher: Dispatcher, tissue_dispatcher: Dispatcher | None
-) -> RunContext:
+def _context(config: EmbedConfig) -> RunContext:
+    """The run's shared context: the models described, one client for each (closed by the caller)."""
     retry = RetryPolicy(max_attempts=config.max_attempts)
     info = _info(config, config.urls, config.model, retry)
     info.check_mode(config.mode)
     tissue_info = None
-    if tissue_dispatcher is not None:
+    if config.tissue_method == "model":
         tissue_info = _info(config, config.tissue_urls or config.urls, config.tissue, retry)
-        if tissue_info.family != "segmentation":
+        if not tissue_info.answers_masks:
             raise UsageError(f"--tissue {config.tissue}: not a segmentation model")
         if tissue_info.mpp is None:
             raise UsageError(f"--tissue {config.tissue}: its mpp is unknown over gRPC alone")
@@ -158,8 +158,8 @@ def _context(
         tissue_info,
         target_mpp,
         tile_size,
-        dispatcher,
-        tissue_dispatcher,
+        _client(config, config.urls, info, retry),
+        _client(config, config.tissue_urls or config.urls, tissue_info, retry),
         attrs,
         threading.BoundedSemaphore(config.concurrency),
         _layout(config, info, target_mpp, tile_size),
@@ -183,6 +183,17 @@ def _hold_folder(ctx: RunContext) -> FolderHold:
     return hold_folder(folder, settings, differences, check, force=ctx.config.force)
 
 
+def _client(
+    config: EmbedConfig, urls: Any, info: ServerInfo | None, retry: RetryPolicy
+) -> HistoserveClient | None:
+    """The client that sends the run's requests to the model ``info`` describes (None: no model)."""
+    if info is None:
+        return None
+    recycle = RecyclePolicy(config.recycle_requests, config.recycle_s)
+    kwargs = {"credentials": config.credentials, "retry": retry, "recycle": recycle}
+    return HistoserveClient(urls, info.model, config.timeout_s, info=info, **kwargs)
+
+
 def _info(config: EmbedConfig, urls: Any, model: str | None, retry: RetryPolicy) -> ServerInfo:
     """The model's description, asked with the run's credentials."""
     return fetch_server_info(urls, model, config.timeout_s, retry, credentials=config.credentials)
@@ -202,7 +213,7 @@ def embed(config: EmbedConfig, stream: Any = None) -> EmbedSummary:
 
     Raises:
         UsageError: Bad usage found before any slide (no slides, unknown model, ...).
-        EmbedError: The server cannot be reached or described.
+        RemoteError: The server cannot be reached or described.
     """
     start = time.monotonic()
     large_buffers_use_mmap()
@@ -216,38 +227,24 @@ def embed(config: EmbedConfig, stream: Any = None) -> EmbedSummary:
         config.out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--out {config.out_dir}: cannot create it ({exc})") from exc
-    retry = RetryPolicy(max_attempts=config.max_attempts)
-    recycle = RecyclePolicy(config.recycle_requests, config.recycle_s)
     summary = EmbedSummary()
-    tissue = None
-    if config.tissue_method == "model":
-        tissue_urls = config.tissue_urls or config.urls
-        tissue = Dispatcher.from_urls(
-            tissue_urls, config.timeout_s, retry, recycle, config.credentials
-        )
-    main = Dispatcher.from_urls(config.urls, config.timeout_s, retry, recycle, config.credentials)
     with contextlib.ExitStack() as held:  # the folder's hold lasts to the slide model's end
-        with main as dispatcher:
-            try:
-                _run(config, entries, dispatcher, tissue, stream, summary, held)
-            finally:
-                if tissue is not None:
-                    tissue.close()
+        ctx = _context(config)
+        with ctx.client, ctx.tissue_client or contextlib.nullcontext():
+            _run(ctx, entries, stream, summary, held)
         run_slide_model(config, summary)
     summary.seconds = time.monotonic() - start
     return summary
 
 
 def _run(
-    config: EmbedConfig,
+    ctx: RunContext,
     entries: list[SlideEntry],
-    dispatcher: Dispatcher,
-    tissue: Dispatcher | None,
     stream: Any,
     summary: EmbedSummary,
     held: contextlib.ExitStack,
 ) -> None:
-    ctx = _context(config, dispatcher, tissue)
+    config = ctx.config
     held.enter_context(_hold_folder(ctx))  # UsageError: the folder was made otherwise
     progress = Progress(config.progress, len(entries), stream, stats=summary.stats)
     runner = _SlideRunner(ctx, progress, summary)
@@ -258,7 +255,7 @@ def _run(
         for _ in pool.map(runner.run, entries):
             pass
     progress.close()
-    summary.requests_per_url = dispatcher.stats()
+    summary.requests_per_url = ctx.client.stats()
     if config.qc:
         try:
             write_report(config.out_dir)
@@ -284,7 +281,7 @@ class _SlideRunner:
         start = time.monotonic()
         try:
             self._run(entry, start)
-        except EmbedError as exc:
+        except HistoserveError as exc:
             self._fail(entry, start, str(exc))
         except Exception as exc:  # one slide's surprise never stops the others
             logger.exception("slide %s failed unexpectedly", entry.slide_id)
@@ -344,7 +341,7 @@ class _SlideRunner:
             unchanged = functools.partial(check_unchanged, entry.path, identity)
             tiles, stats = self.progress.tiles, self.summary.stats
             outcome = embed_slide(self.ctx, entry, bulk, attrs, started, tiles, stats, unchanged)
-        except EmbedError as exc:
+        except HistoserveError as exc:
             self._record(entry, "failed", n_tiles, start, str(exc))
             return
         except Exception as exc:  # one slide's surprise never stops the others

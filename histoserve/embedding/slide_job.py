@@ -41,7 +41,7 @@ from histoserve.embedding.config import EmbedConfig
 from histoserve.embedding.tissue_remote import model_tissue_mask
 from histoserve.errors import EmbedError, RequestFailed, ServerRefused, SlideError
 from histoserve.remote.answers import AnswerCheck
-from histoserve.remote.dispatch import Dispatcher
+from histoserve.remote.client import HistoserveClient
 from histoserve.remote.served_model import ServerInfo
 from histoserve.results.layouts import Layout
 from histoserve.results.output import SlideResult, plan_attrs
@@ -64,15 +64,9 @@ from histoserve.slides.tiff.wire_tiles import (
 )
 from histoserve.tissue.detect import THUMB_MPP, thumbnail
 from histoserve.tissue.masks import TissueMap, find_tissue, mask_file
+from histoserve.wire import MODE_OUTPUTS
 
 logger = logging.getLogger("histoserve.embed")
-
-# Output names per mode: (features from, predictions from).
-_MODE_OUTPUTS = {
-    "embedding": ("embedding", None),
-    "prediction": (None, "prediction"),
-    "prediction_with_embedding": ("embedding", "prediction"),
-}
 
 
 class CorruptTiles(EmbedError):
@@ -96,8 +90,8 @@ class RunContext:
         tissue_info: The tissue-segmentation model (``--tissue MODEL``), else None.
         target_mpp: Microns per pixel of the tiles.
         tile_size: Tile edge (px).
-        dispatcher: Sends requests for the model.
-        tissue_dispatcher: Sends requests for the tissue model (None: otsu/none).
+        client: Sends requests for the model (retried, every answer checked).
+        tissue_client: Sends requests for the tissue model (None: otsu/none).
         base_attrs: Attributes every output file carries (model, spec, version, ...).
         in_flight: Bounds requests in flight over every slide of the run
             (``--concurrency``), whatever the number of slides in progress.
@@ -109,8 +103,8 @@ class RunContext:
     tissue_info: ServerInfo | None
     target_mpp: float
     tile_size: int
-    dispatcher: Dispatcher
-    tissue_dispatcher: Dispatcher | None
+    client: HistoserveClient
+    tissue_client: HistoserveClient | None
     base_attrs: Mapping[str, Any]
     in_flight: threading.Semaphore
     layout: Layout
@@ -154,7 +148,7 @@ def plan_slide(
     mask_path = mask_file(entry.slide_id, entry.mask, cfg.masks)
 
     def model_mask(r: SlideReader, m: MppInfo) -> tuple[np.ndarray, float]:
-        return model_tissue_mask(r, m, ctx.tissue_dispatcher, ctx.tissue_info)
+        return model_tissue_mask(r, m, ctx.tissue_client, ctx.tissue_info)
 
     tissue = find_tissue(reader, mpp, plan, cfg.tissue, mask_path, model_mask)
     attrs = {**plan_attrs(reader, plan), "resize_interpolation": plan.interpolation}
@@ -257,7 +251,9 @@ def _write(
     right before the done (or incomplete) file is renamed into place: what it raises writes
     neither."""
     ok = assembled.ok
-    features_name, predictions_name = _MODE_OUTPUTS[ctx.config.mode]
+    asked = MODE_OUTPUTS[ctx.config.mode]  # features from embedding, predictions from prediction
+    features_name = "embedding" if "embedding" in asked else None
+    predictions_name = "prediction" if "prediction" in asked else None
     bad = coords[~ok]
     result = SlideResult(
         features=_rows(assembled.outputs, features_name, ok),
@@ -304,12 +300,12 @@ def _bad_attrs(bad: np.ndarray) -> dict[str, Any]:
 def _sender(
     ctx: RunContext, bulk_rna: np.ndarray | None, readers: _ThreadReaders
 ) -> Callable[[Any, slice], dict[str, np.ndarray]]:
-    model, mode = ctx.info.model, ctx.config.mode
+    mode = ctx.config.mode
     check = AnswerCheck.for_mode(ctx.info, mode)  # a wrong answer is retried, never written
 
     def infer(inputs: dict[str, np.ndarray], check: AnswerCheck = check) -> dict[str, np.ndarray]:
         with ctx.in_flight:
-            return ctx.dispatcher.infer(model, inputs, {"mode": mode}, check=check)
+            return ctx.client.infer(inputs, mode=mode, check=check)
 
     def send(tiles: np.ndarray | JpegBatch, rows: slice) -> dict[str, np.ndarray]:
         if isinstance(tiles, JpegBatch):

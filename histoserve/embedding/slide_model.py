@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Protocol
 
-from histoserve.errors import EmbedError
+from histoserve.errors import HistoserveError
 from histoserve.heads.aggregate import AggregateConfig, aggregate
 from histoserve.heads.head import HeadInfo, fetch_head_info
 from histoserve.remote.auth import Credentials
@@ -44,7 +44,7 @@ def check_slide_model(config: EmbedConfig) -> HeadInfo | None:
 
     Raises:
         UsageError: Not a slide model, no HTTP URL, URLs disagreeing.
-        EmbedError: Its server cannot be reached.
+        RemoteError: Its server cannot be reached.
     """
     if config.slide_model is None:
         return None
@@ -79,7 +79,7 @@ def run_slide_model(config: EmbedConfig, summary: EmbedSummary) -> None:
     )
     try:
         failed = aggregate(aggregate_config).failed
-    except EmbedError as exc:  # no feature files to be found, the server gone: every slide
+    except HistoserveError as exc:  # no feature files to be found, the server gone: every slide
         failed = dict.fromkeys(ids, str(exc))
     for slide_id, reason in failed.items():
         summary.failed[slide_id] = f"slide model {model}: {reason}"

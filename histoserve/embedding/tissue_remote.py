@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from histoserve.remote.answers import AnswerCheck
-from histoserve.remote.dispatch import Dispatcher
+from histoserve.remote.client import HistoserveClient
 from histoserve.remote.served_model import ServerInfo
 from histoserve.slides.readers import MppInfo, SlideReader
 from histoserve.tissue.detect import thumbnail
@@ -48,7 +48,7 @@ def from_tiles(masks: np.ndarray, grid: tuple[int, int], height: int, width: int
 
 
 def model_tissue_mask(
-    reader: SlideReader, mpp: MppInfo, dispatcher: Dispatcher, seg: ServerInfo
+    reader: SlideReader, mpp: MppInfo, client: HistoserveClient, seg: ServerInfo
 ) -> tuple[np.ndarray, float]:
     """The served model's tissue mask of the whole slide (bool ``[h, w]``) and its mpp.
 
@@ -63,6 +63,6 @@ def model_tissue_mask(
     check = AnswerCheck.for_tissue(seg)  # one mask per tile sent, or the attempt failed
     for start in range(0, len(tiles), MASK_BATCH):
         batch = tiles[start : start + MASK_BATCH]
-        answer = dispatcher.infer(seg.model, {"pixels": batch}, check=check)
+        answer = client.infer({"pixels": batch}, check=check)
         masks[start : start + len(batch)] = answer["mask"]
     return from_tiles(masks, grid, image.shape[0], image.shape[1]) > 0, image_mpp

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from histoserve.errors import EmbedError, UsageError
+from histoserve.errors import HistoserveError, UsageError
 from histoserve.heads.head import fetch_head_info
 from histoserve.heads.result_file import done_result, head_hash
 from histoserve.heads.slide_head import (
@@ -48,7 +48,8 @@ from histoserve.heads.slide_head import (
 from histoserve.heads.table import write_table
 from histoserve.limits import MAX_ATTEMPTS, MAX_SECONDS, MAX_SLIDES_IN_FLIGHT
 from histoserve.remote.auth import Credentials, load_credentials
-from histoserve.remote.dispatch import Dispatcher, RetryPolicy
+from histoserve.remote.client import HistoserveClient
+from histoserve.remote.dispatch import RetryPolicy
 from histoserve.remote.transport import RecyclePolicy
 from histoserve.results.claims import ClaimStore
 from histoserve.results.sources import FeatureSource, every_tiling, find_sources
@@ -151,7 +152,7 @@ def aggregate(
 
     Raises:
         UsageError: No feature files, an unknown model, not a slide model, ...
-        EmbedError: The server cannot be reached or described.
+        RemoteError: The server cannot be reached or described.
     """
     start = time.monotonic()
     if config.credentials is None:
@@ -166,9 +167,12 @@ def aggregate(
     info = fetch_head_info(config.urls, config.model, config.timeout_s, retry, creds)
     recycle = RecyclePolicy()
     summary = AggregateSummary()
-    with Dispatcher.from_urls(config.urls, config.timeout_s, retry, recycle, creds) as dispatcher:
+    client = HistoserveClient(
+        config.urls, info.model, config.timeout_s, credentials=creds, retry=retry, recycle=recycle
+    )
+    with client:
         ctx = HeadContext(
-            info, dispatcher, config.out_dir, head_hash(info, config.send_coords),
+            info, client, config.out_dir, head_hash(info, config.send_coords),
             config.send_coords, config.qc, config.slides_dir,
         )  # fmt: skip
         runner = _Runner(ctx, config, summary, on_slide)
@@ -202,7 +206,7 @@ class _Runner:
         start = time.monotonic()
         try:
             status, reason = self._run(source)
-        except EmbedError as exc:
+        except HistoserveError as exc:
             status, reason = "failed", str(exc)
         except Exception as exc:  # one slide's surprise never stops the others
             logger.exception("slide %s failed unexpectedly", source.slide_id)
@@ -241,7 +245,7 @@ class _Runner:
         reason = " ".join(reason.split())
         try:
             self.status.append(source.slide_id, str(source.path), status, 0, seconds, reason)
-        except (OSError, EmbedError) as exc:
+        except (OSError, HistoserveError) as exc:
             logger.warning("slide %s: its status line not written: %s", source.slide_id, exc)
         with self._lock:
             if status == "done":

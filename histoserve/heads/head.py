@@ -42,9 +42,10 @@ from histoserve.remote.dispatch import RetryPolicy
 from histoserve.remote.model_config import fetch_config
 from histoserve.remote.served_model import info_url
 from histoserve.remote.transport import answer_bound
+from histoserve.wire import SLIDE_INPUT, SLIDE_MODE_OUTPUTS
 
 SLIDE_OUTPUTS = ("prediction", "attention", "slide_embedding")
-_MODE_WORDS = {"prediction": "prediction", "attention": "attention", "embedding": "slide_embedding"}
+_MODE_WORDS = {mode: outputs[0] for mode, outputs in SLIDE_MODE_OUTPUTS.items()}
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,8 @@ def head_from_config(model: str, config: Mapping[str, Any]) -> HeadInfo:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise EmbedError(f"model {model!r}: unexpected config answer ({exc!r})") from exc
     family = spec.get("family")
-    if family != "slide" and not ("attention" in listed or "features" in inputs):
+    declared = SLIDE_INPUT in inputs or "attention" in listed
+    if not declared and (inputs or family != "slide"):  # no inputs listed: its spec says
         raise UsageError(
             f"model {model!r} is a {family or 'non-slide'} model, not a slide head "
             "(family 'slide'): aggregate and --slide-model take a slide model"

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from histoserve.errors import EmbedError, SlideError
+from histoserve.errors import HistoserveError, SlideError
 from histoserve.heads.head import HeadInfo, SlideAnswerCheck
 from histoserve.heads.pictures import (
     PictureFiles,
@@ -54,7 +54,7 @@ from histoserve.heads.result_file import (
     result_path,
     write_result,
 )
-from histoserve.remote.dispatch import Dispatcher
+from histoserve.remote.client import HistoserveClient
 from histoserve.results.sources import FeatureSource, SlideFeatures, read_features, tiling_of
 
 logger = logging.getLogger("histoserve.aggregate")
@@ -66,7 +66,7 @@ class HeadContext:
 
     Attributes:
         info: The head as the server describes it.
-        dispatcher: Sends its requests (retries, several URLs).
+        client: Sends its requests (retries, several URLs, every answer checked).
         out_dir: Where ``qc/`` goes (FEATURES_DIR, or embed's ``--out``).
         config_hash: The results' hash (:func:`~histoserve.heads.result_file.head_hash`).
         send_coords: Send ``coords`` with the features.
@@ -75,7 +75,7 @@ class HeadContext:
     """
 
     info: HeadInfo
-    dispatcher: Dispatcher
+    client: HistoserveClient
     out_dir: Path
     config_hash: str
     send_coords: bool = True
@@ -105,10 +105,9 @@ def run_slide_head(ctx: HeadContext, source: FeatureSource) -> str:
     inputs = {"features": sf.features}
     if ctx.send_coords:
         inputs["coords"] = sf.coords
-    parameters = {"mode": info.mode} if info.mode else {}
     try:
-        raw = ctx.dispatcher.infer(info.model, inputs, parameters, check=SlideAnswerCheck(info))
-    except EmbedError as exc:
+        raw = ctx.client.infer(inputs, mode=info.mode, check=SlideAnswerCheck(info))
+    except HistoserveError as exc:
         raise SlideError(f"{source.path}: {exc}") from exc
     answer = SlideAnswer(
         _float(raw.get("prediction")),

@@ -51,20 +51,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from histoserve import wire
-from histoserve.errors import BadAnswer
+from histoserve.errors import BadAnswer, UsageError
 from histoserve.remote.transport import answer_bound
 from histoserve.slides.tiff.wire_tiles import DECODED_ON
 
 if TYPE_CHECKING:
     from histoserve.remote.served_model import ServerInfo
 
-MODE_OUTPUTS: Mapping[str, tuple[str, ...]] = {
-    "embedding": ("embedding",),
-    "prediction": ("prediction",),
-    "prediction_with_embedding": ("prediction", "embedding"),
-}
-"""The outputs each mode asks for."""
-TISSUE_OUTPUTS = ("mask",)
+MODE_OUTPUTS = wire.MODE_OUTPUTS
+"""The outputs each mode asks for (declared once, in :mod:`histoserve.wire.modes`)."""
+TISSUE_OUTPUTS = wire.MASK_OUTPUTS
 _FLOATS = frozenset({"FP16", "FP32", "FP64", "BF16"})
 
 
@@ -109,6 +105,32 @@ class AnswerCheck:
         """The check for ``mode`` requests to the model ``info`` describes."""
         expected = _expected(info, MODE_OUTPUTS[mode])
         return cls(expected, f"mode {mode!r}", info.model, info.reported_sha256)
+
+    @classmethod
+    def for_request(cls, info: ServerInfo, mode: str | None) -> AnswerCheck:
+        """The check for a request of ``mode`` (None: the model's default) to the model ``info``
+        describes, read off what its config declares: a model answering ``mask`` is a tissue
+        model (:meth:`for_tissue`), any other answers the outputs its mode asks.
+
+        A mode the client does not know (the server refuses it, or answers what it
+        pleases) must answer the outputs the config lists, each with one row per tile.
+
+        Raises:
+            UsageError: A slide head (it takes ``features``): its answers are one
+                slide's, checked by :class:`~histoserve.heads.head.SlideAnswerCheck`.
+        """
+        if info.takes_features:
+            raise UsageError(
+                f"model {info.model!r} is a slide head (it takes 'features'): run it with "
+                "histoserve.aggregate (or pass its check)"
+            )
+        if info.answers_masks:
+            return cls.for_tissue(info)
+        mode = mode or (info.modes[0] if info.modes else "embedding")
+        if mode in MODE_OUTPUTS:
+            return cls.for_mode(info, mode)
+        listed = _expected(info, tuple(info.outputs))
+        return cls(listed, f"mode {mode!r}", info.model, info.reported_sha256)
 
     @classmethod
     def for_tissue(cls, info: ServerInfo) -> AnswerCheck:

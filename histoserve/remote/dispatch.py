@@ -30,7 +30,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from histoserve.errors import RequestFailed, RetryableError, ServerRefused
+from histoserve.errors import InferenceError, RequestFailed, RetryableError, ServerRefused
 from histoserve.remote.auth import Credentials
 from histoserve.remote.transport import DEFAULT_MAX_ANSWER_BYTES, HttpTransport, RecyclePolicy
 
@@ -109,7 +109,9 @@ class RetryPolicy:
         again, up to ``max_attempts`` in all; anything else propagates at once.
 
         Raises:
-            RequestFailed: Every attempt failed (the last error is its cause).
+            RequestFailed: Every attempt failed (the last error is its cause): an
+                :class:`InferenceError` with the server's status when the last
+                attempt got an error status, with its ``Retry-After``.
         """
         last: RetryableError | None = None
         for n in range(1, self.max_attempts + 1):
@@ -119,9 +121,10 @@ class RetryPolicy:
                 last = exc
             if n < self.max_attempts:
                 sleep(self.delay_s(n, last.retry_after_s, rng))
-        raise RequestFailed(
-            f"{what} failed {self.max_attempts} times; last error: {last}"
-        ) from last
+        message = f"{what} failed {self.max_attempts} times; last error: {last}"
+        if last is not None and last.status is not None:
+            raise InferenceError(last.status, message, last.retry_after_s) from last
+        raise RequestFailed(message) from last
 
     def delay_s(self, attempt: int, retry_after_s: float | None, rng: random.Random) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
@@ -209,7 +212,9 @@ class Dispatcher:
                 an answer that fails it is a failed attempt, retried like a 503.
 
         Raises:
-            RequestFailed: A 4xx (server's message), or every attempt failed (last error).
+            InferenceError: A 4xx (the server's status and message), or an error
+                status on every attempt (a :class:`RequestFailed`).
+            RequestFailed: Every attempt failed otherwise (last error).
         """
         n_tiles = len(next(iter(inputs.values()))) if inputs else 0
         tried: list[_Slot] = []
@@ -243,7 +248,10 @@ class Dispatcher:
                 check.verify(answer, n_tiles, url)
             return answer
         except ServerRefused as exc:
-            raise RequestFailed(f"{url} refused the request: {exc}") from exc
+            message = f"{url} refused the request: {exc}"
+            if exc.code is None:
+                raise RequestFailed(message) from exc
+            raise InferenceError(exc.code, message) from exc
         finally:
             self._done(slot)
 

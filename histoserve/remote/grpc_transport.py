@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from histoserve.errors import BadAnswer, EmbedError, RetryableError, ServerRefused, UsageError
+from histoserve.errors import BadAnswer, RemoteError, RetryableError, ServerRefused, UsageError
 from histoserve.remote.auth import MESSAGE_MAX_CHARS, Credentials
 from histoserve.remote.http import HEADER_HEADROOM_BYTES
 from histoserve.remote.transport import (
@@ -83,15 +83,15 @@ def _status(exc: Exception) -> str:
     return status.rsplit(".", 1)[-1]
 
 
-def _wrap(url: str, exc: Exception, credentials: Credentials) -> EmbedError:
+def _wrap(url: str, exc: Exception, credentials: Credentials) -> RemoteError:
     code = _status(exc)
     message = exc.message() if hasattr(exc, "message") else str(exc)
     message = credentials.scrub(str(message), MESSAGE_MAX_CHARS)
     if code == "RESOURCE_EXHAUSTED" and "larger than max" in message:  # our channel's bound
         return BadAnswer(f"{url}: an answer larger than this request can need ({message})")
     if code in RETRY_CODES or not code:
-        return RetryableError(f"{url}: gRPC {code or 'error'}: {message}")
-    return ServerRefused(f"gRPC {code}", message)
+        return RetryableError(f"{url}: gRPC {code or 'error'}: {message}", status=code or None)
+    return ServerRefused(f"gRPC {code}", message, code)
 
 
 class GrpcTransport:
@@ -198,7 +198,7 @@ def grpc_metadata(
 
     Raises:
         UsageError: No ``--model`` (gRPC has no model list here).
-        EmbedError: The server cannot be reached or does not know the model.
+        RemoteError: The server cannot be reached or does not know the model.
     """
     from tritonclient.utils import InferenceServerException
 
@@ -215,7 +215,7 @@ def grpc_metadata(
         )
     except InferenceServerException as exc:
         message = credentials.scrub(str(exc), MESSAGE_MAX_CHARS)
-        raise EmbedError(f"{url}: model metadata for {model!r}: {message}") from exc
+        raise RemoteError(f"{url}: model metadata for {model!r}: {message}") from exc
     finally:
         client.close()
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from histoserve.errors import EmbedError, RemoteError, RequestFailed, UsageError
+from histoserve.errors import RemoteError, RequestFailed, UsageError
 from histoserve.remote.auth import Credentials
 from histoserve.remote.dispatch import RetryPolicy
 from histoserve.remote.http import Reply, new_client, send
@@ -39,7 +39,7 @@ def fetch_config(
 
     Raises:
         UsageError: No such model, or no model named and the server serves several.
-        EmbedError: The server cannot be reached or answers something unexpected.
+        RemoteError: The server cannot be reached or answers something unexpected.
     """
     with _Getter(url, timeout_s, retry, sleep, credentials) as getter:
         name = model or _only_model(getter)
@@ -50,9 +50,9 @@ def fetch_config(
         try:
             config = reply.json()
         except ValueError as exc:
-            raise EmbedError(f"{getter.base}: the config of {name!r} is not JSON") from exc
+            raise RemoteError(f"{getter.base}: the config of {name!r} is not JSON") from exc
     if not isinstance(config, Mapping):
-        raise EmbedError(f"{getter.base}: the config of {name!r} is not a JSON object")
+        raise RemoteError(f"{getter.base}: the config of {name!r} is not a JSON object")
     return name, config
 
 
@@ -63,7 +63,7 @@ def _only_model(getter: _Getter) -> str:
     try:
         models = [str(m) for m in reply.json().get("models") or []]
     except (ValueError, AttributeError, TypeError) as exc:
-        raise EmbedError(f"{base}/v1/models: not a model list") from exc
+        raise RemoteError(f"{base}/v1/models: not a model list") from exc
     if len(models) != 1:
         raise UsageError(
             f"{base} serves {len(models)} models ({', '.join(models) or 'none'}): pick one with --model"

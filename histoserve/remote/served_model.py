@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from histoserve.errors import EmbedError, UsageError
+from histoserve import wire
+from histoserve.errors import HistoserveError, RemoteError, UsageError
 from histoserve.limits import MAX_READ_PX, mpp_problem
 from histoserve.remote.auth import Credentials
 from histoserve.remote.dispatch import RetryPolicy
@@ -50,6 +51,8 @@ METADATA_DIGEST = "metadata:"
 
 OutputInfo = tuple[str, tuple[int, ...]]
 """An output's V2 datatype and shape (``-1`` where any size goes: the batch axis)."""
+ConfigFetch = Callable[[str, "str | None"], "tuple[str, Mapping[str, Any]]"]
+"""``(url, model) -> (name, config)``: one HTTP URL's ``/v2/models/{name}/config``."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,8 @@ class ServerInfo:
 
     Attributes:
         model: Model name in URLs.
-        family: ``embedding``, ``multimodal`` or ``segmentation``.
+        family: ``embedding``, ``multimodal`` or ``segmentation``, as the spec says
+            (recorded, shown; the client branches on the declared outputs instead).
         tile_size: Tile edge the model takes (px).
         mpp: Microns per pixel the model was trained at (None: unknown, gRPC only).
         modes: Modes the model answers; the first is its default.
@@ -77,6 +81,8 @@ class ServerInfo:
             ``mixed`` when two URLs' configs differ; ``""``: unknown (gRPC
             metadata). Which ``--transport`` may use them
             (:func:`~histoserve.slides.tiff.wire_tiles.choose_transport`).
+        inputs: The input names the server lists (config ``inputs`` or gRPC
+            metadata; empty when it lists none).
     """
 
     model: str
@@ -90,6 +96,7 @@ class ServerInfo:
     outputs: Mapping[str, OutputInfo] = field(default_factory=dict)
     transports: tuple[str, ...] = ("pixels",)
     jpeg_decode: str = ""
+    inputs: tuple[str, ...] = ()
 
     @property
     def reported_sha256(self) -> str:
@@ -97,9 +104,19 @@ class ServerInfo:
         made_up = self.package_sha256.startswith((GRPC_DIGEST, METADATA_DIGEST))
         return "" if made_up else self.package_sha256
 
+    @property
+    def takes_features(self) -> bool:
+        """Whether it is a slide head: its inputs list ``features`` (:data:`~histoserve.wire.SLIDE_INPUT`)."""
+        return wire.SLIDE_INPUT in self.inputs
+
+    @property
+    def answers_masks(self) -> bool:
+        """Whether it is a tissue model: its outputs list a ``mask`` (:data:`~histoserve.wire.MASK_OUTPUTS`)."""
+        return any(name in self.outputs for name in wire.MASK_OUTPUTS)
+
     def check_mode(self, mode: str) -> None:
         """UsageError when the model cannot answer ``mode`` (e.g. a segmentation model)."""
-        if self.family == "segmentation":
+        if self.answers_masks:
             raise UsageError(
                 f"model {self.model!r} is a segmentation model: use it with --tissue {self.model}"
             )
@@ -121,8 +138,14 @@ def fetch_server_info(
     retry: RetryPolicy | None = None,
     sleep: Callable[[float], Any] = time.sleep,
     credentials: Credentials | None = None,
+    config_of: ConfigFetch | None = None,
 ) -> ServerInfo:
     """The model's :class:`ServerInfo`, from the first HTTP URL or else over gRPC.
+
+    ``config_of(url, model)`` fetches one HTTP URL's ``(name, config)``
+    (default: :func:`~histoserve.remote.model_config.fetch_config`, whose
+    unknown model is a UsageError; :class:`~histoserve.HistoserveClient`
+    passes its own, whose is the server's 404).
 
     Every other URL is asked too and must serve the same model package
     (:func:`check_same_model`). Connection errors, 5xx and 429 are retried
@@ -132,7 +155,7 @@ def fetch_server_info(
     Raises:
         UsageError: No model named and the server serves several (or none), an
             unknown model, or two URLs serving different packages.
-        EmbedError: A server cannot be reached or answers something unexpected.
+        RemoteError: A server cannot be reached or answers something unexpected.
     """
     urls = list(dict.fromkeys(u.rstrip("/") for u in urls))
     first = info_url(urls) or urls[0]
@@ -142,6 +165,7 @@ def fetch_server_info(
         retry=retry or RetryPolicy(),
         sleep=sleep,
         credentials=credentials,
+        config_of=config_of,
     )
     reference = ask(first, model)
     others = [(u, _ask_another(ask, u, reference.model, first)) for u in urls if u != first]
@@ -158,13 +182,17 @@ def _ask(
     retry: RetryPolicy,
     sleep: Callable[[float], Any],
     credentials: Credentials | None,
+    config_of: ConfigFetch | None,
 ) -> ServerInfo:
     """One URL's description: its config over HTTP(S), its metadata over gRPC."""
     if not url.startswith(("http://", "https://")):
         info = _grpc_info(url, name, timeout_s, credentials)
         check_served_numbers(url, info)
         return info
-    name, config = fetch_config(url, name, timeout_s, retry, credentials, sleep)
+    if config_of is None:
+        name, config = fetch_config(url, name, timeout_s, retry, credentials, sleep)
+    else:
+        name, config = config_of(url, name)
     info = info_from_config(name, config)
     check_served_numbers(url, info)
     return info
@@ -176,8 +204,8 @@ def _ask_another(ask: Callable[..., ServerInfo], url: str, name: str, first: str
         return ask(url, name)
     except UsageError:
         raise
-    except EmbedError as exc:
-        raise EmbedError(
+    except HistoserveError as exc:
+        raise RemoteError(
             f"{exc}; every --url is asked before any slide whether it serves the same "
             f"model package as {first}: drop this one, or run again when it is up"
         ) from exc
@@ -256,9 +284,10 @@ def info_from_config(name: str, config: Mapping[str, Any]) -> ServerInfo:
             outputs=_listed_outputs(config.get("outputs")) or _spec_outputs(spec),
             transports=tuple(str(t) for t in config.get("transports") or ("pixels",)),
             jpeg_decode=str(config.get("jpeg_decode") or "cpu")[:40],
+            inputs=tuple(str(i["name"]) for i in config.get("inputs") or ()),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise EmbedError(f"model {name!r}: unexpected config answer ({exc!r})") from exc
+        raise RemoteError(f"model {name!r}: unexpected config answer ({exc!r})") from exc
 
 
 MAX_OUTPUT_ELEMENTS = 1 << 24
@@ -313,15 +342,19 @@ def _listed_outputs(listed: Any) -> dict[str, OutputInfo]:
 
 
 def _spec_outputs(spec: Mapping[str, Any]) -> dict[str, OutputInfo]:
-    """What the contract says a family answers, for a server whose config lists no outputs."""
-    family, dim = spec["family"], int(spec.get("embedding_dim") or -1)
-    if family == "segmentation":
+    """What the contract says a model answers, for a server whose config lists no outputs.
+
+    The one place the client reads a family's name: a server that lists no
+    outputs says nothing else (a ``segmentation`` model answers masks, the
+    others what their modes ask).
+    """
+    if spec["family"] == "segmentation":
         size = int(spec["tile_size"])
-        return {"mask": ("UINT8", (-1, size, size))}
-    outputs = {"embedding": ("FP32", (-1, dim))}
-    if family == "multimodal":
-        outputs["prediction"] = ("FP32", (-1, -1))
-    return outputs
+        return {name: ("UINT8", (-1, size, size)) for name in wire.MASK_OUTPUTS}
+    dim = int(spec.get("embedding_dim") or -1)
+    modes = [str(m) for m in spec.get("modes") or ("embedding",)]
+    names = dict.fromkeys(n for m in modes for n in wire.MODE_OUTPUTS.get(m, ()))
+    return {n: ("FP32", (-1, dim if n == "embedding" else -1)) for n in names or ["embedding"]}
 
 
 def _grpc_info(
@@ -340,9 +373,10 @@ def info_from_metadata(
     """Builds :class:`ServerInfo` from gRPC ``ModelMetadata`` inputs and outputs."""
     shapes = {i["name"]: i["shape"] for i in inputs}
     if "pixels" not in shapes:
-        raise EmbedError(f"{url}: model {name!r} has no 'pixels' input ({sorted(shapes)})")
+        raise RemoteError(f"{url}: model {name!r} has no 'pixels' input ({sorted(shapes)})")
     out_names = {o["name"] for o in outputs}
-    family = "segmentation" if "mask" in out_names else "embedding"
+    masks = any(name in out_names for name in wire.MASK_OUTPUTS)
+    family = "segmentation" if masks else "embedding"
     modes = ("embedding",) if "embedding" in out_names else ()
     if "prediction" in out_names:
         family = "multimodal" if "bulk_rna" in shapes else family
@@ -358,4 +392,5 @@ def info_from_metadata(
         spec={"name": name, "family": family, "inputs": inputs, "outputs": outputs},
         outputs=_listed_outputs(outputs),
         transports=("pixels", "jpeg") if "jpeg_tiles" in shapes else ("pixels",),
+        inputs=tuple(shapes),
     )

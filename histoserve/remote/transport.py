@@ -42,7 +42,7 @@ import httpx
 import numpy as np
 
 from histoserve import wire
-from histoserve.errors import BadAnswer, EmbedError, RetryableError, ServerRefused
+from histoserve.errors import BadAnswer, RemoteError, RetryableError, ServerRefused
 from histoserve.remote.auth import MESSAGE_MAX_CHARS, Credentials
 from histoserve.remote.http import HEADER_HEADROOM_BYTES, Reply, new_client, parse_retry_after, send
 
@@ -261,15 +261,14 @@ def decode_answer(
     return Answer(outputs, {k: header[k] for k in _IDENTITY_KEYS if k in header})
 
 
-def status_error(url: str, reply: Reply, credentials: Credentials) -> EmbedError:
+def status_error(url: str, reply: Reply, credentials: Credentials) -> RemoteError:
     """The error a 4xx/5xx answer is: retryable (408, 429, 5xx) or a refusal."""
     message = reply.message(credentials)
     status = f"HTTP {reply.status}"
     if reply.status in RETRY_STATUS:
-        return RetryableError(
-            f"{url}: {status}: {message}", parse_retry_after(reply.headers.get("retry-after"))
-        )
-    return ServerRefused(status, message)
+        retry_after_s = parse_retry_after(reply.headers.get("retry-after"))
+        return RetryableError(f"{url}: {status}: {message}", retry_after_s, reply.status)
+    return ServerRefused(status, message, reply.status)
 
 
 def answer_bound(rows: int, elements_per_row: int | None) -> int:

@@ -20,16 +20,26 @@ numpy only: the load generator imports this module in a process that must not
 import torch or kserve. Numeric tensors are written with one ``tobytes`` and
 read with ``np.frombuffer`` (no copy; the arrays are read-only views of the
 body); only ``BYTES`` length prefixes are walked element by element.
+
+The request parameter ``mode`` is declared here too (:mod:`histoserve.wire.modes`):
+its values and the outputs each asks for, read by server and client alike.
 """
 
 from histoserve.wire.format import (
     DATATYPES,
     HEADER,
     MAX_HEADER_DIGITS,
-    MODES,
     WireError,
     length_prefixed,
     split_length_prefixed,
+)
+from histoserve.wire.modes import (
+    MASK_OUTPUTS,
+    MODE_OUTPUTS,
+    MODES,
+    SLIDE_INPUT,
+    SLIDE_MODE_OUTPUTS,
+    SLIDE_MODES,
 )
 from histoserve.wire.read import (
     binary_slice,
@@ -50,8 +60,13 @@ from histoserve.wire.write import (
 __all__ = [
     "DATATYPES",
     "HEADER",
+    "MASK_OUTPUTS",
     "MAX_HEADER_DIGITS",
     "MODES",
+    "MODE_OUTPUTS",
+    "SLIDE_INPUT",
+    "SLIDE_MODES",
+    "SLIDE_MODE_OUTPUTS",
     "Tensor",
     "WireError",
     "binary_body",

@@ -10,9 +10,6 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-MODES = ("embedding", "prediction", "prediction_with_embedding")
-"""Values of the request parameter ``mode``: the one definition, for server and clients."""
-
 HEADER = "Inference-Header-Content-Length"
 """HTTP header carrying the JSON header's length in bytes."""
 

@@ -215,8 +215,8 @@ def test_the_public_names_are_no_submodule_names():
     assert "importlib" not in dir(histoserve) and "embed" in dir(histoserve)
 
 
-def test_an_unreachable_server_is_an_embed_error_not_a_traceback(tmp_path):
-    with pytest.raises(histoserve.EmbedError):
+def test_an_unreachable_server_is_a_client_error_not_a_traceback(tmp_path):
+    with pytest.raises(histoserve.RemoteError, match="cannot reach"):
         histoserve.embed(
             tmp_path / "missing.svs", url="http://127.0.0.1:9", out=tmp_path / "out",
             max_attempts=1, timeout_s=2, progress="none",

@@ -21,6 +21,7 @@ from harness.slides import GeneratedSlide
 from histoserve.embedding.batches import run_batches
 from histoserve.embedding.tissue_remote import from_tiles, model_tissue_mask, to_tiles
 from histoserve.remote.answers import AnswerCheck, BadAnswer, Expected
+from histoserve.remote.client import HistoserveClient
 from histoserve.remote.dispatch import Dispatcher, RequestFailed, RetryPolicy
 from histoserve.remote.served_model import ServerInfo, info_from_config
 from histoserve.remote.transport import HttpTransport, RecyclePolicy
@@ -123,6 +124,13 @@ def _dispatcher(urls: list[str], max_attempts: int = 8) -> Dispatcher:
     return Dispatcher(transports, retry, sleep=lambda _s: None, seed=0)
 
 
+def _client(urls: list[str], info: ServerInfo, max_attempts: int = 8) -> HistoserveClient:
+    """The client core over ``urls``, as ``embed`` makes it (the model already described)."""
+    retry = RetryPolicy(max_attempts=max_attempts, cool_down_s=60.0)
+    recycle = RecyclePolicy(max_requests=1000, max_age_s=60)
+    return HistoserveClient(urls, info.model, 10.0, retry=retry, recycle=recycle, info=info)
+
+
 def _tiles(first_row: int, n: int) -> np.ndarray:
     """``n`` 4x4 tiles of rows ``first_row...``, each a function of its row alone (and unique)."""
     rows = np.arange(first_row, first_row + n, dtype=np.int64)[:, None]
@@ -168,9 +176,9 @@ def test_tissue_model_answers_are_checked_too(
     with SlideReader.open(tiff_slide.path) as reader:
         mpp = resolve_mpp(reader, None, None, 0.05)
         image, _ = thumbnail(reader, mpp, seg.mpp)
-        with _dispatcher([bad.url], max_attempts=2) as alone, pytest.raises(RequestFailed) as info:
+        with _client([bad.url], seg, max_attempts=2) as alone, pytest.raises(RequestFailed) as info:
             model_tissue_mask(reader, mpp, alone, seg)
-        with _dispatcher([bad.url, good.url]) as both:
+        with _client([bad.url, good.url], seg) as both:
             mask, _ = model_tissue_mask(reader, mpp, both, seg)
     assert f"{bad.url}: answered 1 row for 8 tiles (output 'mask')" in str(info.value)
     tiles, grid = to_tiles(image, 64)

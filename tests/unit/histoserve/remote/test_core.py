@@ -60,4 +60,9 @@ def test_one_error_tree() -> None:
     assert not roots, f"error classes outside histoserve.errors' tree: {sorted(roots)}"
     for name in ("RetryableError", "BadAnswer", "ServerRefused", "InferenceError", "RequestFailed"):
         assert issubclass(getattr(errors, name), errors.RemoteError)
-    assert issubclass(errors.RemoteError, errors.EmbedError)
+    # One root for every client error; a HistoserveClient's errors are no EmbedError.
+    for name in ("UsageError", "EmbedError", "RemoteError"):
+        assert getattr(errors, name).__bases__ == (errors.HistoserveError,), name
+    assert issubclass(errors.SlideError, errors.EmbedError)
+    assert issubclass(errors.InferenceError, errors.RequestFailed)
+    assert not issubclass(errors.RemoteError, errors.EmbedError)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from histoserve.errors import EmbedError, UsageError
+from histoserve.errors import HistoserveError, UsageError
 from histoserve.remote.served_model import (
     ServerInfo,
     info_from_config,
@@ -43,8 +43,8 @@ def test_multimodal_gene_count_and_segmentation_refused_as_embedder() -> None:
         seg.check_mode("embedding")
 
 
-def test_malformed_config_is_an_embed_error() -> None:
-    with pytest.raises(EmbedError, match="unexpected config answer"):
+def test_malformed_config_is_a_client_error() -> None:
+    with pytest.raises(HistoserveError, match="unexpected config answer"):
         info_from_config("x", {"spec": {"family": "embedding"}})
 
 
@@ -121,7 +121,7 @@ def test_a_server_quoting_the_token_it_refused_does_not_leak_it() -> None:
 
     secret = "tok-0123456789abcdef"
     with BadServer(config={"name": "h0-mini"}, echo_credentials={"GET"}) as fake:
-        with pytest.raises(EmbedError) as info:
+        with pytest.raises(HistoserveError) as info:
             fetch_server_info(
                 [fake.url], "h0-mini", 5.0, RetryPolicy(max_attempts=1),
                 credentials=Credentials(token=secret),
@@ -159,7 +159,7 @@ def test_every_http_url_is_asked_and_must_serve_the_first_ones_package() -> None
         assert f"package {a} vs package {b}" in message
         with pytest.raises(UsageError, match=f"one package {a}, but specs differing in mpp"):
             fetch_server_info([first.url, respec.url], None, 5.0, one)
-        with pytest.raises(EmbedError, match="every --url is asked before any slide") as down:
+        with pytest.raises(HistoserveError, match="every --url is asked before any slide") as down:
             fetch_server_info([first.url, "http://127.0.0.1:9"], None, 5.0, one)
         assert not isinstance(down.value, UsageError)  # exit 1: may be up on the next try
 
