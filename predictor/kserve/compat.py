@@ -30,7 +30,8 @@ from kserve.constants.constants import (
     INFERENCE_CONTENT_LENGTH_HEADER,
     PredictorProtocol,
 )
-from kserve.errors import ModelNotFound, ModelNotReady
+from kserve.errors import ModelNotFound
+from kserve.errors import ModelNotReady as KServeModelNotReady
 from kserve.logging import KSERVE_TRACE_LOGGER_NAME, trace_logger
 from kserve.model import InferenceVerb
 from kserve.protocol.dataplane import DataPlane
@@ -63,10 +64,10 @@ __all__ = [
     "InferenceRequest",
     "InferenceResponse",
     "InferenceVerb",
+    "KServeModelNotReady",
     "Model",
     "ModelInferResponse",
     "ModelNotFound",
-    "ModelNotReady",
     "ModelServer",
     "RESTServer",
     "RequestedOutput",

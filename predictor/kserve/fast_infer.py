@@ -40,7 +40,7 @@ from predictor.kserve.compat import (
     DataPlane,
     InferenceRequest,
     InferenceResponse,
-    ModelNotReady,
+    KServeModelNotReady,
 )
 
 Scope = MutableMapping[str, Any]
@@ -120,7 +120,7 @@ class FastInferMiddleware:
         """KServe's ``V2Endpoints.infer``, step for step, then the response FastAPI would send."""
         dataplane = self.dataplane
         if not await dataplane.model_ready(model_name, True):
-            raise ModelNotReady(model_name)
+            raise KServeModelNotReady(model_name)  # as KServe's own route raises it
         headers = request_headers(scope)
         infer_request, _ = dataplane.decode(
             body, headers, protocol_version=REST_V2, model_name=model_name

@@ -333,6 +333,6 @@ def test_tensors_grpc_and_metrics_have_what_the_compat_module_uses() -> None:
     ]
     histograms = kserve_compat.stage_histograms("compat-test")
     assert len(histograms) == 3 and all(callable(h.observe) for h in histograms)
-    assert issubclass(kserve_compat.ModelNotReady, Exception)
+    assert issubclass(kserve_compat.KServeModelNotReady, Exception)
     assert "PREDICT" in kserve_compat.InferenceVerb.__members__
     assert inspect.iscoroutinefunction(Model.__call__)
