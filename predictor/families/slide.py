@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from histoserve.wire import SLIDE_MODE_OUTPUTS
 from predictor.codecs.base import Codec
 from predictor.codecs.common import first_non_finite
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
@@ -55,12 +56,8 @@ from predictor.spec import ModelSpec
 
 logger = logging.getLogger("histoserve")
 
-OUTPUT_OF_MODE: Mapping[str, str] = {
-    "prediction": "prediction",
-    "embedding": "slide_embedding",
-    "attention": "attention",
-}
-"""Each slide mode's output tensor."""
+OUTPUT_OF_MODE: Mapping[str, str] = {mode: out for mode, (out,) in SLIDE_MODE_OUTPUTS.items()}
+"""Each slide mode's output tensor (the one declaration both sides read, in ``histoserve.wire``)."""
 
 _PROBE_TILES = (1, 3)
 
