@@ -158,7 +158,8 @@ def h0_user_path(ctx: Context) -> dict[str, Any]:
     The package (:func:`bench.gpu.packages.export_timm`: random weights of
     the geometry, saved by timm there) is served and its answers on 16 H&E
     crops compared with the package run directly (bf16: to the last bit);
-    then 4 requests of 64 tiles are timed.
+    then 4 requests of 64 tiles are timed (one client, serial: a floor) against
+    the package's own forward in this process.
     """
     import time
 
@@ -172,7 +173,10 @@ def h0_user_path(ctx: Context) -> dict[str, Any]:
         for _ in range(4):
             infer(running[name], {"pixels": batch})
         tiles_per_s = 4 * len(batch) / (time.monotonic() - started)
+    from bench.gpu.timing import _limit
+
     (own,) = direct(path, ctx.first, tiles)
+    alone = _limit(ctx, path)  # the package's own forward at ctx.batch, in this process
     diff = float(np.abs(served - own).max())
     finite = bool(np.isfinite(served).all())
     return {
@@ -181,6 +185,8 @@ def h0_user_path(ctx: Context) -> dict[str, Any]:
         "max_abs_diff": diff,
         "finite": finite,
         "served_tiles_per_s_64": tiles_per_s,
+        "in_process_tiles_per_s": alone["tiles_per_s"],
+        "served_over_in_process": tiles_per_s / alone["tiles_per_s"],
         "ok": diff == 0.0 and finite and served.shape == (16, 1536),
     }
 

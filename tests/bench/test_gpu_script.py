@@ -230,3 +230,18 @@ def test_a_run_without_vit_g_leaves_it_out_rather_than_failing(tmp_path: Path) -
     assert "vit-g-bf16" not in gpu_check.asked_packages(args)
     args.dry_run = True
     assert "vit-g-bf16" in gpu_check.asked_packages(args)
+
+
+def test_the_h0_user_path_stage_serves_its_package(
+    tmp_path: Path, embedding_package_dir: Path
+) -> None:
+    """The stage's own code on the CPU, the tiny demo standing in for the timm export (no timm here)."""
+    from bench.gpu.stages import h0_user_path
+
+    package = {"h0-timm-bf16": package_in(embedding_package_dir)}
+    ctx = Context(True, "cpu", tmp_path, 0.5, package, logs=tmp_path / "logs")
+    result = h0_user_path(ctx)
+    assert result["embedding"] == [16, 1536] and result["finite"]
+    assert result["max_abs_diff"] < 1e-4  # fp32 here; bf16 on the GPU must be 0.0 ("ok")
+    assert result["served_tiles_per_s_64"] > 0 and result["in_process_tiles_per_s"] > 0
+    assert result["served_over_in_process"] > 0
