@@ -18,7 +18,7 @@ before the parent's deadline), so a hang leaves where it was.
 The batch is zeros of the package's recorded inputs (``histoserve.inputs``)
 at its smallest batch, or, with ``--inputs``, the tensors of that file
 (``torch.save`` of a tuple, loaded with ``weights_only``); ``--outputs`` then
-receives the package's outputs, trimmed to the batch, on the CPU.
+receives the package's outputs as they are, on the CPU.
 """
 
 from __future__ import annotations
@@ -135,8 +135,7 @@ def run(args: argparse.Namespace, markers: Markers) -> None:
             torch.cuda.synchronize(device)
     if args.outputs:
         markers.step("write_outputs")
-        batch = inputs[0].shape[0]
-        torch.save(tuple(o[:batch].cpu() for o in outputs), args.outputs)
+        torch.save(tuple(o.cpu() for o in outputs), args.outputs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -180,6 +180,9 @@ def _run_child(
                 stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
                 pass_fds=(write_fd,), start_new_session=True, env=env,
             )  # fmt: skip
+        except BaseException:
+            os.close(read_fd)
+            raise
         finally:
             os.close(write_fd)
         try:
