@@ -87,7 +87,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("copy_vs_compute", "timing:copy_vs_compute", 8),
     Stage("throughput", "timing:throughput", 20),
     Stage("event_loop", "timing:event_loop", 6),
-    Stage("h0_user_path", "stages:h0_user_path", 45, ("h0-timm-bf16",)),
+    Stage("h0_user_path", "h0:h0_user_path", 45, ("h0-timm-bf16",)),
 )
 """Every stage after the export, most valuable first; a stage starts only if its budget fits."""
 

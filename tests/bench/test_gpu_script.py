@@ -236,7 +236,7 @@ def test_the_h0_user_path_stage_serves_its_package(
     tmp_path: Path, embedding_package_dir: Path
 ) -> None:
     """The stage's own code on the CPU, the tiny demo standing in for the timm export (no timm here)."""
-    from bench.gpu.stages import h0_user_path
+    from bench.gpu.h0 import h0_user_path
 
     package = {"h0-timm-bf16": package_in(embedding_package_dir)}
     ctx = Context(True, "cpu", tmp_path, 0.5, package, logs=tmp_path / "logs")
