@@ -97,7 +97,7 @@ def test_carried_wheels_unpack_without_pip(tmp_path: Path) -> None:
     assert done.stdout.strip() == "15", done.stderr
 
 
-@pytest.mark.slow  # about 3 minutes: two ViT exports, the defaults grid, one served window (`make test-long`)
+@pytest.mark.slow  # about 10 minutes on 2 shared cores: the exports one at a time, the defaults grid, one served window (`make test-long`)
 def test_make_gpu_check_dry_run(tmp_path: Path) -> None:
     out = tmp_path / "gpu"
     proc = subprocess.run(
