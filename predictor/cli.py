@@ -120,8 +120,12 @@ def configure_trace_logging(enabled: bool) -> None:
 
 def serve(argv: Sequence[str] | None = None) -> int:
     """Parses flags, binds the ports, loads the model (fail-fast) and serves until drained."""
+    import faulthandler
+
     from histoserve.extras import server_extra_missing
 
+    if not faulthandler.is_enabled():  # a native crash prints the Python stack, never nothing
+        faulthandler.enable(all_threads=True)
     if server_extra_missing("serve"):
         return EXIT_STARTUP_ERROR
     argv = list(sys.argv[1:] if argv is None else argv)

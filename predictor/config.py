@@ -100,6 +100,8 @@ FORWARD_RUNNERS = ("auto", "torch", "gil_free")
 """``--forward_runner`` choices (see :class:`ModelConfig`)."""
 JPEG_DECODES = ("cpu", "device")
 """``--jpeg_decode`` choices (see :class:`ModelConfig`)."""
+LOAD_PROBES = ("auto", "on", "off")
+"""``--load_probe`` choices (see :class:`ModelConfig`)."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,13 @@ class ModelConfig:
         allow_tf32: Lets fp32 packages run their cuBLAS/cuDNN matmuls and
             convolutions in TF32 on CUDA (Ampere and later: several times faster,
             ~1e-3 relative error); bf16/fp16 packages and the CPU are unaffected.
+        load_probe: Load the package once in a child process before this one
+            loads it (:mod:`predictor.pt2.load_probe`): ``on``, ``off`` or
+            ``auto`` (the default: CUDA packages only), so a package whose
+            native code crashes or hangs on load stops start-up with exit 2
+            and a message, not a silent signal.
+        load_timeout_s: The probe's deadline, the child's ``import torch``
+            included; past it the child's process group is killed (exit 2).
     """
 
     model_dir: Path = flag(Path("/opt/ml/model"), "where checkpoints live", type=Path)
@@ -180,8 +189,23 @@ class ModelConfig:
         "resized there; the CPU where it cannot run)",
         choices=JPEG_DECODES,
     )
+    load_probe: str = flag(
+        "auto",
+        "load the package once in a child process first, so a crash or hang on load is "
+        "exit 2 with a message (not a silent signal): on, off, or auto (CUDA packages)",
+        choices=LOAD_PROBES,
+    )
+    load_timeout_s: float = flag(
+        300.0,
+        "the load probe's deadline in seconds (the child's torch import included)",
+        type=float,
+    )
 
     def __post_init__(self) -> None:
+        if self.load_probe not in LOAD_PROBES:
+            raise ConfigError(f"load_probe must be auto, on or off, got {self.load_probe!r}")
+        if self.load_timeout_s <= 0:
+            raise ConfigError(f"load_timeout_s must be > 0, got {self.load_timeout_s}")
         if self.instances_per_device is not None and self.instances_per_device < 1:
             raise ConfigError(f"instances_per_device must be >= 1, got {self.instances_per_device}")
         if self.forward_runner not in FORWARD_RUNNERS:

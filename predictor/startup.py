@@ -5,7 +5,9 @@ directory's package set that fits this host, :mod:`predictor.pt2.package_set`;
 the choice is logged and served), verifies it (the one SHA-256 of start-up) and reads
 its metadata, resolves the spec (embedded in the package, or overridden by
 ``--spec``), the devices (every visible GPU under ``--device auto``) and the
-family class, loads the package once per device and
+family class, loads the package once in a child process under
+``--load_probe`` (:mod:`predictor.pt2.load_probe`: a native crash or hang on
+load is then exit 2 with a message, not a dead server), loads the package once per device and
 hands it to the model (the spec family's class, or the user's
 ``--model_class``), whose ``load`` then probes it. Every problem raises a
 :class:`~predictor.errors.StartupError` with one clear line. The phases'
@@ -30,7 +32,8 @@ from predictor.errors import IncompatiblePackage, SpecError
 from predictor.families import load_model_class, server_model
 from predictor.model.base import BaseServerModel, ServingOptions
 from predictor.model.metrics import create_metrics
-from predictor.pt2.host import apply_gpu_settings, resolve_devices
+from predictor.pt2.host import apply_gpu_settings, check_host_compat, resolve_devices
+from predictor.pt2.load_probe import probe_load, probe_wanted
 from predictor.pt2.loader import (
     StartupPhases,
     check_batch_size,
@@ -73,6 +76,27 @@ def build_model(
     facts = inspect_package(checkpoint, phases, choice.metadata)
     check_batch_size(facts.metadata, batching.max_batch_size)
     spec = resolve_model_spec(facts.metadata, config.spec)
+    if probe_wanted(config.load_probe, facts.metadata):
+        with phases.time("load_probe"):
+            try:  # a host mismatch: its own clear line first, with the missing build
+                check_host_compat(facts.metadata, device)
+            except IncompatiblePackage as exc:
+                if choice.key is None:
+                    raise
+                hint = missing_hint(choice.key, facts.metadata, checkpoint.parent, device)
+                raise IncompatiblePackage(f"{exc}{hint}") from exc
+            report = probe_load(
+                checkpoint,
+                str(device),
+                facts.metadata,
+                runner=config.forward_runner,
+                timeout_s=config.load_timeout_s,
+            )
+        logger.info(
+            "load probe: %s loads and runs in a fresh process (%s)",
+            checkpoint.name,
+            report.summary(),
+        )
     cls = load_model_class(config.model_class) if config.model_class else None
     # Each device's package holds one model copy per instance; each worker
     # gets its own normaliser and, on CUDA, stream (predictor.device.workers).

@@ -55,17 +55,22 @@ BOOTSTRAP_S = 20.0
 """Unpacking the wheels and starting again (measured: ~10 s for 50 MiB)."""
 FACTS_S = 10.0
 """The environment stage: torch's view of the GPU, ``nvidia-smi -q``, ``pip list``."""
-LOADS_S = 30.0
+LOADS_S = 60.0
 """The exported packages' load checks, all at once (:data:`bench.gpu.packages.LOAD_S`)."""
 
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage: its name, its function (``module:function`` in ``bench.gpu``) and its budget."""
+    """One stage: its name, its function (``module:function`` in ``bench.gpu``) and its budget.
+
+    ``needs``: packages of the plan it cannot run without; when the run did
+    not ask for one (``--packages``), the stage is left out, and says so.
+    """
 
     name: str
     target: str
     budget_s: float
+    needs: tuple[str, ...] = ()
 
 
 STAGES: tuple[Stage, ...] = (
@@ -77,21 +82,30 @@ STAGES: tuple[Stage, ...] = (
     Stage("jpeg", "jpeg:jpeg", 60),
     Stage("overlap", "served:overlap", 15),
     Stage("oom_split", "stages:oom_split", 12),
-    Stage("bf16_families", "stages:bf16_families", 12),
-    Stage("bf16_vs_fp32", "stages:bf16_vs_fp32", 8),
+    Stage("bf16_families", "stages:bf16_families", 12, ("m-optimus-bf16", "tissue-seg-bf16")),
+    Stage("bf16_vs_fp32", "stages:bf16_vs_fp32", 8, ("tiny-fp32", "tiny-bf16")),
     Stage("copy_vs_compute", "timing:copy_vs_compute", 8),
     Stage("throughput", "timing:throughput", 20),
     Stage("event_loop", "timing:event_loop", 6),
+    Stage("h0_user_path", "h0:h0_user_path", 45, ("h0-timm-bf16",)),
 )
 """Every stage after the export, most valuable first; a stage starts only if its budget fits."""
 
 
+def default_stages() -> list[Stage]:
+    """The stages a run with the plan's default packages runs (the others are left out)."""
+    from bench.gpu.packages import PLAN
+
+    default = {e.name for e in PLAN if e.default}
+    return [s for s in STAGES if set(s.needs) <= default]
+
+
 def planned_seconds() -> float:
-    """The plan's own accounting: bootstrap, facts, the export groups' deadlines, every stage."""
+    """The plan's own accounting: bootstrap, facts, the default exports' deadlines, their stages."""
     from bench.gpu.packages import planned_export_seconds
 
     total = BOOTSTRAP_S + FACTS_S + planned_export_seconds() + LOADS_S
-    return total + sum(s.budget_s for s in STAGES)
+    return total + sum(s.budget_s for s in default_stages())
 
 
 def budget() -> dict[str, float]:
@@ -103,7 +117,7 @@ def budget() -> dict[str, float]:
         "facts_s": FACTS_S,
         "exports_s": planned_export_seconds(),
         "loads_s": LOADS_S,
-        **{f"{s.name}_s": s.budget_s for s in STAGES},
+        **{f"{s.name}_s": s.budget_s for s in default_stages()},
         "planned_s": planned_seconds(),
         "total_s": TOTAL_S,
         "slack_s": TOTAL_S - planned_seconds(),
@@ -198,10 +212,10 @@ def _figures(result: dict[str, Any], limit: int = 6) -> str:
 
 
 def asked_packages(args: argparse.Namespace) -> list[str]:
-    """``--packages``, else the plan's defaults on a GPU and every package on the dry run."""
+    """``--packages``, else the plan's defaults on a GPU and every dry-run package on the dry run."""
     from bench.gpu.packages import PLAN
 
-    return args.packages or [e.name for e in PLAN if e.default or args.dry_run]
+    return args.packages or [e.name for e in PLAN if (e.dry if args.dry_run else e.default)]
 
 
 def _export(args: argparse.Namespace, report: Report, logs: Path) -> dict[str, Path]:
@@ -251,6 +265,10 @@ def run(args: argparse.Namespace) -> Report:
         ctx.skipped = frozenset(e.name for e in PLAN) - set(asked_packages(args))
         for stage in STAGES:
             if args.only and stage.name not in args.only:
+                continue
+            missing = [n for n in stage.needs if n in ctx.skipped]
+            if missing:
+                report.add(stage.name, {"left out": f"needs {', '.join(missing)} (--packages)"})
                 continue
             if deadline.left() < stage.budget_s:
                 left = f"{deadline.left():.0f} s left of {args.deadline_s:.0f}"

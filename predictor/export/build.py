@@ -29,8 +29,7 @@ import datetime as dt
 import json
 import os
 import sys
-import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +39,9 @@ from torch import nn
 from predictor.errors import CheckpointError, HistoserveError, SpecError
 from predictor.export import package_set
 from predictor.export import sources as export_sources
-from predictor.export.cache_lock import inductor_cache_lock
 from predictor.export.reductions import unguarded_cpu_sums
+from predictor.export.scratch import fresh_inductor_cache, owned_dir
+from predictor.export.verify import LOAD_TIMEOUT_S, Verifier, add_verify_flags
 from predictor.families import build_demo_model, demo_example_inputs, family_for
 from predictor.pt2 import genes, host
 from predictor.pt2.build_key import BUILD_KEY_KEY
@@ -79,8 +79,11 @@ def export_package(
     weights_digest: str | None = None,
     cpu_target: str = "native",
     gene_lists: tuple[Sequence[str], Sequence[str]] | None = None,
+    load_timeout_s: float = LOAD_TIMEOUT_S,
+    compare_tolerance: float | None = None,
 ) -> Path:
-    """Exports ``module`` as a self-describing ``.pt2`` package at ``output``.
+    """Exports ``module`` as a ``.pt2`` at ``output``, renamed in only once proven
+    (loaded in a fresh process, outputs equal to eager's: :mod:`predictor.export.verify`).
 
     Args:
         module: Takes the normalised tile batch first (then e.g. bulk RNA).
@@ -98,6 +101,8 @@ def export_package(
             instruction sets) or ``x86-64-v3`` (AVX2, portable).
         gene_lists: Multimodal only: (input genes, output genes), written
             beside the package as the spec's CSVs; demo IDs when ``None``.
+        load_timeout_s: Deadline of the fresh-process load and batch.
+        compare_tolerance: Overrides the dtype's tolerance (:data:`~predictor.export.verify.TOLERANCES`).
 
     Returns:
         The package path.
@@ -105,7 +110,8 @@ def export_package(
     Raises:
         SpecError: Bad dtype, device, batch range or cpu target.
         SpecMismatch: Gene lists whose lengths differ from the model's ``G``/``K``.
-        CheckpointError: Export or compilation failed (wraps torch's error).
+        CheckpointError: A stage failed (``export``, ``compile``, ``load-in-fresh-process``
+            or ``compare``, named in the message); nothing was written.
     """
     _check_options(dtype, device, min_batch, max_batch, cpu_target)
     output = Path(output)
@@ -128,7 +134,8 @@ def export_package(
     if spec.takes_bulk_rna:  # gene lists: check them before the slow part
         gene_lists = genes.gene_lists_for(spec, args[1].shape[1], outputs[0].shape[1], gene_lists)
     program = _export(module, args, min_batch, max_batch)
-    _compile(program, output, metadata, cpu_target)
+    verify = Verifier(args, outputs, dtype, str(target), load_timeout_s, compare_tolerance)
+    _compile(program, output, metadata, cpu_target, verify=verify)
     write_sha256(output)
     if gene_lists is not None:
         genes.write_gene_lists(spec, output.parent, *gene_lists)
@@ -236,12 +243,21 @@ def _export(
     try:
         return torch.export.export(module, args, dynamic_shapes=dynamic, strict=False)
     except Exception as exc:
-        raise CheckpointError(f"torch.export failed: {exc}") from exc
+        raise CheckpointError(f"stage export: torch.export failed: {exc}") from exc
 
 
 def _compile(
-    program: torch.export.ExportedProgram, output: Path, metadata: dict[str, str], cpu_target: str
+    program: torch.export.ExportedProgram,
+    output: Path,
+    metadata: dict[str, str],
+    cpu_target: str,
+    *,
+    verify: Callable[[Path], None] | None = None,
 ) -> None:
+    """Compiles in a fresh inductor cache, staged beside ``output``; ``verify(staged)``; renames.
+
+    A failure or a kill leaves nothing at ``output`` (:mod:`predictor.export.scratch`).
+    """
     configs: dict[str, Any] = {
         "aot_inductor.metadata": dict(metadata),  # torch adds to it in place
         **CPU_TARGETS[cpu_target],
@@ -252,18 +268,18 @@ def _compile(
         # Not in every torch: an unknown inductor option fails the whole compile.
         configs["aot_inductor.check_lowerbound"] = False
     output.parent.mkdir(parents=True, exist_ok=True)
-    # Compile under a temp dir beside the output, then rename: readers never see
-    # a half-written package, and the archive's inner folder keeps the final name.
-    with tempfile.TemporaryDirectory(dir=output.parent, prefix=".export-") as tmp:
-        staged = Path(tmp) / output.name
+    with owned_dir(output.parent, ".export-") as tmp, fresh_inductor_cache():
+        staged = tmp / output.name
         try:
-            with inductor_cache_lock(), unguarded_cpu_sums():
+            with unguarded_cpu_sums():
                 torch._inductor.aoti_compile_and_package(
                     program, package_path=str(staged), inductor_configs=configs
                 )
         except Exception as exc:
-            raise CheckpointError(f"AOTInductor compilation failed: {exc}") from exc
-        read_metadata(staged)  # the package as written loads: never rename a broken one in
+            raise CheckpointError(f"stage compile: AOTInductor compilation failed: {exc}") from exc
+        read_metadata(staged)  # the zip as written reads back
+        if verify is not None:
+            verify(staged)  # in the fresh cache: the child inherits it
         os.replace(staged, output)
 
 
@@ -287,6 +303,7 @@ def export_demo(spec: ModelSpec, output: Path, *, preset: str = "tiny", **opts: 
             ``embedding_dim``, ``pad_to_batch``, ``genes_in``).
     """
     export_keys = ("device", "dtype", "min_batch", "max_batch", "cpu_target", "gene_lists")
+    export_keys += ("load_timeout_s", "compare_tolerance")
     export_opts = {k: opts.pop(k) for k in export_keys if k in opts}
     if "gene_lists" in export_opts:  # size the demo to the given gene lists
         opts.setdefault("genes_in", len(export_opts["gene_lists"][0]))
@@ -340,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cpu_target", default="native", choices=sorted(CPU_TARGETS))
     parser.add_argument("--genes_in", type=Path, help="multimodal: input gene CSV to ship")
     parser.add_argument("--genes_out", type=Path, help="multimodal: output gene CSV to ship")
+    add_verify_flags(parser)
     return parser
 
 
@@ -352,6 +370,8 @@ def run(args: argparse.Namespace) -> Path:
         "min_batch": args.min_batch,
         "max_batch": args.max_batch or family_for(spec).DEFAULT_MAX_BATCH,
         "cpu_target": args.cpu_target,
+        "load_timeout_s": args.load_timeout_s,
+        "compare_tolerance": args.compare_tolerance,
     }
     if (args.genes_in is None) != (args.genes_out is None):
         raise SpecError("--genes_in and --genes_out go together")

@@ -11,9 +11,9 @@ killed or failed export leaves no ``.pt2`` a server could take (at most a
   concurrent exporters of one key (pods starting together on one volume)
   export it once; the others wait, bounded by ``--lock_timeout_s``, then take
   the result;
-- a fresh inductor cache per export (a private temporary folder as
-  ``TORCHINDUCTOR_CACHE_DIR``, removed after): nothing an earlier, killed
-  export left in a shared cache is packaged;
+- a fresh inductor cache per export, as every export gets one
+  (:func:`predictor.export.scratch.fresh_inductor_cache`): nothing an
+  earlier, killed export left in a cache is packaged;
 - ``--if_missing``: when a package of the same model (spec, weights, dtype)
   already fits this host by the server's own rule
   (:mod:`predictor.pt2.package_set`), nothing is exported: what a pod's init
@@ -27,8 +27,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -54,7 +52,6 @@ logger = logging.getLogger("histoserve")
 
 LOCK_FOLDER = ".locks"
 LOCK_POLL_S = 0.2
-INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
 class LockTimeout(CheckpointError):
@@ -224,8 +221,7 @@ def export_into_set(
             logger.info("package set: %s is there already; taking it", target.name)
             return target, False
         start = time.monotonic()
-        with fresh_inductor_cache():
-            export(target)
+        export(target)
         if not _holds(target, key):
             raise CheckpointError(
                 f"exported {target} but its metadata records another build key than "
@@ -284,19 +280,3 @@ def _acquire(fd: int, key: BuildKey, folder: Path, timeout_s: float) -> None:
                 logger.info("package set: another exporter builds %s; waiting", key.name)
                 waited = True
             time.sleep(LOCK_POLL_S)
-
-
-@contextlib.contextmanager
-def fresh_inductor_cache() -> Iterator[Path]:
-    """A private, empty inductor cache folder for the ``with`` block (removed after)."""
-    previous = os.environ.get(INDUCTOR_CACHE_ENV)
-    folder = Path(tempfile.mkdtemp(prefix="histoserve-inductor-"))
-    os.environ[INDUCTOR_CACHE_ENV] = str(folder)
-    try:
-        yield folder
-    finally:
-        if previous is None:
-            os.environ.pop(INDUCTOR_CACHE_ENV, None)
-        else:
-            os.environ[INDUCTOR_CACHE_ENV] = previous
-        shutil.rmtree(folder, ignore_errors=True)

@@ -97,7 +97,7 @@ def test_carried_wheels_unpack_without_pip(tmp_path: Path) -> None:
     assert done.stdout.strip() == "15", done.stderr
 
 
-@pytest.mark.slow  # about 3 minutes: two ViT exports, the defaults grid, one served window (`make test-long`)
+@pytest.mark.slow  # about 10 minutes on 2 shared cores: the exports one at a time, the defaults grid, one served window (`make test-long`)
 def test_make_gpu_check_dry_run(tmp_path: Path) -> None:
     out = tmp_path / "gpu"
     proc = subprocess.run(
@@ -114,11 +114,14 @@ def test_make_gpu_check_dry_run(tmp_path: Path) -> None:
     assert all("error" not in r and "skipped" not in r for r in data.values()), data
     assert (out / "pip-list.txt").is_file() and "torch" in (out / "pip-list.txt").read_text()
     logs = {p.name for p in (out / "logs").iterdir()}
-    assert {f"export-{e.name}.log" for e in PLAN} <= logs
+    dry = [e for e in PLAN if e.dry]  # all but the timm path: no timm beside the CPU torch
+    assert {f"export-{e.name}.log" for e in dry} <= logs
     assert any(name.startswith("histoserve") for name in logs), logs  # server logs under $OUT
     export = data["export"]
-    assert all(export[e.name]["seconds"] is not None for e in PLAN)
-    assert all(export[e.name]["loads"] for e in PLAN)  # each loaded in a process of its own
+    assert all(export[e.name]["seconds"] is not None for e in dry)
+    assert all(export[e.name]["loads"] for e in dry)  # each loaded in a process of its own
+    assert all("load_s" in export[e.name] and "forward" in export[e.name]["steps"] for e in dry)
+    assert data["h0_user_path"]["left out"] == "needs h0-timm-bf16 (--packages)"
     sweep = data["sweep"]
     for name in ("vit-g-bf16", "vit-b-bf16"):
         point = sweep[name]["batch 2"]
@@ -176,13 +179,48 @@ def test_a_package_that_crashes_its_loader_fails_its_own_check_only(
     tmp_path: Path, embedding_package_dir: Path
 ) -> None:
     from bench.gpu.packages import load_checks
+    from harness.native_crash import misbehaving_model_dir
 
     good = package_in(embedding_package_dir)
     broken = tmp_path / "broken.pt2"
     broken.write_bytes(good.read_bytes()[:4096])  # a truncated archive: the loader refuses it
-    checks = load_checks({"good": good, "broken": broken}, "cpu")
-    assert checks["good"]["loads"] and not checks["broken"]["loads"]
-    assert checks["broken"]["rc"] != 0 and checks["broken"]["tail"]
+    crashing = package_in(misbehaving_model_dir(embedding_package_dir, "segv", tmp_path / "segv"))
+    checks = load_checks({"good": good, "broken": broken, "crashing": crashing}, "cpu")
+    assert checks["good"]["loads"] and "forward" in checks["good"]["steps"]
+    assert not checks["broken"]["loads"] and "broken.pt2" in checks["broken"]["error"]
+    assert not checks["crashing"]["loads"]
+    assert "signal SIGSEGV" in checks["crashing"]["error"]
+    assert "during step 'load'" in checks["crashing"]["error"]
+
+
+def test_exports_run_one_at_a_time_and_stages_without_their_packages_are_left_out(
+    tmp_path: Path,
+) -> None:
+    from bench.gpu.packages import H0_TIMM, planned, timm_export_argv
+
+    assert len({e.group for e in PLAN}) == len(PLAN)  # one export at a time
+    default = {e.name for e in PLAN if e.default}
+    counted = {s.name for s in gpu_check.default_stages()}
+    for stage in gpu_check.STAGES:  # the accounting counts what a default run runs
+        assert (stage.name in counted) == (set(stage.needs) <= default)
+    assert "h0_user_path" not in counted and "sweep" in counted
+    h0 = planned("h0-timm-bf16")
+    assert h0.timm == H0_TIMM and not h0.dry and not h0.default
+    argv = timm_export_argv(h0, tmp_path / "w.safetensors", tmp_path / "h0.pt2", "cuda")
+    readme = (REPO / "README.md").read_text()
+    user = f"histoserve export --spec h0 --timm {H0_TIMM} --weights h0.safetensors --output h0.pt2"
+    assert user in readme  # the README's line, which the check runs (plus dtype, device, batch)
+    assert argv[:6] == [
+        "--spec",
+        "h0",
+        "--timm",
+        H0_TIMM,
+        "--weights",
+        str(tmp_path / "w.safetensors"),
+    ]
+    assert gpu_check.asked_packages(argparse.Namespace(packages=None, dry_run=True)) == [
+        e.name for e in PLAN if e.dry
+    ]
 
 
 def test_a_run_without_vit_g_leaves_it_out_rather_than_failing(tmp_path: Path) -> None:
@@ -192,3 +230,18 @@ def test_a_run_without_vit_g_leaves_it_out_rather_than_failing(tmp_path: Path) -
     assert "vit-g-bf16" not in gpu_check.asked_packages(args)
     args.dry_run = True
     assert "vit-g-bf16" in gpu_check.asked_packages(args)
+
+
+def test_the_h0_user_path_stage_serves_its_package(
+    tmp_path: Path, embedding_package_dir: Path
+) -> None:
+    """The stage's own code on the CPU, the tiny demo standing in for the timm export (no timm here)."""
+    from bench.gpu.h0 import h0_user_path
+
+    package = {"h0-timm-bf16": package_in(embedding_package_dir)}
+    ctx = Context(True, "cpu", tmp_path, 0.5, package, logs=tmp_path / "logs")
+    result = h0_user_path(ctx)
+    assert result["embedding"] == [16, 1536] and result["finite"]
+    assert result["max_abs_diff"] < 1e-4  # fp32 here; bf16 on the GPU must be 0.0 ("ok")
+    assert result["served_tiles_per_s_64"] > 0 and result["in_process_tiles_per_s"] > 0
+    assert result["served_over_in_process"] > 0

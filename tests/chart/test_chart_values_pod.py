@@ -36,6 +36,21 @@ def test_probes(render):
     assert c["readinessProbe"]["periodSeconds"] == 3
 
 
+def test_the_startup_budget_covers_the_load_probe_and_the_load(render):
+    """The default budget holds the probe's child at its deadline, then the server's own load.
+
+    ``--load_probe`` (on for CUDA packages) loads the package once in a child
+    before the server loads it: at worst ``--load_timeout_s``, and the server's
+    load takes about as long again; the package's digest and the start of the
+    process come on top (``docs/deployment.md``).
+    """
+    from predictor.config import ModelConfig
+
+    c = isvc_container(render())
+    budget_s = c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"]
+    assert budget_s >= 2 * ModelConfig().load_timeout_s + 600
+
+
 # --------------------------------------------------------------------- hardening
 
 

@@ -169,6 +169,17 @@ def test_instances_per_device_defaults_to_auto(value, want):
     assert model.instances_per_device == want
 
 
+def test_load_probe_flags_are_checked(capsys):
+    args = build_parser().parse_args(["--load_probe", "on", "--load_timeout_s", "12.5"])
+    model = configs_from_args(args)[0]
+    assert (model.load_probe, model.load_timeout_s) == ("on", 12.5)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--load_probe", "sometimes"])
+    assert "--load_probe" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="load_timeout_s must be > 0"):
+        configs_from_args(build_parser().parse_args(["--load_timeout_s", "0"]))
+
+
 def test_a_bad_instance_count_names_the_flag(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--instances_per_device", "two"])
@@ -182,6 +193,7 @@ CONTRACT_FLAGS = {
     *("--max_tiles_per_request", "--max_tiles_per_slide", "--max_image_pixels"),
     *("--max_body_bytes", "--forward_runner", "--instances_per_device", "--rest_fast_path"),
     *("--model_class", "--allow_tf32", "--frontends", "--bind_address", "--metrics_port"),
+    *("--load_probe", "--load_timeout_s"),
 }
 
 

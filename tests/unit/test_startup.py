@@ -136,8 +136,10 @@ def test_a_tampered_package_stops_start_up_before_loading(
         ({"device": "auto"}, GIL_FREE_PHASES),  # every visible device: here the CPU
         ({"forward_runner": "gil_free"}, GIL_FREE_PHASES),
         ({"forward_runner": "torch"}, PHASES),
+        # the load probe's child hashes nothing and reads the metadata in its own process
+        ({"load_probe": "on"}, [*GIL_FREE_PHASES[:2], "load_probe", *GIL_FREE_PHASES[2:]]),
     ],
-    ids=["cpu", "device-auto", "gil-free", "torch"],
+    ids=["cpu", "device-auto", "gil-free", "torch", "load-probe"],
 )
 def test_no_start_up_step_runs_twice(
     embedding_package_dir: Path,

@@ -150,18 +150,6 @@ def test_a_set_that_cannot_be_written_says_so(
         package_set.export_into_set(tmp_path / "file", key, _landing(src, []), lock_timeout_s=1)
 
 
-def test_each_export_gets_a_fresh_inductor_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(package_set.INDUCTOR_CACHE_ENV, "/somewhere/shared")
-    with package_set.fresh_inductor_cache() as first:
-        assert os.environ[package_set.INDUCTOR_CACHE_ENV] == str(first)
-        assert first.is_dir() and not list(first.iterdir())
-        (first / "kernel.cpp").write_text("left by this export")
-    with package_set.fresh_inductor_cache() as second:
-        assert second != first and not list(second.iterdir())
-    assert not first.exists() and not second.exists()
-    assert os.environ[package_set.INDUCTOR_CACHE_ENV] == "/somewhere/shared"
-
-
 # -- the command line (refusals before any export) ----------------------------------------
 def test_if_missing_takes_a_fitting_package_of_the_same_model(
     tmp_path: Path, portable: tuple[Path, BuildKey], capsys: pytest.CaptureFixture[str]

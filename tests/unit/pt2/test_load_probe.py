@@ -1,0 +1,76 @@
+"""The load probe in-process: when it runs, how it describes a build, its steps, and a child's error.
+
+The crash and hang cases, through ``python -m predictor``, are in
+``tests/integration/test_load_probe.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.packages import package_in
+from predictor.errors import CheckpointError
+from predictor.pt2.load_probe import describe_build, probe_load, probe_wanted
+from predictor.pt2.metadata import read_metadata
+
+# The metadata a CUDA package records (none can be exported here: no GPU).
+CUDA_METADATA = {
+    "AOTI_DEVICE_KEY": "cuda",
+    "AOTI_COMPUTE_CAPABILITY": "90",
+    "histoserve.provenance": json.dumps(
+        {"torch_version": "2.11.0+cu130", "cuda_version": "13.0", "dtype": "bf16",
+         "source": "demo:vit-b", "device": "cuda"}
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("setting", "cuda", "cpu"),
+    [("auto", True, False), ("on", True, True), ("off", False, False)],
+)
+def test_auto_probes_cuda_packages_only(setting: str, cuda: bool, cpu: bool) -> None:
+    assert probe_wanted(setting, CUDA_METADATA) is cuda
+    assert probe_wanted(setting, {"AOTI_DEVICE_KEY": "cpu"}) is cpu
+
+
+def test_the_build_is_named_from_the_metadata(embedding_package_dir: Path) -> None:
+    assert describe_build(CUDA_METADATA) == (
+        "cuda package, torch 2.11.0+cu130, CUDA 13.0, sm_90, bf16, from demo:vit-b"
+    )
+    cpu = describe_build(read_metadata(package_in(embedding_package_dir)))
+    assert cpu.startswith("cpu package, torch 2.") and "-march=native (" in cpu
+    assert cpu.endswith("fp32, from demo:tiny")
+    assert (
+        describe_build({})
+        == "unknown device package, torch unknown, -march=unknown (no vector ISA recorded)"
+    )
+
+
+def test_a_good_package_reports_each_step_in_order(embedding_package_dir: Path) -> None:
+    path = package_in(embedding_package_dir)
+    report = probe_load(path, "cpu", read_metadata(path), timeout_s=120)
+    names = [name for name, _ in report.steps]
+    assert names[:3] == ["import_torch", "read_metadata", "load"] and names[-1] == "forward"
+    assert "extraction" in names  # the GIL-free runner's own phase, inside load
+    starts = [at for _, at in report.steps]
+    assert starts == sorted(starts) and 0 < starts[-1] <= report.seconds
+    torch_runner = probe_load(path, "cpu", read_metadata(path), runner="torch", timeout_s=120)
+    assert [n for n, _ in torch_runner.steps] == [
+        "import_torch",
+        "read_metadata",
+        "load",
+        "forward",
+    ]
+
+
+def test_a_python_error_in_the_child_is_its_message(tmp_path: Path) -> None:
+    bogus = tmp_path / "bogus.pt2"
+    bogus.write_bytes(b"not a zip")
+    with pytest.raises(CheckpointError) as caught:
+        probe_load(bogus, "cpu", {}, timeout_s=120)
+    message = str(caught.value)
+    assert "failed (exit 3): CheckpointError:" in message and "not a readable .pt2" in message
+    assert "during step 'read_metadata'" in message and str(bogus) in message
