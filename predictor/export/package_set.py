@@ -4,7 +4,8 @@ The package goes to ``DIR/<build key>.pt2`` (+ ``.sha256``;
 :class:`~predictor.pt2.build_key.BuildKey`), through the exporter's own
 stage-then-rename (:func:`predictor.export.build.export_package`), so a
 killed or failed export leaves no ``.pt2`` a server could take (at most a
-``.export-*`` staging folder, which no server reads). Around it:
+``.export-*`` staging folder, which no server reads and the next export
+removes once its owner is dead). Around it:
 
 - an exclusive ``flock`` per key, ``DIR/.locks/<key>.lock`` (opened with
   ``O_NOFOLLOW``, never truncated; the kernel drops it when its holder dies):
