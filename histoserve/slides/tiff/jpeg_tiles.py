@@ -20,8 +20,10 @@ OpenSlide's.
 Decoding is libjpeg-turbo through ``simplejpeg`` with libjpeg's defaults
 (accurate integer DCT, fancy upsampling), as OpenSlide decodes, and strict:
 a libjpeg warning (corrupt data, a premature end) is an error, as OpenSlide
-makes it. The header is read first: a tile whose JPEG does not declare the
-TIFF's tile size is refused before its pixels are allocated.
+makes it. Every tile's frame header is checked against the TIFF's own
+declaration before anything is decoded (:func:`check_frame`: three 8-bit
+components, the TIFF's tile size), so a tile OpenSlide refuses is refused
+here too, and none is allocated at a size the TIFF does not declare.
 
 A stream (:func:`tile_stream`) is also what a V2 input carrying the slide's
 own tiles would send: the tables are spliced in, nothing is decoded.
@@ -80,13 +82,18 @@ def segments(data: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
     raise JpegTileError("the data ends before its scan (truncated)")
 
 
-def tile_stream(tables: bytes | None, tile: bytes) -> bytes:
+def tile_stream(tables: bytes | None, tile: bytes, width: int, height: int) -> bytes:
     """One tile as a whole JPEG stream decoded as YCbCr (see the module's docstring).
 
+    ``width`` x ``height``: the TIFF's tile size, which the tile's own frame
+    must declare (:func:`check_frame`).
+
     Raises:
-        JpegTileError: Malformed tables or tile headers.
+        JpegTileError: Malformed tables or tile headers, or a frame that is not
+            the TIFF's (components, precision, size).
     """
     own, rest = segments(tile)
+    check_frame(next((seg for marker, seg in own if marker in _ALL_FRAMES), None), width, height)
     parts = [_stream_head(tables or b"")]
     parts += [seg for marker, seg in own if marker not in (APP0, APP14)]
     parts.append(rest)
@@ -100,6 +107,35 @@ def _stream_head(tables: bytes) -> bytes:
     return b"".join(
         [b"\xff\xd8", _ADOBE_YCBCR, *(seg for marker, seg in shared if marker not in (APP0, APP14))]
     )
+
+
+def check_frame(frame: bytes | None, width: int, height: int) -> None:
+    """Refuse a tile whose frame header (SOF) is not what its TIFF declares.
+
+    Every tile, not only a page's first: three components (OpenSlide decodes a
+    tile as YCbCr, and refuses a one- or four-component one as "Bogus JPEG
+    colorspace"; libjpeg-turbo alone would give a grey tile), 8 bits, and the
+    TIFF's ``width`` x ``height`` (before any pixel is allocated). The header
+    only: the segments are already split, nothing is decoded.
+
+    Raises:
+        JpegTileError: Why the tile is not the TIFF's.
+    """
+    if frame is None:
+        raise JpegTileError("no JPEG frame header (SOF) before its scan")
+    if len(frame) < 10:
+        raise JpegTileError("its JPEG frame header is cut short")
+    components, precision = frame[9], frame[4]
+    if components != 3:
+        raise JpegTileError(
+            f"its JPEG has {components} component(s) where the TIFF declares 3 samples per pixel "
+            "(OpenSlide: Bogus JPEG colorspace)"
+        )
+    if precision != 8:
+        raise JpegTileError(f"its JPEG has {precision}-bit samples, not 8")
+    h, w = struct.unpack(">HH", frame[5:9])
+    if (w, h) != (width, height):
+        raise JpegTileError(f"its JPEG says {w}x{h} px, the TIFF's tiles are {width}x{height}")
 
 
 def jpeg_problem(tables: bytes | None, tile: bytes) -> str | None:

@@ -24,10 +24,12 @@ Same slide, same numbers, same pixels:
 :func:`native_problem` says why a slide is not read natively: not an Aperio
 or generic tiled TIFF for OpenSlide (NDPI, MRXS, Philips, ... keep
 OpenSlide), a level that is not JPEG-tiled with three 8-bit samples (JPEG
-2000 SVS, deflate, stripped), RGB-coded JPEG, or a tile size, byte count or
+2000 SVS, deflate, stripped), RGB-coded JPEG, or a tile size, byte count,
+``JPEGTables`` size (:data:`~histoserve.limits.MAX_JPEG_TABLES_BYTES`) or
 JPEG header beyond bounds. A tile that fails to decode (corrupt, truncated,
-another size than declared) is a :class:`~histoserve.errors.SlideError`
-naming the file, level and tile.
+another size or another number of components than its TIFF declares: every
+tile's frame header is checked, as OpenSlide refuses such a tile) is a
+:class:`~histoserve.errors.SlideError` naming the file, level and tile.
 
 For the slide's own JPEG tiles on the wire, :meth:`NativeTiff.tile_bytes`
 and :meth:`NativeTiff.jpeg_tables` give a tile's compressed bytes and its
@@ -47,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from histoserve.errors import SlideError
-from histoserve.limits import MAX_TIFF_TILE_PX
+from histoserve.limits import MAX_JPEG_TABLES_BYTES, MAX_TIFF_TILE_PX
 from histoserve.slides.tiff.jpeg_tiles import JpegTileError, decode_tile, jpeg_problem, tile_stream
 
 _VENDORS = ("aperio", "generic-tiff")
@@ -123,22 +125,29 @@ class NativeTiff:
         self._fd = os.open(path, os.O_RDONLY)
 
     @classmethod
-    def open(cls, path: Path, cache: TileCache | None = None) -> NativeTiff:
+    def open(cls, path: Path, cache: TileCache | None = None, slide: Any = None) -> NativeTiff:
         """Open ``path`` natively.
+
+        ``slide``: an OpenSlide handle of ``path`` the caller opened (the slide
+        is then opened once, not twice, when it is not native): the reader's on
+        success, still the caller's when NotNative is raised.
 
         Raises:
             NotNative: The slide is not one this reader reads exactly (the reason).
         """
-        import openslide
+        own = slide is None
+        if own:
+            import openslide
 
-        try:
-            slide = openslide.OpenSlide(str(path))
-        except Exception as exc:  # not a format OpenSlide opens: never native
-            raise NotNative(f"OpenSlide does not open it ({exc})") from exc
+            try:
+                slide = openslide.OpenSlide(str(path))
+            except Exception as exc:  # not a format OpenSlide opens: never native
+                raise NotNative(f"OpenSlide does not open it ({exc})") from exc
         try:
             return cls(path, slide, _levels(path, slide), cache)
         except BaseException:
-            slide.close()
+            if own:
+                slide.close()
             raise
 
     def read_region(
@@ -192,6 +201,11 @@ class NativeTiff:
             )
         return data
 
+    def tile_byte_count(self, level: int, column: int, row: int) -> int:
+        """The bytes tile ``(column, row)`` of ``level`` declares (nothing is read)."""
+        lvl = self._levels[level]
+        return int(lvl.counts[row * lvl.columns + column])
+
     def jpeg_tables(self, level: int) -> bytes | None:
         """The level's shared ``JPEGTables`` (None: each tile carries its own)."""
         return self._levels[level].tables
@@ -208,7 +222,7 @@ class NativeTiff:
             lvl = self._levels[level]
             data = self.tile_bytes(level, column, row)
             try:
-                stream = tile_stream(lvl.tables, data)
+                stream = tile_stream(lvl.tables, data, lvl.tile_w, lvl.tile_h)
                 tile = decode_tile(stream, lvl.tile_w, lvl.tile_h, factor)
             except JpegTileError as exc:
                 raise SlideError(
@@ -301,6 +315,11 @@ def _level(page: Any, handle: Any, path: Path) -> _Level:
     if counts.size and int(counts.max()) > 3 * tw * th + _BYTES_SLACK:
         raise NotNative(f"a tile declares {int(counts.max()):,} bytes, more than a JPEG tile takes")
     tables = page.jpegtables or None
+    if tables is not None and len(tables) > MAX_JPEG_TABLES_BYTES:
+        raise NotNative(
+            f"a level's JPEGTables hold {len(tables):,} bytes, more than the "
+            f"{MAX_JPEG_TABLES_BYTES:,} allowed (copied into every tile)"
+        )
     handle.seek(int(offsets[0]))
     problem = jpeg_problem(tables, handle.read(int(counts[0])))
     if problem is not None:
