@@ -98,11 +98,16 @@ def progressive(data: bytes) -> bytes:
     return buffer.getvalue()
 
 
-def comment_padded(data: bytes) -> bytes:
-    """The tile with a 20 KB comment (COM) after its SOI: valid, only larger."""
+def comments(size: int) -> bytes:
+    """``size`` bytes of payload in JPEG comment (COM) segments, which decoders skip."""
+    chunks = [65_533] * (size // 65_533) + ([size % 65_533] if size % 65_533 else [])
+    return b"".join(b"\xff\xfe" + struct.pack(">H", n + 2) + b"x" * n for n in chunks)
+
+
+def comment_padded(data: bytes, extra: int = 20_000) -> bytes:
+    """The tile with ``extra`` bytes of comments after its SOI: valid, only larger."""
     own, rest = segments(data)
-    comment = b"\xff\xfe" + struct.pack(">H", 20_002) + b"x" * 20_000
-    return b"\xff\xd8" + comment + b"".join(seg for _, seg in own) + rest
+    return b"\xff\xd8" + comments(extra) + b"".join(seg for _, seg in own) + rest
 
 
 def zeros(data: bytes) -> bytes:
@@ -136,7 +141,8 @@ def replace_tile(src: Path, dst: Path, index: int, change: Callable[[bytes], byt
     end of the file when longer than the old one (its offset and byte count patched)."""
     import tifffile
 
-    shutil.copyfile(src, dst)
+    if Path(src).resolve() != Path(dst).resolve():
+        shutil.copyfile(src, dst)
     with tifffile.TiffFile(dst) as tif:
         page = tif.pages[0]
         offset, count = int(page.dataoffsets[index]), int(page.databytecounts[index])
@@ -166,14 +172,10 @@ def padded_tables(src: Path, dst: Path, pad_bytes: int) -> Path:
     shutil.copyfile(src, dst)
     with tifffile.TiffFile(dst) as tif:
         spots = [(p.tags["JPEGTables"].offset, p.jpegtables) for p in tif.pages]
-    chunk = 65_533
-    comments = b"".join(
-        b"\xff\xfe" + struct.pack(">H", n + 2) + b"\0" * n
-        for n in [chunk] * (pad_bytes // chunk) + ([pad_bytes % chunk] if pad_bytes % chunk else [])
-    )
+    padding = comments(pad_bytes)
     with open(dst, "r+b") as handle:
         for entry_at, tables in spots:
-            padded = tables[:2] + comments + tables[2:]
+            padded = tables[:2] + padding + tables[2:]
             end = handle.seek(0, 2)
             handle.write(padded)
             handle.seek(entry_at + 4)  # classic TIFF entry: code, type, count, offset
