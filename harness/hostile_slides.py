@@ -120,6 +120,17 @@ def truncated(data: bytes) -> bytes:
     return data[: len(data) // 2]
 
 
+def junk_before_eoi(data: bytes) -> bytes:
+    """The tile with 100 junk bytes between its scan's end and its EOI (OpenSlide never reads them)."""
+    end = data.rindex(b"\xff\xd9")
+    return data[:end] + bytes(range(1, 101)) + data[end:]
+
+
+def no_eoi(data: bytes) -> bytes:
+    """The tile without its EOI marker (the scan whole)."""
+    return data[: data.rindex(b"\xff\xd9")]
+
+
 TILE_CHANGES: dict[str, Callable[[bytes], bytes]] = {
     "one-component": one_component,
     "four-component": four_component,
@@ -131,6 +142,8 @@ TILE_CHANGES: dict[str, Callable[[bytes], bytes]] = {
     "zeros": zeros,
     "truncated": truncated,
     "corrupt-scan": jpeg_slides.corrupt_scan,
+    "junk-before-eoi": junk_before_eoi,
+    "no-eoi": no_eoi,
 }
 """Changes to one tile's bytes, by name; the result is written in a longer slot when it
 does not fit (:func:`replace_tile`)."""

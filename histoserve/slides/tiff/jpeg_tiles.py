@@ -20,7 +20,9 @@ OpenSlide's.
 Decoding is libjpeg-turbo through ``simplejpeg`` with libjpeg's defaults
 (accurate integer DCT, fancy upsampling), as OpenSlide decodes, and strict:
 a libjpeg warning (corrupt data, a premature end) is an error, as OpenSlide
-makes it. Every tile's frame header is checked against the TIFF's own
+makes it while it reads a tile's rows (junk left after a sequential scan,
+which OpenSlide never reads, is not: :func:`_only_after_the_scan`). Every
+tile's frame header is checked against the TIFF's own
 declaration before anything is decoded (:func:`check_frame`: three 8-bit
 components, the TIFF's tile size), so a tile OpenSlide refuses is refused
 here too, and none is allocated at a size the TIFF does not declare.
@@ -162,6 +164,22 @@ def jpeg_problem(tables: bytes | None, tile: bytes) -> str | None:
     return None
 
 
+def _only_after_the_scan(message: str, stream: bytes) -> bool:
+    """Whether libjpeg's warning came only after a sequential scan's last row was decoded.
+
+    OpenSlide makes a warning an error while it reads a tile's rows, and reads
+    no further: junk between a sequential (baseline) scan's end and its EOI is
+    never seen there, and the tile reads (found by fuzzing: a Huffman table
+    changed so that the scan ends 3,930 bytes early). libjpeg-turbo reports it
+    only when it looks for the EOI, after the rows; a progressive frame's
+    scans are all read before its first row, so there it stays an error.
+    """
+    if "extraneous bytes before marker 0xd9" not in message:
+        return False
+    frames = [marker for marker, _ in segments(stream)[0] if marker in _ALL_FRAMES]
+    return bool(frames) and frames[0] in (0xC0, 0xC1)
+
+
 def decode_tile(stream: bytes, width: int, height: int, factor: int = 1) -> np.ndarray:
     """Decode a whole tile stream at 1/``factor`` scale: uint8 ``[h, w, 3]`` RGB.
 
@@ -181,18 +199,17 @@ def decode_tile(stream: bytes, width: int, height: int, factor: int = 1) -> np.n
         raise JpegTileError(f"unreadable JPEG header ({exc})") from exc
     if (w, h) != (width, height):
         raise JpegTileError(f"its JPEG says {w}x{h} px, the TIFF's tiles are {width}x{height}")
-    try:
-        pixels = simplejpeg.decode_jpeg(  # the scale is the least at least min_height/width
-            stream,
-            colorspace="RGB",
-            fastdct=False,
-            fastupsample=False,
-            min_height=want[0],
-            min_width=want[1],
-            min_factor=factor,
+    options = {"min_height": want[0], "min_width": want[1], "min_factor": factor}
+    try:  # the scale is the least at least min_height/width
+        pixels = simplejpeg.decode_jpeg(
+            stream, colorspace="RGB", fastdct=False, fastupsample=False, **options
         )
     except ValueError as exc:
-        raise JpegTileError(f"corrupt JPEG data ({exc})") from exc
+        if not _only_after_the_scan(str(exc), stream):
+            raise JpegTileError(f"corrupt JPEG data ({exc})") from exc
+        pixels = simplejpeg.decode_jpeg(
+            stream, colorspace="RGB", fastdct=False, fastupsample=False, strict=False, **options
+        )
     if pixels.shape != want:
         raise JpegTileError(f"decoded at 1/{factor} to {pixels.shape}, expected {want}")
     return pixels

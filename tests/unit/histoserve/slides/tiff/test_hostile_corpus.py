@@ -32,7 +32,7 @@ BROKEN = (1, 1)  # hostile_slides.BROKEN_TILE, row-major
 # Tile changes OpenSlide refuses (the slide is never done) and those it reads.
 REFUSED = {
     "one-component", "four-component", "other-size", "declared-65500px", "zeros",
-    "truncated", "corrupt-scan",
+    "truncated", "corrupt-scan", "no-eoi",
 }  # fmt: skip
 
 
