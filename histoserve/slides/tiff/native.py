@@ -39,6 +39,7 @@ page's tables without decoding anything.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 from collections import OrderedDict
@@ -49,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from histoserve.errors import SlideError
-from histoserve.limits import MAX_JPEG_TABLES_BYTES, MAX_TIFF_TILE_PX
+from histoserve.limits import MAX_JPEG_TABLES_BYTES, MAX_TIFF_PAGES, MAX_TIFF_TILE_PX
 from histoserve.slides.tiff.jpeg_tiles import JpegTileError, decode_tile, jpeg_problem, tile_stream
 
 _VENDORS = ("aperio", "generic-tiff")
@@ -278,7 +279,10 @@ def _levels(path: Path, slide: Any) -> list[_Level]:
 
     try:
         with tifffile.TiffFile(path) as tif:
-            pages = [p for p in tif.pages if p.is_tiled]
+            listed = list(itertools.islice(tif.pages, MAX_TIFF_PAGES + 1))
+            if len(listed) > MAX_TIFF_PAGES:
+                raise NotNative(f"it has more than {MAX_TIFF_PAGES:,} TIFF directories")
+            pages = [p for p in listed if p.is_tiled]
             levels, used = [], 0
             for width, height in slide.level_dimensions:
                 while used < len(pages) and pages[used].shape[:2] != (height, width):

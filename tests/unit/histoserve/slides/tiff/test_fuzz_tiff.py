@@ -104,7 +104,7 @@ def _directories_hold(base: Path, edits: list[tuple[int, int]], tmp: Path) -> No
         check_tiff_complete(path)
     except SlideError as exc:
         assert str(path) in str(exc)
-    with contextlib.suppress(native.NotNative):
+    with contextlib.suppress(native.NotNative):  # bounded alone too (a file the check skips)
         native._levels(path, _OpenSlideMeta())
 
 
