@@ -120,6 +120,13 @@ def truncated(data: bytes) -> bytes:
     return data[: len(data) // 2]
 
 
+def odd_sampling(data: bytes) -> bytes:
+    """The tile's luma sampling factors made 2x3 (libjpeg decodes such a frame, TurboJPEG
+    does not; the scan is read with another block layout: other pixels, no error)."""
+    start = data.find(b"\xff\xc0")
+    return data[: start + 11] + b"\x23" + data[start + 12 :]
+
+
 def junk_before_eoi(data: bytes) -> bytes:
     """The tile with 100 junk bytes between its scan's end and its EOI (OpenSlide never reads them)."""
     end = data.rindex(b"\xff\xd9")
@@ -143,6 +150,7 @@ TILE_CHANGES: dict[str, Callable[[bytes], bytes]] = {
     "truncated": truncated,
     "corrupt-scan": jpeg_slides.corrupt_scan,
     "junk-before-eoi": junk_before_eoi,
+    "odd-sampling": odd_sampling,
     "no-eoi": no_eoi,
 }
 """Changes to one tile's bytes, by name; the result is written in a longer slot when it

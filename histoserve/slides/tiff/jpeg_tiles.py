@@ -48,8 +48,18 @@ _ADOBE_YCBCR = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x01"
 _RGB_IDS = (82, 71, 66)
 
 
+# Luma sampling factors (h, v) with 1x1 chroma that TurboJPEG, simplejpeg's API, decodes
+# (4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1); libjpeg, OpenSlide's, decodes any.
+_TURBO_SAMPLING = ((1, 1), (2, 1), (2, 2), (1, 2), (4, 1))
+
+
 class JpegTileError(ValueError):
     """A tile's JPEG data is malformed, truncated or not the size the TIFF declares."""
+
+
+class UnusualSampling(JpegTileError):
+    """A valid tile whose chroma sampling libjpeg-turbo's TurboJPEG API cannot decode
+    (OpenSlide's libjpeg can): read through OpenSlide instead."""
 
 
 def segments(data: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
@@ -138,6 +148,15 @@ def check_frame(frame: bytes | None, width: int, height: int) -> None:
     h, w = struct.unpack(">HH", frame[5:9])
     if (w, h) != (width, height):
         raise JpegTileError(f"its JPEG says {w}x{h} px, the TIFF's tiles are {width}x{height}")
+    if _sampling(frame) not in _TURBO_SAMPLING:
+        raise UnusualSampling(f"its JPEG's sampling factors {frame[11:19:3].hex()} are unusual")
+
+
+def _sampling(frame: bytes) -> tuple[int, int] | None:
+    """Luma's (h, v) sampling factors when both chroma components are 1x1, else None."""
+    if len(frame) < 19 or frame[14] != 0x11 or frame[17] != 0x11:
+        return None
+    return frame[11] >> 4, frame[11] & 0x0F
 
 
 def jpeg_problem(tables: bytes | None, tile: bytes) -> str | None:
@@ -161,6 +180,8 @@ def jpeg_problem(tables: bytes | None, tile: bytes) -> str | None:
     adobe = [seg for marker, seg in own + shared if marker == APP14 and seg[4:9] == b"Adobe"]
     if ids == _RGB_IDS or (adobe and len(adobe[0]) > 15 and adobe[0][15] == 0):
         return "its JPEG tiles are RGB-coded (OpenSlide converts them as YCbCr)"
+    if _sampling(frame) not in _TURBO_SAMPLING:
+        return "its JPEG tiles' chroma sampling is not one libjpeg-turbo's TurboJPEG decodes"
     return None
 
 

@@ -51,7 +51,13 @@ import numpy as np
 
 from histoserve.errors import SlideError
 from histoserve.limits import MAX_JPEG_TABLES_BYTES, MAX_TIFF_PAGES, MAX_TIFF_TILE_PX
-from histoserve.slides.tiff.jpeg_tiles import JpegTileError, decode_tile, jpeg_problem, tile_stream
+from histoserve.slides.tiff.jpeg_tiles import (
+    JpegTileError,
+    UnusualSampling,
+    decode_tile,
+    jpeg_problem,
+    tile_stream,
+)
 
 _VENDORS = ("aperio", "generic-tiff")
 _JPEG, _RGB, _YCBCR = 7, 2, 6
@@ -225,6 +231,8 @@ class NativeTiff:
             try:
                 stream = tile_stream(lvl.tables, data, lvl.tile_w, lvl.tile_h)
                 tile = decode_tile(stream, lvl.tile_w, lvl.tile_h, factor)
+            except UnusualSampling:  # valid, but not for TurboJPEG: OpenSlide's pixels
+                tile = self._openslide_tile(level, column, row, factor)
             except JpegTileError as exc:
                 raise SlideError(
                     f"slide {self.path}: level {level} tile ({column}, {row}) at byte "
@@ -232,6 +240,25 @@ class NativeTiff:
                 ) from exc
             self.cache.put(key, tile)
         return tile
+
+    def _openslide_tile(self, level: int, column: int, row: int, factor: int) -> np.ndarray:
+        """Slide tile ``(column, row)`` as OpenSlide reads it (RGB; beyond the level: white).
+
+        Raises:
+            SlideError: At a reduced scale, a level whose tiles start between level-0
+                pixels, or OpenSlide's own error.
+        """
+        lvl, downsample = self._levels[level], self.level_downsamples[level]
+        x, y = column * lvl.tile_w, row * lvl.tile_h
+        x0, y0 = round(x * downsample), round(y * downsample)
+        where = f"slide {self.path}: level {level} tile ({column}, {row})"
+        if factor != 1 or x0 / downsample != x or y0 / downsample != y:
+            raise SlideError(f"{where}: its unusual chroma sampling is read by OpenSlide only")
+        try:
+            rgba = np.asarray(self._slide.read_region((x0, y0), level, (lvl.tile_w, lvl.tile_h)))
+        except Exception as exc:  # OpenSlide's own error for the tile
+            raise SlideError(f"{where}: {exc}") from exc
+        return np.ascontiguousarray(rgba[:, :, :3])
 
     def _compose(
         self, level: int, lx: int, ly: int, size: tuple[int, int], factor: int
