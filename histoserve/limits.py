@@ -13,6 +13,12 @@ so messages, docs (``docs/cohorts.md``, "Limits") and tests quote one number:
   (``--max-tiles-per-slide``, :data:`DEFAULT_MAX_TILES_PER_SLIDE`), the square
   read for one tile (:data:`MAX_READ_PX`), the pixels
   of its tissue thumbnail (:data:`MAX_THUMB_PIXELS`: coarser, never larger);
+- a TIFF's directories: tiles and pages (:data:`MAX_TIFF_TILES`,
+  :data:`MAX_TIFF_PAGES`), a tile's edge (:data:`MAX_TIFF_TILE_PX`), shared
+  JPEG tables (:data:`MAX_JPEG_TABLES_BYTES`); a ``--transport jpeg`` request's
+  bytes (:data:`MAX_JPEG_BYTES_PER_TILE`, :data:`MAX_JPEG_REQUEST_BYTES`);
+- a JSON file or attribute the client reads: :data:`MAX_JSON_BYTES`,
+  :data:`~histoserve.jsonsafe.MAX_JSON_DEPTH`;
 - a mask file: bytes, JSON nesting, vertices, coordinates, the work of
   rasterising it, decoded pixels (``MAX_MASK_*``); a mask's QC contours
   (:data:`MAX_CONTOUR_EDGES`).
@@ -58,6 +64,28 @@ MAX_READ_PX = 4096
 # and as its JPEG must say too): scanners write 240-1024 px tiles; a larger
 # declared size is a broken or hostile file, refused before any byte is read.
 MAX_TIFF_TILE_PX = 4096
+
+# TIFF directories, checked from the tags before any reader opens the slide
+# (OpenSlide's open builds a record per tile: 16.7 M declared tiles of a 4 KiB
+# sparse file took it 114 s and 674 MB). A 75 x 50 mm slide at 0.25 um/px in
+# 240 px tiles is 1.04 M tiles at level 0 and 1.4 M with its pyramid; 2^22
+# (4.2 M) is three times that. Pages: an SVS has 4-8, an NDPI about 10, a
+# multiplexed QPTIFF a few hundred.
+MAX_TIFF_TILES = 1 << 22
+MAX_TIFF_PAGES = 4096
+
+# A level's shared JPEG tables (tag 347, copied into every tile the native
+# reader decodes or sends): quantisation and Huffman tables take 300-600
+# bytes, 16-bit tables and four components about 2 KB; beyond 64 KiB the tag
+# carries padding (COM segments), and the slide is read by OpenSlide instead.
+MAX_JPEG_TABLES_BYTES = 64 << 10
+# What one --transport jpeg request may carry, known from the tiles' byte counts
+# before a byte is read: a model tile's slide tiles take 10-100 KB on a real
+# slide (1 MiB is seven 224 px tiles of raw pixels), and a request stays under
+# half the server's default 256 MiB body cap. A batch over either is sent as
+# pixels.
+MAX_JPEG_BYTES_PER_TILE = 1 << 20
+MAX_JPEG_REQUEST_BYTES = 128 << 20
 
 # The tissue thumbnail (Otsu, the "none" grid, GeoJSON rasterising, QC picture,
 # a served tissue model's input) has at most this many pixels: 2^25 is 96 MiB

@@ -17,8 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from histoserve.wire import MODES, SLIDE_MODES
 from predictor.errors import SpecError
+
+# A spec file's bytes: a spec is under 2 KB; a spec with thousands of class names stays far below.
+MAX_SPEC_BYTES = 1 << 20
 
 METADATA_KEY = "histoserve.spec"
 
@@ -163,12 +168,19 @@ def spec_from_dict(data: Mapping[str, Any]) -> ModelSpec:
         raise SpecError(f"incomplete spec: {exc}") from exc
 
 
-def spec_from_json(text: str) -> ModelSpec:
-    """Reads a spec from its JSON form (e.g. package metadata)."""
+def spec_from_json(text: str, where: str = "spec") -> ModelSpec:
+    """Reads a spec from its JSON form (e.g. package metadata); ``where`` names it in messages.
+
+    Bounded before parsing: :data:`MAX_SPEC_BYTES`, and orjson's own nesting
+    limit (1,024, in C: never Python's ``RecursionError``).
+    """
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_SPEC_BYTES:
+        raise SpecError(f"{where} is {size:,} bytes of JSON; a spec is a few KB")
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"spec is not valid JSON: {exc}") from exc
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise SpecError(f"{where} is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise SpecError(f"spec JSON must be an object, got {type(data).__name__}")
     return spec_from_dict(data)
@@ -177,9 +189,15 @@ def spec_from_json(text: str) -> ModelSpec:
 def load_spec_file(path: Path) -> ModelSpec:
     """Loads a spec from a ``.json`` or ``.yaml``/``.yml`` file."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_SPEC_BYTES + 1)
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise SpecError(f"cannot read spec file {path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"spec file {path} is not UTF-8 text (byte {exc.start})") from exc
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(f"spec file {path} is over {MAX_SPEC_BYTES:,} bytes; a spec is a few KB")
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
@@ -187,10 +205,12 @@ def load_spec_file(path: Path) -> ModelSpec:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise SpecError(f"spec file {path} is not valid YAML: {exc}") from exc
+        except RecursionError as exc:  # PyYAML composes nested nodes recursively
+            raise SpecError(f"spec file {path} is nested too deep to be a spec") from exc
         if not isinstance(data, dict):
             raise SpecError(f"spec file {path} must hold a mapping")
         return spec_from_dict(data)
-    return spec_from_json(text)
+    return spec_from_json(text, str(path))
 
 
 def resolve_spec(name_or_path: str) -> ModelSpec:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from histoserve import jsonsafe
 from histoserve.embedding.config import EMBED_OPTIONS
 from histoserve.embedding.slide_job import RunContext
 from histoserve.errors import UsageError
@@ -186,7 +187,8 @@ def _recorded(f: Any) -> dict[str, Any] | None:
     if not bool(attrs.get(COMPLETE_ATTR, False)) or "config_hash" not in attrs:
         return None
     if RUN_SETTINGS_ATTR in attrs:
-        recorded = json.loads(_text(attrs[RUN_SETTINGS_ATTR]))
+        where = f"{f.filename}: {RUN_SETTINGS_ATTR}"
+        recorded = jsonsafe.loads(_text(attrs[RUN_SETTINGS_ATTR]), where)
         return recorded if isinstance(recorded, dict) else None
     out = {}
     for s in RUN_SETTINGS:

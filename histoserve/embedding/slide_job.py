@@ -39,7 +39,7 @@ import numpy as np
 from histoserve.embedding.batches import Assembled, BatchStats, run_batches
 from histoserve.embedding.config import EmbedConfig
 from histoserve.embedding.tissue_remote import model_tissue_mask
-from histoserve.errors import EmbedError, RequestFailed, ServerRefused, SlideError
+from histoserve.errors import EmbedError, RequestFailed, SlideError
 from histoserve.remote.answers import AnswerCheck
 from histoserve.remote.client import HistoserveClient
 from histoserve.remote.served_model import ServerInfo
@@ -61,6 +61,7 @@ from histoserve.slides.tiff.wire_tiles import (
     choose_transport,
     jpeg_batch,
     jpeg_problem,
+    pixels_may_help,
 )
 from histoserve.tissue.detect import THUMB_MPP, thumbnail
 from histoserve.tissue.masks import TissueMap, find_tissue, mask_file
@@ -311,8 +312,8 @@ def _sender(
         if isinstance(tiles, JpegBatch):
             try:
                 return infer(tiles.inputs(), check.for_transport(readers.jpeg))
-            except RequestFailed as exc:  # a slide tile the server cannot decode
-                if not isinstance(exc.__cause__, ServerRefused) or "'jpeg_tiles'" not in str(exc):
+            except RequestFailed as exc:  # a tile the server cannot decode, or too large for it
+                if not pixels_may_help(exc):
                     raise
             pixels, ok = readers.read_pixels(tiles.coords)
             tiles.ok[:] = ok  # the batch's row mask: bad tiles become holes, as on the pixel path
@@ -356,7 +357,7 @@ class _ThreadReaders:
         """Batch ``index``: ``(tiles, ok)``; slide JPEG tiles when ``jpeg`` and their bytes read."""
         coords = self._coords[index * self._batch_size : (index + 1) * self._batch_size]
         if self.jpeg:
-            with contextlib.suppress(SlideError):  # bytes cut short: read as pixels, tile by tile
+            with contextlib.suppress(SlideError):  # too large, a bad tile, cut short: as pixels
                 plan = self._plan
                 batch = jpeg_batch(self._reader().native, plan.read_level, plan.read_size, coords)
                 return batch, batch.ok

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from histoserve import jsonsafe
 from histoserve.atomic import atomic_path, read_regular
 from histoserve.heads.result_file import RESULTS_PREFIX, made_from_current, read_result
 from histoserve.results.sources import tiling_of
@@ -73,10 +74,8 @@ def _row(attrs: dict[str, Any], prediction: np.ndarray | None) -> dict[str, str]
 
 
 def _classes(text: Any) -> list[str]:
-    import json
-
     try:
-        names = json.loads(text) if isinstance(text, str) else []
+        names = jsonsafe.loads(text, "class names") if isinstance(text, str) else []
     except ValueError:
         return []
     return [str(n) for n in names] if isinstance(names, list) else []

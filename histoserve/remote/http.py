@@ -32,7 +32,6 @@ TLS (the CA bundle) and the credential headers come from
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -46,6 +45,7 @@ from typing import Any
 import httpcore
 import httpx
 
+from histoserve import jsonsafe
 from histoserve.errors import BadAnswer, RetryableError, UsageError
 from histoserve.remote.auth import MESSAGE_MAX_CHARS, Credentials, redact_url
 
@@ -225,13 +225,13 @@ class Reply:
 
     def json(self) -> Any:
         """The body as JSON (``ValueError`` when it is not)."""
-        return json.loads(self.body)
+        return jsonsafe.loads(self.body, self.url)
 
     def message(self, credentials: Credentials) -> str:
         """The server's ``{"error": ...}`` (else its text), credentials scrubbed out, then cut."""
         text = self.body.decode("utf-8", "replace")
         try:
-            data = json.loads(text)
+            data = jsonsafe.loads(text, self.url)
             message = str(data.get("error", text)) if isinstance(data, Mapping) else text
         except ValueError:
             message = text

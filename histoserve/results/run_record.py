@@ -42,7 +42,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from histoserve import __version__
+from histoserve import __version__, jsonsafe
 from histoserve.atomic import NotRegularFile, open_regular, temp_path
 from histoserve.errors import UsageError
 
@@ -153,9 +153,9 @@ def _parse(fd: int, path: Path) -> tuple[dict[str, Any], str]:
     if len(data) > _MAX_BYTES:
         return {}, f"{path} is over {_MAX_BYTES:,} bytes"
     try:
-        record = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        return {}, f"{path} is not JSON ({exc})"
+        record = jsonsafe.loads(data, str(path), max_bytes=_MAX_BYTES)
+    except jsonsafe.JsonError as exc:
+        return {}, str(exc)
     if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
         return {}, f"{path} has no settings object"
     if record.get("format") != FORMAT:

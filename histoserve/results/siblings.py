@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from histoserve import jsonsafe
 from histoserve.atomic import open_regular
 
 SIBLINGS_ATTR = "sibling_sha256"  # the done file's record of the slide's other files
@@ -71,7 +72,7 @@ def sibling_problem(out_dir: Path, path: Path, attrs: Mapping[str, Any]) -> str:
     """Why ``path`` is not the file the done file's ``attrs`` recorded (``""``: it is)."""
     name = path.relative_to(out_dir).as_posix()
     try:
-        recorded = json.loads(attrs.get(SIBLINGS_ATTR) or "{}")
+        recorded = jsonsafe.loads(attrs.get(SIBLINGS_ATTR) or "{}", SIBLINGS_ATTR)
     except (TypeError, ValueError):
         recorded = None
     entry = recorded.get(name) if isinstance(recorded, dict) else None

@@ -24,7 +24,6 @@ the coordinates' grid step.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from histoserve import jsonsafe
 from histoserve.atomic import open_regular
 from histoserve.errors import SlideError, UsageError
 from histoserve.results.siblings import digest_open, unchanged_since
@@ -283,7 +283,7 @@ def _attr(value: Any) -> Any:
         value = value.decode("utf-8", "replace")
     if isinstance(value, str) and value[:1] in "{[":
         try:
-            return json.loads(value)
+            return jsonsafe.loads(value, "an attribute")
         except ValueError:
             return value
     if isinstance(value, np.generic):

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from histoserve import jsonsafe
 from histoserve.atomic import atomic_path, open_folder, read_regular
 from histoserve.slides.grid import TilePlan
 from histoserve.tissue.masks import TissueMap, feature_collection
@@ -206,9 +207,10 @@ def read_facts(out_dir: Path) -> dict[str, dict[str, Any]]:
         names = sorted(n for n in os.listdir(fd) if n.endswith(".json")) if fd is not None else []
         for name in names:
             try:
-                data = json.loads(read_regular(Path(name), FACTS_MAX_BYTES, dir_fd=fd))
+                raw = read_regular(Path(name), FACTS_MAX_BYTES, dir_fd=fd)
+                data = jsonsafe.loads(raw, name, max_bytes=FACTS_MAX_BYTES)
                 problem = _facts_problem(data)
-            except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSON errors too
+            except (OSError, ValueError) as exc:  # JsonError (too deep, not JSON) is one
                 problem = f"unreadable ({exc})"
             if problem:
                 logger.warning("%s left out of the report: %s", qc_dir(out_dir) / name, problem)

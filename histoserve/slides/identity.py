@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from histoserve import jsonsafe
 from histoserve.atomic import open_regular, read_regular
 from histoserve.errors import SlideError
 from histoserve.slides.dicom_header import DicomFile, read_series
@@ -63,6 +64,8 @@ WHOLE_BELOW_BYTES = 8 << 20
 HEAD_BYTES = TAIL_BYTES = 1 << 20
 BLOCK_BYTES, N_BLOCKS = 64 << 10, 32
 SLIDEDAT_MAX_BYTES = 4 << 20
+# The slide_identity attribute: a path, four numbers, a digest (a few hundred bytes).
+_MAX_ATTR_BYTES = 64 << 10
 _NOT_SLIDE_FILES = ("thumbs.db", "desktop.ini")  # and names starting with "."
 
 
@@ -96,7 +99,7 @@ class SlideIdentity:
         if isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
         try:
-            data = json.loads(value)
+            data = jsonsafe.loads(value, "slide_identity", max_bytes=_MAX_ATTR_BYTES)
             return cls(
                 path=str(data["path"]),
                 size=int(data["size"]),

@@ -105,12 +105,13 @@ class SlideReader:
             return cls(_open_czi(path), path, "czi")
         if not _openslide_target(path).is_file():
             raise SlideError(f"slide file not found: {path} (a folder must hold DICOM files)")
-        check_tiff_complete(path)
-        if reader != "openslide":
-            native = _open_native(path, cache, reader == "native")
+        check_tiff_complete(path)  # also its declared pages, tiles and pixels, before any backend
+        handle, backend, first_error = _open_openslide(path), "openslide", None
+        opened = not isinstance(handle, Exception)
+        if reader == "native" or (reader == "auto" and opened):  # one OpenSlide open for both
+            native = _open_native(path, cache, reader == "native", handle if opened else None)
             if native is not None:
                 return cls(native, path, "native")
-        handle, backend, first_error = _open_openslide(path), "openslide", None
         if isinstance(handle, Exception):
             first_error, handle, backend = handle, _open_tiffslide(path), "tiffslide"
         if isinstance(handle, Exception):
@@ -252,12 +253,15 @@ def _open_czi(path: Path) -> Any:
         raise SlideError(f"cannot open CZI slide {path}: {type(exc).__name__}: {exc}") from exc
 
 
-def _open_native(path: Path, cache: Any, required: bool) -> Any:
-    """A :class:`~histoserve.slides.tiff.native.NativeTiff`, else None (SlideError if required)."""
+def _open_native(path: Path, cache: Any, required: bool, slide: Any = None) -> Any:
+    """A :class:`~histoserve.slides.tiff.native.NativeTiff`, else None (SlideError if required).
+
+    ``slide``: the OpenSlide handle already open, if any (it stays the caller's when None).
+    """
     from histoserve.slides.tiff.native import NativeTiff, NotNative
 
     try:
-        return NativeTiff.open(path, cache)
+        return NativeTiff.open(path, cache, slide)
     except NotNative as exc:
         if required:
             raise SlideError(

@@ -145,6 +145,26 @@ def test_bad_json(text: str, needle: str) -> None:
         spec_from_json(text)
 
 
+@pytest.mark.parametrize(
+    ("suffix", "text", "needle"),
+    [
+        (".json", "[" * 2000 + "]" * 2000, "is not valid JSON: .*(depth|recursion)"),
+        (".yaml", "a: " + "[" * 2000 + "]" * 2000 + "\n", "nested too deep"),
+        (".json", " " * (2 << 20) + "{}", "bytes; a spec is a few KB"),
+    ],
+    ids=["deep-json", "deep-yaml", "huge"],
+)
+def test_a_spec_file_too_deep_or_too_large_is_one_clear_error(
+    tmp_path: Path, suffix: str, text: str, needle: str
+) -> None:
+    """A RecursionError traceback at start-up before (deep), read whole (huge)."""
+    path = tmp_path / f"spec{suffix}"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=needle) as caught:
+        load_spec_file(path)
+    assert str(path) in str(caught.value)
+
+
 def test_bad_yaml_and_non_mapping(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [unclosed\n")

@@ -20,8 +20,12 @@ OpenSlide's.
 Decoding is libjpeg-turbo through ``simplejpeg`` with libjpeg's defaults
 (accurate integer DCT, fancy upsampling), as OpenSlide decodes, and strict:
 a libjpeg warning (corrupt data, a premature end) is an error, as OpenSlide
-makes it. The header is read first: a tile whose JPEG does not declare the
-TIFF's tile size is refused before its pixels are allocated.
+makes it while it reads a tile's rows (junk left after a sequential scan,
+which OpenSlide never reads, is not: :func:`_only_after_the_scan`). Every
+tile's frame header is checked against the TIFF's own
+declaration before anything is decoded (:func:`check_frame`: three 8-bit
+components, the TIFF's tile size), so a tile OpenSlide refuses is refused
+here too, and none is allocated at a size the TIFF does not declare.
 
 A stream (:func:`tile_stream`) is also what a V2 input carrying the slide's
 own tiles would send: the tables are spliced in, nothing is decoded.
@@ -44,8 +48,18 @@ _ADOBE_YCBCR = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x01"
 _RGB_IDS = (82, 71, 66)
 
 
+# Luma sampling factors (h, v) with 1x1 chroma that TurboJPEG, simplejpeg's API, decodes
+# (4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1); libjpeg, OpenSlide's, decodes any.
+_TURBO_SAMPLING = ((1, 1), (2, 1), (2, 2), (1, 2), (4, 1))
+
+
 class JpegTileError(ValueError):
     """A tile's JPEG data is malformed, truncated or not the size the TIFF declares."""
+
+
+class UnusualSampling(JpegTileError):
+    """A valid tile whose chroma sampling libjpeg-turbo's TurboJPEG API cannot decode
+    (OpenSlide's libjpeg can): read through OpenSlide instead."""
 
 
 def segments(data: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
@@ -80,13 +94,18 @@ def segments(data: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
     raise JpegTileError("the data ends before its scan (truncated)")
 
 
-def tile_stream(tables: bytes | None, tile: bytes) -> bytes:
+def tile_stream(tables: bytes | None, tile: bytes, width: int, height: int) -> bytes:
     """One tile as a whole JPEG stream decoded as YCbCr (see the module's docstring).
 
+    ``width`` x ``height``: the TIFF's tile size, which the tile's own frame
+    must declare (:func:`check_frame`).
+
     Raises:
-        JpegTileError: Malformed tables or tile headers.
+        JpegTileError: Malformed tables or tile headers, or a frame that is not
+            the TIFF's (components, precision, size).
     """
     own, rest = segments(tile)
+    check_frame(next((seg for marker, seg in own if marker in _ALL_FRAMES), None), width, height)
     parts = [_stream_head(tables or b"")]
     parts += [seg for marker, seg in own if marker not in (APP0, APP14)]
     parts.append(rest)
@@ -100,6 +119,44 @@ def _stream_head(tables: bytes) -> bytes:
     return b"".join(
         [b"\xff\xd8", _ADOBE_YCBCR, *(seg for marker, seg in shared if marker not in (APP0, APP14))]
     )
+
+
+def check_frame(frame: bytes | None, width: int, height: int) -> None:
+    """Refuse a tile whose frame header (SOF) is not what its TIFF declares.
+
+    Every tile, not only a page's first: three components (OpenSlide decodes a
+    tile as YCbCr, and refuses a one- or four-component one as "Bogus JPEG
+    colorspace"; libjpeg-turbo alone would give a grey tile), 8 bits, and the
+    TIFF's ``width`` x ``height`` (before any pixel is allocated). The header
+    only: the segments are already split, nothing is decoded.
+
+    Raises:
+        JpegTileError: Why the tile is not the TIFF's.
+    """
+    if frame is None:
+        raise JpegTileError("no JPEG frame header (SOF) before its scan")
+    if len(frame) < 10:
+        raise JpegTileError("its JPEG frame header is cut short")
+    components, precision = frame[9], frame[4]
+    if components != 3:
+        raise JpegTileError(
+            f"its JPEG has {components} component(s) where the TIFF declares 3 samples per pixel "
+            "(OpenSlide: Bogus JPEG colorspace)"
+        )
+    if precision != 8:
+        raise JpegTileError(f"its JPEG has {precision}-bit samples, not 8")
+    h, w = struct.unpack(">HH", frame[5:9])
+    if (w, h) != (width, height):
+        raise JpegTileError(f"its JPEG says {w}x{h} px, the TIFF's tiles are {width}x{height}")
+    if _sampling(frame) not in _TURBO_SAMPLING:
+        raise UnusualSampling(f"its JPEG's sampling factors {frame[11:19:3].hex()} are unusual")
+
+
+def _sampling(frame: bytes) -> tuple[int, int] | None:
+    """Luma's (h, v) sampling factors when both chroma components are 1x1, else None."""
+    if len(frame) < 19 or frame[14] != 0x11 or frame[17] != 0x11:
+        return None
+    return frame[11] >> 4, frame[11] & 0x0F
 
 
 def jpeg_problem(tables: bytes | None, tile: bytes) -> str | None:
@@ -123,7 +180,25 @@ def jpeg_problem(tables: bytes | None, tile: bytes) -> str | None:
     adobe = [seg for marker, seg in own + shared if marker == APP14 and seg[4:9] == b"Adobe"]
     if ids == _RGB_IDS or (adobe and len(adobe[0]) > 15 and adobe[0][15] == 0):
         return "its JPEG tiles are RGB-coded (OpenSlide converts them as YCbCr)"
+    if _sampling(frame) not in _TURBO_SAMPLING:
+        return "its JPEG tiles' chroma sampling is not one libjpeg-turbo's TurboJPEG decodes"
     return None
+
+
+def _only_after_the_scan(message: str, stream: bytes) -> bool:
+    """Whether libjpeg's warning came only after a sequential scan's last row was decoded.
+
+    OpenSlide makes a warning an error while it reads a tile's rows, and reads
+    no further: junk between a sequential (baseline) scan's end and its EOI is
+    never seen there, and the tile reads (found by fuzzing: a Huffman table
+    changed so that the scan ends 3,930 bytes early). libjpeg-turbo reports it
+    only when it looks for the EOI, after the rows; a progressive frame's
+    scans are all read before its first row, so there it stays an error.
+    """
+    if "extraneous bytes before marker 0xd9" not in message:
+        return False
+    frames = [marker for marker, _ in segments(stream)[0] if marker in _ALL_FRAMES]
+    return bool(frames) and frames[0] in (0xC0, 0xC1)
 
 
 def decode_tile(stream: bytes, width: int, height: int, factor: int = 1) -> np.ndarray:
@@ -145,18 +220,17 @@ def decode_tile(stream: bytes, width: int, height: int, factor: int = 1) -> np.n
         raise JpegTileError(f"unreadable JPEG header ({exc})") from exc
     if (w, h) != (width, height):
         raise JpegTileError(f"its JPEG says {w}x{h} px, the TIFF's tiles are {width}x{height}")
-    try:
-        pixels = simplejpeg.decode_jpeg(  # the scale is the least at least min_height/width
-            stream,
-            colorspace="RGB",
-            fastdct=False,
-            fastupsample=False,
-            min_height=want[0],
-            min_width=want[1],
-            min_factor=factor,
+    options = {"min_height": want[0], "min_width": want[1], "min_factor": factor}
+    try:  # the scale is the least at least min_height/width
+        pixels = simplejpeg.decode_jpeg(
+            stream, colorspace="RGB", fastdct=False, fastupsample=False, **options
         )
     except ValueError as exc:
-        raise JpegTileError(f"corrupt JPEG data ({exc})") from exc
+        if not _only_after_the_scan(str(exc), stream):
+            raise JpegTileError(f"corrupt JPEG data ({exc})") from exc
+        pixels = simplejpeg.decode_jpeg(
+            stream, colorspace="RGB", fastdct=False, fastupsample=False, strict=False, **options
+        )
     if pixels.shape != want:
         raise JpegTileError(f"decoded at 1/{factor} to {pixels.shape}, expected {want}")
     return pixels

@@ -24,10 +24,12 @@ Same slide, same numbers, same pixels:
 :func:`native_problem` says why a slide is not read natively: not an Aperio
 or generic tiled TIFF for OpenSlide (NDPI, MRXS, Philips, ... keep
 OpenSlide), a level that is not JPEG-tiled with three 8-bit samples (JPEG
-2000 SVS, deflate, stripped), RGB-coded JPEG, or a tile size, byte count or
+2000 SVS, deflate, stripped), RGB-coded JPEG, or a tile size, byte count,
+``JPEGTables`` size (:data:`~histoserve.limits.MAX_JPEG_TABLES_BYTES`) or
 JPEG header beyond bounds. A tile that fails to decode (corrupt, truncated,
-another size than declared) is a :class:`~histoserve.errors.SlideError`
-naming the file, level and tile.
+another size or another number of components than its TIFF declares: every
+tile's frame header is checked, as OpenSlide refuses such a tile) is a
+:class:`~histoserve.errors.SlideError` naming the file, level and tile.
 
 For the slide's own JPEG tiles on the wire, :meth:`NativeTiff.tile_bytes`
 and :meth:`NativeTiff.jpeg_tables` give a tile's compressed bytes and its
@@ -37,6 +39,7 @@ page's tables without decoding anything.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 from collections import OrderedDict
@@ -47,8 +50,14 @@ from typing import Any
 import numpy as np
 
 from histoserve.errors import SlideError
-from histoserve.limits import MAX_TIFF_TILE_PX
-from histoserve.slides.tiff.jpeg_tiles import JpegTileError, decode_tile, jpeg_problem, tile_stream
+from histoserve.limits import MAX_JPEG_TABLES_BYTES, MAX_TIFF_PAGES, MAX_TIFF_TILE_PX
+from histoserve.slides.tiff.jpeg_tiles import (
+    JpegTileError,
+    UnusualSampling,
+    decode_tile,
+    jpeg_problem,
+    tile_stream,
+)
 
 _VENDORS = ("aperio", "generic-tiff")
 _JPEG, _RGB, _YCBCR = 7, 2, 6
@@ -123,22 +132,29 @@ class NativeTiff:
         self._fd = os.open(path, os.O_RDONLY)
 
     @classmethod
-    def open(cls, path: Path, cache: TileCache | None = None) -> NativeTiff:
+    def open(cls, path: Path, cache: TileCache | None = None, slide: Any = None) -> NativeTiff:
         """Open ``path`` natively.
+
+        ``slide``: an OpenSlide handle of ``path`` the caller opened (the slide
+        is then opened once, not twice, when it is not native): the reader's on
+        success, still the caller's when NotNative is raised.
 
         Raises:
             NotNative: The slide is not one this reader reads exactly (the reason).
         """
-        import openslide
+        own = slide is None
+        if own:
+            import openslide
 
-        try:
-            slide = openslide.OpenSlide(str(path))
-        except Exception as exc:  # not a format OpenSlide opens: never native
-            raise NotNative(f"OpenSlide does not open it ({exc})") from exc
+            try:
+                slide = openslide.OpenSlide(str(path))
+            except Exception as exc:  # not a format OpenSlide opens: never native
+                raise NotNative(f"OpenSlide does not open it ({exc})") from exc
         try:
             return cls(path, slide, _levels(path, slide), cache)
         except BaseException:
-            slide.close()
+            if own:
+                slide.close()
             raise
 
     def read_region(
@@ -192,6 +208,11 @@ class NativeTiff:
             )
         return data
 
+    def tile_byte_count(self, level: int, column: int, row: int) -> int:
+        """The bytes tile ``(column, row)`` of ``level`` declares (nothing is read)."""
+        lvl = self._levels[level]
+        return int(lvl.counts[row * lvl.columns + column])
+
     def jpeg_tables(self, level: int) -> bytes | None:
         """The level's shared ``JPEGTables`` (None: each tile carries its own)."""
         return self._levels[level].tables
@@ -208,8 +229,10 @@ class NativeTiff:
             lvl = self._levels[level]
             data = self.tile_bytes(level, column, row)
             try:
-                stream = tile_stream(lvl.tables, data)
+                stream = tile_stream(lvl.tables, data, lvl.tile_w, lvl.tile_h)
                 tile = decode_tile(stream, lvl.tile_w, lvl.tile_h, factor)
+            except UnusualSampling:  # valid, but not for TurboJPEG: OpenSlide's pixels
+                tile = self._openslide_tile(level, column, row, factor)
             except JpegTileError as exc:
                 raise SlideError(
                     f"slide {self.path}: level {level} tile ({column}, {row}) at byte "
@@ -217,6 +240,25 @@ class NativeTiff:
                 ) from exc
             self.cache.put(key, tile)
         return tile
+
+    def _openslide_tile(self, level: int, column: int, row: int, factor: int) -> np.ndarray:
+        """Slide tile ``(column, row)`` as OpenSlide reads it (RGB; beyond the level: white).
+
+        Raises:
+            SlideError: At a reduced scale, a level whose tiles start between level-0
+                pixels, or OpenSlide's own error.
+        """
+        lvl, downsample = self._levels[level], self.level_downsamples[level]
+        x, y = column * lvl.tile_w, row * lvl.tile_h
+        x0, y0 = round(x * downsample), round(y * downsample)
+        where = f"slide {self.path}: level {level} tile ({column}, {row})"
+        if factor != 1 or x0 / downsample != x or y0 / downsample != y:
+            raise SlideError(f"{where}: its unusual chroma sampling is read by OpenSlide only")
+        try:
+            rgba = np.asarray(self._slide.read_region((x0, y0), level, (lvl.tile_w, lvl.tile_h)))
+        except Exception as exc:  # OpenSlide's own error for the tile
+            raise SlideError(f"{where}: {exc}") from exc
+        return np.ascontiguousarray(rgba[:, :, :3])
 
     def _compose(
         self, level: int, lx: int, ly: int, size: tuple[int, int], factor: int
@@ -264,7 +306,10 @@ def _levels(path: Path, slide: Any) -> list[_Level]:
 
     try:
         with tifffile.TiffFile(path) as tif:
-            pages = [p for p in tif.pages if p.is_tiled]
+            listed = list(itertools.islice(tif.pages, MAX_TIFF_PAGES + 1))
+            if len(listed) > MAX_TIFF_PAGES:
+                raise NotNative(f"it has more than {MAX_TIFF_PAGES:,} TIFF directories")
+            pages = [p for p in listed if p.is_tiled]
             levels, used = [], 0
             for width, height in slide.level_dimensions:
                 while used < len(pages) and pages[used].shape[:2] != (height, width):
@@ -301,6 +346,11 @@ def _level(page: Any, handle: Any, path: Path) -> _Level:
     if counts.size and int(counts.max()) > 3 * tw * th + _BYTES_SLACK:
         raise NotNative(f"a tile declares {int(counts.max()):,} bytes, more than a JPEG tile takes")
     tables = page.jpegtables or None
+    if tables is not None and len(tables) > MAX_JPEG_TABLES_BYTES:
+        raise NotNative(
+            f"a level's JPEGTables hold {len(tables):,} bytes, more than the "
+            f"{MAX_JPEG_TABLES_BYTES:,} allowed (copied into every tile)"
+        )
     handle.seek(int(offsets[0]))
     problem = jpeg_problem(tables, handle.read(int(counts[0])))
     if problem is not None:

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from histoserve.errors import SlideError
+from histoserve.errors import RequestFailed, ServerRefused, SlideError
+from histoserve.limits import MAX_JPEG_BYTES_PER_TILE, MAX_JPEG_REQUEST_BYTES
 from histoserve.slides.tiff.jpeg_tiles import JpegTileError, tile_stream
 
 if TYPE_CHECKING:
@@ -43,6 +44,11 @@ or always to a server that decodes on the device (its features differ slightly).
 DECODED_ON = {"jpeg": "cpu", "jpeg-device": "device"}
 """Where the server must decode each jpeg transport's tiles: its config's and answers'
 ``jpeg_decode``."""
+
+
+class JpegTooLarge(SlideError):
+    """A batch whose slide tiles would make a request over the jpeg transport's byte limits
+    (known from the tiles' declared byte counts, before any is read): send it as pixels."""
 
 
 @dataclass
@@ -105,8 +111,18 @@ def jpeg_problem(
 def jpeg_batch(native: NativeTiff, level: int, size: int, coords: np.ndarray) -> JpegBatch:
     """The ``size`` px squares at ``level`` from ``coords`` (level-0 x, y rows) as slide JPEG tiles.
 
+    The request's bytes are bounded before a tile is read: at most
+    :data:`~histoserve.limits.MAX_JPEG_BYTES_PER_TILE` per model tile and
+    :data:`~histoserve.limits.MAX_JPEG_REQUEST_BYTES` in all, counted from the
+    tiles' declared byte counts and the tables each stream carries. Each
+    tile's JPEG frame is checked against the TIFF's declaration
+    (:func:`~histoserve.slides.tiff.jpeg_tiles.check_frame`), as the native
+    reader checks it, so a tile OpenSlide refuses is never sent.
+
     See the module. Raises:
-        SlideError: A tile's bytes cannot be read or its JPEG headers are malformed.
+        JpegTooLarge: The request would be over those limits (send pixels).
+        SlideError: A tile's bytes cannot be read or its JPEG headers are malformed
+            or not the TIFF's.
     """
     downsample = native.level_downsamples[level]
     level_w, level_h = native.level_dimensions[level]
@@ -120,11 +136,13 @@ def jpeg_batch(native: NativeTiff, level: int, size: int, coords: np.ndarray) ->
     cells = np.array(list(wanted), np.int64).reshape(-1, 2)
     frame_x, frame_y = int(cells[:, 0].min()) * tw, int(cells[:, 1].min()) * th
     tables = native.jpeg_tables(level)
+    _check_request_bytes(native, level, cells, len(tables or b""), len(origins))
     streams, layout = [], np.empty((len(cells), 4), np.int32)
     for i, (column, row) in enumerate(cells):
         x, y = int(column) * tw, int(row) * th
         try:
-            streams.append(tile_stream(tables, native.tile_bytes(level, int(column), int(row))))
+            data = native.tile_bytes(level, int(column), int(row))
+            streams.append(tile_stream(tables, data, tw, th))
         except JpegTileError as exc:
             raise SlideError(
                 f"slide {native.path}: level {level} tile ({column}, {row}): {exc}"
@@ -135,6 +153,21 @@ def jpeg_batch(native: NativeTiff, level: int, size: int, coords: np.ndarray) ->
     boxes[:, 1] = origins[:, 1] - frame_y
     boxes[:, 2:] = size
     return JpegBatch(streams, layout, boxes, np.asarray(coords))
+
+
+def _check_request_bytes(
+    native: NativeTiff, level: int, cells: np.ndarray, tables_bytes: int, n_tiles: int
+) -> None:
+    """Raise :class:`JpegTooLarge` when the streams for ``cells`` would pass the limits."""
+    declared = sum(native.tile_byte_count(level, int(c), int(r)) for c, r in cells)
+    declared += len(cells) * (tables_bytes + 32)  # each stream: SOI, the YCbCr marker, the tables
+    limit = min(MAX_JPEG_REQUEST_BYTES, n_tiles * MAX_JPEG_BYTES_PER_TILE)
+    if declared > limit:
+        raise JpegTooLarge(
+            f"slide {native.path}: {n_tiles} tiles as JPEG would carry {declared:,} bytes, more "
+            f"than the {limit:,} allowed ({MAX_JPEG_BYTES_PER_TILE:,} a tile, at most "
+            f"{MAX_JPEG_REQUEST_BYTES:,} a request): sent as pixels"
+        )
 
 
 def choose_transport(requested: str, where: str, problem: str | None, decode: str) -> str:
@@ -162,6 +195,15 @@ def choose_transport(requested: str, where: str, problem: str | None, decode: st
     if problem is not None:
         raise SlideError(f"slide {where}: --transport {requested}: {problem}; use --transport auto")
     return transport
+
+
+def pixels_may_help(exc: RequestFailed) -> bool:
+    """Whether a refused jpeg request may go through as pixels: the server could not
+    decode a slide tile (its 400 names ``jpeg_tiles``) or refused its size (HTTP 413)."""
+    cause = exc.__cause__
+    if not isinstance(cause, ServerRefused):
+        return False
+    return cause.status == "HTTP 413" or "'jpeg_tiles'" in str(exc)
 
 
 def _decode_mismatch(transport: str, decode: str) -> str | None:

@@ -8,7 +8,11 @@ from pathlib import Path
 import histoserve
 
 PACKAGE = Path(histoserve.__file__).parent
-CODEC_ERRORS = {"wire/format.py:WireError", "slides/tiff/jpeg_tiles.py:JpegTileError"}
+CODEC_ERRORS = {
+    "wire/format.py:WireError",
+    "slides/tiff/jpeg_tiles.py:JpegTileError",
+    "jsonsafe.py:JsonError",
+}
 
 
 def _calls(attribute: str) -> dict[str, int]:
@@ -52,7 +56,8 @@ def test_one_error_tree() -> None:
                 bases = {b.id if isinstance(b, ast.Name) else ast.unparse(b) for b in node.bases}
                 # Format parsers' ValueErrors, wrapped where they meet a file or a server:
                 # wire/ (both sides share it; the server's edge maps WireError, the client
-                # makes it a BadAnswer) and a slide's JPEG tiles (a SlideError naming the file).
+                # makes it a BadAnswer), a slide's JPEG tiles (a SlideError naming the file) and
+                # bounded JSON (each reader's own refusal: a usage error, a re-embed, a 400).
                 codec = f"{path.relative_to(PACKAGE)}:{node.name}" in CODEC_ERRORS
                 own = path.name != "errors.py" and not codec
                 if own and bases & {"Exception", "RuntimeError", "ValueError"}:

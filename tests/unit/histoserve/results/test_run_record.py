@@ -57,7 +57,8 @@ def test_force_replaces_the_record_only_when_no_other_run_holds_it(tmp_path: Pat
 @pytest.mark.parametrize(
     ("content", "why"),
     [(b"", "is empty"), (b"{not json", "is not JSON"), (b'{"format": 9, "settings": {}}', "format 9"),
-     (b"[]", "no settings object")],
+     (b"[]", "no settings object"),
+     (b"[" * 1000 + b"]" * 1000, "is JSON nested 1000 deep, more than the 64 allowed")],
 )  # fmt: skip
 def test_an_unreadable_record_is_a_usage_error_naming_it(
     tmp_path: Path, content: bytes, why: str

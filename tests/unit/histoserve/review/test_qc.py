@@ -92,6 +92,7 @@ def test_malformed_facts_and_status_lines_are_left_out_with_one_warning_each(
     (qc / "nan.json").write_text(json.dumps({**facts, "slide_id": "nan", "level0_mpp": None}))
     (qc / "list.json").write_text("[1, 2]")
     (qc / "half.json").write_text('{"slide_id": "half", "n_')
+    (qc / "deep.json").write_text("[" * 1000 + "]" * 1000)  # a RecursionError, no report before
     os.mkfifo(qc / "fifo.json")  # never opened blocking
     (qc / "link.json").symlink_to(qc / "good.json")
     log = StatusLog(tmp_path)
@@ -104,10 +105,11 @@ def test_malformed_facts_and_status_lines_are_left_out_with_one_warning_each(
     warnings = [r.getMessage() for r in caplog.records]
     assert [r.slide_id for r in collect_rows(tmp_path)] == ["after", "good"]
     assert "<td>good<br>" in page and "<td>after<br>" in page and "<td>old<br>" not in page
-    for name in ("typed", "nan", "list", "half", "fifo", "link"):
+    for name in ("typed", "nan", "list", "half", "deep", "fifo", "link"):
         assert sum(f"qc/{name}.json left out of the report" in w for w in warnings) == 1
     assert any('tissue_area_mm2 is "2.0", not float' in w for w in warnings)
     assert any("FIFO" in w for w in warnings)
+    assert any("deep.json is JSON nested 1000 deep" in w for w in warnings)
     assert any(
         "status.csv: 4 malformed lines left out of the report (line 3, 4, 5, 6)" in w
         for w in warnings

@@ -120,7 +120,8 @@ def test_the_recorded_identity_round_trips_and_junk_or_none_is_never_trusted(
     current = slide_identity(svs_slide.path)
     assert SlideIdentity.from_attr(current.to_attr()) == current
     assert SlideIdentity.from_attr(current.to_attr().encode()) == current
-    for junk in (None, "", "{", "[]", '{"path": "x"}', 3):
+    deep = "[" * 1000 + "]" * 1000  # a RecursionError before: the slide failed, not re-embedded
+    for junk in (None, "", "{", "[]", '{"path": "x"}', 3, deep, deep.encode()):
         assert SlideIdentity.from_attr(junk) is None
     assert "records no slide identity" in identity_change(None, current)
     older = SlideIdentity(current.path, current.size, current.mtime_ns, current.digest, 1, "md5")
