@@ -38,7 +38,9 @@ def _validated(render, validate_object, **kwargs) -> list[dict]:
 def test_the_init_container_exports_what_is_missing_on_the_pod_s_gpu(render, validate_object):
     objs = _validated(render, validate_object, set_json={**BUILD, "model.build.dtype": "bf16"})
     init, server = _init(objs), isvc_container(objs)
-    assert init["image"] == server["image"]
+    # the serving image's export twin (docker build --target export): same torch, a compiler
+    assert init["image"] == server["image"] + "-export"
+    assert server["image"].rsplit(":", 1)[1]  # a tag, not a digest
     assert init["command"] == [
         "timeout",
         "--kill-after=30",
@@ -102,6 +104,15 @@ def test_a_cpu_pool_builds_for_its_cpu_and_a_module_source_without_weights_file(
     assert "nvidia.com/gpu" not in init["resources"].get("limits", {})
 
 
+def test_a_serving_image_by_digest_takes_a_named_export_image(render, validate_object):
+    export = "registry.example.com/histoserve@sha256:" + "b" * 64
+    objs = _validated(render, validate_object, set_json={
+        **BUILD, "image.digest": "sha256:" + "a" * 64, "model.build.image": export,
+    })  # fmt: skip
+    assert _init(objs)["image"] == export
+    assert isvc_container(objs)["image"].endswith("@sha256:" + "a" * 64)
+
+
 def test_a_pvc_uri_s_path_is_the_set_in_both_containers(render, validate_object):
     values = {k: v for k, v in BUILD.items() if k != "storage.pvc.existingClaim"}
     objs = _validated(render, validate_object, set_json={
@@ -134,6 +145,7 @@ def test_the_build_works_beside_a_serving_runtime(render, validate_object):
         ({"model.build.lockTimeoutSeconds": 600}, "must be >= model.build.timeoutSeconds"),
         ({"model.build.maxBatch": 16}, "batching.maxBatchSize 32 (32 when unset) is above"),
         ({"model.checkpoint": "h0.pt2"}, "leave model.checkpoint empty"),
+        ({"image.digest": "sha256:" + "a" * 64}, "set model.build.image to the export image"),
     ],
 )
 def test_builds_that_cannot_work_are_refused_with_what_to_do(render_error, values, needle):

@@ -84,16 +84,56 @@ def test_multi_stage_with_wheel_built_in_builder():
     assert copies_from_builder and all("/wheels" in c for c in copies_from_builder)
 
 
+BASE_RX = r"pytorch/pytorch:(\d+\.\d+\.\d+)-cuda(\d+\.\d+)-cudnn(\d+)-{}(@sha256:[a-f0-9]{{64}})?"
+EXPORT = next(stage for stage in STAGES if stage.name == "export")
+
+
 def test_base_image_is_a_pinned_cuda_pytorch_runtime():
     base = GLOBAL_ARGS["BASE_IMAGE"]
     for stage in STAGES:
-        assert stage.base == "${BASE_IMAGE}", "every stage starts from the one pinned base"
-    m = re.fullmatch(
-        r"pytorch/pytorch:(\d+\.\d+\.\d+)-cuda(\d+\.\d+)-cudnn(\d+)-runtime(@sha256:[a-f0-9]{64})?",
-        base,
-    )
+        if stage is not EXPORT:
+            assert stage.base == "${BASE_IMAGE}", "every serving stage starts from the one base"
+    m = re.fullmatch(BASE_RX.format("runtime"), base)
     assert m, f"base {base!r} is not a version-pinned pytorch CUDA *runtime* image"
     assert "latest" not in base
+
+
+def test_the_export_image_is_the_serving_bases_devel_twin():
+    """Same torch, CUDA and cuDNN tag as the serving base, only -devel (compiler, CUDA toolkit)."""
+    assert EXPORT.base == "${EXPORT_BASE_IMAGE}"
+    serving = re.fullmatch(BASE_RX.format("runtime"), GLOBAL_ARGS["BASE_IMAGE"])
+    export = re.fullmatch(BASE_RX.format("devel"), GLOBAL_ARGS["EXPORT_BASE_IMAGE"])
+    assert export, f"export base {GLOBAL_ARGS['EXPORT_BASE_IMAGE']!r} is not a pinned -devel image"
+    assert export.groups()[:3] == serving.groups()[:3]
+    assert STAGES.index(EXPORT) < STAGES.index(FINAL), (
+        "`docker build .` must still build the server"
+    )
+
+
+def test_the_export_image_checks_its_build_against_the_serving_base_while_building():
+    builder_runs = " ".join(STAGES[0].all("RUN"))
+    assert "torch.__version__, torch.version.cuda" in builder_runs
+    assert "> /wheels/serving-build.txt" in builder_runs
+    runs = " ".join(EXPORT.all("RUN"))
+    assert "cmp /wheels/serving-build.txt /tmp/export-build.txt" in runs
+    assert "torch.__version__, torch.version.cuda" in runs
+    assert "g++ --version" in runs and "nvcc --version" in runs
+    installs = re.findall(r"pip install ([^&|;]+)", runs)
+    assert len(installs) == 1 and '"${wheel}[server,slides,export]"' in installs[0]
+    assert "--constraint /tmp/base-constraints.txt" in installs[0]
+    (entrypoint,) = EXPORT.all("ENTRYPOINT")
+    assert json.loads(entrypoint) == ["python", "-m", "predictor.export"]
+
+
+def stage_env(stage: Stage) -> dict[str, str]:
+    return dict(kv for e in stage.all("ENV") for kv in re.findall(r"(\w+)=(\S+)", e))
+
+
+def test_the_export_image_runs_as_the_servers_user_with_its_paths():
+    (export_user,), (serving_user,) = EXPORT.all("USER"), FINAL.all("USER")
+    assert expand(export_user, stage_args(EXPORT)) == expand(serving_user, stage_args(FINAL))
+    for var in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        assert stage_env(EXPORT)[var] == stage_env(FINAL)[var], var
 
 
 def test_base_torch_is_the_torch_the_tests_run():
@@ -121,9 +161,8 @@ def test_runtime_installs_only_the_package_and_the_server_and_slides_extras():
         targets = [t for t in targets if not t.startswith("/tmp/base-constraints")]
         assert targets == ['"${wheel}[server,slides]"'], f"runtime pip install of {targets}"
     assert "wheel=$(echo /wheels/histoserve-*.whl)" in runs
-    text = DOCKERFILE
     for extra in set(PYPROJECT["project"]["optional-dependencies"]) - IMAGE_EXTRAS:
-        assert f"[{extra}]" not in text, f"the image must not install the {extra!r} extra"
+        assert f"[{extra}]" not in runs, f"the serving image must not install the {extra!r} extra"
     assert "-e " not in runs and "editable" not in runs
     assert not re.search(r"apt-get install[^&]*(gcc|g\+\+|build-essential)", runs)
 
@@ -188,10 +227,7 @@ def test_entrypoint_ports_and_model_dir():
 
 def test_writable_paths_match_the_chart(render):
     """The image's HOME/TMPDIR/cache env is where the chart mounts its emptyDirs."""
-    env: dict[str, str] = {}
-    for e in FINAL.all("ENV"):
-        for k, v in re.findall(r"(\w+)=(\S+)", e):
-            env[k] = v
+    env = stage_env(FINAL)
     from tests.chart.helpers import isvc_container
 
     chart_env = {e["name"]: e["value"] for e in isvc_container(render())["env"]}

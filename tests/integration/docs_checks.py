@@ -374,6 +374,15 @@ def dockerfile_server(session: DocsSession, command: str) -> None:
     assert "--bind_address" not in (REPO / "Dockerfile").read_text()
 
 
+def dockerfile_target(session: DocsSession, command: str) -> None:
+    """The export image's tag is what the chart derives; the Dockerfile has that stage."""
+    target = re.search(r"--target (\S+)", command) or re.search(r":0\.1\.0-(\w+)$", command)
+    assert target and target.group(1) == "export"
+    assert re.search(r"^FROM \S+ AS export$", (REPO / "Dockerfile").read_text(), flags=re.M)
+    values = (REPO / "charts/histoserve/templates/_build.tpl").read_text()
+    assert '"%s:%s-export"' in values
+
+
 def ray_api(session: DocsSession, block: str) -> None:
     """The Ray example calls ``histoserve.embed`` and reads ``EmbedSummary`` with names they have."""
     import inspect

@@ -50,6 +50,7 @@ from tests.integration.docs_checks import (
     curl_example,
     dockerfile_arg,
     dockerfile_server,
+    dockerfile_target,
     embed_readme,
     exported,
     flags_parse,
@@ -235,6 +236,12 @@ REGISTRY: dict[str, Entry] = {
     ),
     "docker push registry.example.com/histoserve:0.1.0": Entry(
         "static", dockerfile_server, why=NO_DOCKER
+    ),
+    "docker build --target export -t registry.example.com/histoserve:0.1.0-export .": Entry(
+        "static", dockerfile_target, why=NO_DOCKER
+    ),
+    "docker push registry.example.com/histoserve:0.1.0-export": Entry(
+        "static", dockerfile_target, why=NO_DOCKER
     ),
     "helm install h0 charts/histoserve -n histo --create-namespace --set image.repository=registry.example.com/histoserve --set image.tag=0.1.0 --set storage.pvc.existingClaim=histo-models --set gpu.product=NVIDIA-H100-80GB-HBM3 -f charts/histoserve/presets/keda-queue-depth.yaml": Entry(
         "render", render_chart(isvc_named("h0-histoserve", "histo"))

@@ -1,7 +1,7 @@
 {{/*
 model.build: the init container that exports the package this node needs when
 none in the model volume fits (docs/deployment.md, "Package sets"). It runs
-the serving image's exporter on the pod's own device (the server's resources,
+the export image (the serving image's export twin: docker build --target export) on the pod's own device (the server's resources,
 GPU included: the kubelet hands the init container's GPU on to the server),
 `--package_set <model dir> --if_missing`: the server's own fit rule decides
 whether anything is missing; a lock per build key on the volume makes pods
@@ -9,6 +9,16 @@ starting together export once. `timeout` bounds the export (SIGTERM, then
 SIGKILL 30 s later); a killed export leaves no package (stage, then rename)
 and the kubelet retries the init container.
 */}}
+{{/* The export image: model.build.image, else the serving image's tag with "-export"
+(`docker build --target export`: the same torch and CUDA, a compiler, the export extra). */}}
+{{- define "histoserve.buildImage" -}}
+{{- if .Values.model.build.image -}}
+{{- .Values.model.build.image -}}
+{{- else -}}
+{{- printf "%s:%s-export" .Values.image.repository (include "histoserve.imageTag" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "histoserve.buildEnabled" -}}
 {{- if .Values.model.build.enabled }}true{{ end -}}
 {{- end -}}
@@ -42,7 +52,7 @@ and the kubelet retries the init container.
 
 {{- define "histoserve.buildInitContainer" -}}
 - name: build-package
-  image: {{ default (include "histoserve.image" .) .Values.model.build.image }}
+  image: {{ include "histoserve.buildImage" . }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
   command:
     - timeout
@@ -113,6 +123,9 @@ and the kubelet retries the init container.
 {{- if ne .Values.batching.maxBatchSize nil }}{{ $batch = int .Values.batching.maxBatchSize }}{{ end -}}
 {{- if and (gt (int $b.maxBatch) 0) (gt $batch (int $b.maxBatch)) -}}
 {{- fail (printf "batching.maxBatchSize %d (32 when unset) is above model.build.maxBatch %d: the package would not fit the server's flags" $batch (int $b.maxBatch)) -}}
+{{- end -}}
+{{- if and .Values.image.digest (not $b.image) -}}
+{{- fail "model.build with image.digest: the export image cannot be derived from a digest; set model.build.image to the export image built beside it (docker build --target export), by digest too" -}}
 {{- end -}}
 {{- if .Values.model.checkpoint -}}
 {{- fail (printf "model.build with model.checkpoint %q: the server would serve that file, not the build that fits; leave model.checkpoint empty" .Values.model.checkpoint) -}}
