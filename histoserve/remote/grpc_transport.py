@@ -16,7 +16,8 @@ on another URL, like a wrong answer over HTTP.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Container, Mapping
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,11 @@ def host_port(url: str) -> str:
     return url.split("://", 1)[1].rstrip("/")
 
 
+def receive_bound(max_receive_bytes: int) -> int:
+    """The channel argument a receive bound of ``max_receive_bytes`` becomes."""
+    return min(max_receive_bytes, 2**31 - 1)
+
+
 def _client(url: str, credentials: Credentials, max_receive_bytes: int) -> Any:
     """A channel that receives at most ``max_receive_bytes`` a message and uses the
     environment's proxy only when the credentials say so (gRPC's default is to use it)."""
@@ -72,7 +78,7 @@ def _client(url: str, credentials: Credentials, max_receive_bytes: int) -> Any:
         root_certificates=str(ca) if ca is not None else None,
         channel_args=[
             ("grpc.max_send_message_length", _MAX_SEND),
-            ("grpc.max_receive_message_length", min(max_receive_bytes, 2**31 - 1)),
+            ("grpc.max_receive_message_length", receive_bound(max_receive_bytes)),
             ("grpc.enable_http_proxy", int(credentials.trust_env)),
         ],
     )
@@ -83,12 +89,30 @@ def _status(exc: Exception) -> str:
     return status.rsplit(".", 1)[-1]
 
 
-def _wrap(url: str, exc: Exception, credentials: Credentials) -> RemoteError:
+_TOO_LARGE = re.compile(r"larger than max \((\d+) vs\. (\d+)\)")
+
+
+def _wrap(
+    url: str, exc: Exception, credentials: Credentials, own_bounds: Container[int] = ()
+) -> RemoteError:
+    """The error tree's member for a failed call.
+
+    gRPC words a message over a receive bound the same way on either side
+    ("larger than max (N vs. M)"): when ``M`` is one of this client's own
+    receive bounds (``own_bounds``) the server's answer was too large (a wrong
+    answer, retried); otherwise the server refused the request's size, which
+    no retry changes (a :class:`ServerRefused`, as HTTP 413 is).
+    """
     code = _status(exc)
     message = exc.message() if hasattr(exc, "message") else str(exc)
     message = credentials.scrub(str(message), MESSAGE_MAX_CHARS)
-    if code == "RESOURCE_EXHAUSTED" and "larger than max" in message:  # our channel's bound
+    too_large = _TOO_LARGE.search(message) if code == "RESOURCE_EXHAUSTED" else None
+    if too_large and int(too_large.group(2)) in own_bounds:
         return BadAnswer(f"{url}: an answer larger than this request can need ({message})")
+    if too_large:
+        return ServerRefused(
+            f"gRPC {code}", f"the request is larger than the server accepts: {message}", code
+        )
     if code in RETRY_CODES or not code:
         return RetryableError(f"{url}: gRPC {code or 'error'}: {message}", status=code or None)
     return ServerRefused(f"gRPC {code}", message, code)
@@ -116,6 +140,8 @@ class GrpcTransport:
         creds = self._credentials = credentials or Credentials()
         self._max_receive = HEADER_HEADROOM_BYTES
         """The largest answer any request so far could need: the channels' receive bound."""
+        self._own_bounds = {receive_bound(self._max_receive)}
+        """Every receive bound a channel of this transport was opened with."""
         self._recycler = Recycler(
             lambda: _client(url, creds, self._max_receive), lambda c: c.close(), policy
         )
@@ -149,6 +175,7 @@ class GrpcTransport:
             infer_inputs.append(item)
         if max_answer_bytes > self._max_receive:
             self._max_receive = max_answer_bytes
+            self._own_bounds.add(receive_bound(max_answer_bytes))
             self._recycler.retire_current()
         pool = self._recycler.acquire()
         try:
@@ -160,7 +187,7 @@ class GrpcTransport:
                 headers=self._credentials.grpc_metadata() or None,
             )
         except InferenceServerException as exc:
-            error = _wrap(self.url, exc, self._credentials)
+            error = _wrap(self.url, exc, self._credentials, self._own_bounds)
             if isinstance(error, RetryableError):
                 self._recycler.discard(pool)
             raise error from exc

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import shutil
 import tempfile
@@ -74,6 +73,7 @@ from typing import Any
 
 import torch
 
+from predictor.errors import CheckpointError
 from predictor.pt2.extract import extract_member
 from predictor.pt2.input_checks import (
     InputSpec,
@@ -82,6 +82,7 @@ from predictor.pt2.input_checks import (
     specs_from_cpp,
     specs_from_metadata,
 )
+from predictor.pt2.metadata import loads_metadata, read_member
 
 __all__ = ["AotiRunError", "GilFreeRunner", "extract_member"]
 
@@ -286,8 +287,9 @@ class GilFreeRunner:
             if metadata is None:
                 try:
                     meta_name = _member(names, model_name, _METADATA_SUFFIX, self.path)
-                    metadata = json.loads(archive.read(meta_name))
-                except ValueError:
+                    raw = read_member(archive, meta_name, meta_name)
+                    metadata = loads_metadata(raw, meta_name)
+                except (ValueError, CheckpointError):
                     metadata = {}
             metadata = {str(k): str(v) for k, v in metadata.items()}
             specs = _input_specs(archive, names, stem, metadata, self.path)

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from predictor.pt2.metadata import CPU_BUILD_KEY, json_field, provenance
+from predictor.pt2.metadata import CPU_BUILD_KEY, json_field, loads_metadata, provenance
 from predictor.spec import METADATA_KEY
 
 BUILD_KEY_KEY = "histoserve.build_key"
@@ -137,6 +137,12 @@ def gpu_target(capability: str, cpu_target: str) -> str:
     return f"sm_{capability}+{cpu_target}"
 
 
+def spec_name(spec_text: str) -> str:
+    """The ``name`` of a package's embedded spec (``?`` when it has none)."""
+    data = loads_metadata(spec_text, "the package's embedded spec")
+    return str(data.get("name", "?")) if isinstance(data, dict) else "?"
+
+
 def key_from_metadata(metadata: Mapping[str, str]) -> BuildKey | None:
     """The package's build key: recorded, else derived from its provenance.
 
@@ -162,7 +168,7 @@ def key_from_metadata(metadata: Mapping[str, str]) -> BuildKey | None:
     if cuda:
         target = gpu_target(metadata.get("AOTI_COMPUTE_CAPABILITY") or "?", target)
     return BuildKey(
-        spec=str(json.loads(spec_text).get("name", "?")),
+        spec=str(spec_name(spec_text)),
         weights=weights_id(str(prov.get("source", "?")), prov.get("weights_sha256")),
         dtype=str(prov.get("dtype", "?")),
         min_batch=int(prov.get("min_batch", 1)),

@@ -12,12 +12,12 @@ host checks happen before the shared library is ever loaded.
 
 from __future__ import annotations
 
-import json
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
 import torch
 
 from predictor.errors import CheckpointError
@@ -28,6 +28,9 @@ PROVENANCE_KEY = "histoserve.provenance"
 INPUTS_KEY = "histoserve.inputs"
 OUTPUTS_KEY = "histoserve.outputs"
 CPU_BUILD_KEY = "histoserve.cpu_build"
+MAX_METADATA_BYTES = 4 << 20
+"""The most bytes of AOTInductor metadata read from a package: a spec (at most
+:data:`~predictor.spec.MAX_SPEC_BYTES`), provenance and input specs are kilobytes."""
 
 
 def read_metadata(path: Path, model_name: str = "model") -> dict[str, str]:
@@ -43,15 +46,12 @@ def read_metadata(path: Path, model_name: str = "model") -> dict[str, str]:
     try:
         with zipfile.ZipFile(path) as archive:
             member = _metadata_member(archive.namelist(), model_name, path)
-            raw = archive.read(member)
+            raw = read_member(archive, member, f"checkpoint {path}: metadata {member}")
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
         raise CheckpointError(
             f"checkpoint {path} is not a readable .pt2 package (corrupt or truncated zip): {exc}"
         ) from exc
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"checkpoint {path}: metadata {member} is not JSON: {exc}") from exc
+    data = loads_metadata(raw, f"checkpoint {path}: metadata {member}")
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
         raise CheckpointError(
             f"checkpoint {path}: metadata {member} is not a JSON object of strings"
@@ -105,7 +105,37 @@ def json_field(metadata: Mapping[str, str], key: str, default: Any) -> Any:
     text = metadata.get(key)
     if not text:
         return default
+    return loads_metadata(text, f"package metadata {key!r}")
+
+
+def read_member(archive: zipfile.ZipFile, member: str, where: str) -> bytes:
+    """A metadata member's bytes, refused before reading when it declares more than
+    :data:`MAX_METADATA_BYTES` (zip's own CRC check catches a member longer than declared).
+
+    Raises:
+        CheckpointError: The member declares too many bytes.
+    """
+    size = archive.getinfo(member).file_size
+    if size > MAX_METADATA_BYTES:
+        raise CheckpointError(
+            f"{where} declares {size:,} bytes, more than the {MAX_METADATA_BYTES:,} allowed"
+        )
+    return archive.read(member)
+
+
+def loads_metadata(text: str | bytes, where: str) -> Any:
+    """JSON from a package's metadata, bounded in bytes (:data:`MAX_METADATA_BYTES`) and
+    parsed by orjson, whose nesting limit is in C (never a ``RecursionError``).
+
+    Raises:
+        CheckpointError: Too large or not JSON; the message names ``where``.
+    """
+    size = len(text) if isinstance(text, bytes) else len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_METADATA_BYTES:
+        raise CheckpointError(
+            f"{where} is {size:,} bytes, more than the {MAX_METADATA_BYTES:,} allowed"
+        )
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"package metadata {key!r} is not valid JSON: {exc}") from exc
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise CheckpointError(f"{where} is not valid JSON: {exc}") from exc

@@ -64,19 +64,26 @@ def small_body_server(
     server.stop()
 
 
-def _embed(server: Server, out: Path, *args: str | Path):
-    return run_embed(*args, "--url", server.base, "--out", out, "--concurrency", "1")
+def _embed(server: Server, out: Path, *args: str | Path, grpc: bool = False):
+    url = (  # gRPC carries no mpp: the model's, as the REST config says
+        ("--url", f"grpc://{server.grpc_url}", "--model", server.model_name, "--target-mpp", "0.5")
+        if grpc
+        else ("--url", server.base)
+    )
+    return run_embed(*args, *url, "--out", out, "--concurrency", "1")
 
 
+@pytest.mark.parametrize("grpc", [False, True], ids=["rest", "grpc"])
 def test_a_jpeg_request_refused_for_its_size_is_sent_as_pixels(
-    small_body_server: Server, folder: Path, tmp_path: Path
+    small_body_server: Server, folder: Path, tmp_path: Path, grpc: bool
 ) -> None:
-    """Before: the 413 failed the slide (only a 400 naming jpeg_tiles fell back)."""
+    """Before: the 413 failed the slide (only a 400 naming jpeg_tiles fell back); over gRPC
+    the server's receive bound (RESOURCE_EXHAUSTED) was taken for a too-large answer."""
     slide = folder / "padded.svs"
     outputs = {}
     for transport in ("jpeg", "pixels"):
         out = tmp_path / transport
-        result = _embed(small_body_server, out, slide, "--transport", transport)
+        result = _embed(small_body_server, out, slide, "--transport", transport, grpc=grpc)
         assert result.returncode == 0, result.stderr
         assert by_status(status_rows(out)) == {"done": ["padded"]}
         outputs[transport] = read_output(out / "padded.h5")

@@ -197,13 +197,18 @@ def choose_transport(requested: str, where: str, problem: str | None, decode: st
     return transport
 
 
+SIZE_REFUSALS = frozenset({"HTTP 413", "gRPC RESOURCE_EXHAUSTED"})
+"""How a server refuses a request for its size (the gRPC one only when not retried:
+over the server's receive bound, see :mod:`histoserve.remote.grpc_transport`)."""
+
+
 def pixels_may_help(exc: RequestFailed) -> bool:
     """Whether a refused jpeg request may go through as pixels: the server could not
-    decode a slide tile (its 400 names ``jpeg_tiles``) or refused its size (HTTP 413)."""
+    decode a slide tile (its 400 names ``jpeg_tiles``) or refused its size."""
     cause = exc.__cause__
     if not isinstance(cause, ServerRefused):
         return False
-    return cause.status == "HTTP 413" or "'jpeg_tiles'" in str(exc)
+    return cause.status in SIZE_REFUSALS or "'jpeg_tiles'" in str(exc)
 
 
 def _decode_mismatch(transport: str, decode: str) -> str | None:
