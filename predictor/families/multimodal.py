@@ -16,7 +16,7 @@ demo model is :class:`predictor.pt2.demo_models.DemoMultimodal`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -134,14 +134,32 @@ class MultimodalFamily(TileFamily):
             rna = np.full(n_genes, np.nan, dtype=np.float32)
         else:
             try:
-                rna = transform_bulk_rna(
-                    self.spec, self._validated_counts(request.bulk_rna, n_genes)
+                counts = self._validated_counts(request.bulk_rna, n_genes)
+                transform = self.bulk_rna_transform
+                rna = (
+                    transform_bulk_rna(self.spec, counts)
+                    if transform is None
+                    else self._transformed(transform, counts)
                 )
                 self._check_range(rna)
             except InvalidInput as exc:
                 raise exc.at(input_name="bulk_rna") from exc
         sample.extra_tensors["bulk_rna"] = rna
         return sample
+
+    @staticmethod
+    def _transformed(
+        transform: Callable[[np.ndarray], np.ndarray], counts: np.ndarray
+    ) -> np.ndarray:
+        """A model class's ``preprocess_bulk_rna`` of ``counts``, held to the package's input:
+        ``float32 [G]`` (a ``ValueError`` there is the request's 400, as in ``prepare_sample``)."""
+        rna = np.asarray(transform(counts), dtype=np.float32)
+        if rna.shape != counts.shape:
+            raise InvalidInput(
+                f"preprocess_bulk_rna returned shape {list(rna.shape)} for "
+                f"{list(counts.shape)} counts"
+            )
+        return rna
 
     def _check_range(self, rna: np.ndarray) -> None:
         """InvalidInput for a value (after the spec's transform) the package's dtype cannot hold."""

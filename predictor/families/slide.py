@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -79,8 +79,9 @@ class SlideFamily(Family):
         options: ServingOptions,
         served: ServedPackage,
         fault_hook: FaultHook | None = None,
+        bulk_rna_transform: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
-        super().__init__(spec, options, served, fault_hook)
+        super().__init__(spec, options, served, fault_hook, bulk_rna_transform)
         self._attention_shape: tuple[int, ...] = (-1,)
         self.input_limit = float(np.finfo(np.float32).max)
         """The package dtype's finite range, set by :meth:`bind_device`."""

@@ -155,7 +155,13 @@ class BaseServerModel(Model):
         self._spec = model_spec
         self._options = options
         self.served = ServedPackage(package)
-        self.family = family(model_spec, options, self.served, fault_hook)
+        self.family = family(
+            model_spec,
+            options,
+            self.served,
+            fault_hook,
+            bulk_rna_transform=self.preprocess_bulk_rna,
+        )
         self._normalizer: Normalizer | None = None  # the first device's, built by load
         # the further devices' slots, and each worker's (warmed up on CUDA)
         self._devices = DeviceWorkers(warm_up=self.family.warm_worker)
@@ -460,7 +466,11 @@ class BaseServerModel(Model):
         return self.family.forward_primary(samples, self.active_slot())
 
     def preprocess_bulk_rna(self, raw: Sequence[float] | np.ndarray) -> np.ndarray:
-        """Applies the spec's omics transform to raw counts (``float32``; unchanged when none)."""
+        """Applies the spec's omics transform to raw counts (``float32``; unchanged when none).
+
+        The seed's hook: a subclass overriding it is what stage 1 applies to
+        every request's counts (its ``ValueError`` is that request's 400).
+        """
         return transform_bulk_rna(self._spec, raw)
 
     def active_slot(self) -> DeviceSlot:

@@ -32,11 +32,12 @@ slot it is handed per batch; it never sees KServe.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -73,6 +74,9 @@ class Family:
         options: The serving options (after :meth:`serving_options`).
         served: The served package's facts, set as the model loads.
         fault_hook: Test-only forward fault injection; ``None`` in production.
+        bulk_rna_transform: Raw counts to the package's input (the model's
+            ``preprocess_bulk_rna``, the seed's hook, so that a model class
+            overriding it is obeyed); ``None``: the spec's transform.
     """
 
     PACKAGE_INPUTS: ClassVar[tuple[str, ...]] = ()
@@ -90,11 +94,13 @@ class Family:
         options: ServingOptions,
         served: ServedPackage,
         fault_hook: FaultHook | None = None,
+        bulk_rna_transform: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.spec = spec
         self.options = options
         self.served = served
         self.fault_hook = fault_hook
+        self.bulk_rna_transform = bulk_rna_transform
 
     # -- package (class-level) --------------------------------------------------------
     @classmethod

@@ -16,7 +16,7 @@ from predictor.codecs.samples import ModelRequest
 from predictor.device.faults import parse_fault_spec
 from predictor.errors import ForwardError, InvalidInput, ModelNotReady
 from predictor.families import server_model
-from predictor.model.base import ServingOptions
+from predictor.model.base import BaseServerModel, ServingOptions
 from predictor.spec import BUILTIN_SPECS
 
 
@@ -110,6 +110,40 @@ def test_preprocess_bulk_rna_is_the_specs_transform_on_the_base(spec_name, log1p
     got = model.preprocess_bulk_rna(raw)
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+class ScaledCounts(BaseServerModel):
+    """The seed's hook overridden: counts per thousand, then the spec's ``log1p``."""
+
+    def preprocess_bulk_rna(self, raw):
+        if np.any(np.asarray(raw) > 1e6):
+            raise ValueError("counts above 1e6: not raw counts")
+        return super().preprocess_bulk_rna(np.asarray(raw, np.float32) / 1000.0)
+
+
+class WrongLength(BaseServerModel):
+    def preprocess_bulk_rna(self, raw):
+        return np.asarray(raw, np.float32)[:-1]
+
+
+def _rna_request(counts: np.ndarray) -> ModelRequest:
+    return ModelRequest(0, pixels=random_tiles(1, seed=3)[0], bulk_rna=counts)
+
+
+def test_a_model_class_s_preprocess_bulk_rna_is_what_stage_1_applies(multimodal_package_dir):
+    counts = np.arange(64, dtype=np.float32) * 100
+    model = _model(multimodal_package_dir, "m-optimus", model_class=ScaledCounts)
+    sample = model.prepare_sample(_rna_request(counts))
+    np.testing.assert_allclose(
+        sample.extra_tensors["bulk_rna"], np.log1p(counts / 1000.0), rtol=1e-6
+    )
+    base = _model(multimodal_package_dir, "m-optimus").prepare_sample(_rna_request(counts))
+    np.testing.assert_allclose(base.extra_tensors["bulk_rna"], np.log1p(counts), rtol=1e-6)
+    with pytest.raises(ValueError, match="not raw counts"):
+        model.prepare_sample(_rna_request(np.full(64, 2e6, np.float32)))
+    wrong = _model(multimodal_package_dir, "m-optimus", model_class=WrongLength)
+    with pytest.raises(InvalidInput, match=r"preprocess_bulk_rna returned shape \[63\] for \[64\]"):
+        wrong.prepare_sample(_rna_request(counts))
 
 
 def test_end_to_end_through_the_batcher_and_drain(embedding_package_dir, reference):
