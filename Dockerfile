@@ -32,6 +32,8 @@ RUN python -c "import torch; print(torch.__version__, torch.version.cuda)" > /wh
 
 # ---- export: `docker build --target export` (the chart's model.build image)
 FROM ${EXPORT_BASE_IMAGE} AS export
+# The runtime stage's user and paths, written again: a stage has one base, and
+# this one is the -devel twin (tests/chart/test_dockerfile.py holds the two equal).
 ARG HISTOSERVE_UID=10001
 ARG HISTOSERVE_GID=10001
 ENV PYTHONDONTWRITEBYTECODE=1 \

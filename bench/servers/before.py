@@ -56,3 +56,14 @@ def source_tree(commit: str = BEFORE_COMMIT, package: str = "predictor") -> Path
             f"cannot extract {package}/ at {commit}: {exc} {detail.decode(errors='replace')}"
         ) from exc
     return target
+
+
+def checkout_commit() -> str:
+    """This checkout's commit (``+dirty`` with local changes): the "after" of a
+    before-and-after result, recorded beside the "before" commit as its provenance."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+        return done.stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain") else "")

@@ -223,19 +223,6 @@ def measure(source: Path | None, version: str, log_dir: Path) -> list[dict[str, 
     return rows
 
 
-def _commit() -> str:
-    """This checkout's commit (``+dirty`` with local changes), as the results' provenance."""
-    import subprocess
-
-    from harness.server import REPO
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
-        return done.stdout.strip()
-
-    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain") else "")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -252,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         rows += measure(None, "this checkout", Path(tmp))
     if args.out:
         made = {"made_by": "python -m bench.studies.request_cost", "before": args.before}
-        made["commit"] = _commit()
+        from bench.servers.before import checkout_commit
+
+        made["commit"] = checkout_commit()
         args.out.write_text(json.dumps({**made, "rows": rows}, indent=1) + "\n")
     head = ["request", "protocol", "server", "status", "server CPU s", "peak RSS MiB", "wall s"]
     cells = [

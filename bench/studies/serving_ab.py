@@ -31,6 +31,7 @@ from typing import Any
 from bench.markdown import table
 from bench.matrix.cells import Cell, LoadClient, run_cell
 from bench.profiles import Windows
+from bench.servers.before import checkout_commit
 
 BEFORE = "f3c29a6"
 """``main`` before the model became a composition of parts (the mixin stack)."""
@@ -125,7 +126,14 @@ def measure(before: str, rounds: int, log_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _row(package, label, protocol, clients, tiles, figures) -> dict[str, Any]:
+def _row(
+    package: str,
+    label: str,
+    protocol: str,
+    clients: int,
+    tiles: int,
+    figures: dict[str, list[float | None]],
+) -> dict[str, Any]:
     good = {name: [f for f in values if f is not None] for name, values in figures.items()}
     median = {name: statistics.median(v) if v else None for name, v in good.items()}
     ratio = (
@@ -180,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = measure(args.before, args.rounds, Path(tmp))
     record = {
         "before": args.before,
+        "after": checkout_commit(),
         "rounds": args.rounds,
         "device": "cpu",
         "seconds": round(time.monotonic() - started, 1),

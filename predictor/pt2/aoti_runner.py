@@ -82,7 +82,7 @@ from predictor.pt2.input_checks import (
     specs_from_cpp,
     specs_from_metadata,
 )
-from predictor.pt2.metadata import loads_metadata, read_member
+from predictor.pt2.metadata import json_member
 
 __all__ = ["AotiRunError", "GilFreeRunner", "extract_member"]
 
@@ -287,8 +287,7 @@ class GilFreeRunner:
             if metadata is None:
                 try:
                     meta_name = _member(names, model_name, _METADATA_SUFFIX, self.path)
-                    raw = read_member(archive, meta_name, meta_name)
-                    metadata = loads_metadata(raw, meta_name)
+                    metadata = json_member(archive, meta_name, meta_name)
                 except (ValueError, CheckpointError):
                     metadata = {}
             metadata = {str(k): str(v) for k, v in metadata.items()}

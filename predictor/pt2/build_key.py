@@ -168,7 +168,7 @@ def key_from_metadata(metadata: Mapping[str, str]) -> BuildKey | None:
     if cuda:
         target = gpu_target(metadata.get("AOTI_COMPUTE_CAPABILITY") or "?", target)
     return BuildKey(
-        spec=str(spec_name(spec_text)),
+        spec=spec_name(spec_text),
         weights=weights_id(str(prov.get("source", "?")), prov.get("weights_sha256")),
         dtype=str(prov.get("dtype", "?")),
         min_batch=int(prov.get("min_batch", 1)),

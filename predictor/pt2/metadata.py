@@ -46,12 +46,11 @@ def read_metadata(path: Path, model_name: str = "model") -> dict[str, str]:
     try:
         with zipfile.ZipFile(path) as archive:
             member = _metadata_member(archive.namelist(), model_name, path)
-            raw = read_member(archive, member, f"checkpoint {path}: metadata {member}")
+            data = json_member(archive, member, f"checkpoint {path}: metadata {member}")
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
         raise CheckpointError(
             f"checkpoint {path} is not a readable .pt2 package (corrupt or truncated zip): {exc}"
         ) from exc
-    data = loads_metadata(raw, f"checkpoint {path}: metadata {member}")
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
         raise CheckpointError(
             f"checkpoint {path}: metadata {member} is not a JSON object of strings"
@@ -108,19 +107,19 @@ def json_field(metadata: Mapping[str, str], key: str, default: Any) -> Any:
     return loads_metadata(text, f"package metadata {key!r}")
 
 
-def read_member(archive: zipfile.ZipFile, member: str, where: str) -> bytes:
-    """A metadata member's bytes, refused before reading when it declares more than
-    :data:`MAX_METADATA_BYTES` (zip's own CRC check catches a member longer than declared).
+def json_member(archive: zipfile.ZipFile, member: str, where: str) -> Any:
+    """A metadata member parsed as JSON, refused before reading when it declares more
+    than :data:`MAX_METADATA_BYTES` (zip's own CRC check catches a member longer than declared).
 
     Raises:
-        CheckpointError: The member declares too many bytes.
+        CheckpointError: The member declares too many bytes, or is not JSON.
     """
     size = archive.getinfo(member).file_size
     if size > MAX_METADATA_BYTES:
         raise CheckpointError(
             f"{where} declares {size:,} bytes, more than the {MAX_METADATA_BYTES:,} allowed"
         )
-    return archive.read(member)
+    return loads_metadata(archive.read(member), where)
 
 
 def loads_metadata(text: str | bytes, where: str) -> Any:
