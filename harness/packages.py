@@ -48,7 +48,7 @@ KEY_EXCLUDES = (
 (the exporter imports only the load probe, to prove what it wrote), so editing
 them rebuilds nothing."""
 
-_CLI_OPTS = ("device", "dtype", "min_batch", "max_batch", "cpu_target")
+_CLI_OPTS = ("device", "dtype", "min_batch", "max_batch", "cpu_target", "weights_layout")
 
 
 def cache_root() -> Path:

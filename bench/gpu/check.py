@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.markdown import number
+from predictor.pt2.weights_layout import AUTO, LAYOUTS
 
 ALLOC_CONF = "expandable_segments:True"
 """The CUDA allocator setting the image and the chart set (``PYTORCH_CUDA_ALLOC_CONF``)."""
@@ -228,7 +229,12 @@ def _export(args: argparse.Namespace, report: Report, logs: Path) -> dict[str, P
 
     started = time.monotonic()
     exported = export_all(
-        asked_packages(args), args.dry_run, args.work, logs, args.export_deadline_s
+        asked_packages(args),
+        args.dry_run,
+        args.work,
+        logs,
+        args.export_deadline_s,
+        args.weights_layout,
     )
     paths = {n: Path(v["path"]) for n, v in exported.items() if "path" in v}
     loads = load_checks(paths, "cpu" if args.dry_run else "cuda:0")
@@ -305,6 +311,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--packages", nargs="*", help="export only these packages (of the plan)")
     parser.add_argument(
         "--export_deadline_s", type=float, default=None, help="every export's deadline (the plan's)"
+    )
+    parser.add_argument(
+        "--weights_layout",
+        default=AUTO,
+        choices=LAYOUTS,
+        help="every export's (histoserve export --weights_layout); an export whose proof "
+        "crashes the loader is tried once more with mmap either way",
     )
     parser.add_argument(
         "--work",

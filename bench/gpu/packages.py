@@ -27,12 +27,19 @@ before writing it: :mod:`predictor.export.verify`), its log under
 package once more, as the server will, in a fresh process of its own
 (:func:`predictor.pt2.load_probe.probe_load`: the step reached, the signal or
 the timeout), before any stage runs.
-``python -m bench.gpu.packages NAME DEVICE [DEPTH]`` exports one and prints
-its path.
+
+An export whose proof is killed by a signal while loading (the H200's crash)
+is exported once more with its weights appended to the library and mapped
+(``--weights_layout mmap``, :mod:`predictor.pt2.weights_layout`), in the same
+deadline; the result records both tries, so one run says whether the
+constants' upload from the library's data section is what crashes.
+``python -m bench.gpu.packages NAME DEVICE [--depth N] [--weights_layout L]``
+exports one and prints its path.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import signal
@@ -42,6 +49,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from predictor.pt2.weights_layout import AUTO, LAYOUTS, MAPPED
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -123,14 +132,18 @@ def planned(name: str) -> Export:
     return next(e for e in PLAN if e.name == name)
 
 
-def export_one(name: str, device: str, depth: int | None = None) -> Path:
+def export_one(
+    name: str, device: str, depth: int | None = None, weights_layout: str = AUTO
+) -> Path:
     """The cached package ``name`` exported for ``device`` (``cpu`` or ``cuda``)."""
     from harness.packages import demo_package
 
     entry = planned(name)
     if entry.timm:
-        return export_timm(entry, device)
+        return export_timm(entry, device, weights_layout)
     opts: dict[str, Any] = {"max_batch": MAX_BATCH}
+    if weights_layout != AUTO:
+        opts["weights_layout"] = weights_layout
     if entry.dtype != "fp32":
         opts["dtype"] = entry.dtype
     if device != "cpu":
@@ -140,10 +153,14 @@ def export_one(name: str, device: str, depth: int | None = None) -> Path:
     return demo_package(entry.spec, entry.preset, **opts)
 
 
-def timm_export_argv(entry: Export, weights: Path, output: Path, device: str) -> list[str]:
+def timm_export_argv(
+    entry: Export, weights: Path, output: Path, device: str, weights_layout: str = AUTO
+) -> list[str]:
     """``histoserve export``'s arguments for a timm entry: the user's command, as the README gives it."""
     assert entry.timm is not None
     argv = ["--spec", entry.spec, "--timm", entry.timm, "--weights", str(weights)]
+    if weights_layout != AUTO:
+        argv += ["--weights_layout", weights_layout]
     return [
         *argv,
         "--dtype",
@@ -157,7 +174,7 @@ def timm_export_argv(entry: Export, weights: Path, output: Path, device: str) ->
     ]
 
 
-def export_timm(entry: Export, device: str) -> Path:
+def export_timm(entry: Export, device: str, weights_layout: str = AUTO) -> Path:
     """A timm entry exported as a user does, from random weights of its geometry saved by timm.
 
     The weights come from ``timm.create_model`` with the spec's own kwargs
@@ -176,13 +193,13 @@ def export_timm(entry: Export, device: str) -> Path:
     assert entry.timm is not None
     folder = cache_root() / entry.name
     folder.mkdir(parents=True, exist_ok=True)
-    weights, output = folder / "random.safetensors", folder / f"{entry.spec}.pt2"
+    weights, output = folder / "random.safetensors", folder / f"{entry.spec}-{weights_layout}.pt2"
     if not weights.is_file():
         torch.manual_seed(0)
         kwargs = _timm_kwargs(str(resolve_spec(entry.spec).extra.get("timm_kwargs", "")), timm)
         model = timm.create_model(entry.timm, pretrained=False, num_classes=0, **kwargs)
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
-    if export_main(timm_export_argv(entry, weights, output, device)) != 0:
+    if export_main(timm_export_argv(entry, weights, output, device, weights_layout)) != 0:
         raise RuntimeError(f"histoserve export --timm {entry.timm} failed (see above)")
     return output
 
@@ -204,34 +221,56 @@ def _empty_cache(env: dict[str, str], dry_run: bool) -> None:
 
 
 def export_all(
-    names: list[str], dry_run: bool, work: Path, logs: Path, deadline_s: float | None = None
+    names: list[str],
+    dry_run: bool,
+    work: Path,
+    logs: Path,
+    deadline_s: float | None = None,
+    weights_layout: str = AUTO,
 ) -> dict[str, Any]:
-    """Exports ``names`` group by group (:data:`PLAN`), each in its own process.
+    """Exports ``names`` group by group (:data:`PLAN`), each in its own process, with
+    ``weights_layout``; one whose proof crashed the loader once more with ``mmap``.
 
     Returns:
-        Name to ``{"path", "seconds"}``, or to ``{"error", "seconds"}`` for an
-        export that failed or ran past its deadline (killed); ``seconds``
-        counts from its group's start.
+        Name to ``{"path", "seconds", "weights_layout"}``, or to ``{"error",
+        "seconds", "weights_layout"}`` for an export that failed or ran past
+        its deadline (killed); ``seconds`` counts from its group's start. A
+        second try's result carries the first's under ``"first"``.
     """
     out: dict[str, Any] = {}
     for group in sorted({e.group for e in PLAN}):
         entries = [e for e in PLAN if e.group == group and e.name in names]
-        out.update(_export_group(entries, dry_run, work, logs, deadline_s))
+        if not entries:
+            continue
+        results = _export_group(entries, dry_run, work, logs, deadline_s, weights_layout)
+        for entry in entries:
+            first = results[entry.name]
+            if first.get("crashed_loading") and weights_layout != MAPPED:
+                again = _export_group([entry], dry_run, work, logs, deadline_s, MAPPED)
+                results[entry.name] = {**again[entry.name], "first": first}
+        out.update(results)
     return out
 
 
 def _export_group(
-    entries: list[Export], dry_run: bool, work: Path, logs: Path, deadline_s: float | None
+    entries: list[Export],
+    dry_run: bool,
+    work: Path,
+    logs: Path,
+    deadline_s: float | None,
+    weights_layout: str,
 ) -> dict[str, Any]:
     """One group's exports at once, each with its own deadline (or ``deadline_s``) from its start."""
     device = "cpu" if dry_run else "cuda"
     logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     running: dict[str, tuple[Export, subprocess.Popen[str], Any]] = {}
+    suffix = "" if weights_layout == AUTO else f"-{weights_layout}"
     for entry in entries:
-        depth = [str(entry.dry_depth)] if dry_run and entry.dry_depth else []
-        log = (logs / f"export-{entry.name}.log").open("w")
+        depth = ["--depth", str(entry.dry_depth)] if dry_run and entry.dry_depth else []
+        log = (logs / f"export-{entry.name}{suffix}.log").open("w")
         argv = [sys.executable, "-m", "bench.gpu.packages", entry.name, device, *depth]
+        argv += ["--weights_layout", weights_layout]
         env = _env(entry, dry_run, work)
         _empty_cache(env, dry_run)
         proc = subprocess.Popen(
@@ -242,7 +281,10 @@ def _export_group(
     out: dict[str, Any] = {}
     for name, (entry, proc, log) in running.items():
         limit_s = DRY_DEADLINE_S if dry_run else (deadline_s or entry.deadline_s)
-        out[name] = _finish(entry, proc, log, started, limit_s)
+        out[name] = {
+            **_finish(entry, proc, log, started, limit_s),
+            "weights_layout": weights_layout,
+        }
     return out
 
 
@@ -263,8 +305,14 @@ def _finish(
     lines = stdout.strip().splitlines()
     if proc.returncode == 0 and lines:
         return {"path": lines[-1], "seconds": seconds}
-    tail = Path(log.name).read_text(errors="replace").strip().splitlines() or ["no output"]
-    return {"error": tail[-1][:300], "seconds": seconds}
+    text = Path(log.name).read_text(errors="replace")
+    tail = text.strip().splitlines() or ["no output"]
+    return {"error": tail[-1][:300], "seconds": seconds, "crashed_loading": crashed_loading(text)}
+
+
+def crashed_loading(log: str) -> bool:
+    """Whether an export's log ends in its proof's load killed by a signal (not a Python error)."""
+    return "stage load-in-fresh-process" in log and "was killed by signal" in log
 
 
 LOAD_S = 60.0
@@ -315,10 +363,17 @@ def _traced_export(argv: list[str]) -> Path:
     every_s = float(os.environ.get("HISTOSERVE_TRACE_S", "0"))
     if every_s > 0:
         faulthandler.dump_traceback_later(every_s, repeat=True)
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu.packages")
+    parser.add_argument("name", choices=[e.name for e in PLAN])
+    parser.add_argument("device")
+    parser.add_argument("--depth", type=int, default=None)
+    parser.add_argument("--weights_layout", default=AUTO, choices=LAYOUTS)
+    args = parser.parse_args(argv)
     started = time.monotonic()
-    print(f"export {argv[0]} on {argv[1]}: start", file=sys.stderr, flush=True)
-    path = export_one(argv[0], argv[1], int(argv[2]) if len(argv) > 2 else None)
-    print(f"export {argv[0]}: done in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    what = f"export {args.name} on {args.device} (weights {args.weights_layout})"
+    print(f"{what}: start", file=sys.stderr, flush=True)
+    path = export_one(args.name, args.device, args.depth, args.weights_layout)
+    print(f"{what}: done in {time.monotonic() - started:.1f} s", file=sys.stderr)
     return path
 
 

@@ -13,6 +13,9 @@ A package is ``torch.export.export`` with a dynamic batch axis, compiled by
 - ``histoserve.build_key``: what it was built from and for
   (:mod:`predictor.pt2.build_key`), also its name in a package set
   (``--package_set DIR``, :mod:`predictor.export.package_set`);
+- ``weights_layout`` in the provenance: ``embedded`` in the library's data
+  section or ``mmap`` (appended to it and mapped), read back from the built
+  library before it is recorded as written (:mod:`predictor.pt2.weights_layout`);
 - written by torch itself: ``AOTI_DEVICE_KEY``, ``AOTI_PLATFORM``,
   ``AOTI_MACHINE``, ``AOTI_CPU_ISA``, ``AOTI_COMPUTE_CAPABILITY``.
 
@@ -44,6 +47,7 @@ from predictor.export.scratch import fresh_inductor_cache, owned_dir
 from predictor.export.verify import LOAD_TIMEOUT_S, Verifier, add_verify_flags
 from predictor.families import build_demo_model, demo_example_inputs, family_for
 from predictor.pt2 import genes, host
+from predictor.pt2 import weights_layout as layouts
 from predictor.pt2.build_key import BUILD_KEY_KEY
 from predictor.pt2.demo_models import PRESETS
 from predictor.pt2.digest import sha256_file
@@ -81,6 +85,7 @@ def export_package(
     gene_lists: tuple[Sequence[str], Sequence[str]] | None = None,
     load_timeout_s: float = LOAD_TIMEOUT_S,
     compare_tolerance: float | None = None,
+    weights_layout: str = layouts.AUTO,
 ) -> Path:
     """Exports ``module`` as a ``.pt2`` at ``output``, renamed in only once proven
     (loaded in a fresh process, outputs equal to eager's: :mod:`predictor.export.verify`).
@@ -103,17 +108,19 @@ def export_package(
             beside the package as the spec's CSVs; demo IDs when ``None``.
         load_timeout_s: Deadline of the fresh-process load and batch.
         compare_tolerance: Overrides the dtype's tolerance (:data:`~predictor.export.verify.TOLERANCES`).
+        weights_layout: ``auto`` (in the library up to 2 GB, mapped above) or
+            ``mmap`` (always appended and mapped): :mod:`predictor.pt2.weights_layout`.
 
     Returns:
         The package path.
 
     Raises:
-        SpecError: Bad dtype, device, batch range or cpu target.
+        SpecError: Bad dtype, device, batch range, cpu target or weights layout.
         SpecMismatch: Gene lists whose lengths differ from the model's ``G``/``K``.
         CheckpointError: A stage failed (``export``, ``compile``, ``load-in-fresh-process``
             or ``compare``, named in the message); nothing was written.
     """
-    _check_options(dtype, device, min_batch, max_batch, cpu_target)
+    _check_options(dtype, device, min_batch, max_batch, cpu_target, weights_layout)
     output = Path(output)
     target = torch.device(device)
     module = module.to(device=target, dtype=DTYPES[dtype]).eval()
@@ -122,20 +129,23 @@ def export_package(
     with torch.no_grad():
         outputs = _flat(module(*args))
     metadata = _metadata(spec, args, outputs, target, cpu_target)
-    metadata[PROVENANCE_KEY] = json.dumps(
-        _provenance(source, weights_digest, dtype, target, min_batch, max_batch, cpu_target),
-        sort_keys=True,
-    )
+    if spec.takes_bulk_rna:  # gene lists: check them before the slow part
+        gene_lists = genes.gene_lists_for(spec, args[1].shape[1], outputs[0].shape[1], gene_lists)
+    program = _export(module, args, min_batch, max_batch)
+    from torch._inductor import config as inductor_config
+
+    if inductor_config.aot_inductor.force_mmap_weights:  # a caller's config.patch asks for it
+        weights_layout = layouts.MAPPED
+    layout = layouts.resolve(weights_layout, _constants_bytes(program))
+    prov = _provenance(source, weights_digest, dtype, target, min_batch, max_batch, cpu_target)
+    metadata[PROVENANCE_KEY] = json.dumps({**prov, "weights_layout": layout}, sort_keys=True)
     key = package_set.export_key(
         spec_name=spec.name, source=source, weights_sha256=weights_digest, dtype=dtype,
         min_batch=min_batch, max_batch=max_batch, device=device, cpu_target=cpu_target,
     )  # fmt: skip
     metadata[BUILD_KEY_KEY] = key.to_json()
-    if spec.takes_bulk_rna:  # gene lists: check them before the slow part
-        gene_lists = genes.gene_lists_for(spec, args[1].shape[1], outputs[0].shape[1], gene_lists)
-    program = _export(module, args, min_batch, max_batch)
     verify = Verifier(args, outputs, dtype, str(target), load_timeout_s, compare_tolerance)
-    _compile(program, output, metadata, cpu_target, verify=verify)
+    _compile(program, output, metadata, cpu_target, layout, verify=verify)
     write_sha256(output)
     if gene_lists is not None:
         genes.write_gene_lists(spec, output.parent, *gene_lists)
@@ -143,7 +153,7 @@ def export_package(
 
 
 def _check_options(
-    dtype: str, device: str, min_batch: int, max_batch: int, cpu_target: str
+    dtype: str, device: str, min_batch: int, max_batch: int, cpu_target: str, weights_layout: str
 ) -> None:
     if dtype not in DTYPES:
         raise SpecError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
@@ -155,6 +165,21 @@ def _check_options(
         )
     if cpu_target not in CPU_TARGETS:
         raise SpecError(f"unknown cpu target {cpu_target!r}; expected one of {sorted(CPU_TARGETS)}")
+    if weights_layout not in layouts.LAYOUTS:
+        raise SpecError(
+            f"unknown weights layout {weights_layout!r}; expected one of {list(layouts.LAYOUTS)}"
+        )
+
+
+def _constants_bytes(program: torch.export.ExportedProgram) -> int:
+    """The bytes of the program's weights, buffers and constants, each storage counted once."""
+    tensors = [*program.state_dict.values(), *program.constants.values()]
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for t in tensors
+        if isinstance(t, torch.Tensor)
+    }
+    return sum(storages.values())
 
 
 def _example_args(
@@ -251,16 +276,19 @@ def _compile(
     output: Path,
     metadata: dict[str, str],
     cpu_target: str,
+    layout: str = layouts.EMBEDDED,
     *,
     verify: Callable[[Path], None] | None = None,
 ) -> None:
-    """Compiles in a fresh inductor cache, staged beside ``output``; ``verify(staged)``; renames.
+    """Compiles in a fresh inductor cache, staged beside ``output``; checks its weights
+    ``layout`` (what the provenance records); ``verify(staged)``; renames.
 
     A failure or a kill leaves nothing at ``output`` (:mod:`predictor.export.scratch`).
     """
     configs: dict[str, Any] = {
         "aot_inductor.metadata": dict(metadata),  # torch adds to it in place
         **CPU_TARGETS[cpu_target],
+        **layouts.inductor_configs(layout),
     }
     from torch._inductor import config as inductor_config
 
@@ -278,6 +306,14 @@ def _compile(
         except Exception as exc:
             raise CheckpointError(f"stage compile: AOTInductor compilation failed: {exc}") from exc
         read_metadata(staged)  # the zip as written reads back
+        built = layouts.library_layout(staged)
+        if built != layout:
+            raise CheckpointError(
+                f"stage compile: the package would record weights layout {layout!r} but its "
+                f"library was built {built!r}; nothing was written. What to do: this torch "
+                f"chooses the layout by another rule than predictor/pt2/weights_layout.py; "
+                f"pass --weights_layout mmap, or report the torch version"
+            )
         if verify is not None:
             verify(staged)  # in the fresh cache: the child inherits it
         os.replace(staged, output)
@@ -303,7 +339,7 @@ def export_demo(spec: ModelSpec, output: Path, *, preset: str = "tiny", **opts: 
             ``embedding_dim``, ``pad_to_batch``, ``genes_in``).
     """
     export_keys = ("device", "dtype", "min_batch", "max_batch", "cpu_target", "gene_lists")
-    export_keys += ("load_timeout_s", "compare_tolerance")
+    export_keys += ("load_timeout_s", "compare_tolerance", "weights_layout")
     export_opts = {k: opts.pop(k) for k in export_keys if k in opts}
     if "gene_lists" in export_opts:  # size the demo to the given gene lists
         opts.setdefault("genes_in", len(export_opts["gene_lists"][0]))
@@ -355,6 +391,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--max_batch", type=int, default=None, help="default: 256 tiles, 200000 for slide heads"
     )
     parser.add_argument("--cpu_target", default="native", choices=sorted(CPU_TARGETS))
+    parser.add_argument(
+        "--weights_layout",
+        default=layouts.AUTO,
+        choices=layouts.LAYOUTS,
+        help="auto: weights in the model library up to 2 GB, appended and mapped above; "
+        "mmap: always appended and mapped (try it when a CUDA package crashes on load)",
+    )
     parser.add_argument("--genes_in", type=Path, help="multimodal: input gene CSV to ship")
     parser.add_argument("--genes_out", type=Path, help="multimodal: output gene CSV to ship")
     add_verify_flags(parser)
@@ -372,6 +415,7 @@ def run(args: argparse.Namespace) -> Path:
         "cpu_target": args.cpu_target,
         "load_timeout_s": args.load_timeout_s,
         "compare_tolerance": args.compare_tolerance,
+        "weights_layout": args.weights_layout,
     }
     if (args.genes_in is None) != (args.genes_out is None):
         raise SpecError("--genes_in and --genes_out go together")

@@ -3,6 +3,7 @@
 * :mod:`~predictor.pt2.dtypes`: the one dtype-name table of the project;
 * :mod:`~predictor.pt2.digest`: SHA-256 of a package, verified once at start-up;
 * :mod:`~predictor.pt2.metadata`: the metadata, read from the zip without loading;
+* :mod:`~predictor.pt2.weights_layout`: where a package keeps its weights (built and read back);
 * :mod:`~predictor.pt2.host`: what this host can run, the serving device;
 * :mod:`~predictor.pt2.build_key`: what a package was built from and for, as one name;
 * :mod:`~predictor.pt2.genes`: the gene-list CSVs beside multimodal packages;

@@ -74,7 +74,7 @@ from typing import Any
 import torch
 
 from predictor.errors import CheckpointError
-from predictor.pt2.extract import extract_member
+from predictor.pt2.extract import extract_member, find_member
 from predictor.pt2.input_checks import (
     InputSpec,
     NoInputSpecs,
@@ -105,19 +105,6 @@ def _capsule_api() -> tuple[Any, Any]:
 
 class AotiRunError(RuntimeError):
     """A call into the package's C ABI returned a failure code."""
-
-
-def _member(names: list[str], model_name: str, suffix: str, path: Path) -> str:
-    """The one zip member ``*/data/aotinductor/<model_name>/*<suffix>`` (wrapper first)."""
-    folder = f"data/aotinductor/{model_name}/"
-    found = [n for n in names if folder in n and n.endswith(suffix)]
-    wrapper = [n for n in found if "wrapper" in n.rsplit("/", 1)[-1]]
-    found = wrapper or found
-    if len(found) != 1:
-        raise ValueError(
-            f"{path}: expected one {folder}*{suffix} in the package, found {len(found)}: {found}"
-        )
-    return found[0]
 
 
 def _input_specs(
@@ -276,7 +263,7 @@ class GilFreeRunner:
         """
         with zipfile.ZipFile(self.path) as archive:
             names = archive.namelist()
-            so_name = _member(names, model_name, _SO_SUFFIX, self.path)
+            so_name = find_member(names, model_name, _SO_SUFFIX, self.path)
             stem = so_name[: -len(_SO_SUFFIX)]
             if f"{stem}.json" in names:
                 raise ValueError(
@@ -286,7 +273,7 @@ class GilFreeRunner:
                 )
             if metadata is None:
                 try:
-                    meta_name = _member(names, model_name, _METADATA_SUFFIX, self.path)
+                    meta_name = find_member(names, model_name, _METADATA_SUFFIX, self.path)
                     metadata = json_member(archive, meta_name, meta_name)
                 except (ValueError, CheckpointError):
                     metadata = {}

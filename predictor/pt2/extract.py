@@ -16,9 +16,26 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-__all__ = ["extract_member"]
+__all__ = ["extract_member", "find_member"]
 
 _CRC_CHUNK = 1 << 26
+
+
+def find_member(names: list[str], model_name: str, suffix: str, path: Path) -> str:
+    """The one zip member ``*/data/aotinductor/<model_name>/*<suffix>`` (wrapper first).
+
+    Raises:
+        ValueError: None, or several, naming ``path`` and what was found.
+    """
+    folder = f"data/aotinductor/{model_name}/"
+    found = [n for n in names if folder in n and n.endswith(suffix)]
+    wrapper = [n for n in found if "wrapper" in n.rsplit("/", 1)[-1]]
+    found = wrapper or found
+    if len(found) != 1:
+        raise ValueError(
+            f"{path}: expected one {folder}*{suffix} in the package, found {len(found)}: {found}"
+        )
+    return found[0]
 
 
 def extract_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path) -> None:

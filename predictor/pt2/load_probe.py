@@ -99,6 +99,8 @@ def describe_build(metadata: Mapping[str, str]) -> str:
         parts.append(f"-march={march or 'unknown'} ({isa})")
     if prov.get("dtype"):
         parts.append(str(prov["dtype"]))
+    if prov.get("weights_layout") == "mmap":
+        parts.append("weights mapped (--weights_layout mmap)")
     if prov.get("source"):
         parts.append(f"from {prov['source']}")
     return ", ".join(parts)
@@ -292,7 +294,8 @@ def _failure_message(
         todo = (
             f"re-export the package with `histoserve export` on a node with this torch{gpu} "
             f"(a package built elsewhere, or from an inductor cache a killed export left, can "
-            f"crash on load); the native crash's Python stack is logged above"
+            f"crash on load){_layout_hint(metadata, last)}; the native crash's Python stack is "
+            f"logged above"
         )
     else:
         how = f"failed (exit {outcome.returncode}): {error or 'no message'}"
@@ -302,6 +305,17 @@ def _failure_message(
     return (
         f"{context.what}: loading package {path} ({describe_build(metadata)}) in a fresh process "
         f"{how} during step '{last}', after {outcome.seconds:.1f} s. What to do: {todo}."
+    )
+
+
+def _layout_hint(metadata: Mapping[str, str], last_step: str) -> str:
+    """For a CUDA package with embedded weights that crashed while loading: the other layout."""
+    embedded = provenance(metadata).get("weights_layout", "embedded") == "embedded"
+    if metadata.get("AOTI_DEVICE_KEY") != "cuda" or not embedded or last_step != "load":
+        return ""
+    return (
+        "; a crash while loading can be the weights' upload from the library's data section: "
+        "export with `--weights_layout mmap` to map them from the file instead"
     )
 
 

@@ -193,6 +193,51 @@ def test_a_package_that_crashes_its_loader_fails_its_own_check_only(
     assert "during step 'load'" in checks["crashing"]["error"]
 
 
+def test_an_export_whose_proof_crashes_the_loader_is_tried_again_with_mapped_weights(
+    tmp_path: Path, embedding_package_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The crash is real (a package whose library raises SIGSEGV, through the exporter's own
+    proof); the two exports around it are stood in for: a CUDA export cannot run here."""
+    from bench.gpu import packages
+    from harness.native_crash import misbehaving_model_dir
+    from predictor.errors import CheckpointError
+    from predictor.pt2.load_probe import probe_load
+    from predictor.pt2.metadata import read_metadata
+
+    crashing = package_in(misbehaving_model_dir(embedding_package_dir, "segv", tmp_path / "segv"))
+    what = "stage load-in-fresh-process"
+    with pytest.raises(CheckpointError) as crash:
+        probe_load(
+            crashing, "cpu", read_metadata(crashing), timeout_s=120, what=what, off_hint=None
+        )
+    with pytest.raises(CheckpointError) as refusal:
+        probe_load(tmp_path / "none.pt2", "cpu", {}, timeout_s=120, what=what, off_hint=None)
+    assert packages.crashed_loading(str(crash.value))
+    assert not packages.crashed_loading(str(refusal.value))  # a Python error: not retried
+    calls: list[tuple[list[str], str]] = []
+
+    def export_group(entries, dry_run, work, logs, deadline_s, weights_layout):  # type: ignore[no-untyped-def]
+        calls.append(([e.name for e in entries], weights_layout))
+        if weights_layout == "mmap":
+            return {
+                e.name: {"path": "m.pt2", "seconds": 1.0, "weights_layout": "mmap"} for e in entries
+            }
+        return {
+            e.name: {"error": "x", "seconds": 2.0, "weights_layout": weights_layout,
+                     "crashed_loading": e.name == "vit-b-bf16"}
+            for e in entries
+        }  # fmt: skip
+
+    monkeypatch.setattr(packages, "_export_group", export_group)
+    out = packages.export_all(["vit-b-bf16", "tiny-fp32"], False, tmp_path, tmp_path)
+    assert calls == [(["vit-b-bf16"], "auto"), (["vit-b-bf16"], "mmap"), (["tiny-fp32"], "auto")]
+    assert out["vit-b-bf16"]["path"] == "m.pt2" and out["vit-b-bf16"]["weights_layout"] == "mmap"
+    assert out["vit-b-bf16"]["first"]["crashed_loading"] and "path" not in out["tiny-fp32"]
+    calls.clear()
+    packages.export_all(["vit-b-bf16"], False, tmp_path, tmp_path, weights_layout="mmap")
+    assert calls == [(["vit-b-bf16"], "mmap")]  # asked for mmap: nothing else to try
+
+
 def test_exports_run_one_at_a_time_and_stages_without_their_packages_are_left_out(
     tmp_path: Path,
 ) -> None:

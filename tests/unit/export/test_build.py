@@ -13,16 +13,17 @@ from torch import nn
 
 from harness.factories import WRONG_DIM_TARGET, wrong_dim_encoder
 from harness.packages import demo_package, module_package
-from predictor.errors import IncompatiblePackage, SpecError, SpecMismatch
+from predictor.errors import CheckpointError, IncompatiblePackage, SpecError, SpecMismatch
 from predictor.export import build as export
 from predictor.families import build_demo_model, demo_example_inputs
 from predictor.pt2 import digest as pkg_digest
 from predictor.pt2 import host as pkg_host
-from predictor.pt2 import loader, probe
+from predictor.pt2 import loader, probe, weights_layout
 from predictor.pt2 import metadata as pkg_meta
 from predictor.pt2.demo_models import PRESETS, DemoSegmenter
 from predictor.pt2.genes import demo_gene_ids, read_gene_ids, write_gene_ids
 from predictor.pt2.host import HostFacts
+from predictor.pt2.load_probe import describe_build
 from predictor.spec import BUILTIN_SPECS, METADATA_KEY
 
 CPU = torch.device("cpu")
@@ -292,6 +293,7 @@ def test_cli_needs_exactly_one_source(tmp_path: Path, argv: list[str]) -> None:
         ({"device": "mps"}, "mps"),
         ({"cpu_target": "arm"}, "arm"),
         ({"min_batch": 0}, "min_batch"),
+        ({"weights_layout": "separate"}, "weights layout 'separate'"),
     ],
 )
 def test_export_package_validates_before_compiling(
@@ -346,6 +348,37 @@ def test_cli_gene_list_flags_go_together(tmp_path: Path, capsys) -> None:
     ]
     assert export.main(argv) == 2
     assert "--genes_in and --genes_out go together" in capsys.readouterr().err
+
+
+def test_mapped_weights_serve_what_embedded_weights_serve(embedding_package_dir: Path) -> None:
+    """``--weights_layout mmap``: recorded, built (bytes after the library's ELF image), and the
+    same outputs through both runners as the default package of the same demo weights."""
+    embedded = only_pt2(embedding_package_dir)
+    mapped = demo_package("h0-mini", weights_layout="mmap")
+    assert pkg_meta.provenance(pkg_meta.read_metadata(embedded))["weights_layout"] == "embedded"
+    mapped_meta = pkg_meta.read_metadata(mapped)
+    assert pkg_meta.provenance(mapped_meta)["weights_layout"] == "mmap"
+    assert weights_layout.library_layout(mapped) == "mmap"
+    assert "weights mapped (--weights_layout mmap)" in describe_build(mapped_meta)
+    (tiles,) = demo_example_inputs(BUILTIN_SPECS["h0-mini"], 3)
+    want = loader.load_package(embedded, CPU, runner="torch")(tiles)[0]
+    for runner in ("torch", "gil_free"):
+        got = loader.load_package(mapped, CPU, runner=runner)(tiles)[0]
+        assert torch.equal(got, want), runner
+
+
+def test_a_layout_the_library_does_not_have_is_never_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(weights_layout, "inductor_configs", lambda layout: {})  # mmap not asked
+    spec = BUILTIN_SPECS["h0-mini"]
+    with pytest.raises(CheckpointError, match="would record weights layout 'mmap' but its "
+                       "library was built 'embedded'"):  # fmt: skip
+        export.export_package(
+            build_demo_model(spec, depth=1), spec, tmp_path / "x.pt2",
+            example_inputs=demo_example_inputs(spec, 2), max_batch=4, weights_layout="mmap",
+        )  # fmt: skip
+    assert not list(tmp_path.glob("*.pt2"))
 
 
 @pytest.mark.slow  # a second full export for the x86-64-v3 target (about 70 s): `make test-long`

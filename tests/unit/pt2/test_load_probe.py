@@ -13,7 +13,14 @@ import pytest
 
 from harness.packages import package_in
 from predictor.errors import CheckpointError
-from predictor.pt2.load_probe import describe_build, probe_load, probe_wanted
+from predictor.pt2.load_probe import (
+    _Context,
+    _failure_message,
+    _Outcome,
+    describe_build,
+    probe_load,
+    probe_wanted,
+)
 from predictor.pt2.metadata import read_metadata
 
 # The metadata a CUDA package records (none can be exported here: no GPU).
@@ -74,3 +81,25 @@ def test_a_python_error_in_the_child_is_its_message(tmp_path: Path) -> None:
     message = str(caught.value)
     assert "failed (exit 3): CheckpointError:" in message and "not a readable .pt2" in message
     assert "during step 'read_metadata'" in message and str(bogus) in message
+
+
+@pytest.mark.parametrize(
+    ("metadata", "step", "hinted"),
+    [
+        (CUDA_METADATA, "load", True),  # embedded weights (unrecorded: torch's default)
+        (CUDA_METADATA, "forward", False),  # loaded: not the upload
+        ({**CUDA_METADATA, "histoserve.provenance": json.dumps({"weights_layout": "mmap"})},
+         "load", False),  # already mapped
+        ({"AOTI_DEVICE_KEY": "cpu"}, "load", False),
+    ],
+)  # fmt: skip
+def test_a_cuda_load_crash_names_the_other_weights_layout(
+    metadata: dict[str, str], step: str, hinted: bool
+) -> None:
+    outcome = _Outcome(lines=[], returncode=-11, timed_out=False, tail="", seconds=3.0)
+    context = _Context("start-up", "--load_timeout_s", 300.0, None)
+    message = _failure_message(
+        Path("m.pt2"), metadata, outcome, (("import_torch", 0.0), (step, 2.0)), context
+    )
+    assert "killed by signal SIGSEGV" in message and f"during step '{step}'" in message
+    assert ("export with `--weights_layout mmap`" in message) is hinted
