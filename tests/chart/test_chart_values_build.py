@@ -104,6 +104,16 @@ def test_a_cpu_pool_builds_for_its_cpu_and_a_module_source_without_weights_file(
     assert "nvidia.com/gpu" not in init["resources"].get("limits", {})
 
 
+def test_mapped_weights_are_passed_to_the_export(render, render_error, validate_object):
+    objs = _validated(
+        render, validate_object, set_json={**BUILD, "model.build.weightsLayout": "mmap"}
+    )
+    args = _init(objs)["args"]
+    assert args[args.index("--device=cuda") + 1] == "--weights_layout=mmap"
+    err = render_error(set_json={**BUILD, "model.build.weightsLayout": "separate"})
+    assert "weightsLayout" in err  # the schema's enum
+
+
 def test_a_serving_image_by_digest_takes_a_named_export_image(render, validate_object):
     export = "registry.example.com/histoserve@sha256:" + "b" * 64
     objs = _validated(render, validate_object, set_json={

@@ -45,6 +45,9 @@ and the kubelet retries the init container.
 - --device=cpu
 - --cpu_target={{ $b.cpuTarget }}
 {{- end }}
+{{- if ne $b.weightsLayout "auto" }}
+- --weights_layout={{ $b.weightsLayout }}
+{{- end }}
 - --package_set={{ $dir }}
 - --if_missing
 - --lock_timeout_s={{ int $b.lockTimeoutSeconds }}
