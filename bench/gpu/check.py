@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.markdown import number
-from predictor.pt2.weights_layout import AUTO, LAYOUTS
+from predictor.pt2.weights_layout import add_flag
 
 ALLOC_CONF = "expandable_segments:True"
 """The CUDA allocator setting the image and the chart set (``PYTORCH_CUDA_ALLOC_CONF``)."""
@@ -219,7 +219,9 @@ def asked_packages(args: argparse.Namespace) -> list[str]:
     return args.packages or [e.name for e in PLAN if (e.dry if args.dry_run else e.default)]
 
 
-def _export(args: argparse.Namespace, report: Report, logs: Path) -> dict[str, Path]:
+def _export(
+    args: argparse.Namespace, report: Report, logs: Path, time_left: Callable[[], float]
+) -> dict[str, Path]:
     """The export stage: the asked packages, then each loaded once in its own process.
 
     A failed export, or a package that does not load, is recorded and left
@@ -235,6 +237,7 @@ def _export(args: argparse.Namespace, report: Report, logs: Path) -> dict[str, P
         logs,
         args.export_deadline_s,
         args.weights_layout,
+        time_left,
     )
     paths = {n: Path(v["path"]) for n, v in exported.items() if "path" in v}
     loads = load_checks(paths, "cpu" if args.dry_run else "cuda:0")
@@ -265,7 +268,7 @@ def run(args: argparse.Namespace) -> Report:
     try:
         report.add("budget", budget())
         report.add("environment", _timed(lambda _: environment(device, args.out), None))
-        packages = _export(args, report, logs)
+        packages = _export(args, report, logs, deadline.left)
         window_s = args.window_s if args.window_s else (0.5 if args.dry_run else 4.0)
         ctx = Context(args.dry_run, device, args.work, window_s, packages, logs=logs)
         ctx.skipped = frozenset(e.name for e in PLAN) - set(asked_packages(args))
@@ -312,12 +315,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--export_deadline_s", type=float, default=None, help="every export's deadline (the plan's)"
     )
-    parser.add_argument(
-        "--weights_layout",
-        default=AUTO,
-        choices=LAYOUTS,
-        help="every export's (histoserve export --weights_layout); an export whose proof "
-        "crashes the loader is tried once more with mmap either way",
+    add_flag(
+        parser,
+        "every export's (histoserve export's); an export whose proof crashes the loader on "
+        "embedded weights is tried once more with mmap either way",
     )
     parser.add_argument(
         "--work",

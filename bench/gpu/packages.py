@@ -28,11 +28,12 @@ package once more, as the server will, in a fresh process of its own
 (:func:`predictor.pt2.load_probe.probe_load`: the step reached, the signal or
 the timeout), before any stage runs.
 
-An export whose proof is killed by a signal while loading (the H200's crash)
-is exported once more with its weights appended to the library and mapped
-(``--weights_layout mmap``, :mod:`predictor.pt2.weights_layout`), in the same
-deadline; the result records both tries, so one run says whether the
-constants' upload from the library's data section is what crashes.
+An export whose proof is killed by a signal while loading embedded weights
+(the H200's crash) is exported once more with its weights appended to the
+library and mapped (``--weights_layout mmap``,
+:mod:`predictor.pt2.weights_layout`), with its own deadline when the check's
+time left holds it; the result records both tries, so one run says whether
+the constants' upload from the library's data section is what crashes.
 ``python -m bench.gpu.packages NAME DEVICE [--depth N] [--weights_layout L]``
 exports one and prints its path.
 """
@@ -46,11 +47,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from predictor.pt2.weights_layout import AUTO, LAYOUTS, MAPPED
+from predictor.pt2.weights_layout import AUTO, FLAG, MAPPED, add_flag, library_layout
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -227,15 +229,18 @@ def export_all(
     logs: Path,
     deadline_s: float | None = None,
     weights_layout: str = AUTO,
+    time_left: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
     """Exports ``names`` group by group (:data:`PLAN`), each in its own process, with
-    ``weights_layout``; one whose proof crashed the loader once more with ``mmap``.
+    ``weights_layout``; one whose proof crashed the loader while loading embedded weights
+    once more with ``mmap``, when ``time_left()`` (the check's) still holds its deadline.
 
     Returns:
-        Name to ``{"path", "seconds", "weights_layout"}``, or to ``{"error",
-        "seconds", "weights_layout"}`` for an export that failed or ran past
-        its deadline (killed); ``seconds`` counts from its group's start. A
-        second try's result carries the first's under ``"first"``.
+        Name to ``{"path", "seconds", "weights_layout", "built_layout"}``, or to
+        ``{"error", "seconds", "weights_layout"}`` for an export that failed or
+        ran past its deadline (killed); ``seconds`` counts from its group's
+        start. A second try's result carries the first's under ``"first"``; a
+        second try there was no time for is a ``"retry"`` note.
     """
     out: dict[str, Any] = {}
     for group in sorted({e.group for e in PLAN}):
@@ -245,9 +250,17 @@ def export_all(
         results = _export_group(entries, dry_run, work, logs, deadline_s, weights_layout)
         for entry in entries:
             first = results[entry.name]
-            if first.get("crashed_loading") and weights_layout != MAPPED:
-                again = _export_group([entry], dry_run, work, logs, deadline_s, MAPPED)
-                results[entry.name] = {**again[entry.name], "first": first}
+            if not first.get("crashed_loading") or weights_layout == MAPPED:
+                continue
+            limit_s = DRY_DEADLINE_S if dry_run else (deadline_s or entry.deadline_s)
+            left_s = time_left() if time_left is not None else limit_s
+            if left_s < limit_s:
+                first["retry"] = (
+                    f"not tried with {MAPPED}: {left_s:.0f} s left, {limit_s:.0f} needed"
+                )
+                continue
+            again = _export_group([entry], dry_run, work, logs, deadline_s, MAPPED)
+            results[entry.name] = {**again[entry.name], "first": first}
         out.update(results)
     return out
 
@@ -270,7 +283,7 @@ def _export_group(
         depth = ["--depth", str(entry.dry_depth)] if dry_run and entry.dry_depth else []
         log = (logs / f"export-{entry.name}{suffix}.log").open("w")
         argv = [sys.executable, "-m", "bench.gpu.packages", entry.name, device, *depth]
-        argv += ["--weights_layout", weights_layout]
+        argv += [FLAG, weights_layout]
         env = _env(entry, dry_run, work)
         _empty_cache(env, dry_run)
         proc = subprocess.Popen(
@@ -279,12 +292,18 @@ def _export_group(
         )  # fmt: skip
         running[entry.name] = (entry, proc, log)
     out: dict[str, Any] = {}
-    for name, (entry, proc, log) in running.items():
-        limit_s = DRY_DEADLINE_S if dry_run else (deadline_s or entry.deadline_s)
-        out[name] = {
-            **_finish(entry, proc, log, started, limit_s),
-            "weights_layout": weights_layout,
-        }
+    try:
+        for name, (entry, proc, log) in running.items():
+            limit_s = DRY_DEADLINE_S if dry_run else (deadline_s or entry.deadline_s)
+            out[name] = {
+                **_finish(entry, proc, log, started, limit_s),
+                "weights_layout": weights_layout,
+            }
+    except BaseException:  # the check's deadline (SIGALRM), ^C: no compiler outlives the check
+        for _, proc, _ in running.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        raise
     return out
 
 
@@ -304,15 +323,22 @@ def _finish(
     log.close()
     lines = stdout.strip().splitlines()
     if proc.returncode == 0 and lines:
-        return {"path": lines[-1], "seconds": seconds}
+        return {
+            "path": lines[-1],
+            "seconds": seconds,
+            "built_layout": library_layout(Path(lines[-1])),
+        }
     text = Path(log.name).read_text(errors="replace")
     tail = text.strip().splitlines() or ["no output"]
     return {"error": tail[-1][:300], "seconds": seconds, "crashed_loading": crashed_loading(text)}
 
 
 def crashed_loading(log: str) -> bool:
-    """Whether an export's log ends in its proof's load killed by a signal (not a Python error)."""
-    return "stage load-in-fresh-process" in log and "was killed by signal" in log
+    """Whether an export's proof was killed by a signal while loading a package whose weights
+    are embedded (the mapped layout is the other to try): not a Python error, a crash in the
+    forward, or a package mapped already (a ViT-g's, over the size limit)."""
+    proof = "stage load-in-fresh-process" in log and "was killed by signal" in log
+    return proof and "during step 'load'" in log and "weights mapped" not in log
 
 
 LOAD_S = 60.0
@@ -367,7 +393,7 @@ def _traced_export(argv: list[str]) -> Path:
     parser.add_argument("name", choices=[e.name for e in PLAN])
     parser.add_argument("device")
     parser.add_argument("--depth", type=int, default=None)
-    parser.add_argument("--weights_layout", default=AUTO, choices=LAYOUTS)
+    add_flag(parser, "histoserve export's")
     args = parser.parse_args(argv)
     started = time.monotonic()
     what = f"export {args.name} on {args.device} (weights {args.weights_layout})"

@@ -132,11 +132,7 @@ def export_package(
     if spec.takes_bulk_rna:  # gene lists: check them before the slow part
         gene_lists = genes.gene_lists_for(spec, args[1].shape[1], outputs[0].shape[1], gene_lists)
     program = _export(module, args, min_batch, max_batch)
-    from torch._inductor import config as inductor_config
-
-    if inductor_config.aot_inductor.force_mmap_weights:  # a caller's config.patch asks for it
-        weights_layout = layouts.MAPPED
-    layout = layouts.resolve(weights_layout, _constants_bytes(program))
+    layout = _layout(weights_layout, program)
     prov = _provenance(source, weights_digest, dtype, target, min_batch, max_batch, cpu_target)
     metadata[PROVENANCE_KEY] = json.dumps({**prov, "weights_layout": layout}, sort_keys=True)
     key = package_set.export_key(
@@ -165,10 +161,20 @@ def _check_options(
         )
     if cpu_target not in CPU_TARGETS:
         raise SpecError(f"unknown cpu target {cpu_target!r}; expected one of {sorted(CPU_TARGETS)}")
-    if weights_layout not in layouts.LAYOUTS:
-        raise SpecError(
-            f"unknown weights layout {weights_layout!r}; expected one of {list(layouts.LAYOUTS)}"
-        )
+    try:
+        layouts.resolve(weights_layout, 0)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from exc
+
+
+def _layout(requested: str, program: torch.export.ExportedProgram) -> str:
+    """The layout this export builds: ``requested``, or ``mmap`` when the caller's
+    ``torch._inductor.config.patch`` forces it (``diag.sh``'s variants), by its weights' size."""
+    from torch._inductor import config as inductor_config
+
+    if inductor_config.aot_inductor.force_mmap_weights:
+        requested = layouts.MAPPED
+    return layouts.resolve(requested, _constants_bytes(program))
 
 
 def _constants_bytes(program: torch.export.ExportedProgram) -> int:
@@ -276,15 +282,18 @@ def _compile(
     output: Path,
     metadata: dict[str, str],
     cpu_target: str,
-    layout: str = layouts.EMBEDDED,
+    layout: str | None = None,
     *,
     verify: Callable[[Path], None] | None = None,
 ) -> None:
     """Compiles in a fresh inductor cache, staged beside ``output``; checks its weights
-    ``layout`` (what the provenance records); ``verify(staged)``; renames.
+    ``layout`` (what the provenance records; ``None``: :func:`_layout`'s for ``auto``);
+    ``verify(staged)``; renames.
 
     A failure or a kill leaves nothing at ``output`` (:mod:`predictor.export.scratch`).
     """
+    if layout is None:
+        layout = _layout(layouts.AUTO, program)
     configs: dict[str, Any] = {
         "aot_inductor.metadata": dict(metadata),  # torch adds to it in place
         **CPU_TARGETS[cpu_target],
@@ -391,11 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max_batch", type=int, default=None, help="default: 256 tiles, 200000 for slide heads"
     )
     parser.add_argument("--cpu_target", default="native", choices=sorted(CPU_TARGETS))
-    parser.add_argument(
-        "--weights_layout",
-        default=layouts.AUTO,
-        choices=layouts.LAYOUTS,
-        help="auto: weights in the model library up to 2 GB, appended and mapped above; "
+    layouts.add_flag(
+        parser,
+        "auto: weights in the model library up to 1.9 GB, appended and mapped above; "
         "mmap: always appended and mapped (try it when a CUDA package crashes on load)",
     )
     parser.add_argument("--genes_in", type=Path, help="multimodal: input gene CSV to ship")

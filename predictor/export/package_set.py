@@ -48,6 +48,7 @@ from predictor.pt2.build_key import weights_id as make_weights_id
 from predictor.pt2.host import HostFacts, isa_flags, read_cpu_flags
 from predictor.pt2.metadata import read_metadata
 from predictor.pt2.package_set import judge, rank
+from predictor.pt2.weights_layout import AUTO, FLAG, MAPPED, library_layout
 
 logger = logging.getLogger("histoserve")
 
@@ -94,7 +95,9 @@ def run(
         args: The parsed export command (its source, ``--weights``,
             ``--package_set``, ``--if_missing``, ``--lock_timeout_s``).
         spec_name: The spec's name.
-        opts: The export options (``device``, ``dtype``, batch range, ``cpu_target``).
+        opts: The export options (``device``, ``dtype``, batch range, ``cpu_target``,
+            ``weights_layout``: with ``mmap``, a package of the key with embedded
+            weights neither fits nor is taken, and is replaced).
         export: Writes the package to the path it is given.
     """
     if args.package_set is None:
@@ -115,13 +118,14 @@ def run(
         device=opts["device"],
         cpu_target=opts["cpu_target"],
     )
+    layout = opts.get("weights_layout", AUTO)
     if args.if_missing:
-        found = fitting_package(args.package_set, key)
+        found = fitting_package(args.package_set, key, weights_layout=layout)
         if found is not None:
             print(f"{found.name} fits this host (by the server's rule): nothing to export")
             return found
     path, exported = export_into_set(
-        args.package_set, key, export, lock_timeout_s=args.lock_timeout_s
+        args.package_set, key, export, lock_timeout_s=args.lock_timeout_s, weights_layout=layout
     )
     print(f"{path.name}: " + ("exported" if exported else "exported by another exporter; taken"))
     return path
@@ -170,12 +174,13 @@ def package_path(folder: Path, key: BuildKey) -> Path:
     return Path(folder) / f"{key.name}.pt2"
 
 
-def fitting_package(folder: Path, key: BuildKey) -> Path | None:
+def fitting_package(folder: Path, key: BuildKey, *, weights_layout: str = AUTO) -> Path | None:
     """A package in ``folder`` of ``key``'s model that the server would take on this host.
 
     The server's own rule (:func:`predictor.pt2.package_set.judge`, best
     first by :func:`~predictor.pt2.package_set.rank`) on ``key``'s device,
-    for a batch range reaching ``key.max_batch``.
+    for a batch range reaching ``key.max_batch``; with ``weights_layout``
+    ``mmap``, only a package whose weights are mapped.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -189,7 +194,18 @@ def fitting_package(folder: Path, key: BuildKey) -> Path | None:
         if p.is_file()
     ]
     same = [c for c in rank(judged) if c.key is not None and c.key.model == key.model]
+    same = [c for c in same if _layout_fits(c.path, weights_layout)]
     return same[0].path if same else None
+
+
+def _layout_fits(path: Path, weights_layout: str) -> bool:
+    """``auto`` takes either layout; ``mmap`` only a library with its weights mapped."""
+    if weights_layout == AUTO:
+        return True
+    try:
+        return library_layout(path) == MAPPED
+    except CheckpointError:
+        return False
 
 
 def export_into_set(
@@ -198,6 +214,7 @@ def export_into_set(
     export: Callable[[Path], Path],
     *,
     lock_timeout_s: float,
+    weights_layout: str = AUTO,
 ) -> tuple[Path, bool]:
     """``key``'s package in ``folder``: exported here, or taken from the exporter that holds the lock.
 
@@ -206,6 +223,8 @@ def export_into_set(
         key: The build key; the package is ``folder/<key.name>.pt2``.
         export: Writes the package to the path it is given (stage then rename).
         lock_timeout_s: Longest wait for another exporter of this key.
+        weights_layout: ``mmap``: a package of the key there already is taken only
+            when its weights are mapped, else exported again (replaced).
 
     Returns:
         ``(path, exported)``: ``exported`` is False when it was already there.
@@ -219,8 +238,13 @@ def export_into_set(
     target = package_path(folder, key)
     with _key_lock(folder, key, lock_timeout_s):
         if _holds(target, key):
-            logger.info("package set: %s is there already; taking it", target.name)
-            return target, False
+            if _layout_fits(target, weights_layout):
+                logger.info("package set: %s is there already; taking it", target.name)
+                return target, False
+            logger.info(
+                "package set: %s has its weights embedded; exporting it again with %s %s",
+                target.name, FLAG, weights_layout,
+            )  # fmt: skip
         start = time.monotonic()
         export(target)
         if not _holds(target, key):

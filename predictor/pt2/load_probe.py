@@ -38,6 +38,7 @@ from pathlib import Path
 
 from predictor.errors import CheckpointError
 from predictor.pt2.metadata import CPU_BUILD_KEY, json_field, provenance
+from predictor.pt2.weights_layout import EMBEDDED, FLAG, MAPPED, library_layout
 
 logger = logging.getLogger("histoserve")
 
@@ -99,8 +100,8 @@ def describe_build(metadata: Mapping[str, str]) -> str:
         parts.append(f"-march={march or 'unknown'} ({isa})")
     if prov.get("dtype"):
         parts.append(str(prov["dtype"]))
-    if prov.get("weights_layout") == "mmap":
-        parts.append("weights mapped (--weights_layout mmap)")
+    if prov.get("weights_layout") == MAPPED:
+        parts.append("weights mapped")
     if prov.get("source"):
         parts.append(f"from {prov['source']}")
     return ", ".join(parts)
@@ -294,7 +295,7 @@ def _failure_message(
         todo = (
             f"re-export the package with `histoserve export` on a node with this torch{gpu} "
             f"(a package built elsewhere, or from an inductor cache a killed export left, can "
-            f"crash on load){_layout_hint(metadata, last)}; the native crash's Python stack is "
+            f"crash on load){_layout_hint(path, metadata, last)}; the native crash's Python stack is "
             f"logged above"
         )
     else:
@@ -308,14 +309,19 @@ def _failure_message(
     )
 
 
-def _layout_hint(metadata: Mapping[str, str], last_step: str) -> str:
-    """For a CUDA package with embedded weights that crashed while loading: the other layout."""
-    embedded = provenance(metadata).get("weights_layout", "embedded") == "embedded"
-    if metadata.get("AOTI_DEVICE_KEY") != "cuda" or not embedded or last_step != "load":
+def _layout_hint(path: Path, metadata: Mapping[str, str], last_step: str) -> str:
+    """For a CUDA package with embedded weights (read from its library: packages built
+    before the layout was recorded have none) that crashed while loading: the other layout."""
+    if metadata.get("AOTI_DEVICE_KEY") != "cuda" or last_step != "load":
+        return ""
+    try:
+        if library_layout(path) != EMBEDDED:
+            return ""
+    except CheckpointError:
         return ""
     return (
         "; a crash while loading can be the weights' upload from the library's data section: "
-        "export with `--weights_layout mmap` to map them from the file instead"
+        f"export with `{FLAG} {MAPPED}` to map them from the file instead"
     )
 
 

@@ -11,7 +11,7 @@ the mapped file. That upload is one suspect of the loader crash seen on an
 H200 (``docs/performance.md``, "GPU"), and ``mmap`` the layout to try there.
 
 ``histoserve export --weights_layout`` chooses (:data:`LAYOUTS`: ``auto``
-embeds up to the limit and maps above it, ``mmap`` always maps); the package
+embeds up to :data:`AUTO_MAPS_ABOVE_BYTES` and maps above, ``mmap`` always maps); the package
 records the result in its provenance (``weights_layout``: ``embedded`` or
 ``mmap``) and the exporter reads it back from the library itself
 (:func:`library_layout`) before writing the package, so what is recorded is
@@ -20,6 +20,7 @@ what was built.
 
 from __future__ import annotations
 
+import argparse
 import struct
 import zipfile
 from pathlib import Path
@@ -28,26 +29,49 @@ from typing import Any
 from predictor.errors import CheckpointError
 from predictor.pt2.extract import find_member
 
-__all__ = ["AUTO", "EMBEDDED", "LAYOUTS", "MAPPED", "inductor_configs", "library_layout", "resolve"]
+__all__ = [
+    "AUTO",
+    "EMBEDDED",
+    "FLAG",
+    "LAYOUTS",
+    "MAPPED",
+    "add_flag",
+    "inductor_configs",
+    "library_layout",
+    "resolve",
+]
 
 AUTO = "auto"
 EMBEDDED = "embedded"
 MAPPED = "mmap"
 LAYOUTS = (AUTO, MAPPED)
 """``histoserve export --weights_layout``'s choices."""
+FLAG = "--weights_layout"
 
 EMBED_LIMIT_BYTES = 2_000_000_000
 """Above this many bytes of constants torch maps the weights whatever is asked (its own limit)."""
+AUTO_MAPS_ABOVE_BYTES = 1_900_000_000
+"""``auto`` maps from here: the count of :func:`resolve`'s caller is close to torch's, not
+equal (torch pads each constant), so ``auto`` never leaves the choice to torch's rule."""
 
-_ELF_HEADER = struct.Struct("<4sB35xQ10xHH")  # magic, class, e_shoff, e_shentsize, e_shnum
-_ELF_CLASS_64 = 2
+_ELF_HEADER = struct.Struct("<4sBB34xQ10xHH")  # magic, class, data, e_shoff, e_shentsize, e_shnum
+_ELF_64_LITTLE = (2, 1)
 
 
 def resolve(requested: str, constants_bytes: int) -> str:
-    """The layout a package gets: ``mmap`` when asked or over the limit, else ``embedded``."""
+    """The layout a package gets: ``mmap`` when asked or near torch's limit, else ``embedded``.
+
+    Raises:
+        ValueError: ``requested`` is not one of :data:`LAYOUTS`.
+    """
     if requested not in LAYOUTS:
         raise ValueError(f"unknown weights layout {requested!r}; expected one of {list(LAYOUTS)}")
-    return MAPPED if requested == MAPPED or constants_bytes > EMBED_LIMIT_BYTES else EMBEDDED
+    return MAPPED if requested == MAPPED or constants_bytes > AUTO_MAPS_ABOVE_BYTES else EMBEDDED
+
+
+def add_flag(parser: argparse.ArgumentParser, help: str) -> None:
+    """Adds :data:`FLAG` (default ``auto``) to a command that exports packages."""
+    parser.add_argument(FLAG, default=AUTO, choices=LAYOUTS, help=help)
 
 
 def inductor_configs(layout: str) -> dict[str, Any]:
@@ -60,10 +84,11 @@ def library_layout(path: Path, model_name: str = "model") -> str:
 
     The ELF image ends with its section header table; torch appends mapped
     weights after it, so an embedded library ends exactly there. Only the
-    header (64 bytes) is read.
+    header's first 64 bytes are read.
 
     Raises:
-        CheckpointError: No model library in the package, or one that is not a 64-bit ELF file.
+        CheckpointError: No model library in the package, one that is not a
+            64-bit little-endian ELF file, or one without a section header table.
     """
     try:
         with zipfile.ZipFile(path) as archive:
@@ -77,7 +102,14 @@ def library_layout(path: Path, model_name: str = "model") -> str:
         ) from exc
     if len(header) < _ELF_HEADER.size:
         raise CheckpointError(f"checkpoint {path}: {name} is shorter than an ELF header")
-    magic, elf_class, shoff, shentsize, shnum = _ELF_HEADER.unpack(header)
-    if magic != b"\x7fELF" or elf_class != _ELF_CLASS_64:
-        raise CheckpointError(f"checkpoint {path}: {name} is not a 64-bit ELF library")
+    magic, elf_class, data, shoff, shentsize, shnum = _ELF_HEADER.unpack(header)
+    if magic != b"\x7fELF" or (elf_class, data) != _ELF_64_LITTLE:
+        raise CheckpointError(
+            f"checkpoint {path}: {name} is not a 64-bit little-endian ELF library"
+        )
+    if shoff == 0 or shnum == 0:
+        raise CheckpointError(
+            f"checkpoint {path}: {name} has no section header table, so where its image ends "
+            f"(and whether weights follow it) cannot be read"
+        )
     return MAPPED if size > shoff + shentsize * shnum else EMBEDDED

@@ -213,6 +213,12 @@ def test_an_export_whose_proof_crashes_the_loader_is_tried_again_with_mapped_wei
     with pytest.raises(CheckpointError) as refusal:
         probe_load(tmp_path / "none.pt2", "cpu", {}, timeout_s=120, what=what, off_hint=None)
     assert packages.crashed_loading(str(crash.value))
+    mapped = str(crash.value).replace(", fp32,", ", fp32, weights mapped,")
+    assert mapped != str(crash.value) and not packages.crashed_loading(
+        mapped
+    )  # nothing else to try
+    forward = str(crash.value).replace("during step 'load'", "during step 'forward'")
+    assert forward != str(crash.value) and not packages.crashed_loading(forward)
     assert not packages.crashed_loading(str(refusal.value))  # a Python error: not retried
     calls: list[tuple[list[str], str]] = []
 
@@ -236,6 +242,10 @@ def test_an_export_whose_proof_crashes_the_loader_is_tried_again_with_mapped_wei
     calls.clear()
     packages.export_all(["vit-b-bf16"], False, tmp_path, tmp_path, weights_layout="mmap")
     assert calls == [(["vit-b-bf16"], "mmap")]  # asked for mmap: nothing else to try
+    calls.clear()
+    short = packages.export_all(["vit-b-bf16"], False, tmp_path, tmp_path, time_left=lambda: 100.0)
+    assert calls == [(["vit-b-bf16"], "auto")]  # 100 s left, ViT-B's export may take 130 s
+    assert short["vit-b-bf16"]["retry"] == "not tried with mmap: 100 s left, 130 needed"
 
 
 def test_exports_run_one_at_a_time_and_stages_without_their_packages_are_left_out(

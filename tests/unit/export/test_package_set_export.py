@@ -28,6 +28,7 @@ from predictor.export.build import main as export_main
 from predictor.export.sources import weights_digest
 from predictor.pt2.build_key import BuildKey, key_from_metadata
 from predictor.pt2.metadata import read_metadata
+from predictor.pt2.weights_layout import library_layout
 
 
 @pytest.fixture(scope="module")
@@ -219,3 +220,28 @@ def test_the_weights_digest_follows_the_file(tmp_path: Path) -> None:
     assert weights_digest(weights) == hashlib.sha256(b"first").hexdigest()
     weights.write_bytes(b"second, longer")
     assert weights_digest(weights) == hashlib.sha256(b"second, longer").hexdigest()
+
+
+def test_mapped_weights_asked_for_replace_a_package_of_the_key_with_embedded_ones(
+    tmp_path: Path,
+) -> None:
+    """``--weights_layout mmap`` (the chart's ``model.build.weightsLayout``) takes effect in a set
+    that already holds the build with embedded weights; ``auto`` takes either."""
+    mapped = demo_package("h0-mini", weights_layout="mmap")
+    key = key_from_metadata(read_metadata(mapped))
+    assert key == key_from_metadata(read_metadata(demo_package("h0-mini")))  # one build key
+    target = tmp_path / f"{key.name}.pt2"
+    shutil.copy2(demo_package("h0-mini"), target)
+    assert package_set.fitting_package(tmp_path, key) == target
+    assert package_set.fitting_package(tmp_path, key, weights_layout="mmap") is None
+    calls: list[Path] = []
+    path, exported = package_set.export_into_set(
+        tmp_path, key, _landing(mapped, calls), lock_timeout_s=5, weights_layout="mmap"
+    )
+    assert exported and calls == [target] and library_layout(path) == "mmap"
+    for layout in ("mmap", "auto"):  # now there: taken either way
+        again = package_set.export_into_set(
+            tmp_path, key, _landing(mapped, calls), lock_timeout_s=5, weights_layout=layout
+        )
+        assert again == (target, False)
+    assert package_set.fitting_package(tmp_path, key, weights_layout="mmap") == target

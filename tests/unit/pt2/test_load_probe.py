@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.packages import package_in
+from harness.packages import demo_package, package_in
 from predictor.errors import CheckpointError
 from predictor.pt2.load_probe import (
     _Context,
@@ -84,22 +84,23 @@ def test_a_python_error_in_the_child_is_its_message(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("metadata", "step", "hinted"),
+    ("layout", "cuda", "step", "hinted"),
     [
-        (CUDA_METADATA, "load", True),  # embedded weights (unrecorded: torch's default)
-        (CUDA_METADATA, "forward", False),  # loaded: not the upload
-        ({**CUDA_METADATA, "histoserve.provenance": json.dumps({"weights_layout": "mmap"})},
-         "load", False),  # already mapped
-        ({"AOTI_DEVICE_KEY": "cpu"}, "load", False),
+        ("auto", True, "load", True),  # embedded weights, read from the library itself
+        ("auto", True, "forward", False),  # loaded: not the upload
+        ("mmap", True, "load", False),  # already mapped
+        ("auto", False, "load", False),  # a CPU package
     ],
-)  # fmt: skip
+)
 def test_a_cuda_load_crash_names_the_other_weights_layout(
-    metadata: dict[str, str], step: str, hinted: bool
+    layout: str, cuda: bool, step: str, hinted: bool
 ) -> None:
+    """The packages are real CPU demo packages; the CUDA key is what a GPU export would record."""
+    path = demo_package("h0-mini", **({"weights_layout": "mmap"} if layout == "mmap" else {}))
+    metadata = {"AOTI_DEVICE_KEY": "cuda" if cuda else "cpu"}  # no recorded layout: older builds
     outcome = _Outcome(lines=[], returncode=-11, timed_out=False, tail="", seconds=3.0)
     context = _Context("start-up", "--load_timeout_s", 300.0, None)
-    message = _failure_message(
-        Path("m.pt2"), metadata, outcome, (("import_torch", 0.0), (step, 2.0)), context
-    )
+    steps = (("import_torch", 0.0), (step, 2.0))
+    message = _failure_message(path, metadata, outcome, steps, context)
     assert "killed by signal SIGSEGV" in message and f"during step '{step}'" in message
     assert ("export with `--weights_layout mmap`" in message) is hinted

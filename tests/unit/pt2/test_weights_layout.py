@@ -19,7 +19,8 @@ LIBRARY = "pkg/data/aotinductor/model/c1.wrapper.so"
     ("requested", "constants_bytes", "layout"),
     [
         ("auto", 170_000_000, "embedded"),  # a bf16 ViT-B
-        ("auto", layouts.EMBED_LIMIT_BYTES, "embedded"),
+        ("auto", 1_900_000_000, "embedded"),
+        ("auto", 1_950_000_000, "mmap"),  # near torch's 2e9: never left to its own count
         ("auto", 2_270_000_000, "mmap"),  # a bf16 ViT-g: torch cannot link it into the library
         ("mmap", 1_000, "mmap"),
     ],
@@ -42,12 +43,16 @@ def _package(tmp_path: Path, library: bytes) -> Path:
     return path
 
 
-def _elf(section_table_end: int) -> bytes:
-    """A 64-bit ELF header whose section header table ends at ``section_table_end``."""
-    shentsize, shnum = 64, 4
-    header = struct.pack("<4sB35xQ10xHH", b"\x7fELF", 2, section_table_end - shentsize * shnum,
-                         shentsize, shnum)  # fmt: skip
-    return header + b"\0" * 2
+def _elf(section_table_end: int, *, elf_class: int = 2, data: int = 1, shnum: int = 4) -> bytes:
+    """A 64-bit ELF header (the System V ABI's offsets, written one by one) whose section
+    header table of ``shnum`` 64-byte entries ends at ``section_table_end``."""
+    header = bytearray(64)
+    header[0:4], header[4], header[5] = b"\x7fELF", elf_class, data
+    shoff = section_table_end - 64 * shnum if shnum else 0
+    struct.pack_into("<Q", header, 0x28, shoff)  # e_shoff
+    struct.pack_into("<H", header, 0x3A, 64)  # e_shentsize
+    struct.pack_into("<H", header, 0x3C, shnum)  # e_shnum
+    return bytes(header)
 
 
 def test_bytes_after_the_elf_image_are_mapped_weights(tmp_path: Path) -> None:
@@ -58,7 +63,13 @@ def test_bytes_after_the_elf_image_are_mapped_weights(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("library", "needle"),
-    [(b"\x7fEL", "shorter than an ELF header"), (b"MZ" + b"\0" * 100, "not a 64-bit ELF")],
+    [
+        (b"\x7fEL", "shorter than an ELF header"),
+        (b"MZ" + b"\0" * 100, "not a 64-bit little-endian ELF"),
+        (_elf(4096, elf_class=1).ljust(4096, b"\0"), "not a 64-bit little-endian ELF"),
+        (_elf(4096, data=2).ljust(4096, b"\0"), "not a 64-bit little-endian ELF"),
+        (_elf(4096, shnum=0).ljust(4096, b"\0"), "no section header table"),
+    ],
 )
 def test_a_library_that_is_not_elf_is_named(tmp_path: Path, library: bytes, needle: str) -> None:
     with pytest.raises(CheckpointError, match=needle) as caught:
