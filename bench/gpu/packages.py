@@ -162,7 +162,7 @@ def timm_export_argv(
     assert entry.timm is not None
     argv = ["--spec", entry.spec, "--timm", entry.timm, "--weights", str(weights)]
     if weights_layout != AUTO:
-        argv += ["--weights_layout", weights_layout]
+        argv += [FLAG, weights_layout]
     return [
         *argv,
         "--dtype",
@@ -252,7 +252,7 @@ def export_all(
             first = results[entry.name]
             if not first.get("crashed_loading") or weights_layout == MAPPED:
                 continue
-            limit_s = DRY_DEADLINE_S if dry_run else (deadline_s or entry.deadline_s)
+            limit_s = _deadline_s(entry, dry_run, deadline_s)
             left_s = time_left() if time_left is not None else limit_s
             if left_s < limit_s:
                 first["retry"] = (
@@ -263,6 +263,11 @@ def export_all(
             results[entry.name] = {**again[entry.name], "first": first}
         out.update(results)
     return out
+
+
+def _deadline_s(entry: Export, dry_run: bool, deadline_s: float | None) -> float:
+    """One export's deadline: the dry run's, else ``--export_deadline_s`` or the plan's."""
+    return DRY_DEADLINE_S if dry_run else (deadline_s or entry.deadline_s)
 
 
 def _export_group(
@@ -294,7 +299,7 @@ def _export_group(
     out: dict[str, Any] = {}
     try:
         for name, (entry, proc, log) in running.items():
-            limit_s = DRY_DEADLINE_S if dry_run else (deadline_s or entry.deadline_s)
+            limit_s = _deadline_s(entry, dry_run, deadline_s)
             out[name] = {
                 **_finish(entry, proc, log, started, limit_s),
                 "weights_layout": weights_layout,

@@ -108,7 +108,7 @@ def export_package(
             beside the package as the spec's CSVs; demo IDs when ``None``.
         load_timeout_s: Deadline of the fresh-process load and batch.
         compare_tolerance: Overrides the dtype's tolerance (:data:`~predictor.export.verify.TOLERANCES`).
-        weights_layout: ``auto`` (in the library up to 2 GB, mapped above) or
+        weights_layout: ``auto`` (in the library up to 1.9 GB, mapped above) or
             ``mmap`` (always appended and mapped): :mod:`predictor.pt2.weights_layout`.
 
     Returns:
