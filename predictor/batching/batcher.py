@@ -150,6 +150,7 @@ class DynamicBatcher(Generic[T, R]):
         self._started = False
         self._closed = False
         self._draining = False
+        self._stop_reason = "batcher stopped"  # why a batch cancelled by close() failed
         self._healthy = True
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dispatcher: asyncio.Task[None] | None = None
@@ -229,7 +230,8 @@ class DynamicBatcher(Generic[T, R]):
 
         Args:
             timeout_s: Longest wait. Items still queued then fail with
-                ``ModelNotReady``; a batch already running is left to finish.
+                ``ModelNotReady``; a batch already running is left to finish,
+                and fails with the deadline named if :meth:`close` comes first.
 
         Returns:
             True if the queue emptied and no batch was running in time.
@@ -244,7 +246,8 @@ class DynamicBatcher(Generic[T, R]):
             log.warning(
                 "%s: drain timed out; failing %d queued items", self._name, len(self._queue)
             )
-            self._queue.fail_all(ModelNotReady(f"{self._name}: draining deadline passed"))
+            self._stop_reason = "draining deadline passed"
+            self._queue.fail_all(ModelNotReady(f"{self._name}: {self._stop_reason}"))
             return False
 
     async def close(self) -> None:
@@ -363,7 +366,7 @@ class DynamicBatcher(Generic[T, R]):
         try:
             await self._forward(worker, batch, batch[0].key)
         except asyncio.CancelledError:  # close(): settle, then let the task end cancelled
-            fail(batch, ModelNotReady(f"{self._name}: batcher stopped while the batch ran"))
+            fail(batch, ModelNotReady(f"{self._name}: {self._stop_reason} while the batch ran"))
             raise
         except Exception:
             fail(batch, ModelNotReady(f"{self._name}: batcher failed while the batch ran"))

@@ -558,6 +558,24 @@ def test_drain_timeout_fails_leftover_queued_items() -> None:
     run(body)
 
 
+def test_a_batch_closed_after_the_drain_deadline_names_the_deadline() -> None:
+    """The server closes the batcher once its drain times out: the batch still running
+    then is lost to the deadline, and its answer says so (as the queued ones' do)."""
+    fake = Fake()
+
+    async def body() -> None:
+        b = await started(fake, cfg(batch=2, latency_ms=1))
+        first = await busy(fake, b)
+        assert await b.drain(0.05) is False
+        await b.close()
+        with pytest.raises(ModelNotReady, match="draining deadline passed while the batch ran"):
+            first.result()
+        fake.release()
+        await asyncio.to_thread(time.sleep, 0.05)  # the worker thread returns into nothing
+
+    run(body)
+
+
 def test_close_mid_batch_settles_everything_once() -> None:
     fake = Fake()
 
