@@ -185,6 +185,22 @@ def replace_tile(src: Path, dst: Path, index: int, change: Callable[[bytes], byt
     return Path(dst)
 
 
+def empty_tile(src: Path, dst: Path, index: int, level: int = 0) -> Path:
+    """A copy of ``src`` whose tile ``index`` of tiled page ``level`` declares 0 bytes
+    (``TileByteCounts`` 0: a missing tile, as a scanner leaves one it skipped)."""
+    import tifffile
+
+    if Path(src).resolve() != Path(dst).resolve():
+        shutil.copyfile(src, dst)
+    with tifffile.TiffFile(dst) as tif:
+        page = [p for p in tif.pages if p.is_tiled][level]
+        counts_at = page.tags["TileByteCounts"].valueoffset
+    with open(dst, "r+b") as handle:
+        handle.seek(counts_at + 4 * index)
+        handle.write(struct.pack("<I", 0))
+    return Path(dst)
+
+
 def padded_tables(src: Path, dst: Path, pad_bytes: int) -> Path:
     """A copy of ``src`` whose every page's ``JPEGTables`` carry ``pad_bytes`` more in COM
     segments (valid JPEG, ignored by decoders): the tables move to the end of the file."""
@@ -204,11 +220,24 @@ def padded_tables(src: Path, dst: Path, pad_bytes: int) -> Path:
     return Path(dst)
 
 
-def sparse_tiles(path: Path, tiles_per_edge: int = 4096, tile: int = 16) -> Path:
+def sparse_tiles(
+    path: Path,
+    tiles_per_edge: int = 4096,
+    tile: int = 16,
+    *,
+    byteorder: str = "<",
+    bigtiff: bool = False,
+) -> Path:
     """A JPEG-tiled TIFF declaring ``tiles_per_edge``\\ ^2 tiles whose offset and byte-count
-    arrays are holes: a few KiB on disk, 16.7 M tiles by default (every one empty)."""
+    arrays are holes: a few KiB on disk, 16.7 M tiles by default (every one empty).
+
+    ``byteorder`` ``<`` (``II``) or ``>`` (``MM``); ``bigtiff``: 64-bit offsets and
+    counts (``+`` in place of ``*``), as OpenSlide and tifffile read either.
+    """
     n = tiles_per_edge * tiles_per_edge
     edge = tiles_per_edge * tile
+    wide = 16 if bigtiff else 4  # LONG8 or LONG offsets and counts
+    step = 8 if bigtiff else 4
     entries = [  # (tag, type, count, value): 3 SHORT, 4 LONG
         (256, 4, 1, edge),
         (257, 4, 1, edge),
@@ -219,20 +248,30 @@ def sparse_tiles(path: Path, tiles_per_edge: int = 4096, tile: int = 16) -> Path
         (284, 3, 1, 1),
         (322, 3, 1, tile),
         (323, 3, 1, tile),
-        (324, 4, n, "offsets"),
-        (325, 4, n, "counts"),
+        (324, wide, n, "offsets"),
+        (325, wide, n, "counts"),
     ]
-    bits_at = 8 + 2 + 12 * len(entries) + 4
-    where = {"bits": bits_at, "offsets": 4096, "counts": 4096 + 4 * n}
-    body = bytearray(b"II*\x00" + struct.pack("<IH", 8, len(entries)))
+    order = byteorder
+    if bigtiff:
+        head = struct.pack(f"{order}HHHHQQ", 0, 43, 8, 0, 16, len(entries))
+        entry = f"{order}HHQ"
+        bits_at = 16 + 8 + 20 * len(entries) + 8
+    else:
+        head = struct.pack(f"{order}HHIH", 0, 42, 8, len(entries))
+        entry = f"{order}HHI"
+        bits_at = 8 + 2 + 12 * len(entries) + 4
+    body = bytearray((b"II" if order == "<" else b"MM") + head[2:])
+    where = {"bits": bits_at, "offsets": 4096, "counts": 4096 + step * n}
+    value_size = 8 if bigtiff else 4
     for tag, kind, count, value in entries:
         value = where.get(value, value) if isinstance(value, str) else value
-        if kind == 3 and count == 1:
-            body += struct.pack("<HHIHH", tag, kind, count, value, 0)
+        body += struct.pack(entry, tag, kind, count)
+        if kind == 3 and count == 1:  # a SHORT inline, left-justified in the value field
+            body += struct.pack(f"{order}H", value) + bytes(value_size - 2)
         else:
-            body += struct.pack("<HHII", tag, kind, count, value)
-    body += struct.pack("<I", 0) + struct.pack("<HHH", 8, 8, 8)
+            body += struct.pack(f"{order}{'Q' if bigtiff else 'I'}", value)
+    body += bytes(value_size) + struct.pack(f"{order}HHH", 8, 8, 8)
     with open(path, "wb") as handle:
         handle.write(body)
-        handle.truncate(where["counts"] + 4 * n)
+        handle.truncate(where["counts"] + step * n)
     return Path(path)

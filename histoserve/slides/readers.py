@@ -41,6 +41,7 @@ from histoserve.errors import SlideError
 # range holds --mpp-override, --target-mpp and the manifest's mpp column.
 from histoserve.limits import PLAUSIBLE_MPP
 from histoserve.slides.tiff.checks import check_tiff_complete
+from histoserve.slides.tiff.native import on_white
 
 _FIX = "give it with --mpp-override X or the manifest's mpp column"
 _BACKENDS = ("openslide", "tiffslide", "czi", "native")
@@ -226,13 +227,7 @@ def _to_rgb(region: np.ndarray) -> np.ndarray:
         return np.repeat(region[:, :, None], 3, axis=2).astype(np.uint8, copy=False)
     if region.shape[2] == 3:
         return np.ascontiguousarray(region, dtype=np.uint8)
-    if int(region[:, :, 3].min()) == 255:  # opaque (the usual case): no widening needed
-        return np.ascontiguousarray(region[:, :, :3])
-    rgb = region[:, :, :3].astype(np.uint16)
-    alpha = region[:, :, 3:4].astype(np.uint16)
-    # OpenSlide returns un-premultiplied RGBA: composite over white, rounded.
-    out = (rgb * alpha + 255 * (255 - alpha) + 127) // 255
-    return out.astype(np.uint8)
+    return on_white(region)
 
 
 def _openslide_target(path: Path) -> Path:

@@ -15,6 +15,11 @@ was asked for). Its pixels are bounded next, from the opened slide's
 dimensions and mpp (:func:`~histoserve.slides.grid.plan_tiles`: a size in
 millimetres says more than a count of pixels), which costs no backend more
 than its open.
+
+A TIFF is known by its first bytes (:func:`is_tiff`: classic or BigTIFF,
+either byte order), as OpenSlide and tiffslide know it, never by its name: a
+sparse TIFF named ``.dat`` costs OpenSlide's open as much as one named
+``.tif``.
 """
 
 from __future__ import annotations
@@ -27,7 +32,20 @@ import numpy as np
 from histoserve.errors import SlideError
 from histoserve.limits import MAX_TIFF_PAGES, MAX_TIFF_TILES
 
-_TIFF_SUFFIXES = (".tif", ".tiff", ".svs", ".btf", ".tf8", ".qptiff", ".scn", ".ndpi", ".bif")
+TIFF_MAGICS = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+"""A TIFF's first four bytes: classic and BigTIFF, little- and big-endian."""
+
+
+def is_tiff(path: Path) -> bool:
+    """Whether ``path`` starts as a TIFF does (:data:`TIFF_MAGICS`), whatever its name.
+
+    A file that cannot be opened is not a TIFF here: the backends say why.
+    """
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) in TIFF_MAGICS
+    except OSError:
+        return False
 
 
 def check_tiff_complete(path: Path) -> None:
@@ -35,9 +53,10 @@ def check_tiff_complete(path: Path) -> None:
     that declares more pages or tiles than a slide can have.
 
     Reads only the TIFF directories (tile offset and byte-count arrays), not the
-    pixels. Files that are not TIFF are left to the backends.
+    pixels. A file is a TIFF by its magic bytes (:func:`is_tiff`), not its name;
+    files that are not TIFF are left to the backends.
     """
-    if path.suffix.lower() not in _TIFF_SUFFIXES:
+    if not is_tiff(path):
         return
     import tifffile
 

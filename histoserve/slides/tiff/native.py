@@ -26,7 +26,11 @@ or generic tiled TIFF for OpenSlide (NDPI, MRXS, Philips, ... keep
 OpenSlide), a level that is not JPEG-tiled with three 8-bit samples (JPEG
 2000 SVS, deflate, stripped), RGB-coded JPEG, or a tile size, byte count,
 ``JPEGTables`` size (:data:`~histoserve.limits.MAX_JPEG_TABLES_BYTES`) or
-JPEG header beyond bounds. A tile that fails to decode (corrupt, truncated,
+JPEG header beyond bounds. A missing tile (``TileByteCounts`` 0, as a
+scanner leaves one it skipped) reads as OpenSlide reads it, from OpenSlide:
+white at a level with no finer one below it (OpenSlide's transparent, on
+white), an Aperio level's rendered from the finer level; its bytes are never
+decoded nor sent. A tile that fails to decode (corrupt, truncated,
 another size or another number of components than its TIFF declares: every
 tile's frame header is checked, as OpenSlide refuses such a tile) is a
 :class:`~histoserve.errors.SlideError` naming the file, level and tile.
@@ -225,6 +229,9 @@ class NativeTiff:
     def _tile(self, level: int, column: int, row: int, factor: int) -> np.ndarray:
         key = (level, column, row, factor)
         tile = self.cache.get(key)
+        if tile is None and self.tile_byte_count(level, column, row) == 0:
+            tile = self._missing_tile(level, column, row, factor)
+            self.cache.put(key, tile)
         if tile is None:
             lvl = self._levels[level]
             data = self.tile_bytes(level, column, row)
@@ -241,24 +248,54 @@ class NativeTiff:
             self.cache.put(key, tile)
         return tile
 
-    def _openslide_tile(self, level: int, column: int, row: int, factor: int) -> np.ndarray:
-        """Slide tile ``(column, row)`` as OpenSlide reads it (RGB; beyond the level: white).
+    def _missing_tile(self, level: int, column: int, row: int, factor: int) -> np.ndarray:
+        """An empty tile (``TileByteCounts`` 0) as OpenSlide reads it, at 1/``factor``.
+
+        At a reduced scale only a tile OpenSlide reads as one colour (white, where
+        no finer level renders it) is exact; any other is refused.
+
+        Raises:
+            SlideError: Naming the missing tile: OpenSlide's error, or a reduced
+                read of one OpenSlide renders from a finer level.
+        """
+        tile = self._openslide_tile(level, column, row, 1, why="a missing tile (no bytes)")
+        if factor == 1:
+            return tile
+        if (tile == tile[0, 0]).all():
+            lvl = self._levels[level]
+            return np.full((lvl.tile_h // factor, lvl.tile_w // factor, 3), tile[0, 0], np.uint8)
+        raise SlideError(
+            f"slide {self.path}: level {level} tile ({column}, {row}) is a missing tile (no "
+            "bytes) that OpenSlide renders from a finer level: not readable at a reduced scale "
+            "(use --resize bicubic)"
+        )
+
+    def _openslide_tile(
+        self,
+        level: int,
+        column: int,
+        row: int,
+        factor: int,
+        why: str = "its unusual chroma sampling",
+    ) -> np.ndarray:
+        """Slide tile ``(column, row)`` as OpenSlide reads it (RGB, on white; beyond the level:
+        white).
 
         Raises:
             SlideError: At a reduced scale, a level whose tiles start between level-0
-                pixels, or OpenSlide's own error.
+                pixels (``why`` the tile needs OpenSlide), or OpenSlide's own error.
         """
         lvl, downsample = self._levels[level], self.level_downsamples[level]
         x, y = column * lvl.tile_w, row * lvl.tile_h
         x0, y0 = round(x * downsample), round(y * downsample)
         where = f"slide {self.path}: level {level} tile ({column}, {row})"
         if factor != 1 or x0 / downsample != x or y0 / downsample != y:
-            raise SlideError(f"{where}: its unusual chroma sampling is read by OpenSlide only")
+            raise SlideError(f"{where}: {why} is read by OpenSlide only")
         try:
             rgba = np.asarray(self._slide.read_region((x0, y0), level, (lvl.tile_w, lvl.tile_h)))
         except Exception as exc:  # OpenSlide's own error for the tile
             raise SlideError(f"{where}: {exc}") from exc
-        return np.ascontiguousarray(rgba[:, :, :3])
+        return on_white(rgba)
 
     def _compose(
         self, level: int, lx: int, ly: int, size: tuple[int, int], factor: int
@@ -289,6 +326,16 @@ class NativeTiff:
             os.close(self._fd)
         with contextlib.suppress(Exception):
             self._slide.close()
+
+
+def on_white(region: np.ndarray) -> np.ndarray:
+    """OpenSlide's un-premultiplied RGBA composited over white, rounded: ``uint8 [h, w, 3]``."""
+    if int(region[:, :, 3].min()) == 255:  # opaque (the usual case): no widening needed
+        return np.ascontiguousarray(region[:, :, :3])
+    rgb = region[:, :, :3].astype(np.uint16)
+    alpha = region[:, :, 3:4].astype(np.uint16)
+    out = (rgb * alpha + 255 * (255 - alpha) + 127) // 255
+    return out.astype(np.uint8)
 
 
 def _levels(path: Path, slide: Any) -> list[_Level]:
@@ -351,8 +398,11 @@ def _level(page: Any, handle: Any, path: Path) -> _Level:
             f"a level's JPEGTables hold {len(tables):,} bytes, more than the "
             f"{MAX_JPEG_TABLES_BYTES:,} allowed (copied into every tile)"
         )
-    handle.seek(int(offsets[0]))
-    problem = jpeg_problem(tables, handle.read(int(counts[0])))
-    if problem is not None:
-        raise NotNative(problem)
+    present = np.flatnonzero(counts)  # a missing tile has no header to check
+    if present.size:
+        first = int(present[0])
+        handle.seek(int(offsets[first]))
+        problem = jpeg_problem(tables, handle.read(int(counts[first])))
+        if problem is not None:
+            raise NotNative(problem)
     return _Level(width, height, tw, th, offsets, counts, tables)

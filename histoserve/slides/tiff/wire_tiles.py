@@ -121,8 +121,9 @@ def jpeg_batch(native: NativeTiff, level: int, size: int, coords: np.ndarray) ->
 
     See the module. Raises:
         JpegTooLarge: The request would be over those limits (send pixels).
-        SlideError: A tile's bytes cannot be read or its JPEG headers are malformed
-            or not the TIFF's.
+        SlideError: A tile's bytes cannot be read, it has none (a missing tile: the
+            batch goes as pixels, read as OpenSlide reads it), or its JPEG headers are
+            malformed or not the TIFF's.
     """
     downsample = native.level_downsamples[level]
     level_w, level_h = native.level_dimensions[level]
@@ -140,6 +141,11 @@ def jpeg_batch(native: NativeTiff, level: int, size: int, coords: np.ndarray) ->
     streams, layout = [], np.empty((len(cells), 4), np.int32)
     for i, (column, row) in enumerate(cells):
         x, y = int(column) * tw, int(row) * th
+        if native.tile_byte_count(level, int(column), int(row)) == 0:
+            raise SlideError(
+                f"slide {native.path}: level {level} tile ({column}, {row}) is a missing tile "
+                "(no bytes; read as OpenSlide reads it): sent as pixels"
+            )
         try:
             data = native.tile_bytes(level, int(column), int(row))
             streams.append(tile_stream(tables, data, tw, th))
