@@ -9,7 +9,8 @@ input            datatype   shape       meaning
 ``jpeg_layout``  ``INT32``  ``[S, 4]``  each slide tile's ``x, y`` in the request's own
                                         level-pixel frame and its valid ``w, h`` (an
                                         edge tile is cut at the level's edge)
-``jpeg_boxes``   ``INT32``  ``[N, 4]``  each model tile's ``x, y, w, h`` in that frame
+``jpeg_boxes``   ``INT32``  ``[N, 4]``  each model tile's ``x, y, w, h`` in that frame,
+                                        square (``w = h``: a non-square box is a 400)
 ===============  =========  ==========  ============================================
 
 A model tile is its box composed from the slide tiles it overlaps (white
@@ -45,7 +46,7 @@ holds for one request.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +115,8 @@ class JpegTiles:
         self._needs = plan.needs.tolist()
         self._composed = [False] * len(plan.overlaps)
         self._needs_lock = threading.Lock()
+        self.declared_pixels = 0
+        """The pixels the slide tiles' headers declare (set by :meth:`check_declared`)."""
 
     @property
     def streams(self) -> Sequence[bytes]:
@@ -136,6 +139,7 @@ class JpegTiles:
         for index in range(len(self._streams)):
             width, height = self.header(index)
             total += width * height
+            self.declared_pixels = total
             if total > budget:
                 raise InvalidInput(
                     f"the slide tiles up to this one declare {total} pixels, more than the "
@@ -299,6 +303,26 @@ class JpegRegion:
                 )
 
 
+def decode_pixels(regions: Iterable[JpegRegion | None]) -> int:
+    """What decoding a request's regions costs, in pixels: admission's measure of its work.
+
+    The pixels its slide tiles' headers declare (each decoded once) plus the
+    pixels of its boxes (each filled, pasted into and resized): the two of
+    :mod:`~predictor.codecs.jpeg_plan`'s bounds that scale a request's CPU
+    (the pastes are at most the boxes' pixels on a grid). ``None`` (a tile
+    that is not a region: raw pixels, an encoded image) costs nothing here:
+    its work is its tile, counted as one.
+    """
+    shared: dict[int, JpegTiles] = {}
+    boxes = 0
+    for region in regions:
+        if region is None:
+            continue
+        shared.setdefault(id(region.tiles), region.tiles)
+        boxes += int(region.box[2]) * int(region.box[3])
+    return boxes + sum(tiles.declared_pixels for tiles in shared.values())
+
+
 def jpeg_regions(
     streams: Sequence[Any],
     layout: np.ndarray,
@@ -329,6 +353,7 @@ def jpeg_regions(
     box = boxes.astype(np.int64)
     _check_rows(lay, JPEG_LAYOUT, "slide tile")
     _check_rows(box, JPEG_BOXES, "box")
+    _check_square(box)
     for row, (w, h) in enumerate(box[:, 2:]):
         if int(w) * int(h) > limits.max_image_pixels:
             raise InvalidInput(
@@ -339,6 +364,24 @@ def jpeg_regions(
     tiles = JpegTiles(streams, lay, plan_boxes(lay, box, limits), limits, tile_size, interpolation)
     tiles.check_declared()
     return [JpegRegion(tiles, box[i], i) for i in range(len(box))]
+
+
+def _check_square(boxes: np.ndarray) -> None:
+    """Every box square: a model tile is a square of the slide, resized without distortion.
+
+    A non-square box would be stretched to the tile's square: the feature of a
+    distorted tile, which no slide read gives (the client reads squares).
+    """
+    bad = np.flatnonzero(boxes[:, 2] != boxes[:, 3])
+    if len(bad):
+        row = int(bad[0])
+        w, h = int(boxes[row, 2]), int(boxes[row, 3])
+        raise InvalidInput(
+            f"box {list(map(int, boxes[row]))} is {w}x{h} px: a box must be square (w = h; "
+            "it is resized to the model's square tile, and a non-square one would be stretched)",
+            input_name=JPEG_BOXES,
+            tile=row,
+        )
 
 
 def _check_rows(rows: np.ndarray, name: str, what: str) -> None:

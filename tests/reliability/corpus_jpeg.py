@@ -70,6 +70,20 @@ def boxes_cover() -> Triple:
     return [flat_jpeg(256)], _rows([[0, 0, 256, 256]]), _rows([[0, 0, 1024, 1024]] * 16)
 
 
+NON_SQUARE = ((448, 224), (300, 200), (512, 16), (224, 256), (1, 224))
+"""Issue 53, case 6: boxes that were stretched to the tile's square (answered 200)."""
+
+
+def non_square(width: int, height: int) -> Callable[[], Triple]:
+    """A square box, then a ``width`` x ``height`` one, over one 512 px slide tile."""
+
+    def build() -> Triple:
+        boxes = [[0, 0, 224, 224], [0, 0, width, height]]
+        return [flat_jpeg(512)], _rows([[0, 0, 512, 512]]), _rows(boxes)
+
+    return build
+
+
 @dataclass(frozen=True)
 class JpegCase:
     """One hostile jpeg-transport request and the words its 400 must carry."""
@@ -95,6 +109,14 @@ CASES = [
     JpegCase("jpeg-unreferenced-tile", unreferenced, ("'jpeg_tiles'", "tile 2", "under no box")),
     JpegCase(
         "jpeg-boxes-cover", boxes_cover, ("'jpeg_boxes'", "tile 4", "cover", "'jpeg_tiles'", LIMIT)
+    ),
+    *(
+        JpegCase(
+            f"jpeg-box-{w}x{h}",
+            non_square(w, h),
+            ("'jpeg_boxes'", "tile 1", f"is {w}x{h} px", "must be square"),
+        )
+        for w, h in NON_SQUARE
     ),
 ]
 
