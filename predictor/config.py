@@ -25,12 +25,24 @@ class BatchingConfig:
         max_latency_ms: Longest a queued tile waits for its batch to fill
             while the device is busy; an idle device dispatches at once.
         max_queue_size: Most tiles waiting; beyond it new requests get 503.
+        max_decode_pixels: Most pixels the requests in stage 1 decode and
+            resize (:mod:`predictor.model.admission`: a jpeg request's slide
+            tiles' declared pixels and its boxes' pixels); beyond it a new
+            such request gets 503, unless stage 1 holds none. The default is
+            three times ``--max_request_pixels``'s: one request at that
+            budget (at most twice it: declared and covered) and room for
+            ordinary ones (a client's 64 boxes of 448 px: 24.5 Mi).
         retry_after_s: ``Retry-After`` hint sent with overload 503s.
     """
 
     max_batch_size: int = flag(32, "tiles per forward", type=int)
     max_latency_ms: float = flag(5.0, "longest wait to fill a batch", type=float)
     max_queue_size: int = flag(1024, "tiles waiting before 503", type=int)
+    max_decode_pixels: int = flag(
+        192 * 1024 * 1024,
+        "jpeg_tiles: pixels the requests being decoded may declare and cover before 503",
+        type=int,
+    )
     retry_after_s: float = 1.0
 
     def __post_init__(self) -> None:
@@ -43,6 +55,8 @@ class BatchingConfig:
                 f"max_queue_size ({self.max_queue_size}) must be >= max_batch_size "
                 f"({self.max_batch_size})"
             )
+        if self.max_decode_pixels < 1:
+            raise ConfigError(f"max_decode_pixels must be >= 1, got {self.max_decode_pixels}")
         if self.retry_after_s <= 0:
             raise ConfigError(f"retry_after_s must be > 0, got {self.retry_after_s}")
 

@@ -44,6 +44,7 @@ import torch
 
 from predictor.batching.batcher import Batcher, DynamicBatcher
 from predictor.codecs.base import Codec
+from predictor.codecs.jpeg_input import decode_pixels
 from predictor.codecs.samples import DecodedRequest, ModelRequest, ModelResponse, PreparedSample
 from predictor.codecs.v1 import V1Codec
 from predictor.device.failures import classify_error
@@ -185,6 +186,7 @@ class BaseServerModel(Model):
             self.name,
             batching.max_queue_size,
             batching.retry_after_s,
+            batching.max_decode_pixels,
             on_reject=lambda n: self._count("rejected", n),
         )
 
@@ -412,10 +414,14 @@ class BaseServerModel(Model):
         return prepared.codec.encode(prepared.decoded, responses, names, parameters)
 
     async def _prepare_staged(self, decoded: DecodedRequest) -> list[PreparedSample]:
-        """Stage 1 for every tile, refused up front (fast 503) when the queue is full."""
+        """Stage 1 for every tile, refused up front (fast 503) when the queue is full
+        or stage 1 holds as many pixels to decode as it may."""
         depth = self._batcher.queue_depth if self._batcher is not None else 0
-        with self._admission.staged(request_tiles(decoded.items), depth):
-            return await self._pool.prepare(decoded.items, decoded.tile_input, self.prepare_sample)
+        cost = decode_pixels(item.jpeg for item in decoded.items)
+        with self._admission.staged(request_tiles(decoded.items), depth, cost):
+            return await self._pool.prepare(
+                decoded.items, decoded.tile_input, self.prepare_sample, cost
+            )
 
     # -- the seed's hooks: the family's, overridable ---------------------------------------
     def prepare_sample(self, request: ModelRequest) -> PreparedSample:

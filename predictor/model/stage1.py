@@ -9,18 +9,112 @@ The first invalid tile fails the whole request with its index named: a
 request), and a prepared tile in neither layout
 (:func:`~predictor.codecs.samples.tile_hwc`), are a 400, never a batch's
 failure.
+
+The pool runs the cheapest waiting work first (:class:`CostOrderedPool`): each
+chunk carries its request's decode cost in pixels
+(:func:`~predictor.codecs.jpeg_input.decode_pixels`, the measure admission
+bounds), so an ordinary request never queues behind a costly one's decoding
+(issue 53: a jpeg request of 4 tiles may ask for a second of CPU). A costly
+request (over :data:`COSTLY_PIXELS`) is split box by box, so no chunk of it
+holds a thread long, and its chunks never take the pool's last free thread,
+so ordinary work always finds one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
+from typing import Any
 
 from predictor.codecs.samples import ModelRequest, PreparedSample, tile_hwc
 from predictor.errors import InvalidInput
 
 PrepareFn = Callable[[ModelRequest], PreparedSample]
+COSTLY_PIXELS = 32 * 1024 * 1024
+"""A request decoding more pixels than this is costly (half the default
+``--max_request_pixels``, about a quarter of a second of CPU here): more than
+``histoserve embed``'s request of 64 boxes of 448 px over 256 px slide tiles
+(24.5 Mi). Its boxes are prepared one a chunk, and never on the last free thread."""
+
+
+class CostOrderedPool:
+    """Threads that run the cheapest waiting job first, then in arrival order.
+
+    A job's cost is its request's decode pixels. Jobs costing more than
+    ``costly_pixels`` run on at most ``threads - 1`` threads at once (one,
+    with one thread), so a thread is always left for cheaper work.
+
+    Args:
+        threads: The pool's threads.
+        costly_pixels: The cost above which a job may not take the last free thread.
+    """
+
+    def __init__(self, threads: int, costly_pixels: int = COSTLY_PIXELS):
+        self._costly_pixels = costly_pixels
+        self._costly_cap = max(1, threads - 1)
+        self._costly_running = 0
+        self._heap: list[tuple[int, int, Callable[[], Any], Future[Any]]] = []
+        self._order = itertools.count()
+        self._ready = threading.Condition()
+        self._stopped = False
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"histoserve-prep_{i}", daemon=True)
+            for i in range(threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, cost: int, job: Callable[[], Any]) -> Future[Any]:
+        """``job()``'s future, run when it is the cheapest waiting job that may run."""
+        future: Future[Any] = Future()
+        with self._ready:
+            if self._stopped:
+                raise RuntimeError("stage-1 pool is shut down")
+            heapq.heappush(self._heap, (cost, next(self._order), job, future))
+            self._ready.notify()
+        return future
+
+    def shutdown(self) -> None:
+        """Stops the threads after their running jobs; waiting jobs are cancelled."""
+        with self._ready:
+            self._stopped = True
+            waiting, self._heap = self._heap, []
+            self._ready.notify_all()
+        for *_, future in waiting:
+            future.cancel()
+
+    def _next(self) -> tuple[int, Callable[[], Any], Future[Any]] | None:
+        """The next job to run (None: stopped); waits for one this thread may take."""
+        with self._ready:
+            while not self._stopped:
+                if self._heap:  # sorted: a costly head means only costly jobs wait
+                    cost = self._heap[0][0]
+                    costly = cost > self._costly_pixels
+                    if not costly or self._costly_running < self._costly_cap:
+                        _, _, job, future = heapq.heappop(self._heap)
+                        self._costly_running += costly
+                        return cost, job, future
+                self._ready.wait()
+            return None
+
+    def _serve(self) -> None:
+        while (picked := self._next()) is not None:
+            cost, job, future = picked
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(job())
+                    except BaseException as exc:  # the caller's to raise
+                        future.set_exception(exc)
+            finally:
+                if cost > self._costly_pixels:
+                    with self._ready:
+                        self._costly_running -= 1
+                        self._ready.notify_all()
 
 
 class Stage1Pool:
@@ -40,20 +134,31 @@ class Stage1Pool:
             raise ValueError(f"preprocess_workers (the pool's threads) must be >= 1, got {threads}")
         self._threads = threads
         self._tile_size = tile_size
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="histoserve-prep")
+        self._pool = CostOrderedPool(threads)
 
     async def prepare(
-        self, items: Sequence[ModelRequest], tile_input: str, prepare: PrepareFn
+        self,
+        items: Sequence[ModelRequest],
+        tile_input: str,
+        prepare: PrepareFn,
+        decode_pixels: int = 0,
     ) -> list[PreparedSample]:
-        """Prepared samples in item order; ``InvalidInput`` located at the first bad tile."""
+        """Prepared samples in item order; ``InvalidInput`` located at the first bad tile.
+
+        ``decode_pixels``: the request's decode cost, which orders its chunks
+        in the pool (cheapest first) and, over :data:`COSTLY_PIXELS`, makes
+        each item a chunk of its own.
+        """
         if not any(_decodes(item) for item in items):
             return prepare_chunk(items, tile_input, prepare, self._tile_size)
-        size = max(1, -(-len(items) // self._threads))
+        size = 1 if decode_pixels > COSTLY_PIXELS else max(1, -(-len(items) // self._threads))
         chunks = [items[i : i + size] for i in range(0, len(items), size)]
-        loop = asyncio.get_running_loop()
         jobs = [
-            loop.run_in_executor(
-                self._pool, prepare_chunk, chunk, tile_input, prepare, self._tile_size
+            asyncio.wrap_future(
+                self._pool.submit(
+                    decode_pixels,
+                    lambda c=chunk: prepare_chunk(c, tile_input, prepare, self._tile_size),
+                )
             )
             for chunk in chunks
         ]
@@ -65,7 +170,7 @@ class Stage1Pool:
 
     def shutdown(self) -> None:
         """Stops the threads; queued work is cancelled."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
 
 
 def _decodes(item: ModelRequest) -> bool:

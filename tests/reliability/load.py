@@ -35,6 +35,7 @@ MAX_TILES = 16
 MAX_BODY_BYTES = 4_000_000
 MAX_IMAGE_PIXELS = 1 << 20
 MAX_REQUEST_PIXELS = 4 << 20
+MAX_DECODE_PIXELS = 3 * MAX_REQUEST_PIXELS  # the default's ratio (predictor/config.py)
 LIMITED_FLAGS = (
     "--max_tiles_per_request",
     str(MAX_TILES),
@@ -44,6 +45,8 @@ LIMITED_FLAGS = (
     str(MAX_IMAGE_PIXELS),
     "--max_request_pixels",
     str(MAX_REQUEST_PIXELS),
+    "--max_decode_pixels",
+    str(MAX_DECODE_PIXELS),
     "--max_batch_size",
     "8",
     "--max_latency_ms",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from predictor.codecs.samples import ModelRequest, PreparedSample
 from predictor.errors import InvalidInput
-from predictor.model.stage1 import Stage1Pool
+from predictor.model.stage1 import COSTLY_PIXELS, CostOrderedPool, Stage1Pool
 
 SIZE = 2  # the tile size these pools check prepared tiles against
 
@@ -94,3 +95,53 @@ def test_a_prepared_tile_must_be_hwc_or_chw_at_the_tile_size(tile, ok):
 def test_workers_must_be_positive():
     with pytest.raises(ValueError, match="workers"):
         Stage1Pool(0, SIZE)
+
+
+def test_the_cheapest_waiting_job_runs_first():
+    """Issue 53, case 5: an ordinary request queued behind a costly one's decoding waited
+    for all of it (the pool was first in, first out)."""
+    pool = CostOrderedPool(1, costly_pixels=100)
+    gate = threading.Event()
+    ran: list[str] = []
+    blocker = pool.submit(0, lambda: gate.wait(5))
+    jobs = [pool.submit(cost, lambda c=cost: ran.append(c)) for cost in (1000, 50, 10, 1000)]
+    gate.set()
+    for future in (blocker, *jobs):
+        future.result(5)
+    assert ran == [10, 50, 1000, 1000]
+    pool.shutdown()
+
+
+def test_costly_jobs_never_take_the_last_free_thread():
+    pool = CostOrderedPool(2, costly_pixels=100)
+    gate = threading.Event()
+    started: list[int] = []
+
+    def costly(i: int):
+        def run() -> None:
+            started.append(i)
+            gate.wait(5)
+
+        return run
+
+    costly_jobs = [pool.submit(1000, costly(i)) for i in range(2)]
+    time.sleep(0.2)
+    assert started == [0]  # the second waits: one thread stays free
+    assert pool.submit(10, lambda: "ordinary").result(5) == "ordinary"  # not behind them
+    gate.set()
+    for future in costly_jobs:
+        future.result(5)
+    assert started == [0, 1]
+    pool.shutdown()
+
+
+def test_a_costly_request_is_prepared_one_box_a_chunk_in_order():
+    pool = Stage1Pool(2, SIZE)
+    threads: set[str] = set()
+    items = [ModelRequest(i, image_data=b"png") for i in range(5)]
+    samples = asyncio.run(
+        pool.prepare(items, "tiles", _prepare_recording(threads), COSTLY_PIXELS + 1)
+    )
+    assert [int(s.tile[0, 0, 0]) for s in samples] == list(range(5))
+    assert len(threads) == 1  # never the last free thread of two
+    pool.shutdown()
