@@ -125,7 +125,10 @@ def test_costly_jobs_never_take_the_last_free_thread():
         return run
 
     costly_jobs = [pool.submit(1000, costly(i)) for i in range(2)]
-    time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    while not started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # time enough for a second thread to take the second, were it allowed
     assert started == [0]  # the second waits: one thread stays free
     assert pool.submit(10, lambda: "ordinary").result(5) == "ordinary"  # not behind them
     gate.set()
