@@ -38,13 +38,17 @@ def _value(v: Any) -> Any:
 
 
 class OtlpReceiver:
-    """``http://127.0.0.1:PORT``: an OTLP/HTTP endpoint (``/v1/traces``) keeping what it gets."""
+    """``http://127.0.0.1:PORT``: an OTLP/HTTP endpoint (``/v1/traces``) keeping what it gets.
 
-    def __init__(self) -> None:
+    ``keep=False`` (a benchmark's sink) decodes each body but keeps only the count (``received``).
+    """
+
+    def __init__(self, keep: bool = True) -> None:
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
         self.spans: list[Span] = []
         self.bodies = 0
+        self.received = 0
         lock = threading.Lock()
         receiver = self
 
@@ -71,7 +75,9 @@ class OtlpReceiver:
                     for s in ss.spans
                 ]
                 with lock:
-                    receiver.spans.extend(spans)
+                    if keep:
+                        receiver.spans.extend(spans)
+                    receiver.received += len(spans)
                     receiver.bodies += 1
                 answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)

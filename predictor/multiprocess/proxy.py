@@ -130,7 +130,8 @@ class BatcherProxy:
         futures = [loop.create_future() for _ in items]
         self._pending[rid] = (futures, slots)
         self._idle.clear()
-        self._writer.send(("submit", rid, key, descs, tracing.traceparent_of(items[0].trace)))
+        traceparent = tracing.traceparent_of(items[0].trace) if tracing.enabled() else None
+        self._writer.send(("submit", rid, key, descs, traceparent))
         return futures
 
     async def drain(self, timeout_s: float) -> bool:

@@ -177,3 +177,21 @@ def test_attributes_hold_only_small_scalars_and_names(server, receiver):
                 isinstance(value, str) and len(value) <= 128
             )
     assert all(s.resource["service.name"] == "histoserve" for s in spans)
+
+
+@pytest.mark.slow  # a pod of three processes each importing torch: ~30 s on 2 cores
+def test_the_trace_crosses_from_a_front_end_to_the_device_owner(
+    embedding_package_dir, tmp_path, receiver
+):
+    server = start_traced(
+        embedding_package_dir, tmp_path, receiver.url, "--frontends", "2", "--max_batch_size", "8"
+    )
+    try:
+        trace_id, span_id, traceparent = client_parent()
+        rest_infer(server, random_tiles(1, seed=6), traceparent)
+        spans = request_tree(receiver, trace_id, span_id)
+    finally:
+        server.stop()
+    assert spans["infer"][0].resource["histoserve.process"].startswith("frontend-")
+    assert spans["batch"][0].resource["histoserve.process"] == "owner"
+    assert spans["queue_wait"][0].resource["histoserve.process"] == "owner"
