@@ -21,6 +21,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from harness import slides
+from harness.embed import run_embed
 from harness.otlp import OtlpReceiver, Span
 from harness.server import Server, free_port, predictor_command, spawn
 from harness.tiles import random_tiles
@@ -177,6 +179,35 @@ def test_attributes_hold_only_small_scalars_and_names(server, receiver):
                 isinstance(value, str) and len(value) <= 128
             )
     assert all(s.resource["service.name"] == "histoserve" for s in spans)
+
+
+def test_embed_traces_a_slide_with_the_servers_spans_under_each_send(server, receiver, tmp_path):
+    slide = slides.generic_tiff(tmp_path / "traced.tiff").path
+    flags = ("--tissue", "none", "--batch-size", "8", "--otel-endpoint", receiver.url)
+    result = run_embed(slide, "--url", server.base, "--out", tmp_path / "out", *flags)
+    assert result.returncode == 0, result.stderr
+
+    def slide_and_server(spans: list[Span]) -> bool:
+        roots = [s for s in spans if s.name == "slide"]
+        return bool(roots) and any(
+            s.name == "infer" and s.trace_id == roots[0].trace_id for s in spans
+        )
+
+    spans = receiver.wait_for(slide_and_server)
+    (root,) = [s for s in spans if s.name == "slide"]
+    assert root.resource["service.name"] == "histoserve-embed"
+    mine = [s for s in spans if s.trace_id == root.trace_id]
+    names = {s.name for s in mine if s.parent == root.span_id}
+    assert {"read", "wait", "send", "write"} <= names, names
+    sends = {s.span_id for s in mine if s.name == "send"}
+    served = [s for s in mine if s.name == "infer"]
+    assert served and all(s.parent in sends for s in served)
+    assert not [
+        s
+        for s in mine
+        if s.name in ("read", "wait", "send", "write")
+        and s.attributes.keys() - {"histoserve.batch", "histoserve.tiles"}
+    ]
 
 
 @pytest.mark.slow  # a pod of three processes each importing torch: ~30 s on 2 cores
