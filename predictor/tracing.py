@@ -56,7 +56,8 @@ class TracingSettings:
         protocol: ``http/protobuf`` or ``grpc``; ``None``: ``OTEL_EXPORTER_OTLP_PROTOCOL``,
             else HTTP.
         sample_ratio: Share of new traces recorded (a client's sampled flag is
-            followed); ``None``: ``OTEL_TRACES_SAMPLER``/``_ARG``, else 1.0.
+            followed); ``None``: ``OTEL_TRACES_SAMPLER_ARG`` (with or without
+            ``OTEL_TRACES_SAMPLER``), else 1.0.
         process: This process's role (``owner``, ``frontend-0``), an attribute of its spans.
     """
 
@@ -110,6 +111,14 @@ def setup(settings: TracingSettings, env: Mapping[str, str] = os.environ) -> boo
     if protocol not in PROTOCOLS:
         raise ConfigError(f"otel_protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
     ratio = settings.sample_ratio
+    if ratio is None and not env.get("OTEL_TRACES_SAMPLER") and env.get("OTEL_TRACES_SAMPLER_ARG"):
+        try:  # the ratio alone, without naming the sampler: ours, parent-based
+            ratio = float(env["OTEL_TRACES_SAMPLER_ARG"])
+        except ValueError:
+            raise ConfigError(
+                f"OTEL_TRACES_SAMPLER_ARG must be a number from 0 to 1, got "
+                f"{env['OTEL_TRACES_SAMPLER_ARG']!r}"
+            ) from None
     if ratio is not None and not 0.0 <= ratio <= 1.0:
         raise ConfigError(f"otel_sample_ratio must be within [0, 1], got {ratio}")
     try:
@@ -206,10 +215,11 @@ class RequestTrace:
         if self._queue_wait is None:
             self._queue_wait = self.child("queue_wait")
 
-    def batch_started(self) -> None:
+    def batch_started(self, at_ns: int | None = None) -> None:
+        """Its first batch starts (at ``at_ns``): ``queue_wait`` ends there."""
         queue_wait, self._queue_wait = self._queue_wait, False
         if queue_wait:
-            queue_wait.end()
+            queue_wait.end(at_ns)
 
     def answer_started(self) -> None:
         """Encoding begins: ``answer`` runs until the front door has sent it."""
@@ -327,7 +337,7 @@ def batch(traces: Iterable[RequestTrace | None], tiles: int, mode: str) -> Any:
     started = time.time_ns()
     requests = list(distinct.values())
     for trace in requests:
-        trace.batch_started()
+        trace.batch_started(started)
     return _tracer.start_as_current_span(
         "batch",
         context=requests[0].context,
