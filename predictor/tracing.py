@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextvars import ContextVar
@@ -44,6 +45,7 @@ _tracer: Any = None  # the SDK's tracer once set up; None: tracing is off
 _provider: Any = None
 _otel: Any = None  # what the hot path uses of the API, imported once by setup
 _NOOP = contextlib.nullcontext()
+_ending = threading.Lock()  # a request's two batches may start at once on two workers
 _current: ContextVar[RequestTrace | None] = ContextVar("histoserve_request_trace", default=None)
 
 
@@ -162,7 +164,7 @@ def _exporter(endpoint: str, protocol: str, env: Mapping[str, str]) -> Any:
     return OTLPSpanExporter(endpoint=endpoint)
 
 
-def shutdown(timeout_s: float = 5.0) -> None:
+def shutdown(timeout_s: float = 2.0) -> None:
     """Exports what is still buffered and stops (at the end of a drain); a no-op when off."""
     global _tracer, _provider
     provider, _provider, _tracer = _provider, None, None
@@ -217,7 +219,8 @@ class RequestTrace:
 
     def batch_started(self, at_ns: int | None = None) -> None:
         """Its first batch starts (at ``at_ns``): ``queue_wait`` ends there."""
-        queue_wait, self._queue_wait = self._queue_wait, False
+        with _ending:
+            queue_wait, self._queue_wait = self._queue_wait, False
         if queue_wait:
             queue_wait.end(at_ns)
 
@@ -227,7 +230,8 @@ class RequestTrace:
             self._answer = self.child("answer")
 
     def answer_sent(self) -> None:
-        answer, self._answer = self._answer, False
+        with _ending:
+            answer, self._answer = self._answer, False
         if answer:
             answer.end()
 
