@@ -9,8 +9,11 @@ at a time, in rounds that alternate which goes first. Per round and server:
 the server process's CPU seconds (user + system, ``psutil``) per request,
 which a machine shared with other work disturbs far less than throughput.
 The difference is what tracing costs per request, the export (protobuf
-encoding, the POST to the receiver) included. Results as JSON (``--out``)
-and a Markdown table on stdout. About two minutes.
+encoding, the POST to the receiver) included. ``--before COMMIT`` adds that
+commit's server (:mod:`bench.servers.before`: the same environment, only
+``predictor/`` differs) as a third, untraced: what tracing off costs against
+it. Results as JSON (``--out``) and a Markdown table on stdout. About two
+minutes (three with ``--before``).
 """
 
 from __future__ import annotations
@@ -61,9 +64,10 @@ def _grpc(server: Any, requests: int) -> None:
         client.close()
 
 
-def measure(rounds: int, requests: int, log_dir: Path) -> dict[str, Any]:
+def measure(rounds: int, requests: int, log_dir: Path, before: str | None) -> dict[str, Any]:
     """Per protocol and server: CPU microseconds per request in each round."""
     from bench.servers import launch
+    from bench.servers.before import source_tree
     from harness.otlp import OtlpReceiver
     from harness.packages import module_package
 
@@ -77,21 +81,24 @@ def measure(rounds: int, requests: int, log_dir: Path) -> dict[str, Any]:
         "max_queue_size": 1024, "workers": 2, "threads": 2, "log_dir": log_dir, "instances": 2,
     }  # fmt: skip
     traced = ("--otel_endpoint", receiver.url, "--otel_sample_ratio", "1")
-    servers = launch.wait_all_ready(
-        {
-            "off": launch.start_histoserve(package, kind="untraced", **settings),
-            "on": launch.start_histoserve(package, kind="traced", extra=traced, **settings),
-        }
-    )
+    started = {
+        "off": launch.start_histoserve(package, kind="untraced", **settings),
+        "on": launch.start_histoserve(package, kind="traced", extra=traced, **settings),
+    }
+    if before:
+        tree = source_tree(before)
+        started["before"] = launch.start_histoserve(package, kind="before", source=tree, **settings)
+    servers = launch.wait_all_ready(started)
+    names = tuple(servers)
     figures: dict[str, dict[str, list[float]]] = {
-        p: {"off": [], "on": []} for p in ("rest", "grpc")
+        p: {name: [] for name in names} for p in ("rest", "grpc")
     }
     try:
         for name in servers:  # warm both (first requests, the exporter's first POST)
             _rest(servers[name], 50)
             _grpc(servers[name], 50)
         for r in range(rounds):
-            order = ("off", "on") if r % 2 == 0 else ("on", "off")
+            order = names[r % len(names) :] + names[: r % len(names)]
             for protocol, send in (("rest", _rest), ("grpc", _grpc)):
                 for name in order:
                     pid = servers[name].proc.pid
@@ -113,20 +120,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--requests", type=int, default=500, help="requests per round and server")
     parser.add_argument("--out", type=Path, default=None, help="JSON results file")
+    parser.add_argument("--before", default=None, help="also this commit's server, untraced")
     args = parser.parse_args(argv)
     from bench.servers.before import checkout_commit
 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tracing-cost-") as tmp:
-        result = measure(args.rounds, args.requests, Path(tmp))
+        result = measure(args.rounds, args.requests, Path(tmp), args.before)
     rows = []
     for protocol, by_server in result["figures"].items():
-        off, on = (statistics.median(by_server[n]) for n in ("off", "on"))
+        medians = {name: statistics.median(v) for name, v in by_server.items()}
         rows.append(
-            {"protocol": protocol, "off_us": off, "on_us": on, "cost_us": on - off, **by_server}
+            {
+                "protocol": protocol,
+                "median_us": medians,
+                "on_minus_off_us": medians["on"] - medians["off"],
+                "off_minus_before_us": medians["off"] - medians["before"]
+                if "before" in medians
+                else None,
+                "rounds_us": by_server,
+            }
         )
     record = {
         "commit": checkout_commit(),
+        "before": args.before,
         "rounds": args.rounds,
         "requests": args.requests,
         "device": "cpu",
@@ -136,17 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.out:
         args.out.write_text(json.dumps(record, indent=1) + "\n")
-    head = ["protocol", "off (us CPU/request)", "on", "on - off", "rounds off", "rounds on"]
+    head = ["protocol", "server", "us CPU/request (median)", "rounds"]
     body = [
         [
             r["protocol"],
-            f"{r['off_us']:.0f}",
-            f"{r['on_us']:.0f}",
-            f"{r['cost_us']:.0f}",
-            " ".join(f"{v:.0f}" for v in r["off"]),
-            " ".join(f"{v:.0f}" for v in r["on"]),
+            name,
+            f"{r['median_us'][name]:.0f}",
+            " ".join(f"{v:.0f}" for v in r["rounds_us"][name]),
         ]
         for r in rows
+        for name in r["median_us"]
     ]
     print("\n".join(table(head, body)))
     return 0
