@@ -17,7 +17,13 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from predictor.config import BatchingConfig, LimitsConfig, ModelConfig, ServeConfig
+from predictor.config import (
+    BatchingConfig,
+    LimitsConfig,
+    ModelConfig,
+    ServeConfig,
+    TracingConfig,
+)
 from predictor.device.cpus import available_cpus, resolve_instances
 from predictor.flags import add_flags, config_from
 
@@ -32,6 +38,7 @@ FLAG_GROUPS = (
     (BatchingConfig, "batching"),
     (LimitsConfig, "input limits"),
     (ServeConfig, "serving"),
+    (TracingConfig, "tracing"),
 )
 
 
@@ -151,12 +158,33 @@ def serve(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace, argv: list[str], frontends: int, index: int | None) -> int:
     """Ports first (a taken one stops start-up before any package loads), then model and server."""
+    supervisor = index is None and frontends > 1
+    start_metrics_port(args, index)
+    model_config, batching, limits = configs_from_args(args)
+    start_tracing(
+        args, "owner" if supervisor else "server" if index is None else f"frontend-{index}"
+    )
+    try:
+        return _serve_traced(args, argv, frontends, index, (model_config, batching, limits))
+    finally:
+        from predictor import tracing
+
+        tracing.shutdown()
+
+
+def _serve_traced(
+    args: argparse.Namespace,
+    argv: list[str],
+    frontends: int,
+    index: int | None,
+    configs: tuple[ModelConfig, BatchingConfig, LimitsConfig],
+) -> int:
+    """:func:`_serve`'s work once tracing is set up (it flushes the spans however this ends)."""
     from predictor.http import gc_policy
     from predictor.http.listeners import open_listeners
 
     supervisor = index is None and frontends > 1
-    start_metrics_port(args, index)
-    model_config, batching, limits = configs_from_args(args)
+    model_config, batching, limits = configs
     listeners = open_listeners(
         args.bind_address, args.http_port, args.grpc_port,
         shared=supervisor, grpc=args.enable_grpc, inherited_http_fd=args.frontend_http_fd,
@@ -199,6 +227,22 @@ def build_serving(
 
     server = HistoModelServer(**kwargs)
     return server, build_model(model_config, batching, limits)
+
+
+def start_tracing(args: argparse.Namespace, process: str) -> None:
+    """OpenTelemetry traces when ``--otel_endpoint`` (or ``OTEL_EXPORTER_OTLP_ENDPOINT``) is set.
+
+    Before the server is built: the front door installs its tracing
+    middleware and interceptor only when tracing is on.
+    """
+    from predictor import tracing
+
+    config: TracingConfig = config_from(TracingConfig, args)
+    settings = tracing.TracingSettings(
+        config.otel_endpoint, config.otel_protocol, config.otel_sample_ratio, process
+    )
+    if tracing.setup(settings):
+        logger.info("OpenTelemetry traces on (%s)", process)
 
 
 def start_metrics_port(args: argparse.Namespace, frontend_index: int | None) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from predictor.errors import ConfigError
-from predictor.flags import auto_or_count, flag, true_or_false
+from predictor.flags import auto_or_count, flag, ratio, true_or_false
 
 
 @dataclass(frozen=True)
@@ -291,3 +291,41 @@ class ServeConfig:
     frontend_index: int = flag(0, type=int, hidden=True, early=True)
     frontend_http_fd: int | None = flag(None, type=int, hidden=True)
     frontend_parent: int | None = flag(None, type=int, hidden=True, early=True)
+
+
+@dataclass(frozen=True)
+class TracingConfig:
+    """OpenTelemetry traces (:mod:`predictor.tracing`): off unless an endpoint is set.
+
+    Attributes:
+        otel_endpoint: OTLP collector; HTTP gets ``/v1/traces`` appended, as the
+            standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` does (which is honoured
+            when the flag is unset, as are the other ``OTEL_*`` variables).
+        otel_protocol: ``http/protobuf`` or ``grpc``; unset: ``OTEL_EXPORTER_OTLP_PROTOCOL``, else HTTP.
+        otel_sample_ratio: Share of new traces recorded (a client's sampled
+            flag is followed); unset: ``OTEL_TRACES_SAMPLER_ARG``'s, else all.
+    """
+
+    otel_endpoint: str | None = flag(
+        None,
+        "export OpenTelemetry traces (a span per request, its stages and batches) to this "
+        "OTLP collector, e.g. http://otel-collector:4318 (/v1/traces appended); unset: "
+        "OTEL_EXPORTER_OTLP_ENDPOINT if set, else no tracing",
+    )
+    otel_protocol: str | None = flag(
+        None,
+        "OTLP transport: http/protobuf or grpc (unset: OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf)",
+        choices=("http/protobuf", "grpc"),
+    )
+    otel_sample_ratio: float | None = flag(
+        None,
+        "share of new traces recorded, 0 to 1 (a client's sampled flag is followed); "
+        "unset: OTEL_TRACES_SAMPLER_ARG, else 1",
+        type=ratio,
+    )
+
+    def __post_init__(self) -> None:
+        if self.otel_sample_ratio is not None and not 0.0 <= self.otel_sample_ratio <= 1.0:
+            raise ConfigError(
+                f"otel_sample_ratio must be within [0, 1], got {self.otel_sample_ratio}"
+            )

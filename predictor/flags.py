@@ -108,3 +108,14 @@ def auto_or_count(value: str) -> int | None:
         raise argparse.ArgumentTypeError(
             f"expected auto or a whole number, got {value!r}"
         ) from None
+
+
+def ratio(value: str) -> float:
+    """A share from 0 to 1 (``--otel_sample_ratio``)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {value!r}") from None
+    if not 0.0 <= number <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {value!r}")
+    return number

@@ -15,7 +15,12 @@ the idle cell), with the rounds' spread as the noise to read it against.
 Packages: the null model (:mod:`bench.servers.null_model`: the request path
 alone) and the tiny demo ``h0-mini`` (a real, small forward). Results as
 JSON (``--out``) and a Markdown table on stdout. Not part of ``make bench``:
-about six minutes on the 2-core development machine.
+about six minutes on the 2-core development machine (``--packages null``
+alone: half that). ``--trace-after`` turns this checkout's server's
+OpenTelemetry traces on (every request, ``--otel_sample_ratio 1``) to a
+loopback OTLP receiver in this process (:mod:`harness.otlp`, decoding what
+it gets as a collector would, on the same CPUs): with ``--before`` this
+checkout's own commit, the ratio is what tracing costs.
 """
 
 from __future__ import annotations
@@ -62,7 +67,9 @@ def _packages() -> dict[str, Path]:
     }
 
 
-def _start(package: Path, before: str, log_dir: Path) -> dict[str, Any]:
+def _start(
+    package: Path, before: str, log_dir: Path, after_flags: tuple[str, ...] = ()
+) -> dict[str, Any]:
     from bench.servers import launch
     from bench.servers.before import source_tree
 
@@ -78,7 +85,7 @@ def _start(package: Path, before: str, log_dir: Path) -> dict[str, Any]:
         "instances": 2,  # the CPU default (`auto`), passed to both servers alike
     }
     started = {
-        "after": launch.start_histoserve(package, kind="histoserve", **settings),
+        "after": launch.start_histoserve(package, kind="histoserve", extra=after_flags, **settings),
         "before": launch.start_histoserve(
             package, kind="histoserve-before", source=source_tree(before), **settings
         ),
@@ -93,13 +100,21 @@ def _figure(label: str, result: dict[str, Any]) -> float | None:
     return result.get("p50_ms") if label == "idle" else result.get("throughput")
 
 
-def measure(before: str, rounds: int, log_dir: Path) -> list[dict[str, Any]]:
+def measure(
+    before: str,
+    rounds: int,
+    log_dir: Path,
+    packages: tuple[str, ...] = ("null", "demo"),
+    after_flags: tuple[str, ...] = (),
+) -> list[dict[str, Any]]:
     """One row per package and cell: each server's figures per round, medians and the ratio."""
     rows = []
     client = LoadClient()
     try:
         for package_label, package in _packages().items():
-            servers = _start(package, before, log_dir)
+            if package_label not in packages:
+                continue
+            servers = _start(package, before, log_dir, after_flags)
             try:
                 for label, protocol, clients, tiles in CELLS:
                     figures: dict[str, list[float | None]] = {"after": [], "before": []}
@@ -182,13 +197,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", default=BEFORE, help="the commit to compare with")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per cell and server")
     parser.add_argument("--out", type=Path, default=None, help="JSON results file")
+    parser.add_argument(
+        "--packages", default="null,demo", help="which packages, comma-separated: null, demo"
+    )
+    parser.add_argument(
+        "--trace-after",
+        action="store_true",
+        help="this checkout's server traces every request to a loopback OTLP receiver",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="serving-ab-") as tmp:
-        rows = measure(args.before, args.rounds, Path(tmp))
+    packages = tuple(args.packages.split(","))
+    receiver = None
+    after_flags: tuple[str, ...] = ()
+    if args.trace_after:
+        from harness.otlp import OtlpReceiver
+
+        receiver = OtlpReceiver(keep=False)
+        after_flags = ("--otel_endpoint", receiver.url, "--otel_sample_ratio", "1")
+    try:
+        with tempfile.TemporaryDirectory(prefix="serving-ab-") as tmp:
+            rows = measure(args.before, args.rounds, Path(tmp), packages, after_flags)
+    finally:
+        if receiver is not None:
+            receiver.close()
     record = {
         "before": args.before,
         "after": checkout_commit(),
+        "after_flags": list(after_flags),
+        "spans_received": receiver.received if receiver is not None else None,
         "rounds": args.rounds,
         "device": "cpu",
         "seconds": round(time.monotonic() - started, 1),

@@ -250,6 +250,14 @@ class EmbedConfig:
     recycle_s: float = option(
         30.0, help="...or after this many seconds", kind="number", group=_REQUESTS
     )
+    otel_endpoint: str | None = option(
+        None,
+        help="trace each slide (read, wait, send, write) to this OpenTelemetry collector "
+        "(OTLP/HTTP, /v1/traces appended; OTEL_* variables honoured), each request carrying "
+        "its traceparent so the server's spans are under it (needs histoserve[otel])",
+        kind="text",
+        group=_REQUESTS,
+    )
     credentials: Credentials | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

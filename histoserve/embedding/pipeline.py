@@ -62,6 +62,7 @@ from histoserve.embedding.settings import (
 )
 from histoserve.embedding.slide_job import RunContext, embed_slide
 from histoserve.embedding.slide_model import check_slide_model, run_slide_model
+from histoserve.embedding.tracing import RunTracer
 from histoserve.errors import HistoserveError, SlideError, UsageError
 from histoserve.remote.auth import load_credentials, warn_if_plaintext
 from histoserve.remote.client import HistoserveClient
@@ -163,6 +164,7 @@ def _context(config: EmbedConfig) -> RunContext:
         attrs,
         threading.BoundedSemaphore(config.concurrency),
         _layout(config, info, target_mpp, tile_size),
+        RunTracer(config.otel_endpoint) if config.otel_endpoint else None,
     )
     attrs[RUN_SETTINGS_ATTR] = run_settings(ctx)  # every done file's copy of the record
     return ctx
@@ -230,6 +232,8 @@ def embed(config: EmbedConfig, stream: Any = None) -> EmbedSummary:
     summary = EmbedSummary()
     with contextlib.ExitStack() as held:  # the folder's hold lasts to the slide model's end
         ctx = _context(config)
+        if ctx.tracer is not None:
+            held.callback(ctx.tracer.close)  # its spans exported before the run returns
         with ctx.client, ctx.tissue_client or contextlib.nullcontext():
             _run(ctx, entries, stream, summary, held)
         run_slide_model(config, summary)

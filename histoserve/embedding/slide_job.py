@@ -39,6 +39,7 @@ import numpy as np
 from histoserve.embedding.batches import Assembled, BatchStats, run_batches
 from histoserve.embedding.config import EmbedConfig
 from histoserve.embedding.tissue_remote import model_tissue_mask
+from histoserve.embedding.tracing import RunTracer
 from histoserve.errors import EmbedError, RequestFailed, SlideError
 from histoserve.remote.answers import AnswerCheck
 from histoserve.remote.client import HistoserveClient
@@ -97,6 +98,7 @@ class RunContext:
         in_flight: Bounds requests in flight over every slide of the run
             (``--concurrency``), whatever the number of slides in progress.
         layout: Where and how slides are written (``--layout``).
+        tracer: The run's traces (``--otel-endpoint``), else None.
     """
 
     config: EmbedConfig
@@ -109,6 +111,7 @@ class RunContext:
     base_attrs: Mapping[str, Any]
     in_flight: threading.Semaphore
     layout: Layout
+    tracer: RunTracer | None = None
 
 
 @dataclass(frozen=True)
@@ -188,27 +191,41 @@ def embed_slide(
         transport = choose_transport(cfg.transport, str(entry.path), problem, ctx.info.jpeg_decode)
     slide_attrs["transport"] = transport
     on_started(len(coords))
-    readers = _ThreadReaders(entry.path, plan, coords, cfg.batch_size, cfg.reader)
-    readers.jpeg = "" if transport == "pixels" else transport
-    try:
-        assembled = run_batches(
-            len(coords),
-            cfg.batch_size,
-            readers.read,
-            _sender(ctx, bulk_rna, readers),
-            read_workers=cfg.read_workers,
-            concurrency=cfg.concurrency,
-            queue_batches=cfg.queue_batches,
-            on_batch=on_batch,
-            stats=stats,
-        )
-    finally:
-        readers.close()
-    all_attrs = {**attrs, **slide_attrs}
-    try:
-        return _write(ctx, entry, coords, fractions, assembled, all_attrs, write_qc, before_commit)
-    except CorruptTiles as exc:  # say why the first bad tile was bad (file, tile, reason)
-        raise CorruptTiles(f"{exc}; first: {readers.first_error}", exc.bad) from exc
+    with _traced(ctx, len(coords)) as trace:
+        readers = _ThreadReaders(entry.path, plan, coords, cfg.batch_size, cfg.reader)
+        readers.jpeg = "" if transport == "pixels" else transport
+        read, send = readers.read, _sender(ctx, bulk_rna, readers)
+        if trace is not None:
+            read, send = trace.reading(read), trace.sending(send, cfg.batch_size)
+        try:
+            assembled = run_batches(
+                len(coords),
+                cfg.batch_size,
+                read,
+                send,
+                read_workers=cfg.read_workers,
+                concurrency=cfg.concurrency,
+                queue_batches=cfg.queue_batches,
+                on_batch=on_batch,
+                stats=stats,
+            )
+        finally:
+            readers.close()
+        all_attrs = {**attrs, **slide_attrs}
+        try:
+            with trace.writing() if trace is not None else contextlib.nullcontext():
+                return _write(
+                    ctx, entry, coords, fractions, assembled, all_attrs, write_qc, before_commit
+                )
+        except CorruptTiles as exc:  # say why the first bad tile was bad (file, tile, reason)
+            raise CorruptTiles(f"{exc}; first: {readers.first_error}", exc.bad) from exc
+
+
+def _traced(ctx: RunContext, tiles: int) -> Any:
+    """The slide's span (``--otel-endpoint``), yielding its :class:`SlideTrace`; else None."""
+    if ctx.tracer is None:
+        return contextlib.nullcontext()
+    return ctx.tracer.slide(tiles)
 
 
 def _qc_writer(

@@ -32,6 +32,7 @@ from histoserve.remote.transport import (
     RecyclePolicy,
     Recycler,
 )
+from histoserve.tracecontext import trace_headers
 
 RETRY_CODES = frozenset(
     {
@@ -184,7 +185,7 @@ class GrpcTransport:
                 infer_inputs,
                 parameters=dict(parameters) or None,
                 client_timeout=self._timeout_s,
-                headers=self._credentials.grpc_metadata() or None,
+                headers={**self._credentials.grpc_metadata(), **trace_headers()} or None,
             )
         except InferenceServerException as exc:
             error = _wrap(self.url, exc, self._credentials, self._own_bounds)

@@ -45,6 +45,7 @@ from histoserve import wire
 from histoserve.errors import BadAnswer, RemoteError, RetryableError, ServerRefused
 from histoserve.remote.auth import MESSAGE_MAX_CHARS, Credentials
 from histoserve.remote.http import HEADER_HEADROOM_BYTES, Reply, new_client, parse_retry_after, send
+from histoserve.tracecontext import trace_headers
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 DECODE_ERRORS = (ValueError, TypeError, ArithmeticError, LookupError, AttributeError)
@@ -211,6 +212,7 @@ class HttpTransport:
         """
         body, headers = wire.encode_request(inputs, parameters=parameters)
         headers["content-length"] = str(len(body))
+        headers.update(trace_headers())  # a traced run's traceparent (histoserve.tracecontext)
         # httpx keeps a request (and so its body) in a reference cycle with its
         # response until the cyclic GC runs: 18 bodies of ~10 MB were seen alive with
         # 4 in flight. An exhausted iterator lets go of the body once it is sent.

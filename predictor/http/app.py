@@ -32,10 +32,12 @@ from fastapi.responses import JSONResponse
 from starlette.middleware import Middleware
 from timing_asgi import TimingMiddleware
 
+from predictor import tracing
 from predictor.codecs.v2 import parse_binary_body
 from predictor.errors import ConfigError, PayloadTooLarge
 from predictor.http.edge import error_response, install_http_handlers
 from predictor.http.grpc_server import GrpcServer
+from predictor.http.traced import TracingMiddleware
 from predictor.kserve.compat import (
     FASTAPI_APP_IMPORT_STRING,
     ModelNotFound,
@@ -269,7 +271,8 @@ class HistoModelServer(ModelServer):
     def _place_middlewares(self, app: FastAPI) -> None:
         """Inserts ours among KServe's (``user_middleware[0]`` is the outermost).
 
-        Outermost first: drain's ``Connection: close``, the body limit, then
+        Outermost first: the request's span (only when tracing is on,
+        :mod:`predictor.http.traced`), drain's ``Connection: close``, the body limit, then
         the fast infer route, so 413 and the drain's close apply to it too.
         With the fast path on, ours sit outside KServe's ``timing_asgi``, which
         it exists to skip, unless ``--enable_latency_logging`` asks for the
@@ -281,6 +284,8 @@ class HistoModelServer(ModelServer):
             Middleware(CloseWhileDrainingMiddleware, draining=lambda: self._stopping),
             Middleware(BodyLimitMiddleware, max_body_bytes=self._max_body_bytes),
         ]
+        if tracing.enabled():  # off: not installed at all
+            ours.insert(0, Middleware(TracingMiddleware))
         if self._rest_fast_path:
             ours.append(Middleware(FastInferMiddleware, dataplane=self.dataplane))
         outside = self._rest_fast_path and not self.enable_latency_logging

@@ -7,8 +7,10 @@ from typing import Any
 
 from grpc import aio
 
+from predictor import tracing
 from predictor.errors import StartupError
 from predictor.http.edge import GrpcErrorInterceptor
+from predictor.http.traced import GrpcTracingInterceptor
 from predictor.kserve.compat import add_inference_service
 
 
@@ -62,7 +64,10 @@ class GrpcServer:
         """
         self._server = aio.server(
             futures.ThreadPoolExecutor(max_workers=max_workers),
-            interceptors=(GrpcErrorInterceptor(),),
+            interceptors=(
+                GrpcErrorInterceptor(),
+                *((GrpcTracingInterceptor(),) if tracing.enabled() else ()),
+            ),
             options=self.options,
         )
         add_inference_service(self._server, self._dataplane, self._repository)

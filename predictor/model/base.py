@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from predictor import tracing
 from predictor.batching.batcher import Batcher, DynamicBatcher
 from predictor.codecs.base import Codec
 from predictor.codecs.jpeg_input import decode_pixels
@@ -373,15 +374,16 @@ class BaseServerModel(Model):
                 f"model {self.name!r} is not accepting requests (draining or not loaded)"
             )
         started = time.monotonic()
-        codec: Codec = self._v2 if isinstance(payload, InferRequest) else self._v1
-        decoded = codec.decode(payload)
-        try:
-            mode = request_mode(self.family, decoded.mode, decoded.requested_outputs)
-            codec.check_outputs(decoded, self.output_names(mode))  # before any compute
-            samples = await self._prepare_staged(decoded)
-        except InvalidInput:
-            self._count("invalid", request_tiles(decoded.items))
-            raise
+        with tracing.stage(tracing.current_request(), "decode"):
+            codec: Codec = self._v2 if isinstance(payload, InferRequest) else self._v1
+            decoded = codec.decode(payload)
+            try:
+                mode = request_mode(self.family, decoded.mode, decoded.requested_outputs)
+                codec.check_outputs(decoded, self.output_names(mode))  # before any compute
+                samples = await self._prepare_staged(decoded)
+            except InvalidInput:
+                self._count("invalid", request_tiles(decoded.items))
+                raise
         if self._metrics is not None:
             self._metrics.observe_preprocess(time.monotonic() - started)
         return _Prepared(codec, decoded, mode, samples)
@@ -392,8 +394,17 @@ class BaseServerModel(Model):
         """Stage 2: enqueue the samples (with their requests) and await one response per tile, in order."""
         if self._batcher is None:
             raise ModelNotReady(f"model {self.name!r} has no running batcher")
-        items = map(BatchItem, payload.samples, payload.decoded.items)
-        futures = self._batcher.submit(list(items), key=payload.mode)
+        trace = tracing.current_request()
+        if trace is None:
+            items = list(map(BatchItem, payload.samples, payload.decoded.items))
+        else:  # the trace rides on each item; a front end's owner times its own queue
+            items = [
+                BatchItem(s, r, trace)
+                for s, r in zip(payload.samples, payload.decoded.items, strict=True)
+            ]
+            if not self._front_end:
+                trace.queue_wait_started()
+        futures = self._batcher.submit(items, key=payload.mode)
         try:
             results = await asyncio.gather(*futures)
         except Overloaded:  # refused by the device owner's batcher: counted there, once
@@ -409,6 +420,9 @@ class BaseServerModel(Model):
     ) -> dict | InferResponse:
         """Encodes the responses with the codec the request was decoded with."""
         prepared, responses = result
+        trace = tracing.current_request()
+        if trace is not None:
+            trace.answer_started()  # ended by the front door once it is sent
         names = self.output_names(prepared.mode)
         parameters = self.served.answer_parameters(prepared.samples)
         return prepared.codec.encode(prepared.decoded, responses, names, parameters)

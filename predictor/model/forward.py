@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from predictor import tracing
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
 
 ForwardBatch = Callable[[list[PreparedSample], list[ModelRequest], str], list[ModelResponse]]
@@ -19,19 +21,32 @@ ForwardBatch = Callable[[list[PreparedSample], list[ModelRequest], str], list[Mo
 
 @dataclass(frozen=True, slots=True)
 class BatchItem:
-    """One tile in the queue: its prepared sample and the request it came from."""
+    """One tile in the queue: its prepared sample, the request it came from, its trace.
+
+    ``trace`` is the request's :class:`~predictor.tracing.RequestTrace` when
+    it is traced (else ``None``), opaque to the batcher like the rest.
+    """
 
     sample: PreparedSample
     request: ModelRequest
+    trace: Any = None
 
 
 def batch_forward(
     forward_batch: ForwardBatch,
 ) -> Callable[[list[BatchItem], str], list[ModelResponse]]:
-    """A worker's forward: splits a batch of items into samples and requests for ``forward_batch``."""
+    """A worker's forward: splits a batch of items into samples and requests for ``forward_batch``.
+
+    Traced, the forward runs inside the batch's span (:func:`predictor.tracing.batch`),
+    linked to every traced request among the items.
+    """
 
     def run(items: list[BatchItem], mode: str) -> list[ModelResponse]:
-        return forward_batch([i.sample for i in items], [i.request for i in items], mode)
+        samples, requests = [i.sample for i in items], [i.request for i in items]
+        if not tracing.enabled():
+            return forward_batch(samples, requests, mode)
+        with tracing.batch([i.trace for i in items], len(items), mode):
+            return forward_batch(samples, requests, mode)
 
     return run
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from predictor import tracing
 from predictor.codecs.base import Codec
 from predictor.codecs.images import decode_tile
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample, tile_hwc
@@ -167,11 +168,13 @@ class TileFamily(Family):
             samples, refused = jpeg.on_device(samples, slot.normalizer.device)
         if self.fault_hook is not None:
             self.fault_hook.check([s.tile for s in samples])
-        inputs = self.batch_inputs(samples, slot)
-        outputs = [out[: len(samples)] for out in unshared(slot.package(*inputs), inputs)]
-        finite = FiniteCheck(outputs, self.package_outputs(self.spec))
-        host = [self.output_to_host(out) for out in outputs]
-        slot.settle()
+        with tracing.span("h2d"):
+            inputs = self.batch_inputs(samples, slot)
+        with tracing.span("forward"):
+            outputs = [out[: len(samples)] for out in unshared(slot.package(*inputs), inputs)]
+            finite = FiniteCheck(outputs, self.package_outputs(self.spec))
+            host = [self.output_to_host(out) for out in outputs]
+            slot.settle()
         responses: list[Any] = self.build_responses([t.numpy() for t in host], mode)
         for row, output in finite.bad_rows().items():
             responses[row] = non_finite_error(output, requests[row].index)

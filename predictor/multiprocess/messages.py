@@ -10,7 +10,8 @@ private folder.
 Messages, ``(kind, ...)``:
 
 - front end -> owner: ``("hello", index, pid)`` once; ``("submit", rid, mode,
-  [(slot, request index, [ArrayDesc, ...]), ...])`` per request.
+  [(slot, request index, [ArrayDesc, ...]), ...], traceparent)`` per request
+  (``traceparent``: the W3C one of a traced request's span, else ``None``).
 - owner -> front end: ``("welcome", info)`` once (the model's description and
   the slab); ``("done", rid, queue_depth, live, [outcome, ...])`` per submit,
   where an outcome is ``("ok", [ArrayDesc, ...])`` or ``("error", class

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from predictor import tracing
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
 from predictor.errors import ForwardError, ModelNotReady
 from predictor.model.base import BaseServerModel
@@ -202,14 +203,18 @@ class _Link:
         self.finished = asyncio.Event()
         """Set once the front end's connection ended and its tiles were settled."""
 
-    def submit(self, rid: int, mode: str, items: list[tuple[Any, ...]]) -> None:
+    def submit(
+        self, rid: int, mode: str, items: list[tuple[Any, ...]], traceparent: str | None = None
+    ) -> None:
         """Enqueues one request's samples; answers once all its futures are settled.
 
         A request refused as a whole (queue full, draining, device lost) or
-        whose samples cannot be read from the slab is answered at once.
+        whose samples cannot be read from the slab is answered at once. A
+        traced request's ``traceparent`` puts its queue wait and batches under
+        the front end's span.
         """
         try:
-            futures = self._enqueue(mode, items)
+            futures = self._enqueue(mode, items, tracing.remote_request(traceparent))
         except Exception as exc:
             self._reply(rid, [error_outcome(exc)] * len(items))
             return
@@ -227,7 +232,9 @@ class _Link:
         for future in futures:
             future.add_done_callback(settled)
 
-    def _enqueue(self, mode: str, items: list[tuple[Any, ...]]) -> list[asyncio.Future[Any]]:
+    def _enqueue(
+        self, mode: str, items: list[tuple[Any, ...]], trace: tracing.RequestTrace | None
+    ) -> list[asyncio.Future[Any]]:
         batcher = self._model.batcher
         if batcher is None:
             raise ModelNotReady(f"model {self._model.name!r} has no running batcher")
@@ -237,7 +244,12 @@ class _Link:
             for _, _, descs in items
         ]
         requests = [ModelRequest(index=index) for _, index, _ in items]
-        return batcher.submit(list(map(BatchItem, samples, requests)), key=mode)
+        if trace is None:
+            return batcher.submit(list(map(BatchItem, samples, requests)), key=mode)
+        trace.queue_wait_started()
+        return batcher.submit(
+            [BatchItem(s, r, trace) for s, r in zip(samples, requests, strict=True)], key=mode
+        )
 
     def _answer(
         self, rid: int, futures: list[asyncio.Future[ModelResponse]], slots: list[int]

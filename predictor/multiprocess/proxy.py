@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from predictor import tracing
 from predictor.codecs.samples import ModelResponse
 from predictor.errors import ForwardError, ModelNotReady, Overloaded
 from predictor.multiprocess.messages import FrameWriter, read_frame, rebuild_error
@@ -129,7 +130,8 @@ class BatcherProxy:
         futures = [loop.create_future() for _ in items]
         self._pending[rid] = (futures, slots)
         self._idle.clear()
-        self._writer.send(("submit", rid, key, descs))
+        traceparent = tracing.traceparent_of(items[0].trace) if tracing.enabled() else None
+        self._writer.send(("submit", rid, key, descs, traceparent))
         return futures
 
     async def drain(self, timeout_s: float) -> bool:

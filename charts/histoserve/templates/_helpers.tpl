@@ -358,6 +358,17 @@ runs on the CPU; left out when there is no CPU request or server.extraEnv sets t
 {{- with .Values.server.maxBodyBytes }}
 - --max_body_bytes={{ int64 . }}
 {{- end }}
+{{- with .Values.tracing }}
+{{- if .endpoint }}
+- --otel_endpoint={{ .endpoint }}
+{{- with .protocol }}
+- --otel_protocol={{ . }}
+{{- end }}
+{{- if ne .sampleRatio nil }}
+- --otel_sample_ratio={{ .sampleRatio }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* Model-specific flags (the InferenceService's own). */}}
