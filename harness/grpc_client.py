@@ -66,8 +66,10 @@ class GrpcClient:
         inputs: dict[str, tuple[str, np.ndarray]],
         parameters: dict | None = None,
         outputs: list[str] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> tuple[dict[str, np.ndarray], dict[str, object]]:
-        """One inference asking for ``outputs`` (None: not named): its outputs and parameters.
+        """One inference asking for ``outputs`` (None: not named), sending ``headers`` as
+        gRPC metadata: its outputs and parameters.
 
         Raises:
             GrpcError: With the gRPC status on failure.
@@ -78,6 +80,7 @@ class GrpcClient:
             "model": model,
             "parameters": parameters,
             "outputs": outputs,
+            "headers": headers,
             "inputs": [{"name": n, "datatype": d, "data": _npy(a)} for n, (d, a) in inputs.items()],
         }
         answer = self._call(payload)

@@ -47,6 +47,7 @@ def handle(call: dict, clients: dict) -> dict:
             inputs,
             outputs=requested or None,
             parameters=call.get("parameters") or None,
+            headers=call.get("headers") or None,
             client_timeout=call.get("timeout_s", 120),
         )
     except InferenceServerException as exc:

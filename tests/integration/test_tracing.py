@@ -18,11 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from harness import slides
 from harness.embed import run_embed
+from harness.grpc_client import GrpcClient
 from harness.otlp import OtlpReceiver, Span
 from harness.server import Server, free_port, predictor_command, spawn
 from harness.tiles import random_tiles
@@ -89,11 +89,13 @@ def rest_infer(server: Server, tiles, traceparent: str) -> None:
 
 
 def grpc_infer(server: Server, tiles, traceparent: str) -> None:
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    client = GrpcClient(
+        f"127.0.0.1:{server.grpc_port}"
+    )  # tritonclient.grpc can't share kserve's process
     try:
-        inp = grpcclient.InferInput("pixels", list(tiles.shape), "UINT8")
-        inp.set_data_from_numpy(tiles)
-        client.infer(server.model_name, [inp], headers={"traceparent": traceparent})
+        client.answer(
+            server.model_name, {"pixels": ("UINT8", tiles)}, headers={"traceparent": traceparent}
+        )
     finally:
         client.close()
 
