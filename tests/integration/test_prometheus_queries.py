@@ -65,6 +65,7 @@ from harness.server import Server, free_port, start_server
 from harness.tiles import random_tiles
 from harness.waiting import wait_until
 from histoserve import HistoserveClient, InferenceError
+from histoserve.wire import encode_request
 from tests.chart.helpers import (
     CHART,
     FULLNAME,
@@ -164,10 +165,16 @@ class Observed:
     prometheus: Prometheus
     moments: tuple[Moment, ...]
     servers_held: tuple[dict[str, float], ...]  # each server's own /metrics at the held moment
-    load_window: tuple[float, float]
+    servers: tuple[Server, ...]  # the first logs JSON
+    package_sha256: str
 
 
-def _own_samples(server: Server, port: int) -> dict[str, float]:
+QUEUE = "histoserve_queue_depth{model=h0-mini}"
+FORWARDS = "histoserve_forward_seconds_count{model=h0-mini}"
+BATCHES = "histoserve_batch_size_count{model=h0-mini}"
+
+
+def _own_samples(port: int) -> dict[str, float]:
     """A server's own ``/metrics`` page: ``name{labels}`` -> value."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
     out = {}
@@ -227,10 +234,13 @@ def observed(
         missing("prometheus not found (/usr/bin/prometheus or PATH): run `make prometheus`")
     logs = tmp_path_factory.mktemp("prom")
     ports = (free_port(), free_port())
-    flags = ("--max_batch_size", str(MAX_BATCH), "--max_latency_ms", "4000")
+    flags = ("--max_batch_size", str(MAX_BATCH), "--max_latency_ms", "5000")
+    json_logs = ("--log_format", "json")  # the first server's log: test_json_logs_*
     servers = [
-        start_server(embedding_package_dir, logs, *flags, "--metrics_port", str(p), wait=False)
-        for p in ports
+        start_server(
+            embedding_package_dir, logs, *flags, *more, "--metrics_port", str(p), wait=False
+        )
+        for p, more in zip(ports, (json_logs, ()), strict=True)
     ]
     dcgm = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), _DcgmStandIn)
     threading.Thread(target=dcgm.serve_forever, daemon=True).start()
@@ -253,7 +263,8 @@ def observed(
             assert load.result() > 0
 
         held, own = _hold(servers, ports, prometheus)
-        yield Observed(prometheus, (fresh, under, held), own, (start, under.at))
+        digest = (embedding_package_dir / "h0-mini.pt2.sha256").read_text().split()[0]
+        yield Observed(prometheus, (fresh, under, held), own, tuple(servers), digest)
     finally:
         if prometheus is not None:
             prometheus.stop()
@@ -272,21 +283,31 @@ def _hold(
             for server, k in zip(servers, HELD, strict=True)
         ]
 
-        def scraped_held() -> bool:
-            seen = prometheus.query("histoserve_queue_depth")
-            by_target = sorted((s.labels["pod"], s.labels["job"], s.value) for s in seen)
-            want = sorted(
-                [
-                    (PODS[0], POD_JOB, HELD[0]),
-                    (PODS[0], SECOND_JOB, HELD[0]),
-                    (PODS[1], POD_JOB, HELD[1]),
-                ]
-            )
-            return by_target == want
+        def scraped_held() -> tuple[dict[str, float], ...] | None:
+            """The servers' own pages once every series but the sampled device ones stands
+            still (the queue held, every dispatched batch's forward counted) and every
+            job's last scrape holds the same."""
+            own = tuple(_own_samples(p) for p in ports)
+            for mine, held in zip(own, HELD, strict=True):
+                if mine[QUEUE] != held or mine[FORWARDS] != mine[BATCHES]:
+                    return None
+            want = {
+                (pod, job, name): own[i][name]
+                for i, pod, job in (
+                    (0, PODS[0], POD_JOB),
+                    (0, PODS[0], SECOND_JOB),
+                    (1, PODS[1], POD_JOB),
+                )
+                for name in (QUEUE, FORWARDS)
+            }
+            seen = {}
+            for name in (QUEUE, FORWARDS):
+                for sample in prometheus.query(name.split("{")[0]):
+                    seen[(sample.labels["pod"], sample.labels["job"], name)] = sample.value
+            return own if seen == want else None
 
-        wait_until(scraped_held, "both jobs scraped the held queues", interval_s=0.1)
+        own = wait_until(scraped_held, "both jobs scraped the held queues", interval_s=0.1)
         moment = Moment("held", at_now(), compare=True, finite=True)
-        own = tuple(_own_samples(s, p) for s, p in zip(servers, ports, strict=True))
         for future in answers:
             future.result()
     return moment, own
@@ -492,13 +513,10 @@ def test_every_dashboard_panel_returns_data(observed: Observed) -> None:
     if picture:
         from harness.dashboard_picture import draw_dashboard
 
-        start, end = observed.load_window
+        window = (observed.moments[0].at - 5, observed.moments[2].at + 5)
+        rate = {**DASHBOARD_VARIABLES, "__rate_interval": "4s"}  # Grafana's, for a 1 s scrape
         draw_dashboard(
-            dashboard,
-            observed.prometheus,
-            DASHBOARD_VARIABLES,
-            (start - 20, end + 10),
-            Path(picture),
+            dashboard, observed.prometheus, rate, window, Path(picture), shorten=f"{PREDICTOR}-"
         )
 
 
@@ -563,3 +581,49 @@ def _scraped_twice(prometheus: Prometheus) -> bool:
     servers = "count by (job, instance) (count_over_time(histoserve_device_up[1m]) >= 2)"
     gpus = "count by (job) (count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 2)"
     return len(prometheus.query(servers)) == 3 and len(prometheus.query(gpus)) == 2
+
+
+SECRET = "s3cret-token-never-logged"
+
+
+def test_json_logs_name_the_request_and_never_a_credential(observed: Observed) -> None:
+    """``--log_format json``: every line of a real server's log is one JSON object; a
+    request's lines carry its request id, the client's trace id, the model and the
+    package digest; a credential in a header or a query string is never written."""
+    server, text_server = observed.servers
+    body, headers = encode_request({"pixels": random_tiles(1, seed=11)})
+    url = f"{server.base}/v2/models/{server.model_name}/infer"
+    traced = {
+        "x-request-id": "cohort-7/slide-3",
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "authorization": f"Bearer {SECRET}",
+    }
+    assert (
+        httpx.post(url, content=body, headers={**headers, **traced}, timeout=60).status_code == 200
+    )
+    assert (
+        httpx.post(f"{url}?token={SECRET}", content=body, headers=headers, timeout=60).status_code
+        == 200
+    )
+
+    def lines() -> list[dict]:
+        return [json.loads(line) for line in server.log().splitlines() if line.strip()]
+
+    def logged() -> list[dict]:
+        return [line for line in lines() if "/infer" in line["message"]][-2:]
+
+    wait_until(lambda: len(logged()) == 2, "the two access lines")
+    everything = lines()  # every line parses: json.loads raised otherwise
+    assert all({"time", "level", "logger", "message"} <= line.keys() for line in everything)
+    assert SECRET not in server.log()
+    first, second = logged()
+    assert first["request_id"] == "cohort-7/slide-3"
+    assert first["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert "trace_id" not in second and len(second["request_id"]) == 32  # made here
+    for line in (first, second):
+        assert line["model"] == server.model_name
+        assert line["package_sha256"] == observed.package_sha256
+    loaded = [line for line in everything if line["message"].startswith("serving ")]
+    assert loaded and loaded[0]["package_sha256"] == observed.package_sha256
+    first_text = text_server.log().splitlines()[0]  # the default stays text
+    assert not first_text.startswith("{")
