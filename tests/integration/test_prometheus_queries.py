@@ -513,7 +513,7 @@ def test_every_dashboard_panel_returns_data(observed: Observed) -> None:
     if picture:
         from harness.dashboard_picture import draw_dashboard
 
-        window = (observed.moments[0].at - 5, observed.moments[2].at + 5)
+        window = (observed.moments[0].at - 5, at_now())  # the held tiles answered too
         rate = {**DASHBOARD_VARIABLES, "__rate_interval": "4s"}  # Grafana's, for a 1 s scrape
         draw_dashboard(
             dashboard, observed.prometheus, rate, window, Path(picture), shorten=f"{PREDICTOR}-"
