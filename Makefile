@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 # `make test` runs the suite on this many pytest-xdist workers, a test file per worker at a time.
 TEST_WORKERS ?= 2
 
-.PHONY: all install serve test test-long autoscale lint format manifests helm bench bench-tiny soak clean gpu-check wheelhouse
+.PHONY: all install serve test test-long autoscale lint format manifests helm prometheus bench bench-tiny soak clean gpu-check wheelhouse
 
 all: test
 
@@ -36,6 +36,16 @@ $(HELM):
 	$(PYTHON) scripts/install_helm.py --dest .tools/bin
 
 helm: $(HELM)
+
+# A real Prometheus for the queries' test (tests/integration/test_prometheus_queries.py):
+# Debian's package; the test runs the binary itself on loopback (the service is not used).
+PROMETHEUS := /usr/bin/prometheus
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+$(PROMETHEUS):
+	$(SUDO) apt-get update -qq
+	$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
+
+prometheus: $(PROMETHEUS)
 
 $(MODEL_DIR)/$(DEMO_SPEC).pt2: | $(STAMP)
 	mkdir -p $(MODEL_DIR)
@@ -54,7 +64,7 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: $(STAMP) $(HELM) lint
+test: $(STAMP) $(HELM) $(PROMETHEUS) lint
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-long: $(STAMP) $(HELM)

@@ -108,6 +108,7 @@ def server_kwargs(args: argparse.Namespace, limits: LimitsConfig) -> dict[str, A
         grace_period=int(serving.drain_timeout_s) + 5,
         enable_latency_logging=serving.enable_latency_logging,
         rest_fast_path=serving.rest_fast_path,
+        json_logs=serving.log_format == "json",
     )
 
 
@@ -149,6 +150,10 @@ def serve(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.log_format == "json":
+        from predictor.http.json_logs import use_json_logs
+
+        use_json_logs()
     try:
         return _serve(args, argv, frontends, index)
     except (StartupError, ConnectionError) as exc:  # a bug is a traceback (exit 1)
@@ -191,6 +196,11 @@ def _serve_traced(
     )  # fmt: skip
     server, model = build_serving(args, index, (model_config, batching, limits), listeners[0])
     configure_trace_logging(args.enable_latency_logging)
+    if args.log_format == "json":  # KServe's server configured logging again: ours once more
+        from predictor.http.json_logs import set_served, use_json_logs
+
+        set_served(model.name, model.served.package_sha256)
+        use_json_logs()
     logger.info(
         "serving %s: batching %s, limits %s, %d decode pool threads",
         model.name,

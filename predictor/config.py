@@ -247,6 +247,9 @@ class ServeConfig:
             :func:`predictor.multiprocess.process.frontend_count`.
         bind_address: Where the HTTP and gRPC ports listen (None: everywhere).
         metrics_port: A port serving ``/metrics`` alone (0: none).
+        log_format: ``text`` (as before) or ``json``: one JSON object a line with the
+            model, package digest, request id and trace id
+            (:mod:`predictor.http.json_logs`).
         grpc_max_receive_message_length: None: follow ``--max_body_bytes``, not
             gRPC's 4 MiB (32 raw tiles are ~4.8 MB); both gRPC limits are honoured
             (the send one bounds answers).
@@ -283,6 +286,12 @@ class ServeConfig:
         "also serve GET /metrics on this port alone (a NetworkPolicy can then admit "
         "Prometheus to the metrics only); 0: /metrics on the HTTP port only",
         type=int,
+    )
+    log_format: str = flag(
+        "text",
+        "log lines as text, or json: one JSON object a line (time, level, logger, message, "
+        "model, package_sha256, request_id, trace_id)",
+        choices=("text", "json"),
     )
     grpc_max_receive_message_length: int | None = flag(None, kserve=True)
     grpc_max_send_message_length: int | None = flag(None, kserve=True)

@@ -8,7 +8,9 @@
   ``max_batch_size`` and ``max_latency_ms`` per model is the ``defaults``
   stage's (:mod:`bench.gpu.defaults`, in process). The window records
   tiles/s, latency, the mean batch, the server's CPU cores and NVML's
-  utilisation, SM clock, power and memory.
+  utilisation, SM clock, power and memory, and after it the server's own
+  device series (``histoserve_device_memory_bytes``, ``_utilization_ratio``,
+  ``histoserve_oom_splits_total``).
 * ``overlap``: in process (the real start-up and batcher, no HTTP), ViT-B's
   tiles/s with the pipelined worker (next batch's staging and copy during
   the forward: :mod:`predictor.device.pipeline`) and without, alternating.
@@ -69,6 +71,34 @@ def window(ctx: Context, server: Any, name: str, protocol: str = "v2-pixels") ->
     return {**{k: answer.get(k) for k in keep}, "gpu": gpu.summary()}
 
 
+DEVICE_SERIES = (
+    "histoserve_device_memory_bytes",
+    "histoserve_device_utilization_ratio",
+    "histoserve_oom_splits_total",
+)
+
+
+def device_series(base_url: str) -> dict[str, Any]:
+    """The server's own device series after a window (``/metrics``): memory by device and
+    kind, utilisation, OOM splits; ``{"error": ...}`` when they cannot be read."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+    except OSError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    out: dict[str, Any] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in DEVICE_SERIES:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                out[f"{sample.name}{{{labels}}}"] = sample.value
+    return out
+
+
 def served(ctx: Context) -> dict[str, Any]:
     """Each of :data:`CONFIGS` served at its model's best batch, against the package alone."""
     out: dict[str, Any] = {"clients_x_tiles": "x".join(map(str, _load(ctx)))}
@@ -97,6 +127,7 @@ def _served_one(ctx: Context, name: str, instances: int, frontends: int) -> dict
     try:
         wait_all_ready({name: server})
         cell = window(ctx, server, name)
+        cell["device_series"] = device_series(server.base)
     finally:
         server.stop()
     alone = ctx.figures.get(f"{name} batch {batch} tiles_per_s")

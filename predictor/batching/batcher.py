@@ -392,6 +392,7 @@ class DynamicBatcher(Generic[T, R]):
             self._go_fatal(worker, entries, outcome.error)
         elif kind is ErrorKind.OOM and len(entries) > 1:
             log.warning("%s: out of memory on a batch of %d; splitting", self._name, len(entries))
+            self._observer.on_oom_split(len(entries))
             forget(outcome)  # frees the failed batch's tensors before its halves run
             mid = len(entries) // 2
             for half in (entries[:mid], entries[mid:]):

@@ -53,6 +53,9 @@ class BatchObserver(Protocol):
     def on_worker_lost(self, worker: str, workers_left: int) -> None:
         """A fatal error took ``worker`` out; ``workers_left`` still serve."""
 
+    def on_oom_split(self, batch_size: int) -> None:
+        """A batch of ``batch_size`` ran out of device memory and is split in halves."""
+
 
 HOOKS = tuple(
     name
@@ -103,6 +106,9 @@ class GuardedObserver(NullObserver):
 
     def on_worker_lost(self, worker: str, workers_left: int) -> None:
         self._guard(self._inner.on_worker_lost, worker, workers_left)
+
+    def on_oom_split(self, batch_size: int) -> None:
+        self._guard(self._inner.on_oom_split, batch_size)
 
     def _guard(self, hook: Callable[..., None], *args: Any) -> None:
         try:

@@ -37,6 +37,7 @@ from predictor.codecs.v2 import parse_binary_body
 from predictor.errors import ConfigError, PayloadTooLarge
 from predictor.http.edge import error_response, install_http_handlers
 from predictor.http.grpc_server import GrpcServer
+from predictor.http.json_logs import RequestLogContext
 from predictor.http.traced import TracingMiddleware
 from predictor.kserve.compat import (
     FASTAPI_APP_IMPORT_STRING,
@@ -188,6 +189,8 @@ class HistoModelServer(ModelServer):
             (:mod:`predictor.http.listeners`); ``None``: uvicorn binds it.
         grpc_reuse_port: Bind gRPC with ``SO_REUSEPORT`` (front ends of one
             pod only; see :class:`~predictor.http.grpc_server.GrpcServer`).
+        json_logs: ``--log_format json``: each request's log lines name it
+            (:class:`~predictor.http.json_logs.RequestLogContext`).
         **kwargs: KServe ``ModelServer`` arguments (ports, ``workers``: its server processes, ...).
     """
 
@@ -202,6 +205,7 @@ class HistoModelServer(ModelServer):
         bind_address: str | None = None,
         http_socket: socket.socket | None = None,
         grpc_reuse_port: bool = False,
+        json_logs: bool = False,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -221,6 +225,7 @@ class HistoModelServer(ModelServer):
         self._grpc_max_receive_bytes = grpc_max_receive_bytes or max_body_bytes
         self._grpc_max_send_bytes = grpc_max_send_bytes or max_body_bytes
         self._rest_fast_path = bool(rest_fast_path)
+        self._json_logs = json_logs
         self._bind_address = bind_address
         self._stopping = False
 
@@ -288,6 +293,8 @@ class HistoModelServer(ModelServer):
             ours.insert(0, Middleware(TracingMiddleware))
         if self._rest_fast_path:
             ours.append(Middleware(FastInferMiddleware, dataplane=self.dataplane))
+        if self._json_logs:  # outermost: every line a request's task writes names it
+            ours.insert(0, Middleware(RequestLogContext))
         outside = self._rest_fast_path and not self.enable_latency_logging
         insert_beside_timing(app.user_middleware, ours, outside=outside)
         logger.info(

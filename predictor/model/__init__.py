@@ -10,6 +10,7 @@ backbone's) are ``tiles``. Around them:
 admission and the queue bound (``admission``), the decode pool
 (``stage1``), the JPEG decode place (``device_jpeg``), the batcher's call
 (``forward``), non-finite outputs (``finite``), the server's metrics
-(``metrics``), the serving options (``options``) and what answers say of
-the served package (``served_package``).
+(``metrics``) and what its devices hold (``device_stats``), the serving
+options (``options``) and what answers say of the served package
+(``served_package``).
 """

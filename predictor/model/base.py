@@ -60,7 +60,7 @@ from predictor.model.admission import Admission
 from predictor.model.device_jpeg import JpegDecodePlace
 from predictor.model.family import Family, request_mode
 from predictor.model.forward import BatchItem, batch_forward, item_tiles, request_tiles
-from predictor.model.metrics import Metrics
+from predictor.model.metrics import DeviceSampler, Metrics
 from predictor.model.options import ServingOptions
 from predictor.model.served_package import ServedPackage
 from predictor.model.stage1 import Stage1Pool
@@ -170,6 +170,7 @@ class BaseServerModel(Model):
         self._checkpoint = Path(model_root) / checkpoint_name
         self._device = torch.device(device)
         self._metrics = metrics
+        self._device_sampler: DeviceSampler | None = None
         self._more_packages = dict(more_packages or {})
         self._phases = package.phases if package is not None else StartupPhases()
         self._pool: Stage1Pool | None = None
@@ -283,6 +284,9 @@ class BaseServerModel(Model):
         logger.info("%s: %d device worker(s): %s", self.name, len(workers), ", ".join(workers))
         if self._metrics is not None:
             self._metrics.workers_started(workers)
+            if self._device_sampler is None:  # histoserve_device_*, read here from now on
+                devices = [str(self._device), *self._more_packages]
+                self._device_sampler = self._metrics.watch_devices(devices)
 
     async def drain(self, timeout_s: float) -> bool:
         """Turns readiness false, refuses new work and waits for admitted work.

@@ -3,11 +3,20 @@
 Nothing registers at import: :func:`create_metrics` builds the collectors on
 a registry (KServe's global one by default, so they appear on ``/metrics``
 beside KServe's own). :class:`Metrics` is also the batcher's observer, so the
-batcher stays free of any metrics library.
+batcher stays free of any metrics library. Every series labelled by the model
+alone, and each outcome of ``histoserve_tiles_total``, is created with the
+collectors (at zero): a query the chart or a dashboard runs against a server
+that has not answered yet finds a series, not nothing. The device series
+(``histoserve_device_memory_bytes``, ``histoserve_device_utilization_ratio``)
+are set by :class:`DeviceSampler`, once a second, in the process that owns the
+devices.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -15,10 +24,20 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
+from predictor.model.device_stats import DeviceStatsReader
+
+logger = logging.getLogger(__name__)
+
 _SUMMED = "livesum"
 """Gauges under ``--frontends N``: one series summed over live processes (each gauge is
 set by one kind of process: the queue and devices by the owner, requests by front ends)."""
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+OUTCOMES = ("ok", "invalid", "failed", "rejected")
+"""The values of ``histoserve_tiles_total{outcome}``, each created at start."""
+MEMORY_KINDS = ("allocated", "reserved", "total")
+"""The values of ``histoserve_device_memory_bytes{kind}``."""
+SAMPLE_INTERVAL_S = 1.0
+"""How often :class:`DeviceSampler` reads the devices (a scrape is every 15-30 s)."""
 _SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -29,13 +48,14 @@ class Metrics:
     Build with :func:`create_metrics`; pass to the model, which hands it to
     the batcher as its observer.
 
-    Every labelled child this model uses is bound once, on its first use, and
-    kept: ``.labels(...)`` validates and hashes the label values and takes the
+    Every labelled child this model uses is bound once and kept:
+    ``.labels(...)`` validates and hashes the label values and takes the
     collector's lock on every call, which was most of prometheus_client's
     share of the event loop's CPU per request (``docs/performance.md``,
-    "The request path (null model)").
-    Binding on first use rather than here keeps ``/metrics`` exactly as
-    before: a series appears once it has been touched, not at start-up.
+    "The request path (null model)"). :func:`create_metrics` binds the
+    model's own series and every outcome at once (:meth:`bind_at_start`), so
+    they exist, at zero, before the first request; the workers' series
+    appear when the workers start.
     """
 
     model: str
@@ -46,8 +66,12 @@ class Metrics:
     queue_wait_seconds: Histogram
     forward_seconds: Histogram
     preprocess_seconds: Histogram
+    request_seconds: Histogram
     device_forwards_total: Counter
     device_up: Gauge
+    oom_splits_total: Counter
+    device_memory_bytes: Gauge
+    device_utilization_ratio: Gauge
     _children: dict[tuple[Any, tuple[str, ...]], Any] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -61,6 +85,22 @@ class Metrics:
             self._children[key] = child
         return child
 
+    def bind_at_start(self) -> None:
+        """Creates every series labelled by the model alone, and each outcome, at zero."""
+        for collector in (
+            self.batch_size,
+            self.queue_depth,
+            self.inflight_requests,
+            self.queue_wait_seconds,
+            self.forward_seconds,
+            self.preprocess_seconds,
+            self.request_seconds,
+            self.oom_splits_total,
+        ):
+            self._child(collector)
+        for outcome in OUTCOMES:
+            self._child(self.tiles_total, outcome)
+
     # -- the model's calls --
     def count_tiles(self, outcome: str, n: int) -> None:
         """Adds ``n`` tiles to ``histoserve_tiles_total{outcome}``."""
@@ -69,13 +109,16 @@ class Metrics:
 
     @contextmanager
     def inflight(self) -> Iterator[None]:
-        """Counts a request in ``histoserve_inflight_requests`` while it runs."""
+        """Counts a request in ``histoserve_inflight_requests`` while it runs, and its time
+        (any outcome) in ``histoserve_request_seconds``."""
         gauge = self._child(self.inflight_requests)
         gauge.inc()
+        start = time.monotonic()
         try:
             yield
         finally:
             gauge.dec()
+            self._child(self.request_seconds).observe(time.monotonic() - start)
 
     def observe_preprocess(self, seconds: float) -> None:
         """Records one request's stage-1 time."""
@@ -104,10 +147,74 @@ class Metrics:
     def on_worker_lost(self, worker: str, workers_left: int) -> None:
         self._child(self.device_up, worker).set(0)
 
+    def on_oom_split(self, batch_size: int) -> None:
+        self._child(self.oom_splits_total).inc()
+
     def workers_started(self, workers: Sequence[str]) -> None:
         """Sets ``histoserve_device_up{worker}`` to 1 for each device worker."""
         for worker in workers:
             self._child(self.device_up, worker).set(1)
+
+    def watch_devices(self, devices: Sequence[str]) -> DeviceSampler:
+        """Starts the sampler of ``histoserve_device_*`` for ``devices`` (read once before it returns)."""
+        sampler = DeviceSampler(self, [DeviceStatsReader(d) for d in dict.fromkeys(devices)])
+        sampler.start()
+        return sampler
+
+
+class DeviceSampler:
+    """Sets the device series from each device's reader every :data:`SAMPLE_INTERVAL_S`.
+
+    A daemon thread, so it goes with the process; the first read happens in
+    :meth:`start`, so the series exist before the server answers. A read that
+    fails is logged once and the sampler goes on (serving never depends on it).
+    """
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        readers: Sequence[DeviceStatsReader],
+        interval_s: float = SAMPLE_INTERVAL_S,
+    ) -> None:
+        self._metrics = metrics
+        self._readers = list(readers)
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="device-sampler", daemon=True)
+        self._failed = False
+
+    def start(self) -> None:
+        """Reads once, then every interval on the thread."""
+        self.sample()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ends the thread (tests; a server's ends with the process)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def sample(self) -> None:
+        """One read of every device into the series."""
+        memory = self._metrics.device_memory_bytes
+        busy = self._metrics.device_utilization_ratio
+        for reader in self._readers:
+            try:
+                stats = reader.read()
+            except Exception:
+                if not self._failed:
+                    logger.exception("device sampler: reading %s failed", reader.name)
+                    self._failed = True
+                continue
+            memory.labels(stats.device, "allocated").set(stats.allocated_bytes)
+            memory.labels(stats.device, "reserved").set(stats.reserved_bytes)
+            memory.labels(stats.device, "total").set(stats.total_bytes)
+            if stats.utilization_ratio is not None:
+                busy.labels(stats.device).set(stats.utilization_ratio)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.sample()
 
 
 def create_metrics(model: str, registry: CollectorRegistry | None = None) -> Metrics:
@@ -120,7 +227,7 @@ def create_metrics(model: str, registry: CollectorRegistry | None = None) -> Met
     """
     reg = REGISTRY if registry is None else registry
     labels = ("model",)
-    return Metrics(
+    metrics = Metrics(
         model=model,
         batch_size=Histogram(
             "histoserve_batch_size",
@@ -167,6 +274,13 @@ def create_metrics(model: str, registry: CollectorRegistry | None = None) -> Met
             buckets=_SECONDS_BUCKETS,
             registry=reg,
         ),
+        request_seconds=Histogram(
+            "histoserve_request_seconds",
+            "A request in the model, admitted to answered (decode, queue, batch, forward).",
+            labels,
+            buckets=_SECONDS_BUCKETS,
+            registry=reg,
+        ),
         device_forwards_total=Counter(
             "histoserve_device_forwards_total",
             "Forward calls per device worker, by outcome (ok, failed).",
@@ -180,4 +294,28 @@ def create_metrics(model: str, registry: CollectorRegistry | None = None) -> Met
             registry=reg,
             multiprocess_mode=_SUMMED,
         ),
+        oom_splits_total=Counter(
+            "histoserve_oom_splits_total",
+            "Batches split in halves after the device ran out of memory.",
+            labels,
+            registry=reg,
+        ),
+        device_memory_bytes=Gauge(
+            "histoserve_device_memory_bytes",
+            "Device memory by kind: allocated (live tensors), reserved (held by the "
+            "allocator), total; on the CPU the process's resident set and the usable memory.",
+            ("device", "kind"),
+            registry=reg,
+            multiprocess_mode=_SUMMED,
+        ),
+        device_utilization_ratio=Gauge(
+            "histoserve_device_utilization_ratio",
+            "Device busy 0..1 (NVML's GPU utilisation; on the CPU this process's share "
+            "of its CPUs); absent on a GPU without NVML.",
+            ("device",),
+            registry=reg,
+            multiprocess_mode=_SUMMED,
+        ),
     )
+    metrics.bind_at_start()
+    return metrics

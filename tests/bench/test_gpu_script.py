@@ -132,6 +132,9 @@ def test_make_gpu_check_dry_run(tmp_path: Path) -> None:
     cells = [k for k in served if " x" in k]
     assert cells == ["vit-b-bf16 x1 fe1"]
     assert all(served[c]["throughput"] > 0 and served[c]["of_alone"] for c in cells)
+    for c in cells:  # the server's own device series, recorded after the window
+        totals = [v for k, v in served[c]["device_series"].items() if "kind=total" in k]
+        assert totals and all(v > 0 for v in totals), served[c]["device_series"]
     grid = data["defaults"]
     for name in ("vit-b-bf16", "vit-g-bf16"):
         keys = [k for k in grid[name] if k.startswith("max_batch_size")]

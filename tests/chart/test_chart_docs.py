@@ -7,7 +7,13 @@ from tests.chart.helpers import CHART, PREDICTOR, helm_notes, leaf_paths, load_y
 README = (CHART / "README.md").read_text()
 VALUES = load_yaml((CHART / "values.yaml").read_text())
 # Kubernetes objects passed through whole: documented as one row.
-PASSTHROUGH = {"resources", "podSecurityContext", "securityContext", "tests.resources"}
+PASSTHROUGH = {
+    "resources",
+    "podSecurityContext",
+    "securityContext",
+    "tests.resources",
+    "metrics.dashboard.labels",
+}
 
 
 def test_readme_documents_every_value():

@@ -199,6 +199,7 @@ def test_standard_labels_on_every_object(render):
             "networkPolicy.enabled": True,
             "metrics.podMonitor.enabled": True,
             "metrics.serviceMonitor.enabled": True,
+            "metrics.dashboard.enabled": True,
         },
     )
     kinds = {o["kind"] for o in objs}

@@ -123,6 +123,9 @@ class Recorder(NullObserver):
     def on_worker_lost(self, worker: str, workers_left: int) -> None:
         self.events.append(("worker_lost", worker, workers_left))
 
+    def on_oom_split(self, batch_size: int) -> None:
+        self.events.append(("oom_split", batch_size))
+
 
 def cfg(batch: int = 4, latency_ms: float = 10_000, queue_size: int = 64) -> BatchingConfig:
     return BatchingConfig(
@@ -357,12 +360,21 @@ def test_oom_splits_and_retries_halves() -> None:
             raise FakeOOM(f"CUDA out of memory ({len(items)})")
 
     fake = Fake(fail)
+    recorder = Recorder()
 
     async def body() -> None:
-        b = await started(fake, cfg(batch=8, latency_ms=1), classify_error=classify)
+        b = await started(
+            fake, cfg(batch=8, latency_ms=1), classify_error=classify, observer=recorder
+        )
         results = await outcomes(b.submit(list(range(8))))
         assert results == [f"r{i}" for i in range(8)]
         assert fake.sizes == [8, 4, 2, 2, 4, 2, 2]
+        # each split batch is counted once (histoserve_oom_splits_total), the ones that ran not
+        assert [e for e in recorder.events if e[0] == "oom_split"] == [
+            ("oom_split", 8),
+            ("oom_split", 4),
+            ("oom_split", 4),
+        ]
         fake.calls.clear()
         results = await outcomes(b.submit([0, 1, "bad", 3]))
         assert [r for i, r in enumerate(results) if i != 2] == ["r0", "r1", "r3"]
@@ -657,7 +669,7 @@ def test_an_observer_missing_a_declared_hook_is_refused_by_name() -> None:
         DynamicBatcher(Fake(), cfg(), observer=Misspelt())  # type: ignore[arg-type]
     assert set(HOOKS) == {
         "on_enqueue", "on_reject", "on_dispatch", "on_forward", "on_worker_forward",
-        "on_worker_lost",
+        "on_worker_lost", "on_oom_split",
     }  # fmt: skip
 
 

@@ -46,3 +46,59 @@ def test_nothing_registered_until_the_factory_runs():
     create_metrics("m", registry)
     text = generate_latest(registry).decode()
     assert "histoserve_preprocess_seconds" in text
+
+
+def test_every_model_series_and_outcome_exists_before_any_request():
+    """A query of the chart or the dashboard finds a series on a server that answered nothing."""
+    registry = CollectorRegistry()
+    create_metrics("m", registry)
+    for outcome in ("ok", "invalid", "failed", "rejected"):
+        assert _value(registry, "histoserve_tiles_total", {"model": "m", "outcome": outcome}) == 0
+    for name in (
+        "histoserve_queue_depth",
+        "histoserve_inflight_requests",
+        "histoserve_oom_splits_total",
+        "histoserve_batch_size_count",
+        "histoserve_queue_wait_seconds_count",
+        "histoserve_forward_seconds_count",
+        "histoserve_request_seconds_count",
+    ):
+        assert _value(registry, name, {"model": "m"}) == 0, name
+
+
+def test_oom_splits_and_request_time_are_counted():
+    registry = CollectorRegistry()
+    metrics = create_metrics("m", registry)
+    metrics.on_oom_split(8)
+    metrics.on_oom_split(4)
+    assert _value(registry, "histoserve_oom_splits_total", {"model": "m"}) == 2
+    with metrics.inflight():
+        pass
+    assert _value(registry, "histoserve_request_seconds_count", {"model": "m"}) == 1
+
+
+def test_the_cpu_device_series_are_the_process_memory():
+    """On the CPU: resident memory as allocated and reserved, the usable memory as total."""
+    from predictor.model.device_stats import resident_bytes
+
+    registry = CollectorRegistry()
+    sampler = create_metrics("m", registry).watch_devices(["cpu", "cpu"])
+    try:
+        allocated = _value(
+            registry, "histoserve_device_memory_bytes", {"device": "cpu", "kind": "allocated"}
+        )
+        reserved = _value(
+            registry, "histoserve_device_memory_bytes", {"device": "cpu", "kind": "reserved"}
+        )
+        total = _value(
+            registry, "histoserve_device_memory_bytes", {"device": "cpu", "kind": "total"}
+        )
+        assert allocated == reserved > 0
+        assert 0.5 * allocated < resident_bytes() < 2 * allocated
+        assert total > allocated
+        busy = _value(registry, "histoserve_device_utilization_ratio", {"device": "cpu"})
+        assert 0 <= busy <= 1
+        sampler.sample()
+        assert 0 <= _value(registry, "histoserve_device_utilization_ratio", {"device": "cpu"}) <= 1
+    finally:
+        sampler.stop()
