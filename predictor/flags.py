@@ -108,3 +108,13 @@ def auto_or_count(value: str) -> int | None:
         raise argparse.ArgumentTypeError(
             f"expected auto or a whole number, got {value!r}"
         ) from None
+
+
+def per_class(value: str) -> tuple[float, ...]:
+    """One number, or comma-separated numbers (one per class of service), as a tuple."""
+    try:
+        return tuple(float(part) for part in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number or comma-separated numbers, got {value!r}"
+        ) from None

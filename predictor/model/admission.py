@@ -26,7 +26,7 @@ class Admission:
 
     Args:
         name: Model name, for messages.
-        max_queue_size: Bound on staged + queued tiles.
+        max_queue_size: Bound on staged + queued tiles, per class of service.
         retry_after_s: ``Retry-After`` hint for overload refusals.
         on_reject: Called with the tile count of each refused request (metrics).
     """
@@ -45,7 +45,7 @@ class Admission:
         self._retry_after_s = retry_after_s
         self._on_reject = on_reject
         self._admitted = 0
-        self._staged = 0
+        self._staged: dict[int, int] = {}  # per class of service
         self._draining = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -75,21 +75,25 @@ class Admission:
                 self._idle.set()
 
     @contextmanager
-    def staged(self, n_tiles: int, queue_depth: int) -> Iterator[None]:
-        """Holds ``n_tiles`` in stage 1, or refuses with a fast 503 when they don't fit."""
-        waiting = self._staged + queue_depth
+    def staged(self, n_tiles: int, queue_depth: int, priority: int = 1) -> Iterator[None]:
+        """Holds ``n_tiles`` in stage 1, or refuses with a fast 503 when they don't fit.
+
+        Counted per class of service (``priority``, with that class's ``queue_depth``),
+        as the batcher bounds each class's queue.
+        """
+        waiting = self._staged.get(priority, 0) + queue_depth
         if waiting + n_tiles > self._max_queue_size:
             self._on_reject(n_tiles)
             raise Overloaded(
-                f"{self._name}: queue full ({waiting} tiles waiting + {n_tiles} new "
-                f"> {self._max_queue_size})",
+                f"{self._name}: queue of priority {priority} full ({waiting} tiles waiting + "
+                f"{n_tiles} new > {self._max_queue_size})",
                 retry_after_s=self._retry_after_s,
             )
-        self._staged += n_tiles
+        self._staged[priority] = self._staged.get(priority, 0) + n_tiles
         try:
             yield
         finally:
-            self._staged -= n_tiles
+            self._staged[priority] -= n_tiles
 
     def start_draining(self) -> None:
         """Refuses every request from now on."""

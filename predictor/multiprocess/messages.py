@@ -10,7 +10,9 @@ private folder.
 Messages, ``(kind, ...)``:
 
 - front end -> owner: ``("hello", index, pid)`` once; ``("submit", rid, mode,
-  [(slot, request index, [ArrayDesc, ...]), ...])`` per request.
+  priority, deadline, [(slot, request index, [ArrayDesc, ...]), ...])`` per
+  request (``deadline`` on ``time.monotonic()``, one clock for the pod's
+  processes, or None).
 - owner -> front end: ``("welcome", info)`` once (the model's description and
   the slab); ``("done", rid, queue_depth, live, [outcome, ...])`` per submit,
   where an outcome is ``("ok", [ArrayDesc, ...])`` or ``("error", class
@@ -41,6 +43,7 @@ _ERRORS = {
         errors.ForwardError,
         errors.DeviceLost,
         errors.ModelNotReady,
+        errors.QueueTimeout,
         errors.Unavailable,
         errors.InvalidInput,
         errors.NonFiniteOutput,

@@ -202,14 +202,21 @@ class _Link:
         self.finished = asyncio.Event()
         """Set once the front end's connection ended and its tiles were settled."""
 
-    def submit(self, rid: int, mode: str, items: list[tuple[Any, ...]]) -> None:
+    def submit(
+        self,
+        rid: int,
+        mode: str,
+        priority: int,
+        deadline: float | None,
+        items: list[tuple[Any, ...]],
+    ) -> None:
         """Enqueues one request's samples; answers once all its futures are settled.
 
         A request refused as a whole (queue full, draining, device lost) or
         whose samples cannot be read from the slab is answered at once.
         """
         try:
-            futures = self._enqueue(mode, items)
+            futures = self._enqueue(mode, priority, deadline, items)
         except Exception as exc:
             self._reply(rid, [error_outcome(exc)] * len(items))
             return
@@ -227,7 +234,9 @@ class _Link:
         for future in futures:
             future.add_done_callback(settled)
 
-    def _enqueue(self, mode: str, items: list[tuple[Any, ...]]) -> list[asyncio.Future[Any]]:
+    def _enqueue(
+        self, mode: str, priority: int, deadline: float | None, items: list[tuple[Any, ...]]
+    ) -> list[asyncio.Future[Any]]:
         batcher = self._model.batcher
         if batcher is None:
             raise ModelNotReady(f"model {self._model.name!r} has no running batcher")
@@ -237,7 +246,8 @@ class _Link:
             for _, _, descs in items
         ]
         requests = [ModelRequest(index=index) for _, index, _ in items]
-        return batcher.submit(list(map(BatchItem, samples, requests)), key=mode)
+        items_in = list(map(BatchItem, samples, requests))
+        return batcher.submit(items_in, key=mode, priority=priority, deadline=deadline)
 
     def _answer(
         self, rid: int, futures: list[asyncio.Future[ModelResponse]], slots: list[int]

@@ -96,8 +96,20 @@ class BatcherProxy:
         if self._writer is not None:
             self._writer.send(("ready",))
 
-    def submit(self, items: Sequence[Any], key: Hashable = None) -> list[asyncio.Future[Any]]:
+    def depth_of(self, priority: int) -> int:
+        """The owner's whole queue depth at its last answer (not told per class)."""
+        return self._owner_depth
+
+    def submit(
+        self,
+        items: Sequence[Any],
+        key: Hashable = None,
+        priority: int = 1,
+        deadline: float | None = None,
+    ) -> list[asyncio.Future[Any]]:
         """Sends ``items`` (all or none) to the device owner; one future per item, in order.
+
+        ``priority`` and ``deadline`` go with them: the owner's batcher honours them.
 
         Raises:
             ModelNotReady: The owner is gone, or this front end is draining.
@@ -129,7 +141,7 @@ class BatcherProxy:
         futures = [loop.create_future() for _ in items]
         self._pending[rid] = (futures, slots)
         self._idle.clear()
-        self._writer.send(("submit", rid, key, descs))
+        self._writer.send(("submit", rid, key, priority, deadline, descs))
         return futures
 
     async def drain(self, timeout_s: float) -> bool:

@@ -14,12 +14,14 @@ def _value(registry, name, labels):
 def test_observer_calls_move_the_series():
     registry = CollectorRegistry()
     metrics = create_metrics("m", registry)
-    metrics.on_enqueue(3, 3)
-    assert _value(registry, "histoserve_queue_depth", {"model": "m"}) == 3
-    metrics.on_dispatch(3, [0.001, 0.002, 0.003], 0)
-    assert _value(registry, "histoserve_queue_depth", {"model": "m"}) == 0
+    bulk, interactive = {"model": "m", "priority": "2"}, {"model": "m", "priority": "1"}
+    metrics.on_enqueue(3, 3, 2)
+    assert _value(registry, "histoserve_queue_depth", bulk) == 3
+    metrics.on_dispatch(3, {1: [0.001], 2: [0.002, 0.003]}, {1: 0, 2: 0})
+    assert _value(registry, "histoserve_queue_depth", bulk) == 0
     assert _value(registry, "histoserve_batch_size_sum", {"model": "m"}) == 3
-    assert _value(registry, "histoserve_queue_wait_seconds_count", {"model": "m"}) == 3
+    assert _value(registry, "histoserve_queue_wait_seconds_count", bulk) == 2
+    assert _value(registry, "histoserve_queue_wait_seconds_count", interactive) == 1
     metrics.on_forward(3, 0.01, ok=True)
     assert _value(registry, "histoserve_forward_seconds_count", {"model": "m"}) == 1
     metrics.on_reject(5)
@@ -46,3 +48,15 @@ def test_nothing_registered_until_the_factory_runs():
     create_metrics("m", registry)
     text = generate_latest(registry).decode()
     assert "histoserve_preprocess_seconds" in text
+
+
+def test_every_class_has_its_queue_series_from_start_up():
+    """A class nobody has used yet still shows depth 0 and an empty wait histogram,
+    so a dashboard or an autoscaler query on the interactive class has a series."""
+    registry = CollectorRegistry()
+    metrics = create_metrics("m", registry)
+    metrics.classes_started(3)
+    for priority in "123":
+        labels = {"model": "m", "priority": priority}
+        assert _value(registry, "histoserve_queue_depth", labels) == 0
+        assert _value(registry, "histoserve_queue_wait_seconds_count", labels) == 0
