@@ -22,8 +22,8 @@ Contract:
       worker name to callable, each with its own thread; a batch goes to the
       first free worker (in the mapping's order).
     * A batch holds at most ``max_batch_size`` items of one ``key`` (the lead
-      class's head item's), FIFO within each class, classes mixed by urgency;
-      a request larger than a batch is split.
+      class's head item's), FIFO within each class, never items less urgent
+      than its lead's; a request larger than a batch is split.
 
 Why this policy: an idle worker dispatches a lone arrival at once (no latency
 tax at low load); items that queue up while the device is busy wait at most

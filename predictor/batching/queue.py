@@ -16,9 +16,14 @@ Contract:
       ``max_queue_delay_s`` (its oldest item has waited that long and no batch
       has taken any of its items since): then the longest-waiting such class
       leads, so bulk is never starved. A batch is the lead class's head
-      item's key, FIFO, then the other classes' items of that key in order of
-      urgency (FIFO each, a class's run ending at its first item of another
-      key), at most ``max_batch_size`` live items. :meth:`BatchPolicy.ready`
+      item's key, FIFO, then the *more* urgent classes' items of that key in
+      order of urgency (FIFO each, a class's run ending at its first item of
+      another key), at most ``max_batch_size`` live items. A batch never
+      carries tiles less urgent than its lead: an interactive tile never
+      waits for bulk tiles' compute in its own batch (on a device whose time
+      grows with the batch, filling with bulk would add up to a whole batch's
+      time to the interactive latency), while a bulk-led batch still takes
+      the interactive tiles waiting. :meth:`BatchPolicy.ready`
       says whether the dispatcher should cut it now (waiting cannot grow it:
       it is full or another key follows; or the oldest item has waited
       ``max_latency_s``), :meth:`BatchPolicy.take` pops it, with the entries
@@ -216,7 +221,7 @@ class Cut:
 
 
 class BatchPolicy:
-    """The batch rule: the lead class's head key, FIFO, classes by urgency, at most ``max_batch_size``.
+    """The batch rule: the lead class's head key, FIFO, then more urgent classes, at most ``max_batch_size``.
 
     Args:
         max_batch_size: Most items per batch.
@@ -269,7 +274,7 @@ class BatchPolicy:
         lead = self.lead(queue, now)
         if lead is None:
             return Cut(0, tuple((p, len(queue.lane(p))) for p in range(1, queue.levels + 1)), False)
-        order = [lead, *(p for p in range(1, queue.levels + 1) if p != lead)]
+        order = [lead, *range(1, lead)]  # never less urgent than the lead
         key: Hashable = None
         live, spans, complete = 0, [], False
         for priority in order:

@@ -37,16 +37,16 @@ def _names(batch: list[Entry[str, None]]) -> list[str]:
     return [e.item for e in batch]
 
 
-def test_the_most_urgent_class_leads_and_less_urgent_ones_fill_the_batch() -> None:
-    """Bulk arrived first, yet the interactive tiles go first; bulk fills the rest of the
-    batch (work stays batched), FIFO in each class."""
+def test_the_most_urgent_class_leads_and_its_batch_carries_no_less_urgent_tiles() -> None:
+    """Bulk arrived first, yet the interactive tiles go first, FIFO, in a batch of their
+    own (never waiting for bulk tiles' compute); then bulk, FIFO."""
     queue, _ = _queue(
         [(2, "b0", 0.0), (2, "b1", 0.1), (1, "i0", 0.2), (2, "b2", 0.3), (1, "i1", 0.4)]
     )
     policy = BatchPolicy(3, max_latency_s=0.0, max_queue_delay_s=(None, 10.0))
     batch, expired = policy.take(queue, now=1.0)
-    assert _names(batch) == ["i0", "i1", "b0"] and expired == []
-    assert _names(policy.take(queue, now=1.0)[0]) == ["b1", "b2"]
+    assert _names(batch) == ["i0", "i1"] and expired == []
+    assert _names(policy.take(queue, now=1.0)[0]) == ["b0", "b1", "b2"]
 
 
 def test_a_class_unserved_past_its_bound_leads_once_then_urgency_rules_again() -> None:
