@@ -259,8 +259,8 @@ class DynamicBatcher(Generic[T, R]):
         if entries is None:
             self._observer.on_reject(len(items))
             raise Overloaded(
-                f"{self._name}: queue of priority {priority} full "
-                f"({self._queue.depth_of(priority)} queued + {len(items)} new item(s)"
+                f"{self._name}: queue full (priority {priority}: "
+                f"{self._queue.depth_of(priority)} queued + {len(items)} new item(s)"
                 f" > {self._config.max_queue_size})",
                 retry_after_s=self._config.retry_after_s,
             )

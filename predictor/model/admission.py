@@ -85,7 +85,7 @@ class Admission:
         if waiting + n_tiles > self._max_queue_size:
             self._on_reject(n_tiles)
             raise Overloaded(
-                f"{self._name}: queue of priority {priority} full ({waiting} tiles waiting + "
+                f"{self._name}: queue full (priority {priority}: {waiting} tiles waiting + "
                 f"{n_tiles} new > {self._max_queue_size})",
                 retry_after_s=self._retry_after_s,
             )

@@ -121,7 +121,7 @@ def test_batcher_refuses_a_full_class_and_admits_another() -> None:
         b = await started(fake, _classes())
         first = await busy(fake, b)
         bulk = b.submit(["b0", "b1", "b2", "b3"], priority=2)
-        with pytest.raises(Overloaded, match="priority 2 full"):
+        with pytest.raises(Overloaded, match=r"queue full \(priority 2: 4 queued"):
             b.submit(["b4"], priority=2)
         urgent = b.submit(["i0"], priority=1)
         assert (b.depth_of(1), b.depth_of(2)) == (1, 4)
