@@ -134,6 +134,9 @@ MAX_ATTEMPTS = 100
 MAX_THREADS = 1024
 MAX_SLIDES_IN_FLIGHT = 64
 MAX_COUNT = 1 << 31
+MAX_PRIORITY = 1 << 32
+BULK_PRIORITY = 2
+"""The class of service a cohort run asks for unless told (the server's bulk class)."""
 
 
 def mpp_problem(value: float) -> str | None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from predictor.errors import ConfigError
-from predictor.flags import auto_or_count, flag, ratio, true_or_false
+from predictor.errors import ConfigError, InvalidInput
+from predictor.flags import auto_or_count, flag, per_class, ratio, true_or_false
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,8 @@ class BatchingConfig:
         max_batch_size: Most tiles per forward call.
         max_latency_ms: Longest a queued tile waits for its batch to fill
             while the device is busy; an idle device dispatches at once.
-        max_queue_size: Most tiles waiting; beyond it new requests get 503.
+        max_queue_size: Most tiles waiting in each class of service; beyond
+            it new requests of that class get 503.
         max_decode_pixels: Most pixels the requests in stage 1 decode and
             resize (:mod:`predictor.model.admission`: a jpeg request's slide
             tiles' declared pixels and its boxes' pixels); beyond it a new
@@ -33,17 +34,35 @@ class BatchingConfig:
             budget (at most twice it: declared and covered) and room for
             ordinary ones (a client's 64 boxes of 448 px: 24.5 Mi).
         retry_after_s: ``Retry-After`` hint sent with overload 503s.
+        priority_levels: Classes of service, 1 (most urgent) to this (a
+            request's V2 ``priority``, Triton's convention): 1 interactive, 2 bulk.
+        default_priority: The class of a request that names none (or 0, as
+            tritonclient sends by default); 0: the least urgent class.
+        max_queue_delay_ms: How long a class may go unserved while it has
+            tiles waiting before its oldest goes first (the age bound that
+            keeps more urgent classes from starving it): one value for
+            every class but the first, or one per class (0: no bound).
     """
 
     max_batch_size: int = flag(32, "tiles per forward", type=int)
     max_latency_ms: float = flag(5.0, "longest wait to fill a batch", type=float)
-    max_queue_size: int = flag(1024, "tiles waiting before 503", type=int)
+    max_queue_size: int = flag(1024, "tiles waiting per class of service before 503", type=int)
     max_decode_pixels: int = flag(
         192 * 1024 * 1024,
         "jpeg_tiles: pixels the requests being decoded may declare and cover before 503",
         type=int,
     )
     retry_after_s: float = 1.0
+    priority_levels: int = flag(2, "classes of service; 1 is the most urgent", type=int)
+    default_priority: int = flag(
+        0, "class of a request that names none; 0: the least urgent", type=int
+    )
+    max_queue_delay_ms: tuple[float, ...] = flag(
+        (1000.0,),
+        "longest a class waits unserved before it goes first: one value for every class "
+        "but the first, or a comma-separated value per class (0: no bound)",
+        type=per_class,
+    )
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -59,6 +78,43 @@ class BatchingConfig:
             raise ConfigError(f"max_decode_pixels must be >= 1, got {self.max_decode_pixels}")
         if self.retry_after_s <= 0:
             raise ConfigError(f"retry_after_s must be > 0, got {self.retry_after_s}")
+        if not 1 <= self.priority_levels <= 16:
+            raise ConfigError(f"priority_levels must be 1..16, got {self.priority_levels}")
+        if not 0 <= self.default_priority <= self.priority_levels:
+            raise ConfigError(
+                f"default_priority must be 0..priority_levels ({self.priority_levels}), "
+                f"got {self.default_priority}"
+            )
+        delays = self.max_queue_delay_ms
+        if len(delays) not in (1, self.priority_levels) or any(not d >= 0 for d in delays):
+            raise ConfigError(
+                f"max_queue_delay_ms must be one value >= 0 or {self.priority_levels} "
+                f"(one per class), got {','.join(map(str, delays))}"
+            )
+
+    def priority_of(self, asked: int | None) -> int:
+        """The class a request asking for ``asked`` goes in (None or 0: ``default_priority``).
+
+        Raises:
+            InvalidInput: ``asked`` is past ``priority_levels`` (a 400 naming ``priority``).
+        """
+        if asked is not None and asked > self.priority_levels:
+            raise InvalidInput(
+                f"parameter 'priority' must be 0 (the default class) or 1 (most urgent) to "
+                f"{self.priority_levels}, got {asked}"
+            )
+        return asked or self.default_priority or self.priority_levels
+
+    def queue_delays_s(self) -> tuple[float | None, ...]:
+        """Per class (index 0: priority 1), its age bound in seconds; None: no bound.
+
+        One value given is every class's but the first (the most urgent class
+        always leads, so a bound on it means nothing).
+        """
+        delays = self.max_queue_delay_ms
+        if len(delays) == 1:
+            delays = (0.0,) + delays * (self.priority_levels - 1)
+        return tuple(d / 1000.0 if d > 0 else None for d in delays)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@
     │   ├── ForwardError (RuntimeError)   the batch's forward failed
     │   │   └── DeviceLost                ...and the device is unusable (liveness fails)
     │   ├── Overloaded                    queue full (carries retry_after_s)
+    │   ├── QueueTimeout                  the request's timeout passed while queued
     │   └── ModelNotReady                 not loaded, unhealthy or draining
     └── StartupError                      fail-fast at start-up: exit 2, one line (503 if served)
         ├── ConfigError (ValueError)      a flag or config value is out of range (usage)
@@ -116,6 +117,14 @@ class Overloaded(Unavailable):
     def __init__(self, message: str, *, retry_after_s: float = 1.0):
         self.retry_after_s = retry_after_s
         super().__init__(message)
+
+
+class QueueTimeout(Unavailable):
+    """The request's deadline (V2 ``timeout``) passed while its tiles were queued; they never ran.
+
+    Unavailable, as Triton answers a queue timeout (``UNAVAILABLE``, "Request
+    timeout expired"): the request was sound, the server too busy in time.
+    """
 
 
 class ModelNotReady(Unavailable):

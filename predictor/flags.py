@@ -119,3 +119,13 @@ def ratio(value: str) -> float:
     if not 0.0 <= number <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {value!r}")
     return number
+
+
+def per_class(value: str) -> tuple[float, ...]:
+    """One number, or comma-separated numbers (one per class of service), as a tuple."""
+    try:
+        return tuple(float(part) for part in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number or comma-separated numbers, got {value!r}"
+        ) from None

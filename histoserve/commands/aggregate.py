@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from histoserve.limits import BULK_PRIORITY
+from histoserve.options.service import PRIORITY_HELP
 from histoserve.results.sources import SOURCE_LAYOUTS
 from histoserve.text import printable
 
@@ -52,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--slides-in-flight", type=int, default=2, help="slides in progress at once")
     add("--timeout-s", type=float, default=300.0, help="per-request timeout")
     add("--max-attempts", type=int, default=8, help="attempts per request (503, 429, resets)")
+    add("--priority", type=int, default=BULK_PRIORITY, help=PRIORITY_HELP)
     add("--ca-cert", type=Path, help="CA bundle (PEM) for https:// and grpcs:// servers")
     add("--token-file", type=Path, help="bearer token file (default: $HISTOSERVE_TOKEN)")
     add(
@@ -83,6 +86,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Aggreg
         slides_in_flight=args.slides_in_flight,
         timeout_s=args.timeout_s,
         max_attempts=args.max_attempts,
+        priority=args.priority,
         credentials=load_credentials(
             args.ca_cert, args.token_file, args.headers, env, args.trust_env
         ),

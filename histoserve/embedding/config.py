@@ -15,9 +15,10 @@ from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 from histoserve.errors import UsageError
-from histoserve.limits import DEFAULT_MAX_TILES_PER_SLIDE
+from histoserve.limits import BULK_PRIORITY, DEFAULT_MAX_TILES_PER_SLIDE
 from histoserve.options.checks import check_numbers, check_sources
 from histoserve.options.declare import GROUPS, declared, option
+from histoserve.options.service import PRIORITY_HELP
 from histoserve.remote.auth import Credentials
 from histoserve.slides.readers import READERS
 from histoserve.slides.resample import RESIZES
@@ -241,6 +242,7 @@ class EmbedConfig:
         8, help="attempts per request (503, 429, resets)", kind="whole number", group=_REQUESTS
     )
     timeout_s: float = option(300.0, help="per-request timeout", kind="number", group=_REQUESTS)
+    priority: int = option(BULK_PRIORITY, help=PRIORITY_HELP, kind="whole number", group=_REQUESTS)
     recycle_requests: int = option(
         1000,
         help="new connections after N requests (replicas an autoscaler adds get traffic)",

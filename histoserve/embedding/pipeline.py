@@ -193,7 +193,9 @@ def _client(
         return None
     recycle = RecyclePolicy(config.recycle_requests, config.recycle_s)
     kwargs = {"credentials": config.credentials, "retry": retry, "recycle": recycle}
-    return HistoserveClient(urls, info.model, config.timeout_s, info=info, **kwargs)
+    return HistoserveClient(
+        urls, info.model, config.timeout_s, info=info, priority=config.priority, **kwargs
+    )
 
 
 def _info(config: EmbedConfig, urls: Any, model: str | None, retry: RetryPolicy) -> ServerInfo:

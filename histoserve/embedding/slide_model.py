@@ -75,6 +75,7 @@ def run_slide_model(config: EmbedConfig, summary: EmbedSummary) -> None:
         slides_in_flight=config.slides_in_flight,
         timeout_s=config.timeout_s,
         max_attempts=config.max_attempts,
+        priority=config.priority,
         credentials=config.credentials,
     )
     try:

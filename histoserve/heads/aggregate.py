@@ -46,7 +46,13 @@ from histoserve.heads.slide_head import (
     settle_pictures,
 )
 from histoserve.heads.table import write_table
-from histoserve.limits import MAX_ATTEMPTS, MAX_SECONDS, MAX_SLIDES_IN_FLIGHT
+from histoserve.limits import (
+    BULK_PRIORITY,
+    MAX_ATTEMPTS,
+    MAX_PRIORITY,
+    MAX_SECONDS,
+    MAX_SLIDES_IN_FLIGHT,
+)
 from histoserve.remote.auth import Credentials, load_credentials
 from histoserve.remote.client import HistoserveClient
 from histoserve.remote.dispatch import RetryPolicy
@@ -83,6 +89,7 @@ class AggregateConfig:
         slides_in_flight: Slides in progress at once.
         timeout_s: Per-request timeout.
         max_attempts: Attempts per request.
+        priority: Every request's class of service (``--priority``; 0: the server's default).
         credentials: CA bundle, token, headers (None: ``$HISTOSERVE_TOKEN``).
     """
 
@@ -102,6 +109,7 @@ class AggregateConfig:
     slides_in_flight: int = 2
     timeout_s: float = 300.0
     max_attempts: int = 8
+    priority: int = BULK_PRIORITY
     credentials: Credentials | None = None
 
     def __post_init__(self) -> None:
@@ -113,6 +121,7 @@ class AggregateConfig:
             ("--slides-in-flight", self.slides_in_flight, 1, MAX_SLIDES_IN_FLIGHT),
             ("--max-attempts", self.max_attempts, 1, MAX_ATTEMPTS),
             ("--timeout-s", self.timeout_s, 1e-3, MAX_SECONDS),
+            ("--priority", self.priority, 0, MAX_PRIORITY),
         ):
             if not least <= value <= most:  # NaN and infinity fail too
                 raise UsageError(f"{flag} must be in {least:g}..{most:,}, got {value!r}")
@@ -168,8 +177,9 @@ def aggregate(
     recycle = RecyclePolicy()
     summary = AggregateSummary()
     client = HistoserveClient(
-        config.urls, info.model, config.timeout_s, credentials=creds, retry=retry, recycle=recycle
-    )
+        config.urls, info.model, config.timeout_s, credentials=creds, retry=retry, recycle=recycle,
+        priority=config.priority,
+    )  # fmt: skip
     with client:
         ctx = HeadContext(
             info, client, config.out_dir, head_hash(info, config.send_coords),

@@ -16,6 +16,7 @@ from histoserve.limits import (
     MAX_ATTEMPTS,
     MAX_BATCH,
     MAX_COUNT,
+    MAX_PRIORITY,
     MAX_READ_PX,
     MAX_SECONDS,
     MAX_SLIDES_IN_FLIGHT,
@@ -124,6 +125,8 @@ def check_numbers(config: Any) -> None:
         raise UsageError(f"--mpp-tolerance must be in [0, 1), got {config.mpp_tolerance!r}")
     if config.overlap < 0:
         raise UsageError(f"--overlap must be >= 0 px, got {config.overlap!r}")
+    if not 0 <= config.priority <= MAX_PRIORITY:
+        raise UsageError(f"--priority must be in 0..{MAX_PRIORITY:,}, got {config.priority!r}")
     if config.accept_bad_tiles < 0:
         raise UsageError(f"--accept-bad-tiles must be >= 0, got {config.accept_bad_tiles!r}")
     if not 0.0 <= config.min_tissue <= 1.0:

@@ -77,6 +77,8 @@ class HistoserveClient:
         transports: One per URL instead of those the URLs' schemes pick
             (httpx's ``transport=``): tests, a custom network.
         info: The model as already described (``embed`` fetched it): not asked again.
+        priority: Every request's class of service (V2 ``priority``: 1 the most
+            urgent; 0 or None: the server's default, bulk unless set otherwise).
 
     Errors: :class:`~histoserve.errors.InferenceError` (the server refused:
     ``status``, the HTTP status or gRPC code, and ``retry_after_s``),
@@ -98,6 +100,7 @@ class HistoserveClient:
         recycle: RecyclePolicy | None = None,
         transports: Sequence[Transport] | None = None,
         info: ServerInfo | None = None,
+        priority: int | None = None,
     ):
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
@@ -110,6 +113,9 @@ class HistoserveClient:
                 )
         if not 0 < timeout_s < float("inf"):
             raise ValueError(f"timeout_s must be > 0 and finite, got {timeout_s}")
+        if priority is not None and (isinstance(priority, bool) or not 0 <= priority < 2**63):
+            raise ValueError(f"priority must be a whole number >= 0, got {priority!r}")
+        self._priority = {"priority": int(priority)} if priority else {}
         self.urls = urls
         self.model = model
         self._credentials = credentials or Credentials()
@@ -187,7 +193,7 @@ class HistoserveClient:
             InferenceError: The server refused it (4xx), or answered an error on every attempt.
             RequestFailed: Every attempt failed otherwise (the network, wrong answers).
         """
-        asked = {**(parameters or {}), **({"mode": mode} if mode else {})}
+        asked = {**self._priority, **(parameters or {}), **({"mode": mode} if mode else {})}
         if check is None:
             check = self._default_check(mode)
         if self._cap is not None:

@@ -2,10 +2,18 @@
 
 Contract:
     * :meth:`DynamicBatcher.submit` enqueues a request's items (all or none) in
-      one bounded FIFO queue and returns one :class:`asyncio.Future` per item,
-      in order. Every future is settled exactly once: with its result, with a
-      :mod:`predictor.errors` error, or by the caller's cancellation. A
-      ``run_batch`` result that is an exception fails its item alone.
+      its class's bounded FIFO queue and returns one :class:`asyncio.Future`
+      per item, in order. Every future is settled exactly once: with its
+      result, with a :mod:`predictor.errors` error, or by the caller's
+      cancellation. A ``run_batch`` result that is an exception fails its
+      item alone.
+    * Classes of service: a request has a ``priority`` (1 the most urgent, to
+      ``--priority_levels``) and may have a ``deadline``
+      (``time.monotonic()``). More urgent classes go first, with an age bound
+      (``--max_queue_delay_ms``) so no class starves; each class has its own
+      queue bound (:mod:`predictor.batching.queue` holds the rule). An item
+      whose deadline passes while queued never runs: its future fails with
+      :class:`~predictor.errors.QueueTimeout` at the deadline.
     * ``run_batch(items, key)`` is synchronous and runs in a dedicated worker
       thread, never on the event loop, so the loop keeps admitting (and the
       next batch keeps filling) while the device runs the current one.
@@ -13,8 +21,9 @@ Contract:
       groups) pull from the one queue: ``run_batch`` may be a mapping of
       worker name to callable, each with its own thread; a batch goes to the
       first free worker (in the mapping's order).
-    * A batch holds at most ``max_batch_size`` items of one ``key`` (the head
-      item's), taken in FIFO order; a request larger than a batch is split.
+    * A batch holds at most ``max_batch_size`` items of one ``key`` (the lead
+      class's head item's), FIFO within each class, never items less urgent
+      than its lead's; a request larger than a batch is split.
 
 Why this policy: an idle worker dispatches a lone arrival at once (no latency
 tax at low load); items that queue up while the device is busy wait at most
@@ -55,7 +64,14 @@ from predictor.batching.worker import (
     take_out,
 )
 from predictor.config import BatchingConfig
-from predictor.errors import DeviceLost, ErrorKind, ModelNotReady, Overloaded, forward_failure
+from predictor.errors import (
+    DeviceLost,
+    ErrorKind,
+    ModelNotReady,
+    Overloaded,
+    QueueTimeout,
+    forward_failure,
+)
 
 __all__ = ["BatchObserver", "Batcher", "DynamicBatcher", "ErrorKind", "NullObserver", "WorkerState"]
 
@@ -78,6 +94,9 @@ class Batcher(Protocol):
     def queue_depth(self) -> int:
         """Weight waiting, for the model's fast 503 (a proxy: the owner's, last heard)."""
 
+    def depth_of(self, priority: int) -> int:
+        """Weight waiting in class ``priority``, for the model's fast 503 per class."""
+
     @property
     def healthy(self) -> bool:
         """False once no device can serve (the model's liveness)."""
@@ -89,8 +108,14 @@ class Batcher(Protocol):
     async def start(self) -> None:
         """Starts on the running loop (called once, by the server)."""
 
-    def submit(self, items: Sequence[Any], key: Hashable = None) -> list[asyncio.Future[Any]]:
-        """Enqueues ``items`` (all or none) under ``key``; one future per item, in order."""
+    def submit(
+        self,
+        items: Sequence[Any],
+        key: Hashable = None,
+        priority: int = 1,
+        deadline: float | None = None,
+    ) -> list[asyncio.Future[Any]]:
+        """Enqueues ``items`` (all or none) under ``key`` in class ``priority``; one future each."""
 
     async def drain(self, timeout_s: float) -> bool:
         """Refuses new items, waits for admitted ones; True when all ended in time."""
@@ -145,8 +170,10 @@ class DynamicBatcher(Generic[T, R]):
         inner = observer if observer is not None else NullObserver()
         self._observer: BatchObserver = GuardedObserver(inner, name)
         self._name = name
-        self._queue = BatchQueue[T, R](config.max_queue_size, weight)
-        self._policy = BatchPolicy(config.max_batch_size, config.max_latency_ms / 1000.0)
+        self._queue = BatchQueue[T, R](config.max_queue_size, weight, config.priority_levels)
+        self._policy = BatchPolicy(
+            config.max_batch_size, config.max_latency_ms / 1000.0, config.queue_delays_s()
+        )
         self._started = False
         self._closed = False
         self._draining = False
@@ -163,6 +190,10 @@ class DynamicBatcher(Generic[T, R]):
     def queue_depth(self) -> int:
         """Weight waiting (items, a slide's tiles), not running; cancelled count until purged."""
         return self._queue.depth
+
+    def depth_of(self, priority: int) -> int:
+        """Weight waiting in class ``priority`` (cancelled count until purged)."""
+        return self._queue.depth_of(priority)
 
     @property
     def healthy(self) -> bool:
@@ -196,34 +227,78 @@ class DynamicBatcher(Generic[T, R]):
         )
         self._started = True
 
-    def submit(self, items: Sequence[T], key: Hashable = None) -> list[asyncio.Future[R]]:
+    def submit(
+        self,
+        items: Sequence[T],
+        key: Hashable = None,
+        priority: int = 1,
+        deadline: float | None = None,
+    ) -> list[asyncio.Future[R]]:
         """Enqueue all of ``items`` (or none) under ``key``; call on the loop thread.
 
         Args:
             items: The request's items, each its own queue entry and future (returned in order).
             key: Batches never mix keys (e.g. the request mode).
+            priority: The class of service, 1 (most urgent) to ``priority_levels``.
+            deadline: ``time.monotonic()`` past which an item still queued
+                fails with :class:`~predictor.errors.QueueTimeout` instead of
+                running; ``None``: none.
 
         Raises:
             ModelNotReady: Not started, draining, closed or unhealthy.
-            Overloaded: The queue cannot take all of ``items``; nothing enqueued.
+            Overloaded: The class's queue cannot take all of ``items``; nothing enqueued.
+            ValueError: ``priority`` is not a class (the model checks the request's first).
         """
         if not self.accepting:
             raise ModelNotReady(f"{self._name}: {self._not_accepting_reason()}")
         if not items:
             return []
         assert self._loop is not None
-        entries = self._queue.admit(items, key, self._loop, time.monotonic())
+        now = time.monotonic()
+        entries = self._queue.admit(items, key, self._loop, now, priority, deadline)
         if entries is None:
             self._observer.on_reject(len(items))
             raise Overloaded(
-                f"{self._name}: queue full ({self._queue.depth} queued + {len(items)} new item(s)"
+                f"{self._name}: queue full (priority {priority}: "
+                f"{self._queue.depth_of(priority)} queued + {len(items)} new item(s)"
                 f" > {self._config.max_queue_size})",
                 retry_after_s=self._config.retry_after_s,
             )
+        if deadline is not None:
+            self._arm(entries, deadline - now)
         self._quiescent.clear()
         self._wakeup.set()
-        self._observer.on_enqueue(len(items), self._queue.depth)
+        self._observer.on_enqueue(len(items), self._queue.depth_of(priority), priority)
         return [e.future for e in entries]
+
+    def _arm(self, entries: list[Entry[T, R]], delay_s: float) -> None:
+        """Fail ``entries`` still queued when ``delay_s`` has passed; disarmed once all settle."""
+        assert self._loop is not None
+        timer = self._loop.call_later(max(0.0, delay_s), self._expire, entries)
+        left = len(entries)
+
+        def settled(_: asyncio.Future[R]) -> None:
+            nonlocal left
+            left -= 1
+            if left == 0:
+                timer.cancel()  # drops its hold on the entries (and their tiles)
+
+        for entry in entries:
+            entry.future.add_done_callback(settled)
+
+    def _expire(self, entries: Sequence[Entry[T, R]], *, popped: bool = False) -> None:
+        """Fail the entries still queued, or just ``popped`` by the cut: their deadline passed."""
+        now = time.monotonic()
+        for entry in entries:
+            if (popped or entry.queued) and not entry.future.done():
+                waited_ms = (now - entry.enqueued_at) * 1000.0
+                entry.future.set_exception(
+                    QueueTimeout(
+                        f"{self._name}: request timeout expired: not run after {waited_ms:.0f} ms "
+                        f"in the queue of priority {entry.priority} (the request's 'timeout')"
+                    )
+                )
+        self._wakeup.set()
 
     async def drain(self, timeout_s: float) -> bool:
         """Stop admitting at once and wait for the admitted work to finish.
@@ -304,7 +379,8 @@ class DynamicBatcher(Generic[T, R]):
                 if not fresh:
                     await self._fill()
                 fresh = False
-                batch = self._policy.take(self._queue)
+                batch, expired = self._policy.take(self._queue, time.monotonic())
+                self._expire(expired, popped=True)
                 if batch:
                     self._launch(worker, batch)
         except asyncio.CancelledError:
@@ -361,8 +437,11 @@ class DynamicBatcher(Generic[T, R]):
     async def _dispatch(self, worker: Worker, batch: list[Entry[T, R]]) -> None:
         """Run one batch; if stopped or broken, settle its unsettled items with ModelNotReady."""
         now = time.monotonic()
-        waits = [now - e.enqueued_at for e in batch]
-        self._observer.on_dispatch(len(batch), waits, self._queue.depth)
+        waits: dict[int, list[float]] = {}
+        for entry in batch:
+            waits.setdefault(entry.priority, []).append(now - entry.enqueued_at)
+        depths = {p: self._queue.depth_of(p) for p in range(1, self._queue.levels + 1)}
+        self._observer.on_dispatch(len(batch), waits, depths)
         try:
             await self._forward(worker, batch, batch[0].key)
         except asyncio.CancelledError:  # close(): settle, then let the task end cancelled

@@ -1,18 +1,34 @@
-"""The batcher's queue (one bounded FIFO of keyed items) and the batch rule (:class:`BatchPolicy`).
+"""The batcher's queue (one bounded FIFO per class of service) and the batch rule (:class:`BatchPolicy`).
 
 Contract:
-    * :meth:`BatchQueue.admit` adds a request's items all or none: when they
-      do not fit under ``max_queue_size`` (after dropping entries whose caller
-      already went away) it returns ``None`` and adds nothing. What counts
-      against that bound is each item's weight (1 by default; a slide counts
-      its tiles), summed in :attr:`BatchQueue.depth`.
+    * Every entry has a class of service, ``priority`` (1 the most urgent,
+      Triton's convention, up to ``priority_levels``), and may have a
+      ``deadline`` (``time.monotonic()``) past which it must not run.
+    * :meth:`BatchQueue.admit` adds a request's items, all of one class, all
+      or none: when they do not fit under ``max_queue_size`` *in their class*
+      (after dropping entries whose future is already settled) it returns
+      ``None`` and adds nothing, so a full bulk class never refuses an
+      interactive request. What counts against the bound is each item's
+      weight (1 by default; a slide counts its tiles).
     * :class:`BatchPolicy` is the batch rule, written once
-      (:meth:`BatchPolicy.head`): a batch is the head item's key, FIFO, at
-      most ``max_batch_size`` live items (cancelled entries are skipped).
-      :meth:`BatchPolicy.ready` says whether the dispatcher should cut it
-      now (waiting cannot grow it: it is full or another key follows; or the
-      oldest item has waited ``max_latency_s``), :meth:`BatchPolicy.take`
-      pops it. A change to how batches form is a change to this class only.
+      (:meth:`BatchPolicy.head`). The *lead* class is the most urgent class
+      with a live item, unless a less urgent class has gone unserved for its
+      ``max_queue_delay_s`` (its oldest item has waited that long and no batch
+      has taken any of its items since): then the longest-waiting such class
+      leads, so bulk is never starved. A batch is the lead class's head
+      item's key, FIFO, then the *more* urgent classes' items of that key in
+      order of urgency (FIFO each, a class's run ending at its first item of
+      another key), at most ``max_batch_size`` live items. A batch never
+      carries tiles less urgent than its lead: an interactive tile never
+      waits for bulk tiles' compute in its own batch (on a device whose time
+      grows with the batch, filling with bulk would add up to a whole batch's
+      time to the interactive latency), while a bulk-led batch still takes
+      the interactive tiles waiting. :meth:`BatchPolicy.ready`
+      says whether the dispatcher should cut it now (waiting cannot grow it:
+      it is full or another key follows; or the oldest item has waited
+      ``max_latency_s``), :meth:`BatchPolicy.take` pops it, with the entries
+      whose deadline has passed among it, which never run. A change to how
+      batches form is a change to this class only.
 
 Only the event loop thread touches a queue; it knows nothing of workers.
 """
@@ -31,13 +47,24 @@ R = TypeVar("R")
 
 @dataclass(eq=False)
 class Entry(Generic[T, R]):
-    """One queued item and the future its caller awaits."""
+    """One queued item and the future its caller awaits.
+
+    ``queued`` turns False once the entry leaves the queue (into a batch, or
+    dropped): a deadline that passes after that no longer concerns it.
+    """
 
     item: T
     key: Hashable
     future: asyncio.Future[R]
     enqueued_at: float
     weight: int = 1
+    priority: int = 1
+    deadline: float | None = None
+    queued: bool = True
+
+    def live(self, now: float) -> bool:
+        """Still to run: its future is unsettled and its deadline (if any) not passed."""
+        return not self.future.done() and (self.deadline is None or now < self.deadline)
 
 
 def settle(entries: Sequence[Entry[Any, Any]], results: Sequence[Any]) -> None:
@@ -64,116 +91,235 @@ def fail(entries: Iterable[Entry[Any, Any]], error: BaseException) -> None:
 
 
 class BatchQueue(Generic[T, R]):
-    """A bounded FIFO of :class:`Entry`; :class:`BatchPolicy` cuts batches from its head.
+    """One bounded FIFO of :class:`Entry` per class; :class:`BatchPolicy` cuts batches from them.
 
     Args:
-        max_queue_size: Most weight (items, or tiles) held at once.
+        max_queue_size: Most weight (items, or tiles) each class holds at once.
         weight: An item's weight against ``max_queue_size``; 1 each when ``None``.
+        priority_levels: Classes of service, 1 (most urgent) to this.
     """
 
-    def __init__(self, max_queue_size: int, weight: Callable[[T], int] | None = None) -> None:
-        self._entries: deque[Entry[T, R]] = deque()
+    def __init__(
+        self,
+        max_queue_size: int,
+        weight: Callable[[T], int] | None = None,
+        priority_levels: int = 1,
+    ) -> None:
+        if priority_levels < 1:
+            raise ValueError(f"priority_levels must be >= 1, got {priority_levels}")
+        self._lanes: list[deque[Entry[T, R]]] = [deque() for _ in range(priority_levels)]
+        self._depths = [0] * priority_levels
+        self._served_at = [float("-inf")] * priority_levels
         self._limit = max_queue_size
         self._weigh = weight
-        self._depth = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return sum(len(lane) for lane in self._lanes)
+
+    @property
+    def levels(self) -> int:
+        """How many classes (priorities 1 to ``levels``)."""
+        return len(self._lanes)
 
     @property
     def depth(self) -> int:
-        """The summed weight of the entries held (cancelled ones until purged)."""
-        return self._depth
+        """The summed weight of the entries held, every class (settled ones until purged)."""
+        return sum(self._depths)
 
-    def _popleft(self) -> Entry[T, R]:
-        entry = self._entries.popleft()
-        self._depth -= entry.weight
-        return entry
+    def depth_of(self, priority: int) -> int:
+        """The summed weight of class ``priority``'s entries (settled ones until purged)."""
+        return self._depths[priority - 1]
+
+    def lane(self, priority: int) -> deque[Entry[T, R]]:
+        """Class ``priority``'s entries, head first (read-only by contract)."""
+        return self._lanes[priority - 1]
+
+    def served_at(self, priority: int) -> float:
+        """When a batch last took an item of class ``priority`` (``-inf``: never)."""
+        return self._served_at[priority - 1]
 
     def admit(
-        self, items: Sequence[T], key: Hashable, loop: asyncio.AbstractEventLoop, now: float
+        self,
+        items: Sequence[T],
+        key: Hashable,
+        loop: asyncio.AbstractEventLoop,
+        now: float,
+        priority: int = 1,
+        deadline: float | None = None,
     ) -> list[Entry[T, R]] | None:
-        """Adds one entry per item (with a fresh future), or none if they do not fit."""
+        """Adds one entry per item (with a fresh future) to class ``priority``, or none if they do not fit.
+
+        Raises:
+            ValueError: ``priority`` is not a class of this queue (the caller checks first).
+        """
+        if not 1 <= priority <= len(self._lanes):
+            raise ValueError(f"priority {priority} is not in 1..{len(self._lanes)}")
+        p = priority - 1
         weigh = self._weigh
         weights = [1] * len(items) if weigh is None else [weigh(item) for item in items]
         n = sum(weights)
-        if self._depth + n > self._limit:
-            self._entries = deque(e for e in self._entries if not e.future.done())
-            self._depth = sum(e.weight for e in self._entries)
-        if self._depth + n > self._limit:
+        if self._depths[p] + n > self._limit:
+            self._lanes[p] = deque(e for e in self._lanes[p] if not e.future.done())
+            self._depths[p] = sum(e.weight for e in self._lanes[p])
+        if self._depths[p] + n > self._limit:
             return None
         entries = [
-            Entry(item, key, loop.create_future(), now, w)
+            Entry(item, key, loop.create_future(), now, w, priority, deadline)
             for item, w in zip(items, weights, strict=True)
         ]
-        self._entries.extend(entries)
-        self._depth += n
+        self._lanes[p].extend(entries)
+        self._depths[p] += n
         return entries
 
     def drop_cancelled_head(self) -> None:
-        """Drop entries at the head whose caller already went away."""
-        while self._entries and self._entries[0].future.done():
-            self._popleft()
+        """Drop the entries at each class's head whose future is already settled."""
+        for p, lane in enumerate(self._lanes):
+            while lane and lane[0].future.done():
+                self._pop(p)
 
-    def pop_head(self, n: int) -> list[Entry[T, R]]:
-        """Pops the first ``n`` entries (cancelled ones included), in order."""
-        return [self._popleft() for _ in range(n)]
+    def pop(self, priority: int, n: int, now: float) -> list[Entry[T, R]]:
+        """Pops class ``priority``'s first ``n`` entries (settled ones included), in order.
 
-    @property
-    def entries(self) -> deque[Entry[T, R]]:
-        """The entries, head first (read-only by contract: only the queue mutates them)."""
-        return self._entries
+        The class counts as served at ``now`` when a live entry is among them.
+        """
+        p = priority - 1
+        popped = [self._pop(p) for _ in range(n)]
+        if any(e.live(now) for e in popped):
+            self._served_at[p] = now
+        return popped
+
+    def _pop(self, p: int) -> Entry[T, R]:
+        entry = self._lanes[p].popleft()
+        self._depths[p] -= entry.weight
+        entry.queued = False
+        return entry
 
     def fail_all(self, error: BaseException) -> None:
         """Empty the queue, failing its pending futures with ``error``."""
-        fail(list(self._entries), error)
-        self._entries.clear()
-        self._depth = 0
+        for p, lane in enumerate(self._lanes):
+            fail(list(lane), error)
+            for entry in lane:
+                entry.queued = False
+            lane.clear()
+            self._depths[p] = 0
+
+
+@dataclass(frozen=True)
+class Cut:
+    """The head batch as :meth:`BatchPolicy.head` reads it.
+
+    Attributes:
+        live: Live items in it.
+        spans: Per class, ``(priority, entries)``: the entries to pop from
+            that class's head (settled and expired ones among them included).
+        complete: Waiting cannot grow it: full, or an item of another key follows.
+    """
+
+    live: int
+    spans: tuple[tuple[int, int], ...]
+    complete: bool
 
 
 class BatchPolicy:
-    """The batch rule: the head item's key, FIFO, live items, at most ``max_batch_size``.
+    """The batch rule: the lead class's head key, FIFO, then more urgent classes, at most ``max_batch_size``.
 
     Args:
         max_batch_size: Most items per batch.
         max_latency_s: Longest the oldest queued item waits for its batch to fill.
+        max_queue_delay_s: Per class (index 0: priority 1), how long it may go
+            unserved while it has items before it leads; ``None``: no bound.
+            Shorter than the queue's classes: the missing ones have no bound.
     """
 
-    def __init__(self, max_batch_size: int, max_latency_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        max_batch_size: int,
+        max_latency_s: float = 0.0,
+        max_queue_delay_s: Sequence[float | None] = (),
+    ) -> None:
         self.max_batch_size = max_batch_size
         self.max_latency_s = max_latency_s
+        self.max_queue_delay_s = tuple(max_queue_delay_s)
 
-    def head(self, queue: BatchQueue[T, R]) -> tuple[int, int, bool]:
-        """The head batch: its live items, the entries it spans, whether waiting cannot grow it.
+    def _delay_s(self, priority: int) -> float | None:
+        delays = self.max_queue_delay_s
+        return delays[priority - 1] if priority <= len(delays) else None
 
-        Returns:
-            ``(live, span, complete)``: ``span`` counts the cancelled entries
-            among the batch's too (popped with it); ``complete`` is true once
-            the batch is full or an entry of another key follows it.
+    def lead(self, queue: BatchQueue[T, R], now: float) -> int | None:
+        """The class whose head leads the next batch (None: nothing live).
+
+        The most urgent class with a live item, unless a class has gone
+        unserved past its ``max_queue_delay_s``: the one unserved longest.
         """
-        key: Hashable = None
-        live = 0
-        for span, entry in enumerate(queue.entries):
-            if entry.future.done():
+        first: int | None = None
+        overdue: tuple[float, int] | None = None
+        for priority in range(1, queue.levels + 1):
+            head = next((e for e in queue.lane(priority) if e.live(now)), None)
+            if head is None:
                 continue
-            if live == 0:
-                key = entry.key
-            elif entry.key != key:
-                return live, span, True
-            live += 1
-            if live >= self.max_batch_size:
-                return live, span + 1, True
-        return live, len(queue), False
+            if first is None:
+                first = priority
+            bound = self._delay_s(priority)
+            since = max(head.enqueued_at, queue.served_at(priority))
+            if (
+                bound is not None
+                and now - since >= bound
+                and (overdue is None or since < overdue[0])
+            ):
+                overdue = (since, priority)
+        return overdue[1] if overdue is not None else first
+
+    def head(self, queue: BatchQueue[T, R], now: float) -> Cut:
+        """The head batch: its live items, the entries it spans per class, whether it is complete."""
+        lead = self.lead(queue, now)
+        if lead is None:
+            return Cut(0, tuple((p, len(queue.lane(p))) for p in range(1, queue.levels + 1)), False)
+        order = [lead, *range(1, lead)]  # never less urgent than the lead
+        key: Hashable = None
+        live, spans, complete = 0, [], False
+        for priority in order:
+            span = 0
+            for entry in queue.lane(priority):
+                if not entry.live(now):
+                    span += 1
+                    continue
+                if live == 0:
+                    key = entry.key
+                elif entry.key != key or live >= self.max_batch_size:
+                    complete = True
+                    break
+                live += 1
+                span += 1
+            if span:
+                spans.append((priority, span))
+        complete = complete or live >= self.max_batch_size
+        return Cut(live, tuple(spans), complete)
 
     def deadline(self, queue: BatchQueue[T, R]) -> float:
-        """Monotonic time at which the oldest entry has waited ``max_latency_s``."""
-        return queue.entries[0].enqueued_at + self.max_latency_s
+        """Monotonic time at which the oldest head entry has waited ``max_latency_s``."""
+        heads = [lane[0].enqueued_at for p in range(1, queue.levels + 1) if (lane := queue.lane(p))]
+        return min(heads) + self.max_latency_s
 
     def ready(self, queue: BatchQueue[T, R], now: float) -> bool:
         """Whether to cut the head batch now: waiting cannot grow it, or its wait is over."""
-        return self.head(queue)[2] or now >= self.deadline(queue)
+        return self.head(queue, now).complete or now >= self.deadline(queue)
 
-    def take(self, queue: BatchQueue[T, R]) -> list[Entry[T, R]]:
-        """Pops the head batch (and the cancelled entries among it); its live entries, in order."""
-        _, span, _ = self.head(queue)
-        return [e for e in queue.pop_head(span) if not e.future.done()]
+    def take(
+        self, queue: BatchQueue[T, R], now: float
+    ) -> tuple[list[Entry[T, R]], list[Entry[T, R]]]:
+        """Pops the head batch (and the settled entries among it).
+
+        Returns:
+            ``(batch, expired)``: the live entries, lead class first, FIFO in
+            each class; and the entries whose deadline passed (unsettled:
+            the caller fails them, and they never run).
+        """
+        batch: list[Entry[T, R]] = []
+        expired: list[Entry[T, R]] = []
+        for priority, span in self.head(queue, now).spans:
+            for entry in queue.pop(priority, span, now):
+                if entry.live(now):
+                    batch.append(entry)
+                elif not entry.future.done():
+                    expired.append(entry)
+        return batch, expired

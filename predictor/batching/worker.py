@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -35,14 +35,19 @@ R = TypeVar("R")
 class BatchObserver(Protocol):
     """Metrics hook. Called on the event loop thread; must not block or raise."""
 
-    def on_enqueue(self, n_items: int, queue_depth: int) -> None:
-        """A request of ``n_items`` was admitted; ``queue_depth`` is after it."""
+    def on_enqueue(self, n_items: int, queue_depth: int, priority: int) -> None:
+        """A request of ``n_items`` was admitted to class ``priority``; its depth after it."""
 
     def on_reject(self, n_items: int) -> None:
         """A request of ``n_items`` was refused because the queue was full."""
 
-    def on_dispatch(self, batch_size: int, queue_wait_s: Sequence[float], queue_depth: int) -> None:
-        """A batch left the queue; per-item enqueue-to-dispatch waits in seconds."""
+    def on_dispatch(
+        self,
+        batch_size: int,
+        queue_wait_s: Mapping[int, Sequence[float]],
+        queue_depth: Mapping[int, int],
+    ) -> None:
+        """A batch left the queue: per class, its items' enqueue-to-dispatch waits (s); every class's depth."""
 
     def on_forward(self, batch_size: int, seconds: float, ok: bool) -> None:
         """One ``run_batch`` call (OOM retries included) took ``seconds``."""
@@ -89,13 +94,18 @@ class GuardedObserver(NullObserver):
         self._inner = inner
         self._name = name
 
-    def on_enqueue(self, n_items: int, queue_depth: int) -> None:
-        self._guard(self._inner.on_enqueue, n_items, queue_depth)
+    def on_enqueue(self, n_items: int, queue_depth: int, priority: int) -> None:
+        self._guard(self._inner.on_enqueue, n_items, queue_depth, priority)
 
     def on_reject(self, n_items: int) -> None:
         self._guard(self._inner.on_reject, n_items)
 
-    def on_dispatch(self, batch_size: int, queue_wait_s: Sequence[float], queue_depth: int) -> None:
+    def on_dispatch(
+        self,
+        batch_size: int,
+        queue_wait_s: Mapping[int, Sequence[float]],
+        queue_depth: Mapping[int, int],
+    ) -> None:
         self._guard(self._inner.on_dispatch, batch_size, queue_wait_s, queue_depth)
 
     def on_forward(self, batch_size: int, seconds: float, ok: bool) -> None:

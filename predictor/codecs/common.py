@@ -68,6 +68,17 @@ def string_parameter(params: Mapping[str, Any], name: str) -> str | None:
     return value
 
 
+def count_parameter(params: Mapping[str, Any], name: str, *, unit: str = "") -> int | None:
+    """A request parameter that must be a whole number >= 0 when present (``priority``, ``timeout``)."""
+    value = params.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        what = f"{type(value).__name__} {value!r:.40}"
+        raise InvalidInput(f"parameter '{name}' must be a whole number >= 0{unit}, got {what}")
+    return value
+
+
 def bool_parameter(params: Mapping[str, Any], name: str, *, default: bool = False) -> bool:
     """A request parameter that must be a JSON boolean when present."""
     value = params.get(name)

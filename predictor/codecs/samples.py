@@ -84,12 +84,18 @@ class DecodedRequest:
         requested_outputs: Output names the request asks for, in its order, or
             None for the mode's outputs (V2 ``outputs``; V1 names none). Named
             outputs without a mode decide the mode.
+        priority: The class of service asked for (V2 ``priority``: 1 the
+            most urgent), or None (or 0) for the server's default.
+        timeout_us: How long the request may wait for the device, in
+            microseconds (V2 ``timeout``, tritonclient's), or None (or 0): no bound.
     """
 
     items: list[ModelRequest]
     mode: str | None
     tile_input: str
     requested_outputs: tuple[str, ...] | None = None
+    priority: int | None = None
+    timeout_us: int | None = None
 
 
 @dataclass

@@ -15,7 +15,9 @@ gRPC raw contents      ``_raw_data``: length-prefixed  ``_raw_data``: bytes
 
 Decisions: unknown *inputs* are refused (a misspelt ``bulk_rna`` must not be
 silently ignored) but unknown request *parameters* are allowed (V2 clients
-send their own, e.g. tritonclient's ``priority`` and ``timeout``). Requested
+send their own). tritonclient's ``priority`` (the class of service) and
+``timeout`` (microseconds) are read: a whole number >= 0 each, else a 400
+naming the parameter; the model checks the class against ``--priority_levels``. Requested
 outputs are honoured in REST and gRPC alike; a per-output ``binary_data``
 parameter overrides the request's ``binary_data_output``, as the binary
 extension specifies (stock KServe ignores ``binary_data_output`` as soon as
@@ -32,6 +34,7 @@ import numpy as np
 from predictor.codecs.binary import parse_binary_body
 from predictor.codecs.common import (
     bool_parameter,
+    count_parameter,
     decode_base64,
     first_non_finite,
     string_parameter,
@@ -55,7 +58,12 @@ from predictor.codecs.v2_response import (
 )
 from predictor.config import LimitsConfig
 from predictor.errors import InvalidInput
-from predictor.kserve.compat import InferRequest, InferResponse, raw_data, to_http_parameters
+from predictor.kserve.compat import (
+    InferRequest,
+    InferResponse,
+    raw_data,
+    request_parameters_dict,
+)
 from predictor.spec import ModelSpec
 
 __all__ = [
@@ -180,16 +188,18 @@ def decoded_request(
         requested_outputs=requested,
         request_id=str(request.id) if request.id else None,
         output_binary=output_binary,
+        priority=count_parameter(params, "priority"),
+        timeout_us=count_parameter(params, "timeout", unit=" (microseconds)"),
     )
 
 
 def request_parameters(parameters: Any) -> dict[str, Any]:
-    """Request parameters as a plain dict (gRPC gives ``InferParameter`` messages)."""
+    """Request parameters as a plain dict (gRPC gives ``InferParameter`` messages, Triton's uint64 kept)."""
     if parameters is None:
         return {}
     if not isinstance(parameters, Mapping):
         raise InvalidInput(f"request parameters must be an object, got {type(parameters).__name__}")
-    return to_http_parameters(parameters)
+    return request_parameters_dict(parameters)
 
 
 def _inputs_by_name(inputs: Sequence[Any] | None, spec: ModelSpec) -> dict[str, Any]:

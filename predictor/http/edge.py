@@ -31,6 +31,7 @@ from predictor.errors import (
     NonFiniteOutput,
     Overloaded,
     PayloadTooLarge,
+    QueueTimeout,
     StartupError,
     Unavailable,
 )
@@ -54,6 +55,8 @@ ERROR_TABLE: Mapping[type[BaseException], Status] = {
         HTTPStatus.REQUEST_ENTITY_TOO_LARGE, grpc.StatusCode.RESOURCE_EXHAUSTED
     ),
     Unavailable: Status(HTTPStatus.SERVICE_UNAVAILABLE, grpc.StatusCode.UNAVAILABLE),
+    # Triton answers a request whose timeout passed in its queue with UNAVAILABLE too
+    QueueTimeout: Status(HTTPStatus.SERVICE_UNAVAILABLE, grpc.StatusCode.UNAVAILABLE),
     StartupError: Status(HTTPStatus.SERVICE_UNAVAILABLE, grpc.StatusCode.UNAVAILABLE),
     HistoserveError: Status(HTTPStatus.INTERNAL_SERVER_ERROR, grpc.StatusCode.INTERNAL),
 }

@@ -77,6 +77,7 @@ __all__ = [
     "raw_data",
     "register_models",
     "request_exit",
+    "request_parameters_dict",
     "serve_on_socket",
     "serve_without_signal_capture",
     "set_listen_host",
@@ -107,6 +108,34 @@ def set_raw_data(infer_input: InferInput, data: Any) -> None:
 
 
 # -- the model server ------------------------------------------------------------------------
+_UINT64_PARAM = 5
+"""The field number of ``uint64_param`` in Triton's ``InferParameter`` (absent from KServe's)."""
+
+
+def request_parameters_dict(parameters: Any) -> dict[str, Any]:
+    """KServe's ``to_http_parameters``, keeping a gRPC ``uint64_param`` too.
+
+    tritonclient sends a gRPC request's ``priority`` as ``uint64_param``, a
+    field KServe's ``InferParameter`` lacks: protobuf keeps it as an unknown
+    field and KServe's conversion drops the parameter silently. It is read
+    back here as an int; any other parameter KServe cannot read is kept as
+    ``None`` (present, of no type the codecs accept) rather than dropped.
+    """
+    from google.protobuf import unknown_fields
+
+    converted = to_http_parameters(parameters)
+    for name, value in parameters.items():
+        if name in converted or not hasattr(value, "WhichOneof"):
+            continue
+        found = [
+            f.data
+            for f in unknown_fields.UnknownFieldSet(value)
+            if f.field_number == _UINT64_PARAM and f.wire_type == 0
+        ]
+        converted[name] = int(found[-1]) if found else None
+    return converted
+
+
 def model_server_parser() -> Any:
     """KServe's ``ModelServer`` argument parser (the parent of ``histoserve serve``'s)."""
     return _model_server.parser

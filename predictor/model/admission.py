@@ -36,7 +36,7 @@ class Admission:
 
     Args:
         name: Model name, for messages.
-        max_queue_size: Bound on staged + queued tiles.
+        max_queue_size: Bound on staged + queued tiles, per class of service.
         retry_after_s: ``Retry-After`` hint for overload refusals.
         max_decode_pixels: Bound on the decode pixels of staged requests.
         on_reject: Called with the tile count of each refused request (metrics).
@@ -61,7 +61,7 @@ class Admission:
         self._retry_after_s = retry_after_s
         self._on_reject = on_reject
         self._admitted = 0
-        self._staged = 0
+        self._staged: dict[int, int] = {}  # per class of service
         self._draining = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -96,20 +96,24 @@ class Admission:
         return self._decoding
 
     @contextmanager
-    def staged(self, n_tiles: int, queue_depth: int, decode_pixels: int = 0) -> Iterator[None]:
+    def staged(
+        self, n_tiles: int, queue_depth: int, decode_pixels: int = 0, priority: int = 1
+    ) -> Iterator[None]:
         """Holds ``n_tiles`` and ``decode_pixels`` in stage 1, or refuses with a fast 503.
 
         Refused when the tiles don't fit under ``max_queue_size`` with those
-        staged and queued, or when ``decode_pixels`` don't fit under
-        ``max_decode_pixels`` with those of the requests in stage 1 (unless
-        none is: a request alone is always admitted).
+        staged and queued, counted per class of service (``priority``, with
+        that class's ``queue_depth``, as the batcher bounds each class's
+        queue), or when ``decode_pixels`` don't fit under ``max_decode_pixels``
+        with those of the requests in stage 1 (unless none is: a request alone
+        is always admitted).
         """
-        waiting = self._staged + queue_depth
+        waiting = self._staged.get(priority, 0) + queue_depth
         if waiting + n_tiles > self._max_queue_size:
             self._on_reject(n_tiles)
             raise Overloaded(
-                f"{self._name}: queue full ({waiting} tiles waiting + {n_tiles} new "
-                f"> {self._max_queue_size})",
+                f"{self._name}: queue full (priority {priority}: {waiting} tiles waiting + "
+                f"{n_tiles} new > {self._max_queue_size})",
                 retry_after_s=self._retry_after_s,
             )
         decoding = self._decoding
@@ -120,12 +124,12 @@ class Admission:
                 f"{decode_pixels} new > {self._max_decode_pixels}, max_decode_pixels)",
                 retry_after_s=self._retry_after_s,
             )
-        self._staged += n_tiles
+        self._staged[priority] = self._staged.get(priority, 0) + n_tiles
         self._decoding += decode_pixels
         try:
             yield
         finally:
-            self._staged -= n_tiles
+            self._staged[priority] -= n_tiles
             self._decoding -= decode_pixels
 
     def start_draining(self) -> None:

@@ -76,12 +76,17 @@ MODEL_ROOT = Path("/opt/ml/model")
 
 @dataclass
 class _Prepared:
-    """One request between the stages: its codec, decoded form, mode and samples."""
+    """One request between the stages: its codec, decoded form, mode, samples and class.
+
+    ``deadline`` (``time.monotonic()``) is its ``timeout`` from its arrival, or None.
+    """
 
     codec: Codec
     decoded: DecodedRequest
     mode: str
     samples: list[PreparedSample]
+    priority: int
+    deadline: float | None
 
 
 @dataclass(frozen=True)
@@ -287,6 +292,7 @@ class BaseServerModel(Model):
             if self._device_sampler is None:  # histoserve_device_*, read here from now on
                 devices = [str(self._device), *self._more_packages]
                 self._device_sampler = self._metrics.watch_devices(devices)
+            self._metrics.classes_started(self._options.batching.priority_levels)
 
     async def drain(self, timeout_s: float) -> bool:
         """Turns readiness false, refuses new work and waits for admitted work.
@@ -381,16 +387,19 @@ class BaseServerModel(Model):
         with tracing.stage(tracing.current_request(), "decode"):
             codec: Codec = self._v2 if isinstance(payload, InferRequest) else self._v1
             decoded = codec.decode(payload)
+            timeout_us = decoded.timeout_us
+            deadline = started + timeout_us / 1e6 if timeout_us else None
             try:
+                priority = self._options.batching.priority_of(decoded.priority)
                 mode = request_mode(self.family, decoded.mode, decoded.requested_outputs)
                 codec.check_outputs(decoded, self.output_names(mode))  # before any compute
-                samples = await self._prepare_staged(decoded)
+                samples = await self._prepare_staged(decoded, priority)
             except InvalidInput:
                 self._count("invalid", request_tiles(decoded.items))
                 raise
         if self._metrics is not None:
             self._metrics.observe_preprocess(time.monotonic() - started)
-        return _Prepared(codec, decoded, mode, samples)
+        return _Prepared(codec, decoded, mode, samples, priority, deadline)
 
     async def predict(
         self, payload: _Prepared, headers: dict[str, str] | None = None
@@ -408,7 +417,9 @@ class BaseServerModel(Model):
             ]
             if not self._front_end:
                 trace.queue_wait_started()
-        futures = self._batcher.submit(items, key=payload.mode)
+        futures = self._batcher.submit(
+            items, key=payload.mode, priority=payload.priority, deadline=payload.deadline
+        )
         try:
             results = await asyncio.gather(*futures)
         except Overloaded:  # refused by the device owner's batcher: counted there, once
@@ -431,12 +442,12 @@ class BaseServerModel(Model):
         parameters = self.served.answer_parameters(prepared.samples)
         return prepared.codec.encode(prepared.decoded, responses, names, parameters)
 
-    async def _prepare_staged(self, decoded: DecodedRequest) -> list[PreparedSample]:
-        """Stage 1 for every tile, refused up front (fast 503) when the queue is full
+    async def _prepare_staged(self, decoded: DecodedRequest, priority: int) -> list[PreparedSample]:
+        """Stage 1 for every tile, refused up front (fast 503) when its class's queue is full
         or stage 1 holds as many pixels to decode as it may."""
-        depth = self._batcher.queue_depth if self._batcher is not None else 0
+        depth = self._batcher.depth_of(priority) if self._batcher is not None else 0
         cost = decode_pixels(item.jpeg for item in decoded.items)
-        with self._admission.staged(request_tiles(decoded.items), depth, cost):
+        with self._admission.staged(request_tiles(decoded.items), depth, cost, priority):
             return await self._pool.prepare(
                 decoded.items, decoded.tile_input, self.prepare_sample, cost
             )

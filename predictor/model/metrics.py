@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,12 +86,11 @@ class Metrics:
         return child
 
     def bind_at_start(self) -> None:
-        """Creates every series labelled by the model alone, and each outcome, at zero."""
+        """Creates every series labelled by the model alone, and each outcome, at zero
+        (the queue's, labelled by class too, are :meth:`classes_started`'s)."""
         for collector in (
             self.batch_size,
-            self.queue_depth,
             self.inflight_requests,
-            self.queue_wait_seconds,
             self.forward_seconds,
             self.preprocess_seconds,
             self.request_seconds,
@@ -125,18 +124,31 @@ class Metrics:
         self._child(self.preprocess_seconds).observe(seconds)
 
     # BatchObserver protocol (see predictor.batching.batcher)
-    def on_enqueue(self, n_items: int, queue_depth: int) -> None:
-        self._child(self.queue_depth).set(queue_depth)
+    def on_enqueue(self, n_items: int, queue_depth: int, priority: int) -> None:
+        self._child(self.queue_depth, str(priority)).set(queue_depth)
 
     def on_reject(self, n_items: int) -> None:
         self.count_tiles("rejected", n_items)
 
-    def on_dispatch(self, batch_size: int, queue_wait_s: Sequence[float], queue_depth: int) -> None:
-        self._child(self.queue_depth).set(queue_depth)
+    def on_dispatch(
+        self,
+        batch_size: int,
+        queue_wait_s: Mapping[int, Sequence[float]],
+        queue_depth: Mapping[int, int],
+    ) -> None:
+        for priority, depth in queue_depth.items():
+            self._child(self.queue_depth, str(priority)).set(depth)
         self._child(self.batch_size).observe(batch_size)
-        wait = self._child(self.queue_wait_seconds)
-        for seconds in queue_wait_s:
-            wait.observe(seconds)
+        for priority, waits in queue_wait_s.items():
+            wait = self._child(self.queue_wait_seconds, str(priority))
+            for seconds in waits:
+                wait.observe(seconds)
+
+    def classes_started(self, priority_levels: int) -> None:
+        """Makes every class's queue depth (0) and queue wait series exist from start-up."""
+        for priority in range(1, priority_levels + 1):
+            self._child(self.queue_depth, str(priority)).set(0)
+            self._child(self.queue_wait_seconds, str(priority))
 
     def on_forward(self, batch_size: int, seconds: float, ok: bool) -> None:
         self._child(self.forward_seconds).observe(seconds)
@@ -239,7 +251,7 @@ def create_metrics(model: str, registry: CollectorRegistry | None = None) -> Met
         queue_depth=Gauge(
             "histoserve_queue_depth",
             "Tiles waiting for a batch.",
-            labels,
+            ("model", "priority"),
             registry=reg,
             multiprocess_mode=_SUMMED,
         ),
@@ -256,7 +268,7 @@ def create_metrics(model: str, registry: CollectorRegistry | None = None) -> Met
         queue_wait_seconds=Histogram(
             "histoserve_queue_wait_seconds",
             "Enqueue to dispatch, per tile.",
-            labels,
+            ("model", "priority"),
             buckets=_SECONDS_BUCKETS,
             registry=reg,
         ),

@@ -10,8 +10,10 @@ private folder.
 Messages, ``(kind, ...)``:
 
 - front end -> owner: ``("hello", index, pid)`` once; ``("submit", rid, mode,
-  [(slot, request index, [ArrayDesc, ...]), ...], traceparent)`` per request
-  (``traceparent``: the W3C one of a traced request's span, else ``None``).
+  priority, deadline, [(slot, request index, [ArrayDesc, ...]), ...],
+  traceparent)`` per request (``deadline`` on ``time.monotonic()``, one clock
+  for the pod's processes, or None; ``traceparent``: the W3C one of a traced
+  request's span, else ``None``).
 - owner -> front end: ``("welcome", info)`` once (the model's description and
   the slab); ``("done", rid, queue_depth, live, [outcome, ...])`` per submit,
   where an outcome is ``("ok", [ArrayDesc, ...])`` or ``("error", class
@@ -42,6 +44,7 @@ _ERRORS = {
         errors.ForwardError,
         errors.DeviceLost,
         errors.ModelNotReady,
+        errors.QueueTimeout,
         errors.Unavailable,
         errors.InvalidInput,
         errors.NonFiniteOutput,

@@ -204,7 +204,13 @@ class _Link:
         """Set once the front end's connection ended and its tiles were settled."""
 
     def submit(
-        self, rid: int, mode: str, items: list[tuple[Any, ...]], traceparent: str | None = None
+        self,
+        rid: int,
+        mode: str,
+        priority: int,
+        deadline: float | None,
+        items: list[tuple[Any, ...]],
+        traceparent: str | None = None,
     ) -> None:
         """Enqueues one request's samples; answers once all its futures are settled.
 
@@ -214,7 +220,9 @@ class _Link:
         the front end's span.
         """
         try:
-            futures = self._enqueue(mode, items, tracing.remote_request(traceparent))
+            futures = self._enqueue(
+                mode, priority, deadline, items, tracing.remote_request(traceparent)
+            )
         except Exception as exc:
             self._reply(rid, [error_outcome(exc)] * len(items))
             return
@@ -233,7 +241,12 @@ class _Link:
             future.add_done_callback(settled)
 
     def _enqueue(
-        self, mode: str, items: list[tuple[Any, ...]], trace: tracing.RequestTrace | None
+        self,
+        mode: str,
+        priority: int,
+        deadline: float | None,
+        items: list[tuple[Any, ...]],
+        trace: tracing.RequestTrace | None,
     ) -> list[asyncio.Future[Any]]:
         batcher = self._model.batcher
         if batcher is None:
@@ -245,11 +258,11 @@ class _Link:
         ]
         requests = [ModelRequest(index=index) for _, index, _ in items]
         if trace is None:
-            return batcher.submit(list(map(BatchItem, samples, requests)), key=mode)
-        trace.queue_wait_started()
-        return batcher.submit(
-            [BatchItem(s, r, trace) for s, r in zip(samples, requests, strict=True)], key=mode
-        )
+            batch_items = list(map(BatchItem, samples, requests))
+        else:
+            trace.queue_wait_started()
+            batch_items = [BatchItem(s, r, trace) for s, r in zip(samples, requests, strict=True)]
+        return batcher.submit(batch_items, key=mode, priority=priority, deadline=deadline)
 
     def _answer(
         self, rid: int, futures: list[asyncio.Future[ModelResponse]], slots: list[int]

@@ -97,8 +97,20 @@ class BatcherProxy:
         if self._writer is not None:
             self._writer.send(("ready",))
 
-    def submit(self, items: Sequence[Any], key: Hashable = None) -> list[asyncio.Future[Any]]:
+    def depth_of(self, priority: int) -> int:
+        """The owner's whole queue depth at its last answer (not told per class)."""
+        return self._owner_depth
+
+    def submit(
+        self,
+        items: Sequence[Any],
+        key: Hashable = None,
+        priority: int = 1,
+        deadline: float | None = None,
+    ) -> list[asyncio.Future[Any]]:
         """Sends ``items`` (all or none) to the device owner; one future per item, in order.
+
+        ``priority`` and ``deadline`` go with them: the owner's batcher honours them.
 
         Raises:
             ModelNotReady: The owner is gone, or this front end is draining.
@@ -131,7 +143,7 @@ class BatcherProxy:
         self._pending[rid] = (futures, slots)
         self._idle.clear()
         traceparent = tracing.traceparent_of(items[0].trace) if tracing.enabled() else None
-        self._writer.send(("submit", rid, key, descs, traceparent))
+        self._writer.send(("submit", rid, key, priority, deadline, descs, traceparent))
         return futures
 
     async def drain(self, timeout_s: float) -> bool:

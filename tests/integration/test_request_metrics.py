@@ -122,12 +122,13 @@ def test_metrics_count_exactly_the_traffic_sent(server: Server, families: dict) 
             "histoserve_queue_wait_seconds",
             "histoserve_queue_wait_seconds_count",
             model=model,
+            priority="2",  # no priority sent: the default class, bulk
         )
         == ok
     )
     assert _value(families, "histoserve_batch_size", "histoserve_batch_size_sum", model=model) == ok
     assert _value(families, "histoserve_inflight_requests", "histoserve_inflight_requests") == 0
-    assert _value(families, "histoserve_queue_depth", "histoserve_queue_depth") == 0
+    assert _value(families, "histoserve_queue_depth", "histoserve_queue_depth", priority="2") == 0
     forwards = _value(
         families, "histoserve_forward_seconds", "histoserve_forward_seconds_count", model=model
     )

@@ -14,7 +14,7 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pytest
@@ -105,14 +105,20 @@ class Recorder(NullObserver):
     def __init__(self) -> None:
         self.events: list[tuple[Any, ...]] = []
 
-    def on_enqueue(self, n_items: int, queue_depth: int) -> None:
+    def on_enqueue(self, n_items: int, queue_depth: int, priority: int) -> None:
         self.events.append(("enqueue", n_items, queue_depth))
 
     def on_reject(self, n_items: int) -> None:
         self.events.append(("reject", n_items))
 
-    def on_dispatch(self, batch_size: int, queue_wait_s: Sequence[float], queue_depth: int) -> None:
-        self.events.append(("dispatch", batch_size, list(queue_wait_s), queue_depth))
+    def on_dispatch(
+        self,
+        batch_size: int,
+        queue_wait_s: Mapping[int, Sequence[float]],
+        queue_depth: Mapping[int, int],
+    ) -> None:
+        waits = [w for per_class in queue_wait_s.values() for w in per_class]
+        self.events.append(("dispatch", batch_size, waits, sum(queue_depth.values())))
 
     def on_forward(self, batch_size: int, seconds: float, ok: bool) -> None:
         self.events.append(("forward", batch_size, seconds, ok))
@@ -645,7 +651,7 @@ def test_observer_sees_depth_waits_and_forward_and_its_bugs_are_contained() -> N
         await b.close()
 
         class Broken(NullObserver):
-            def on_enqueue(self, n_items: int, queue_depth: int) -> None:
+            def on_enqueue(self, n_items: int, queue_depth: int, priority: int) -> None:
                 raise RuntimeError("observer bug")
 
         observer: BatchObserver = Broken()
@@ -661,7 +667,7 @@ def test_an_observer_missing_a_declared_hook_is_refused_by_name() -> None:
     TypeError at construction, not a metric that silently never moves."""
 
     class Misspelt:
-        def on_enqueue(self, n_items: int, queue_depth: int) -> None: ...
+        def on_enqueue(self, n_items: int, queue_depth: int, priority: int) -> None: ...
 
         def on_rejected(self, n_items: int) -> None: ...  # not a hook
 

@@ -52,8 +52,8 @@ def test_ready_and_take_read_one_rule(keys, cancelled, size, taken, complete):
     policy = BatchPolicy(size, max_latency_s=100.0)
     if keys:
         assert policy.ready(queue, now=0.0) is complete
-    batch = policy.take(queue)
-    assert [e.item for e in batch] == taken
+    batch, expired = policy.take(queue, now=0.0)
+    assert [e.item for e in batch] == taken and expired == []
     assert all(not e.future.done() for e in batch)
 
 
@@ -67,8 +67,8 @@ def test_the_wait_is_over_at_the_oldest_items_deadline():
 
 def test_take_pops_the_cancelled_entries_among_the_batch_and_leaves_the_rest():
     queue, _ = _queue("aaab", cancelled="1")
-    assert len(BatchPolicy(2).take(queue)) == 2
-    assert [e.item for e in queue.entries] == [3]
+    assert len(BatchPolicy(2).take(queue, now=0.0)[0]) == 2
+    assert [e.item for e in queue.lane(1)] == [3]
     assert queue.depth == 1
 
 

@@ -176,7 +176,7 @@ def test_the_queue_counts_a_slide_s_tiles() -> None:
         assert queue.admit([6], "k", loop, 0.0) is not None
         assert queue.admit([5], "k", loop, 0.0) is None  # 6 + 5 tiles > 10
         assert queue.admit([4], "k", loop, 0.0) is not None and queue.depth == 10
-        assert [e.item for e in BatchPolicy(1).take(queue)] == [6] and queue.depth == 4
+        assert [e.item for e in BatchPolicy(1).take(queue, 0.0)[0]] == [6] and queue.depth == 4
         queue.fail_all(RuntimeError("x"))
         assert queue.depth == 0
 

@@ -14,12 +14,14 @@ def _value(registry, name, labels):
 def test_observer_calls_move_the_series():
     registry = CollectorRegistry()
     metrics = create_metrics("m", registry)
-    metrics.on_enqueue(3, 3)
-    assert _value(registry, "histoserve_queue_depth", {"model": "m"}) == 3
-    metrics.on_dispatch(3, [0.001, 0.002, 0.003], 0)
-    assert _value(registry, "histoserve_queue_depth", {"model": "m"}) == 0
+    bulk, interactive = {"model": "m", "priority": "2"}, {"model": "m", "priority": "1"}
+    metrics.on_enqueue(3, 3, 2)
+    assert _value(registry, "histoserve_queue_depth", bulk) == 3
+    metrics.on_dispatch(3, {1: [0.001], 2: [0.002, 0.003]}, {1: 0, 2: 0})
+    assert _value(registry, "histoserve_queue_depth", bulk) == 0
     assert _value(registry, "histoserve_batch_size_sum", {"model": "m"}) == 3
-    assert _value(registry, "histoserve_queue_wait_seconds_count", {"model": "m"}) == 3
+    assert _value(registry, "histoserve_queue_wait_seconds_count", bulk) == 2
+    assert _value(registry, "histoserve_queue_wait_seconds_count", interactive) == 1
     metrics.on_forward(3, 0.01, ok=True)
     assert _value(registry, "histoserve_forward_seconds_count", {"model": "m"}) == 1
     metrics.on_reject(5)
@@ -55,11 +57,9 @@ def test_every_model_series_and_outcome_exists_before_any_request():
     for outcome in ("ok", "invalid", "failed", "rejected"):
         assert _value(registry, "histoserve_tiles_total", {"model": "m", "outcome": outcome}) == 0
     for name in (
-        "histoserve_queue_depth",
         "histoserve_inflight_requests",
         "histoserve_oom_splits_total",
         "histoserve_batch_size_count",
-        "histoserve_queue_wait_seconds_count",
         "histoserve_forward_seconds_count",
         "histoserve_request_seconds_count",
     ):
@@ -102,3 +102,13 @@ def test_the_cpu_device_series_are_the_process_memory():
         assert 0 <= _value(registry, "histoserve_device_utilization_ratio", {"device": "cpu"}) <= 1
     finally:
         sampler.stop()
+def test_every_class_has_its_queue_series_from_start_up():
+    """A class nobody has used yet still shows depth 0 and an empty wait histogram,
+    so a dashboard or an autoscaler query on the interactive class has a series."""
+    registry = CollectorRegistry()
+    metrics = create_metrics("m", registry)
+    metrics.classes_started(3)
+    for priority in "123":
+        labels = {"model": "m", "priority": priority}
+        assert _value(registry, "histoserve_queue_depth", labels) == 0
+        assert _value(registry, "histoserve_queue_wait_seconds_count", labels) == 0

@@ -29,7 +29,9 @@ class ScriptedBatcher:
         self.refuse: Exception | None = None
         self.futures: list[asyncio.Future[Any]] = []
 
-    def submit(self, items: list[Any], key: Any = None) -> list[asyncio.Future[Any]]:
+    def submit(
+        self, items: list[Any], key: Any = None, priority: int = 1, deadline: Any = None
+    ) -> list[asyncio.Future[Any]]:
         if self.refuse is not None:
             raise self.refuse
         loop = asyncio.get_running_loop()
@@ -56,7 +58,7 @@ def _submit(writer: asyncio.StreamWriter, slab: Slab, rid: int, n: int) -> None:
     for slot in range(n):
         descs = slab.write_inputs(slot, np.full((4, 4, 3), slot, np.uint8), {})
         items.append((slot, slot, descs))
-    writer.write(frame(("submit", rid, "embedding", items)))
+    writer.write(frame(("submit", rid, "embedding", 2, None, items)))
 
 
 async def _next(reader: asyncio.StreamReader, kind: str, timeout_s: float = 30.0) -> tuple:
@@ -121,7 +123,7 @@ def test_a_submit_whose_samples_cannot_be_viewed_is_answered_with_its_failure(
     async def scenario() -> tuple:
         owner, _, reader, writer = await _connected(tmp_path, ScriptedBatcher())
         bad = [(0, 0, [("", "|O", (4, 4, 3), 0)])]  # object dtype: never viewed
-        writer.write(frame(("submit", 3, "embedding", bad)))
+        writer.write(frame(("submit", 3, "embedding", 2, None, bad)))
         done = await _next(reader, "done")
         writer.close()
         await owner.close()
