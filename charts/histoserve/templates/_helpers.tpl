@@ -177,7 +177,7 @@ predictor's pods; KEDA divides by the target (AverageValue) to get replicas.
 {{- $gpus := int .Values.gpu.count -}}
 {{- printf "sum(max by (%s, gpu) (DCGM_FI_DEV_GPU_UTIL{%s}))%s" $k.podLabel $sel (ternary (printf " / %d" $gpus) "" (gt $gpus 1)) -}}
 {{- else if eq $metric "queue-depth" -}}
-{{- printf "sum(max by (%s) (histoserve_queue_depth{%s}))" $k.podLabel $sel -}}
+{{- printf "sum(max by (%s, priority) (histoserve_queue_depth{%s}))" $k.podLabel $sel -}}
 {{- else -}}
 {{- $k.query -}}
 {{- end -}}

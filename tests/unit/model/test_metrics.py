@@ -102,6 +102,8 @@ def test_the_cpu_device_series_are_the_process_memory():
         assert 0 <= _value(registry, "histoserve_device_utilization_ratio", {"device": "cpu"}) <= 1
     finally:
         sampler.stop()
+
+
 def test_every_class_has_its_queue_series_from_start_up():
     """A class nobody has used yet still shows depth 0 and an empty wait histogram,
     so a dashboard or an autoscaler query on the interactive class has a series."""
