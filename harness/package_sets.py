@@ -26,7 +26,7 @@ def rewrite_metadata(
 
     Named ``name`` (default: its build key's name, ``<key>.pt2``), with a ``.sha256``.
     """
-    from predictor.export.build import write_sha256
+    from predictor.export.commit import write_sha256
     from predictor.pt2.build_key import key_from_metadata
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -104,7 +104,7 @@ def three_builds(folder: Path) -> dict[str, Path]:
     import shutil
 
     from harness.packages import demo_package
-    from predictor.export.build import write_sha256
+    from predictor.export.commit import write_sha256
     from predictor.pt2.build_key import key_from_metadata
     from predictor.pt2.metadata import read_metadata
 

@@ -93,12 +93,12 @@ def _zeros(metadata: dict[str, str], device: object) -> tuple[object, ...]:
     import torch
 
     from predictor.pt2.dtypes import dtype_from_name
-    from predictor.pt2.metadata import INPUTS_KEY, json_field, provenance
+    from predictor.pt2.metadata import INPUTS_KEY, provenance, read_field
 
     batch = max(1, int(provenance(metadata).get("min_batch", 1)))
     return tuple(
         torch.zeros((batch, *d["shape"][1:]), dtype=dtype_from_name(d["dtype"]), device=device)
-        for d in json_field(metadata, INPUTS_KEY, [])
+        for d in read_field(metadata, INPUTS_KEY)
     )
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from predictor.errors import CheckpointError
-from predictor.pt2.metadata import CPU_BUILD_KEY, json_field, provenance
+from predictor.pt2.metadata import CPU_BUILD_KEY, provenance, read_field
 from predictor.pt2.weights_layout import EMBEDDED, FLAG, MAPPED, library_layout
 
 logger = logging.getLogger("histoserve")
@@ -95,7 +95,7 @@ def describe_build(metadata: Mapping[str, str]) -> str:
         arch = metadata.get("AOTI_COMPUTE_CAPABILITY")
         parts.append(f"sm_{arch}" if arch else "GPU architecture unrecorded")
     else:
-        march = json_field(metadata, CPU_BUILD_KEY, {}).get("march") or prov.get("cpu_target")
+        march = read_field(metadata, CPU_BUILD_KEY).get("march") or prov.get("cpu_target")
         isa = metadata.get("AOTI_CPU_ISA") or "no vector ISA recorded"
         parts.append(f"-march={march or 'unknown'} ({isa})")
     if prov.get("dtype"):
