@@ -48,18 +48,30 @@ def rewrite_metadata(
 
 
 def claim(metadata: dict[str, str], **fields: Any) -> None:
-    """Sets build-key and provenance fields (``target``, ``cuda``, ``created_utc``...)."""
+    """Changes what the package says of itself, honestly: provenance fields (``created_utc``,
+    ``max_batch``, ``weights_sha256``...; ``weights="sha256:<hex>"`` sets ``weights_sha256``),
+    then records the build key derived from them, as an export that built it would."""
+    from predictor.pt2.build_key import BUILD_KEY_KEY, key_from_metadata
+
+    prov = json.loads(metadata["histoserve.provenance"])
+    for name, value in fields.items():
+        if name == "weights":
+            prov["weights_sha256"] = value.removeprefix("sha256:")
+        elif name not in ("target", "cuda"):  # those follow from AOTI_* and cuda_version
+            prov[name] = value
+    metadata["histoserve.provenance"] = json.dumps(prov, sort_keys=True)
+    key = key_from_metadata(metadata)
+    assert key is not None
+    metadata[BUILD_KEY_KEY] = key.to_json()
+
+
+def lie(metadata: dict[str, str], **fields: Any) -> None:
+    """Changes only the recorded build key's ``fields``: a claim its package contradicts."""
     from predictor.pt2.build_key import BUILD_KEY_KEY
 
     key = json.loads(metadata[BUILD_KEY_KEY])
-    prov = json.loads(metadata["histoserve.provenance"])
-    for name, value in fields.items():
-        if name in key:
-            key[name] = value
-        if name in prov or name == "created_utc":
-            prov[name] = value
+    key.update(fields)
     metadata[BUILD_KEY_KEY] = json.dumps(key, sort_keys=True)
-    metadata["histoserve.provenance"] = json.dumps(prov, sort_keys=True)
 
 
 def fake_gpu_package(src: Path, folder: Path, capability: str = "90", cuda: str = "12.8") -> Path:
@@ -68,8 +80,7 @@ def fake_gpu_package(src: Path, folder: Path, capability: str = "90", cuda: str 
     def to_gpu(metadata: dict[str, str]) -> None:
         metadata["AOTI_DEVICE_KEY"] = "cuda"
         metadata["AOTI_COMPUTE_CAPABILITY"] = capability
-        target = f"sm_{capability}+x86-64-v3"  # the portable build's host code
-        claim(metadata, target=target, cuda=cuda, cuda_version=cuda, device="cuda")
+        claim(metadata, cuda_version=cuda, device="cuda")  # host code: the portable build's
 
     return rewrite_metadata(src, folder, to_gpu)
 

@@ -200,12 +200,13 @@ def test_an_unreadable_member_of_a_set_is_a_named_mismatch(
 def test_among_equal_builds_the_newest_export_then_the_name_wins(
     tmp_path: Path, builds: dict[str, Path]
 ) -> None:
-    def dated(when: str):
-        return lambda metadata: claim(metadata, created_utc=when)
+    def dated(when: str, max_batch: int):
+        return lambda metadata: claim(metadata, created_utc=when, max_batch=max_batch)
 
-    older = rewrite_metadata(builds["v3"], tmp_path, dated("2026-01-01T00:00:00+00:00"), "b.pt2")
-    newer = rewrite_metadata(builds["v3"], tmp_path, dated("2026-06-01T00:00:00+00:00"), "c.pt2")
-    twin = rewrite_metadata(builds["v3"], tmp_path, dated("2026-06-01T00:00:00+00:00"), "d.pt2")
+    older = rewrite_metadata(builds["v3"], tmp_path, dated("2026-01-01T00:00:00+00:00", 8), "b.pt2")
+    newer = rewrite_metadata(builds["v3"], tmp_path, dated("2026-06-01T00:00:00+00:00", 9), "c.pt2")
+    twin = tmp_path / "d.pt2"  # the same build under another name: the same bytes
+    shutil.copy2(newer, twin)
     host = _narrow_cpu(builds)
     choice = package_set.choose_package(tmp_path, [older, twin, newer], CPU, host)
     assert choice.path == newer  # c.pt2: as new as d.pt2, and first by name
@@ -213,6 +214,7 @@ def test_among_equal_builds_the_newest_export_then_the_name_wins(
         "b.pt2": "fits, ranked below c.pt2",
         "d.pt2": "fits, ranked below c.pt2",
     }
+    assert [c.path for c in choice.fallbacks] == [twin, older]  # the next, if c.pt2 fails to load
 
 
 def test_packages_of_two_models_fitting_is_an_error_not_a_pick(
