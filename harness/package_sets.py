@@ -40,8 +40,10 @@ def rewrite_metadata(
                 change(metadata)
                 data = json.dumps(metadata).encode()
             dest.writestr(info, data)
-    key = key_from_metadata(metadata)
-    final = folder / (name or f"{key.name if key else 'package'}.pt2")
+    if name is None:  # named by its key (a metadata edit that breaks the key needs a name)
+        key = key_from_metadata(metadata)
+        name = f"{key.name if key else 'package'}.pt2"
+    final = folder / name
     staged.replace(final)
     write_sha256(final)
     return final
