@@ -3,7 +3,7 @@
 A ``.pt2`` is a zip holding the model's shared library. These helpers compile a
 tiny C library whose ``__attribute__((constructor))`` runs at ``dlopen`` (as the
 package's own static initialisers and constants upload do) and either raises
-``SIGSEGV`` or never returns, and swap it into a copy of a real demo package in
+``SIGSEGV`` (or ``SIGBUS``), never returns, or ends the process with ``_exit(0)``, and swap it into a copy of a real demo package in
 place of each ``.so``. The metadata stays the package's own, so every check
 before the load passes and the loader itself meets the bad code: what a package
 built for another GPU or from a corrupted inductor cache does to a server.
@@ -25,12 +25,20 @@ CONSTRUCTORS = {
         "#include <unistd.h>\n"
         "__attribute__((constructor)) static void hang_on_load(void) { for (;;) sleep(1000); }\n"
     ),
+    "bus": (
+        "#include <signal.h>\n"
+        "__attribute__((constructor)) static void bus_error_on_load(void) { raise(SIGBUS); }\n"
+    ),
+    "exit0": (
+        "#include <unistd.h>\n"
+        "__attribute__((constructor)) static void exit_on_load(void) { _exit(0); }\n"
+    ),
 }
 """Behaviour name to the C source of the library's constructor."""
 
 
 def native_library(behaviour: str, workdir: Path) -> Path:
-    """Compiles the shared library for ``behaviour`` (``segv`` or ``hang``) with the system ``cc``."""
+    """Compiles the shared library for ``behaviour`` (a key of :data:`CONSTRUCTORS`) with ``cc``."""
     workdir.mkdir(parents=True, exist_ok=True)
     source = workdir / f"{behaviour}.c"
     source.write_text(CONSTRUCTORS[behaviour])
@@ -59,7 +67,7 @@ def swap_library(package: Path, library: Path, dest: Path) -> Path:
 
 
 def misbehaving_model_dir(package_dir: Path, behaviour: str, dest: Path) -> Path:
-    """A copy of ``package_dir`` whose one ``.pt2`` crashes (``segv``) or hangs (``hang``) on load."""
+    """A copy of ``package_dir`` whose one ``.pt2`` misbehaves on load (:data:`CONSTRUCTORS`)."""
     dest.mkdir(parents=True, exist_ok=True)
     (package,) = sorted(package_dir.glob("*.pt2"))
     for item in package_dir.iterdir():

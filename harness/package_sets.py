@@ -26,7 +26,7 @@ def rewrite_metadata(
 
     Named ``name`` (default: its build key's name, ``<key>.pt2``), with a ``.sha256``.
     """
-    from predictor.export.build import write_sha256
+    from predictor.export.commit import write_sha256
     from predictor.pt2.build_key import key_from_metadata
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -40,26 +40,40 @@ def rewrite_metadata(
                 change(metadata)
                 data = json.dumps(metadata).encode()
             dest.writestr(info, data)
-    key = key_from_metadata(metadata)
-    final = folder / (name or f"{key.name if key else 'package'}.pt2")
+    if name is None:  # named by its key (a metadata edit that breaks the key needs a name)
+        key = key_from_metadata(metadata)
+        name = f"{key.name if key else 'package'}.pt2"
+    final = folder / name
     staged.replace(final)
     write_sha256(final)
     return final
 
 
 def claim(metadata: dict[str, str], **fields: Any) -> None:
-    """Sets build-key and provenance fields (``target``, ``cuda``, ``created_utc``...)."""
+    """Changes what the package says of itself, honestly: provenance fields (``created_utc``,
+    ``max_batch``, ``weights_sha256``...; ``weights="sha256:<hex>"`` sets ``weights_sha256``),
+    then records the build key derived from them, as an export that built it would."""
+    from predictor.pt2.build_key import BUILD_KEY_KEY, key_from_metadata
+
+    prov = json.loads(metadata["histoserve.provenance"])
+    for name, value in fields.items():
+        if name == "weights":
+            prov["weights_sha256"] = value.removeprefix("sha256:")
+        elif name not in ("target", "cuda"):  # those follow from AOTI_* and cuda_version
+            prov[name] = value
+    metadata["histoserve.provenance"] = json.dumps(prov, sort_keys=True)
+    key = key_from_metadata(metadata)
+    assert key is not None
+    metadata[BUILD_KEY_KEY] = key.to_json()
+
+
+def lie(metadata: dict[str, str], **fields: Any) -> None:
+    """Changes only the recorded build key's ``fields``: a claim its package contradicts."""
     from predictor.pt2.build_key import BUILD_KEY_KEY
 
     key = json.loads(metadata[BUILD_KEY_KEY])
-    prov = json.loads(metadata["histoserve.provenance"])
-    for name, value in fields.items():
-        if name in key:
-            key[name] = value
-        if name in prov or name == "created_utc":
-            prov[name] = value
+    key.update(fields)
     metadata[BUILD_KEY_KEY] = json.dumps(key, sort_keys=True)
-    metadata["histoserve.provenance"] = json.dumps(prov, sort_keys=True)
 
 
 def fake_gpu_package(src: Path, folder: Path, capability: str = "90", cuda: str = "12.8") -> Path:
@@ -68,8 +82,7 @@ def fake_gpu_package(src: Path, folder: Path, capability: str = "90", cuda: str 
     def to_gpu(metadata: dict[str, str]) -> None:
         metadata["AOTI_DEVICE_KEY"] = "cuda"
         metadata["AOTI_COMPUTE_CAPABILITY"] = capability
-        target = f"sm_{capability}+x86-64-v3"  # the portable build's host code
-        claim(metadata, target=target, cuda=cuda, cuda_version=cuda, device="cuda")
+        claim(metadata, cuda_version=cuda, device="cuda")  # host code: the portable build's
 
     return rewrite_metadata(src, folder, to_gpu)
 
@@ -104,7 +117,7 @@ def three_builds(folder: Path) -> dict[str, Path]:
     import shutil
 
     from harness.packages import demo_package
-    from predictor.export.build import write_sha256
+    from predictor.export.commit import write_sha256
     from predictor.pt2.build_key import key_from_metadata
     from predictor.pt2.metadata import read_metadata
 

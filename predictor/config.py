@@ -212,9 +212,10 @@ class ModelConfig:
             ~1e-3 relative error); bf16/fp16 packages and the CPU are unaffected.
         load_probe: Load the package once in a child process before this one
             loads it (:mod:`predictor.pt2.load_probe`): ``on``, ``off`` or
-            ``auto`` (the default: CUDA packages only), so a package whose
-            native code crashes or hangs on load stops start-up with exit 2
-            and a message, not a silent signal.
+            ``auto`` (the default: CUDA packages, and any package this host
+            has not loaded before: :mod:`predictor.pt2.probe_record`), so a
+            package whose native code crashes, exits or hangs on load stops
+            start-up with exit 2 and a message, not a silent signal.
         load_timeout_s: The probe's deadline, the child's ``import torch``
             included; past it the child's process group is killed (exit 2).
     """
@@ -262,7 +263,8 @@ class ModelConfig:
     load_probe: str = flag(
         "auto",
         "load the package once in a child process first, so a crash or hang on load is "
-        "exit 2 with a message (not a silent signal): on, off, or auto (CUDA packages)",
+        "exit 2 with a message (not a silent signal): on, off, or auto (CUDA packages, and "
+        "any package this host has not loaded before)",
         choices=LOAD_PROBES,
     )
     load_timeout_s: float = flag(

@@ -6,8 +6,11 @@ the choice is logged and served), verifies it (the one SHA-256 of start-up) and 
 its metadata, resolves the spec (embedded in the package, or overridden by
 ``--spec``), the devices (every visible GPU under ``--device auto``) and the
 family class, loads the package once in a child process under
-``--load_probe`` (:mod:`predictor.pt2.load_probe`: a native crash or hang on
-load is then exit 2 with a message, not a dead server), loads the package once per device and
+``--load_probe`` (:mod:`predictor.pt2.load_probe`: a native crash, exit or hang on
+load is then exit 2 with a message, not a dead server; ``auto`` probes CUDA packages and
+any package this host has not loaded before, :mod:`predictor.pt2.probe_record`; in a
+package set a package that fails its probe gives way to the next fitting one of its
+model, logged), loads the package once per device and
 hands it to the model (the spec family's class, or the user's
 ``--model_class``), whose ``load`` then probes it. Every problem raises a
 :class:`~predictor.errors.StartupError` with one clear line. The phases'
@@ -28,13 +31,14 @@ import torch
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.device.cpus import available_cpus, resolve_instances, threads_per_instance
 from predictor.device.faults import parse_fault_spec
-from predictor.errors import IncompatiblePackage, SpecError
+from predictor.errors import CheckpointError, IncompatiblePackage, SpecError
 from predictor.families import load_model_class, server_model
 from predictor.model.base import BaseServerModel, ServingOptions
 from predictor.model.metrics import create_metrics
 from predictor.pt2.host import apply_gpu_settings, check_host_compat, resolve_devices
 from predictor.pt2.load_probe import probe_load, probe_wanted
 from predictor.pt2.loader import (
+    PackageFacts,
     StartupPhases,
     check_batch_size,
     find_candidates,
@@ -42,6 +46,7 @@ from predictor.pt2.loader import (
     open_package,
 )
 from predictor.pt2.package_set import PackageChoice, choose_package, missing_hint, taken
+from predictor.pt2.probe_record import ProbeRecord, probe_id
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec, spec_from_json
 
 logger = logging.getLogger("histoserve")
@@ -71,44 +76,23 @@ def build_model(
     devices = resolve_devices(config.device)
     device = devices[0]
     choice = choose_checkpoint(config, device, batching.max_batch_size)
-    checkpoint = choice.path
     phases = StartupPhases()
-    facts = inspect_package(checkpoint, phases, choice.metadata)
-    check_batch_size(facts.metadata, batching.max_batch_size)
-    spec = resolve_model_spec(facts.metadata, config.spec)
-    if probe_wanted(config.load_probe, facts.metadata):
-        with phases.time("load_probe"):
-            try:  # a host mismatch: its own clear line first, with the missing build
-                check_host_compat(facts.metadata, device)
-            except IncompatiblePackage as exc:
-                if choice.key is None:
-                    raise
-                hint = missing_hint(choice.key, facts.metadata, checkpoint.parent, device)
-                raise IncompatiblePackage(f"{exc}{hint}") from exc
-            report = probe_load(
-                checkpoint,
-                str(device),
-                facts.metadata,
-                runner=config.forward_runner,
-                timeout_s=config.load_timeout_s,
-            )
-        logger.info(
-            "load probe: %s loads and runs in a fresh process (%s)",
-            checkpoint.name,
-            report.summary(),
-        )
+    record = ProbeRecord.open() if config.load_probe == "auto" else ProbeRecord(None)
+    choice, facts, spec, probed = _probed_choice(config, device, batching, choice, phases, record)
+    checkpoint = choice.path
     cls = load_model_class(config.model_class) if config.model_class else None
     # Each device's package holds one model copy per instance; each worker
     # gets its own normaliser and, on CUDA, stream (predictor.device.workers).
     cpus = available_cpus()
     instances = resolve_instances(config.instances_per_device, device.type, cpus)
     try:
-        packages = {
-            str(d): open_package(
-                checkpoint, d, facts, phases, runner=config.forward_runner, instances=instances
-            )
-            for d in devices
-        }
+        with record.loading(probed):  # a load that kills this process: probed again next start
+            packages = {
+                str(d): open_package(
+                    checkpoint, d, facts, phases, runner=config.forward_runner, instances=instances
+                )
+                for d in devices
+            }
     except IncompatiblePackage as exc:  # the only package, or --checkpoint's, does not fit
         if choice.key is None:
             raise
@@ -142,6 +126,95 @@ def build_model(
     model.load()
     logger.info("model built at monotonic %.6f s", time.monotonic())
     return model
+
+
+def _probed_choice(
+    config: ModelConfig,
+    device: torch.device,
+    batching: BatchingConfig,
+    choice: PackageChoice,
+    phases: StartupPhases,
+    record: ProbeRecord,
+) -> tuple[PackageChoice, PackageFacts, ModelSpec, str]:
+    """The chosen package, hashed, read and probed under ``--load_probe``; in a package set,
+    the next fitting package of the model when one fails its probe (logged).
+
+    Returns:
+        The choice served, its facts, its spec and its identity in ``record``.
+
+    Raises:
+        CheckpointError: The package (or, in a set, every fitting one) failed its probe;
+            names each, the step and the signal or timeout.
+    """
+    failures: list[str] = []
+    while True:
+        facts = inspect_package(choice.path, phases, choice.metadata)
+        check_batch_size(facts.metadata, batching.max_batch_size)
+        spec = resolve_model_spec(facts.metadata, config.spec)
+        identity = probe_id(facts.sha256, str(device), config.forward_runner)
+        wanted = probe_wanted(
+            config.load_probe, facts.metadata, loaded_before=record.passed(identity)
+        )
+        if not wanted:
+            if config.load_probe == "auto":
+                logger.info(
+                    "load probe: %s was loaded on this host before; not probed", choice.path.name
+                )
+            return choice, facts, spec, identity
+        try:
+            _probe(config, device, choice, facts, phases)
+        except CheckpointError as exc:
+            failures.append(str(exc))
+            if not choice.fallbacks:
+                if len(failures) > 1:
+                    raise CheckpointError(
+                        f"every fitting package failed its load probe: {' | '.join(failures)}"
+                    ) from exc
+                raise
+            nxt = choice.fallbacks[0].path.name
+            logger.error(
+                "package: %s failed its load probe; serving the next fitting package of its "
+                "model, %s, instead (%s)",
+                choice.path.name,
+                nxt,
+                exc,
+            )
+            choice = choice.fall_back(str(exc))
+            logger.info("package: %s", choice.log_line())
+            continue
+        record.remember(identity, choice.path)
+        return choice, facts, spec, identity
+
+
+def _probe(
+    config: ModelConfig,
+    device: torch.device,
+    choice: PackageChoice,
+    facts: PackageFacts,
+    phases: StartupPhases,
+) -> None:
+    """The load probe of the chosen package (:mod:`predictor.pt2.load_probe`), logged."""
+    checkpoint = choice.path
+    with phases.time("load_probe"):
+        try:  # a host mismatch: its own clear line first, with the missing build
+            check_host_compat(facts.metadata, device)
+        except IncompatiblePackage as exc:
+            if choice.key is None:
+                raise
+            hint = missing_hint(choice.key, facts.metadata, checkpoint.parent, device)
+            raise IncompatiblePackage(f"{exc}{hint}") from exc
+        report = probe_load(
+            checkpoint,
+            str(device),
+            facts.metadata,
+            runner=config.forward_runner,
+            timeout_s=config.load_timeout_s,
+        )
+    logger.info(
+        "load probe: %s loads and runs in a fresh process (%s)",
+        checkpoint.name,
+        report.summary(),
+    )
 
 
 def choose_checkpoint(

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -42,6 +41,7 @@ from torch import nn
 from predictor.errors import CheckpointError, HistoserveError, SpecError
 from predictor.export import package_set
 from predictor.export import sources as export_sources
+from predictor.export.commit import commit
 from predictor.export.reductions import unguarded_cpu_sums
 from predictor.export.scratch import fresh_inductor_cache, owned_dir
 from predictor.export.verify import LOAD_TIMEOUT_S, Verifier, add_verify_flags
@@ -50,7 +50,6 @@ from predictor.pt2 import genes, host
 from predictor.pt2 import weights_layout as layouts
 from predictor.pt2.build_key import BUILD_KEY_KEY
 from predictor.pt2.demo_models import PRESETS
-from predictor.pt2.digest import sha256_file
 from predictor.pt2.dtypes import DTYPES
 from predictor.pt2.metadata import (
     CPU_BUILD_KEY,
@@ -141,10 +140,11 @@ def export_package(
     )  # fmt: skip
     metadata[BUILD_KEY_KEY] = key.to_json()
     verify = Verifier(args, outputs, dtype, str(target), load_timeout_s, compare_tolerance)
-    _compile(program, output, metadata, cpu_target, layout, verify=verify)
-    write_sha256(output)
+    beside = None
     if gene_lists is not None:
-        genes.write_gene_lists(spec, output.parent, *gene_lists)
+        lists = gene_lists
+        beside = lambda folder: genes.write_gene_lists(spec, folder, *lists)  # noqa: E731
+    _compile(program, output, metadata, cpu_target, layout, verify=verify, beside=beside)
     return output
 
 
@@ -285,12 +285,15 @@ def _compile(
     layout: str | None = None,
     *,
     verify: Callable[[Path], None] | None = None,
+    beside: Callable[[Path], Sequence[Path]] | None = None,
 ) -> None:
     """Compiles in a fresh inductor cache, staged beside ``output``; checks its weights
     ``layout`` (what the provenance records; ``None``: :func:`_layout`'s for ``auto``);
-    ``verify(staged)``; renames.
+    ``verify(staged)``; writes ``beside(staging folder)``'s files (the gene lists) and the
+    digest there; moves them and the package into place (:func:`predictor.export.commit.commit`).
 
-    A failure or a kill leaves nothing at ``output`` (:mod:`predictor.export.scratch`).
+    A failure leaves nothing at ``output``; a kill at any moment leaves the old package
+    with its digest, none, or the new one with its digest (:mod:`predictor.export.commit`).
     """
     if layout is None:
         layout = _layout(layouts.AUTO, program)
@@ -325,14 +328,8 @@ def _compile(
             )
         if verify is not None:
             verify(staged)  # in the fresh cache: the child inherits it
-        os.replace(staged, output)
-
-
-def write_sha256(path: Path) -> Path:
-    """Writes ``<path>.sha256`` as ``sha256sum`` does (``<hex>  <name>``)."""
-    digest_file = path.with_name(path.name + ".sha256")
-    digest_file.write_text(f"{sha256_file(path)}  {path.name}\n", encoding="utf-8")
-    return digest_file
+        extras = beside(tmp) if beside is not None else ()
+        commit(staged, output, extras)
 
 
 def export_demo(spec: ModelSpec, output: Path, *, preset: str = "tiny", **opts: Any) -> Path:

@@ -17,8 +17,11 @@ removes once its owner is dead). Around it:
   earlier, killed export left in a cache is packaged;
 - ``--if_missing``: when a package of the same model (spec, weights, dtype)
   already fits this host by the server's own rule
-  (:mod:`predictor.pt2.package_set`), nothing is exported: what a pod's init
-  container runs before every start.
+  (:mod:`predictor.pt2.package_set`) and matches its ``.sha256``, nothing is
+  exported: what a pod's init container runs before every start. A package
+  that fails its digest (left by an exporter killed between its two renames
+  before :mod:`predictor.export.commit` fixed their order, or edited) is not
+  taken; its key is exported again over it, so no such state jams a pod.
 """
 
 from __future__ import annotations
@@ -39,12 +42,14 @@ from predictor.errors import CheckpointError, SpecError, StartupError
 from predictor.export.sources import weights_digest
 from predictor.pt2.build_key import (
     BuildKey,
+    contradictions,
     cpu_target_name,
     gpu_target,
     key_from_metadata,
     torch_release,
 )
 from predictor.pt2.build_key import weights_id as make_weights_id
+from predictor.pt2.digest import verify_sha256
 from predictor.pt2.host import HostFacts, isa_flags, read_cpu_flags
 from predictor.pt2.metadata import read_metadata
 from predictor.pt2.package_set import judge, rank
@@ -195,7 +200,17 @@ def fitting_package(folder: Path, key: BuildKey, *, weights_layout: str = AUTO) 
     ]
     same = [c for c in rank(judged) if c.key is not None and c.key.model == key.model]
     same = [c for c in same if _layout_fits(c.path, weights_layout)]
-    return same[0].path if same else None
+    return next((c.path for c in same if _digest_holds(c.path)), None)
+
+
+def _digest_holds(path: Path) -> bool:
+    """The package matches its ``.sha256`` (or has none); logs why not."""
+    try:
+        verify_sha256(path)
+    except CheckpointError as exc:
+        logger.warning("package set: %s is not taken: %s", path.name, exc)
+        return False
+    return True
 
 
 def _layout_fits(path: Path, weights_layout: str) -> bool:
@@ -257,12 +272,16 @@ def export_into_set(
 
 
 def _holds(path: Path, key: BuildKey) -> bool:
+    """``path`` is ``key``'s package: its derived key, no contradicting claim, its digest."""
     if not path.is_file():
         return False
     try:
-        return key_from_metadata(read_metadata(path)) == key
+        metadata = read_metadata(path)
+        if key_from_metadata(metadata) != key or contradictions(metadata):
+            return False
     except StartupError:
         return False
+    return _digest_holds(path)
 
 
 @contextlib.contextmanager

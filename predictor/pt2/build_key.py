@@ -7,8 +7,14 @@ holds those facts; :attr:`BuildKey.name` renders them as a file-name-safe
 string (``h0-mini_w3f9a1c2b4d5e_fp32_b1-256_torch2.13.0_cpu_x86-64-v3``),
 the package's name in a package set (``histoserve export --package_set``).
 The exporter also records the key in the package's metadata
-(:data:`BUILD_KEY_KEY`), so a renamed file still says what it is; packages
-exported before the key existed get one derived from their provenance.
+(:data:`BUILD_KEY_KEY`), but a recorded key is a claim: the key every reader
+uses is derived, at read time, from what the package says of itself
+(:func:`key_from_metadata`: its embedded spec, its provenance's weights
+digest, dtype, batch range and torch/CUDA versions, its tile input's dtype,
+its CPU build and GPU architecture as torch recorded them). A recorded key
+that contradicts those facts is refused, naming each field
+(:func:`check_build_facts`); packages exported before the key was recorded
+get the same derived key.
 
 The target is ``x86-64-v3`` for the portable CPU build and ``native-<digest>``
 for a CPU build with ``-march=native``: the digest (8 hex digits) names the
@@ -25,14 +31,29 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from predictor.pt2.metadata import CPU_BUILD_KEY, json_field, loads_metadata, provenance
+from predictor.errors import CheckpointError
+from predictor.pt2.dtypes import DTYPES, dtype_from_name
+from predictor.pt2.metadata import (
+    BUILD_KEY_KEY,
+    CPU_BUILD_KEY,
+    INPUTS_KEY,
+    loads_metadata,
+    provenance,
+    read_field,
+)
 from predictor.spec import METADATA_KEY
 
-BUILD_KEY_KEY = "histoserve.build_key"
-"""Metadata key of the build key (JSON of :class:`BuildKey`'s fields)."""
+__all__ = [
+    "BUILD_KEY_KEY",
+    "BuildKey",
+    "check_build_facts",
+    "contradictions",
+    "key_from_metadata",
+    "recorded_key",
+]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9.+-]+")
 _NAMED_WEIGHTS_CHARS = 12
@@ -144,23 +165,22 @@ def spec_name(spec_text: str) -> str:
 
 
 def key_from_metadata(metadata: Mapping[str, str]) -> BuildKey | None:
-    """The package's build key: recorded, else derived from its provenance.
+    """The package's build key, derived from what the package says of itself.
 
-    Returns ``None`` for packages histoserve did not export (no provenance):
+    Never the recorded key (:data:`BUILD_KEY_KEY`, a claim:
+    :func:`check_build_facts` compares the two). Returns ``None`` for
+    packages histoserve did not export (no provenance or no embedded spec):
     their facts are still checked against the host, they just have no key.
+
+    Raises:
+        CheckpointError: A field is not of its type (:mod:`predictor.pt2.metadata`).
     """
-    recorded = json_field(metadata, BUILD_KEY_KEY, None)
-    if isinstance(recorded, dict):
-        try:
-            return BuildKey(**recorded)
-        except TypeError:
-            return None
     prov = provenance(metadata)
     spec_text = metadata.get(METADATA_KEY)
     if not prov.get("torch_version") or not spec_text:
         return None
     cuda = metadata.get("AOTI_DEVICE_KEY") == "cuda"
-    build = json_field(metadata, CPU_BUILD_KEY, {})
+    build = read_field(metadata, CPU_BUILD_KEY)
     target = cpu_target_name(
         str(build.get("march", prov.get("cpu_target", "native"))),
         build.get("required_flags", ()),
@@ -170,10 +190,98 @@ def key_from_metadata(metadata: Mapping[str, str]) -> BuildKey | None:
     return BuildKey(
         spec=spec_name(spec_text),
         weights=weights_id(str(prov.get("source", "?")), prov.get("weights_sha256")),
-        dtype=str(prov.get("dtype", "?")),
+        dtype=_short_dtype(prov.get("dtype") or _input_dtype(metadata) or "?"),
         min_batch=int(prov.get("min_batch", 1)),
         max_batch=int(prov.get("max_batch", 0)),
         torch=torch_release(str(prov["torch_version"])),
         cuda=(prov.get("cuda_version") or None) if cuda else None,
         target=target,
     )
+
+
+def recorded_key(metadata: Mapping[str, str]) -> BuildKey | None:
+    """The build key the package records (:data:`BUILD_KEY_KEY`), a claim; ``None`` without one.
+
+    Raises:
+        CheckpointError: The record is not of its type.
+    """
+    record = read_field(metadata, BUILD_KEY_KEY)
+    return BuildKey(**record) if record is not None else None
+
+
+_WHERE = {
+    "spec": "the name of its embedded spec",
+    "weights": "its provenance's weights_sha256, else its source",
+    "dtype": "its provenance's dtype",
+    "min_batch": "its provenance's min_batch",
+    "max_batch": "its provenance's max_batch",
+    "torch": "its provenance's torch_version",
+    "cuda": "its provenance's cuda_version (CUDA packages only, by AOTI_DEVICE_KEY)",
+    "target": "its histoserve.cpu_build and AOTI_COMPUTE_CAPABILITY",
+}
+
+
+def contradictions(metadata: Mapping[str, str]) -> list[str]:
+    """Each place where the package's claims about its build disagree with its facts.
+
+    The recorded key field by field against the derived one, the provenance's
+    dtype against the tile input's recorded dtype, the provenance's device
+    against torch's ``AOTI_DEVICE_KEY``. Empty when they agree.
+
+    Raises:
+        CheckpointError: A field is not of its type.
+    """
+    found = []
+    prov = provenance(metadata)
+    derived = key_from_metadata(metadata)
+    claimed = recorded_key(metadata)
+    if claimed is not None and derived is None:
+        found.append("it records a build key but no provenance and spec to derive one from")
+    elif claimed is not None and derived is not None:
+        for name in BUILD_KEY_FIELD_NAMES:
+            said, fact = getattr(claimed, name), getattr(derived, name)
+            if said != fact:
+                found.append(
+                    f"{name} {said!r} in its recorded build key but {fact!r} by {_WHERE[name]}"
+                )
+    tile = _input_dtype(metadata)
+    if prov.get("dtype") and tile and _short_dtype(prov["dtype"]) != _short_dtype(tile):
+        found.append(
+            f"dtype {prov['dtype']!r} in its provenance but its tile input ({INPUTS_KEY}) is {tile!r}"
+        )
+    kind = metadata.get("AOTI_DEVICE_KEY")
+    if prov.get("device") and kind and prov["device"] != kind:
+        found.append(f"device {prov['device']!r} in its provenance but AOTI_DEVICE_KEY {kind!r}")
+    return found
+
+
+def check_build_facts(metadata: Mapping[str, str], what: str = "the package") -> None:
+    """Refuses a package whose claims about its build contradict its own facts.
+
+    Raises:
+        CheckpointError: One line naming ``what`` and every contradicting field.
+    """
+    found = contradictions(metadata)
+    if found:
+        raise CheckpointError(
+            f"{what} lies about its build: {'; '.join(found)}. What to do: a package's "
+            f"metadata was edited after export; remove it and export it again with "
+            f"`histoserve export`"
+        )
+
+
+BUILD_KEY_FIELD_NAMES = tuple(f.name for f in fields(BuildKey))
+
+
+def _input_dtype(metadata: Mapping[str, str]) -> str | None:
+    inputs = read_field(metadata, INPUTS_KEY)
+    return str(inputs[0]["dtype"]) if inputs else None
+
+
+def _short_dtype(name: str) -> str:
+    """``fp32`` of ``fp32``, ``float32`` or ``torch.float32`` (unknown names as they are)."""
+    try:
+        dtype = dtype_from_name(name)
+    except ValueError:
+        return name
+    return next(short for short, value in DTYPES.items() if value == dtype)

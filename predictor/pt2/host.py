@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from predictor.errors import CheckpointError, IncompatiblePackage, StartupError
-from predictor.pt2.metadata import CPU_BUILD_KEY, json_field, provenance
+from predictor.pt2.metadata import CPU_BUILD_KEY, provenance, read_field
 
 # cpuinfo flags a compiler may emit instructions for under -march=native.
 _ISA_FLAG = re.compile(
@@ -289,7 +289,7 @@ def check_host_compat(
             f"re-export with --device {device.type} or serve on a {kind} host"
         )
     check_platform(metadata, host)
-    check_cpu_isa(metadata, json_field(metadata, CPU_BUILD_KEY, {}), host)
+    check_cpu_isa(metadata, read_field(metadata, CPU_BUILD_KEY), host)
     if kind == "cuda":
         check_compute_capability(metadata, device.index or 0, host)
     check_runtime_versions(metadata, device, host)

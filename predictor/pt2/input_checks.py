@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from predictor.pt2.metadata import INPUTS_KEY, json_field, provenance
+from predictor.pt2.metadata import INPUTS_KEY, provenance, read_field
 
 __all__ = ["InputSpec", "NoInputSpecs", "check_inputs", "specs_from_cpp", "specs_from_metadata"]
 
@@ -78,7 +78,7 @@ def specs_from_metadata(metadata: Mapping[str, str]) -> tuple[InputSpec, ...] | 
     Raises:
         NoInputSpecs: The entry is present but malformed.
     """
-    inputs = json_field(metadata, INPUTS_KEY, None)
+    inputs = read_field(metadata, INPUTS_KEY)
     if not inputs:
         return None
     prov = provenance(metadata)

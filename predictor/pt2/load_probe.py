@@ -16,7 +16,8 @@ load past the deadline (the whole group is then killed) is a
 signal or the timeout, the last step reached, and what to do.
 
 The server runs it under ``--load_probe`` (``auto``: CUDA packages, whose
-loads were seen to crash; see :func:`probe_wanted`); the exporter runs it on
+loads were seen to crash, and any package this host has not loaded before;
+see :func:`probe_wanted`); the exporter runs it on
 every package it writes, with a batch to compare against the eager module
 (:mod:`predictor.export.verify`).
 """
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from predictor.errors import CheckpointError
-from predictor.pt2.metadata import CPU_BUILD_KEY, json_field, provenance
+from predictor.pt2.metadata import CPU_BUILD_KEY, provenance, read_field
 from predictor.pt2.weights_layout import EMBEDDED, FLAG, MAPPED, library_layout
 
 logger = logging.getLogger("histoserve")
@@ -50,15 +51,17 @@ _TAIL_BYTES = 6000
 _DUMP_MARGIN = 0.9  # the child dumps its threads' stacks at this share of the deadline
 
 
-def probe_wanted(setting: str, metadata: Mapping[str, str]) -> bool:
-    """Whether start-up probes the package: ``on``, ``off``, or ``auto`` (CUDA packages only).
+def probe_wanted(setting: str, metadata: Mapping[str, str], *, loaded_before: bool) -> bool:
+    """Whether start-up probes the package: ``on``, ``off``, or ``auto`` (the default).
 
-    ``auto`` spares CPU packages the child's second ``import torch`` and
-    load: their loads have not been seen to crash, and a native crash there
-    still prints ``faulthandler``'s stack (it is on in the server).
+    ``auto`` probes every CUDA package (their loads were seen to crash on one
+    node and not another) and every CPU package this host has not loaded
+    before (``loaded_before``: :mod:`predictor.pt2.probe_record`), so a
+    library that hangs, crashes or exits in its load is exit 2 with a
+    message at the defaults too, while the common restart pays nothing.
     """
     if setting == "auto":
-        return metadata.get("AOTI_DEVICE_KEY") == "cuda"
+        return metadata.get("AOTI_DEVICE_KEY") == "cuda" or not loaded_before
     return setting == "on"
 
 
@@ -95,7 +98,7 @@ def describe_build(metadata: Mapping[str, str]) -> str:
         arch = metadata.get("AOTI_COMPUTE_CAPABILITY")
         parts.append(f"sm_{arch}" if arch else "GPU architecture unrecorded")
     else:
-        march = json_field(metadata, CPU_BUILD_KEY, {}).get("march") or prov.get("cpu_target")
+        march = read_field(metadata, CPU_BUILD_KEY).get("march") or prov.get("cpu_target")
         isa = metadata.get("AOTI_CPU_ISA") or "no vector ISA recorded"
         parts.append(f"-march={march or 'unknown'} ({isa})")
     if prov.get("dtype"):
@@ -298,10 +301,16 @@ def _failure_message(
             f"crash on load){_layout_hint(path, metadata, last)}; the native crash's Python stack is "
             f"logged above"
         )
+    elif outcome.returncode == 0:
+        how = "exited with status 0 before it finished (the library ended the process)"
+        todo = (
+            f"re-export the package with `histoserve export` on this torch{gpu}; a library "
+            f"that exits while loading would take the server down with it"
+        )
     else:
         how = f"failed (exit {outcome.returncode}): {error or 'no message'}"
         todo = f"fix the cause above, or re-export the package with `histoserve export` on this torch{gpu}"
-    if context.off_hint and (outcome.timed_out or (outcome.returncode or 0) < 0):
+    if context.off_hint and (outcome.timed_out or (outcome.returncode or 0) <= 0):
         todo = f"{todo}; {context.off_hint}"
     return (
         f"{context.what}: loading package {path} ({describe_build(metadata)}) in a fresh process "

@@ -11,15 +11,25 @@ keeps those that fit:
   and, for CUDA, the CUDA version);
 - its batch range holds ``--max_batch_size``.
 
-Fitting packages must be of one model (spec, weights, dtype: what decides the
-features); two models fitting is an error naming them, never a silent pick.
+Each candidate's build key is derived from what the package says of itself
+(:func:`~predictor.pt2.build_key.key_from_metadata`); a recorded key that
+contradicts it, or metadata not of its type, is that candidate's named
+mismatch (the others are still judged). Fitting packages must be of one model
+(spec, weights, dtype: what decides the features); two models fitting is an
+error naming them, never a silent pick; two fitting packages of one build key
+must be the same bytes (one hash each, only then), else the error names both.
 Among one model's fitting builds the tie-break is: a ``-march=native`` CPU
 build over the portable ``x86-64-v3`` one (it was compiled for this host's
 instruction sets or a subset), then the newest export (``created_utc``),
 then the file name. None fitting is an error naming each candidate's
 mismatch, the build key that would fit and the command that makes it. One
 package is taken as it always was, and so is ``--checkpoint``'s file: the
-host checks at load refuse them when they do not fit.
+host checks at load refuse them when they do not fit, and a recorded key that
+contradicts the package stops start-up naming the field.
+
+The choice keeps the other fitting packages of the model, best first
+(:attr:`PackageChoice.fallbacks`): start-up serves the next one when the
+chosen one fails its load probe (:mod:`predictor.startup`).
 """
 
 from __future__ import annotations
@@ -35,11 +45,14 @@ import torch
 from predictor.errors import CheckpointError, IncompatiblePackage, StartupError
 from predictor.pt2.build_key import (
     BuildKey,
+    check_build_facts,
+    contradictions,
     gpu_target,
     key_from_metadata,
     native_target,
     torch_release,
 )
+from predictor.pt2.digest import sha256_file
 from predictor.pt2.host import HostFacts, check_host_compat, isa_flags
 from predictor.pt2.loader import check_batch_size
 from predictor.pt2.metadata import provenance, read_metadata
@@ -84,6 +97,8 @@ class PackageChoice:
         rejected: ``(file name, why not)`` for every other ``*.pt2`` there.
         metadata: The chosen package's metadata as read for the choice (start-up
             reads it once), or ``None`` when it could not be read.
+        fallbacks: The other fitting packages of the same model, best first:
+            what start-up serves instead when the chosen one fails its load probe.
     """
 
     path: Path
@@ -91,6 +106,21 @@ class PackageChoice:
     reason: str
     rejected: tuple[tuple[str, str], ...] = ()
     metadata: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
+    fallbacks: tuple[Candidate, ...] = field(default=(), repr=False, compare=False)
+
+    def fall_back(self, why: str) -> PackageChoice:
+        """The next fitting package, this one's failure ``why`` among the rejected.
+
+        Raises:
+            IndexError: No fitting package is left.
+        """
+        nxt, *rest = self.fallbacks
+        rejected = [r for r in self.rejected if r[0] != nxt.path.name]
+        rejected.append((self.path.name, f"failed its load probe: {why}"))
+        reason = f"{self.path.name} failed its load probe; the next fitting package of its model"
+        return PackageChoice(
+            nxt.path, nxt.key, reason, tuple(sorted(rejected)), nxt.metadata, tuple(rest)
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The choice as ``GET /v2/models/{name}/config`` serves it (``package_choice``)."""
@@ -117,15 +147,32 @@ def judge(
     *,
     max_batch_size: int | None = None,
 ) -> Candidate:
-    """Reads one package's metadata and says whether it fits (see the module docstring)."""
+    """Reads one package's metadata and says whether it fits (see the module docstring).
+
+    Never raises for the package's sake: metadata that cannot be read or is
+    not of its type is ``unreadable: FILE: why``, a recorded key that
+    contradicts the package is ``lies about its build: ...``.
+    """
     try:
         metadata = read_metadata(path)
         key = key_from_metadata(metadata)
+        lies = contradictions(metadata)
+        created = str(provenance(metadata).get("created_utc", ""))
     except StartupError as exc:
-        return Candidate(path, None, "", f"unreadable: {exc}")
-    created = str(provenance(metadata).get("created_utc", ""))
+        return Candidate(path, None, "", f"unreadable: {path}: {_why(exc, path)}")
+    if lies:
+        return Candidate(path, key, created, f"lies about its build: {'; '.join(lies)}", metadata)
     mismatch = _mismatch(metadata, device, host, max_batch_size)
     return Candidate(path, key, created, mismatch, metadata)
+
+
+def _why(exc: Exception, path: Path) -> str:
+    """The error's message without its leading ``checkpoint PATH`` (the caller names the file)."""
+    text = str(exc)
+    for prefix in (f"checkpoint {path}: ", f"checkpoint {path} is ", f"checkpoint {path} "):
+        if text.startswith(prefix):
+            return text.removeprefix(prefix)
+    return text
 
 
 def _mismatch(
@@ -193,13 +240,51 @@ def choose_package(
             f"packages of different models fit this host in {model_dir}: {names}; "
             f"a package set holds one model (spec, weights, dtype): choose with --checkpoint"
         )
+    check_same_bytes(fitting)
     rejected = [(c.path.name, c.mismatch) for c in judged if not c.fits]
     rejected += [(c.path.name, f"fits, ranked below {best.path.name}") for c in fitting[1:]]
     reason = (
         f"fits this host ({_host_line(device, host)}); {len(fitting)} of {len(judged)} fit, "
         "preferred: native CPU build, then newest export, then name"
     )
-    return PackageChoice(best.path, best.key, reason, tuple(sorted(rejected)), best.metadata)
+    return PackageChoice(
+        best.path, best.key, reason, tuple(sorted(rejected)), best.metadata, tuple(fitting[1:])
+    )
+
+
+def check_same_bytes(candidates: Sequence[Candidate]) -> None:
+    """Two packages of one build key must be one package: the same bytes.
+
+    Hashes only the candidates that share a key with another (a set holds one
+    file per key, so usually none). A package that copied another's key,
+    provenance and all, is found here.
+
+    Raises:
+        CheckpointError: Two packages of one key differ; names both and their digests.
+    """
+    by_key: dict[BuildKey, list[Candidate]] = {}
+    for candidate in candidates:
+        if candidate.key is not None:
+            by_key.setdefault(candidate.key, []).append(candidate)
+    for key, group in by_key.items():
+        if len(group) < 2:
+            continue
+        digests = {}
+        for candidate in group:
+            try:
+                digests[candidate.path] = sha256_file(candidate.path)
+            except OSError as exc:
+                raise CheckpointError(f"cannot read checkpoint {candidate.path}: {exc}") from exc
+        first = group[0].path
+        for other in group[1:]:
+            if digests[other.path] != digests[first]:
+                raise CheckpointError(
+                    f"packages {first} (sha256 {digests[first]}) and {other.path} (sha256 "
+                    f"{digests[other.path]}) say they are the same build {key.name} but differ "
+                    f"in bytes: one of them is not what it says. What to do: remove the one you "
+                    f"did not export (or both, and export again with `histoserve export "
+                    f"--package_set`)"
+                )
 
 
 def taken(path: Path, reason: str) -> PackageChoice:
@@ -207,12 +292,16 @@ def taken(path: Path, reason: str) -> PackageChoice:
 
     Its key is read when it can be; when not, :func:`~predictor.pt2.loader.inspect_package`
     reads the metadata again and says what is wrong.
+
+    Raises:
+        CheckpointError: Its recorded build key contradicts what it says of itself.
     """
     try:
         metadata = read_metadata(path)
         key = key_from_metadata(metadata)
     except StartupError:
         return PackageChoice(path, None, reason)
+    check_build_facts(metadata, f"package {path}")
     return PackageChoice(path, key, reason, metadata=metadata)
 
 
@@ -295,7 +384,8 @@ def config_facts(package: Any) -> dict[str, Any]:
     """What ``GET /v2/models/{name}/config`` says of the served package's build.
 
     ``build_key`` (its :class:`BuildKey` fields and ``name``, or ``None``),
-    ``weights_sha256`` (the weights file it was exported from, or ``None``),
+    ``weights_sha256`` (the weights file it was exported from, or ``None``):
+    both derived from the package's own facts, so they never disagree,
     and ``package_choice`` (how start-up chose it, ``{}`` when unknown), so a
     cohort can show that two node pools served features from the same weights.
 
@@ -307,6 +397,6 @@ def config_facts(package: Any) -> dict[str, Any]:
     key = key_from_metadata(package.metadata)
     return {
         "build_key": key.as_dict() if key else None,
-        "weights_sha256": provenance(package.metadata).get("weights_sha256"),
+        "weights_sha256": key.weights_sha256 if key else None,
         "package_choice": dict(package.choice),
     }

@@ -19,7 +19,7 @@ import torch
 
 from predictor.errors import SpecMismatch
 from predictor.pt2.loader import LoadedPackage
-from predictor.pt2.metadata import INPUTS_KEY, json_field
+from predictor.pt2.metadata import INPUTS_KEY, read_field
 from predictor.spec import ModelSpec
 
 
@@ -30,7 +30,7 @@ def declared_input_dim(loaded: LoadedPackage, name: str) -> int | None:
         The size of the input's second axis (e.g. the bulk RNA gene count
         ``G``), or ``None`` when the package does not record that input.
     """
-    for desc in json_field(loaded.metadata, INPUTS_KEY, []):
+    for desc in read_field(loaded.metadata, INPUTS_KEY):
         if desc.get("name") == name and len(desc.get("shape", ())) >= 2:
             return int(desc["shape"][1])
     return None
@@ -60,7 +60,7 @@ def expected_inputs(
     """
     size, dtype = spec.tile_size, loaded.input_dtype
     wanted = [InputDesc("tiles", (-1, 3, size, size), dtype)]
-    recorded = {d["name"]: d for d in json_field(loaded.metadata, INPUTS_KEY, [])}
+    recorded = {d["name"]: d for d in read_field(loaded.metadata, INPUTS_KEY)}
     if spec.takes_bulk_rna:
         genes = _gene_count(recorded.get("bulk_rna"), dict(extra_dims or {}), spec)
         wanted.append(InputDesc("bulk_rna", (-1, genes), torch.float32))

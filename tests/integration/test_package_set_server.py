@@ -10,6 +10,10 @@
   then the server, do in each pod): one export, both serve the same package.
 - An export killed mid-way (SIGKILL) leaves nothing a server takes; the next
   start exports a good package and serves it.
+- Packages that lie about their build (a recorded key their own facts
+  contradict; two packages of one key that differ in bytes) or whose metadata
+  is mistyped are each named; in a set the honest package serves, and its
+  ``/config`` key and weights digest are one fact.
 
 The last two export for real (no cache can stand in: the export is the
 subject), so they are ``slow`` (``make test-long``).
@@ -18,6 +22,7 @@ subject), so they are ``slow`` (``make test-long``).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import signal
@@ -31,7 +36,15 @@ import httpx
 import numpy as np
 import pytest
 
-from harness.package_sets import export_argv, fake_gpu_package, three_builds, write_weights
+from harness.package_sets import (
+    claim,
+    export_argv,
+    fake_gpu_package,
+    lie,
+    rewrite_metadata,
+    three_builds,
+    write_weights,
+)
 from harness.server import REPO, Server, free_port, predictor_command, spawn, start_server
 from harness.tiles import random_tiles
 
@@ -200,3 +213,95 @@ def test_a_killed_export_is_never_served_and_the_next_start_builds_a_good_one(
         assert leftovers and not any((volume / name).exists() for name in leftovers)  # removed
     finally:
         replica.stop()
+
+
+# -- packages that lie about their build, or whose metadata is mistyped ------------------
+def _provenance_list(metadata: dict[str, str]) -> None:
+    metadata["histoserve.provenance"] = json.dumps([json.loads(metadata["histoserve.provenance"])])
+
+
+def _min_batch_one(metadata: dict[str, str]) -> None:
+    prov = json.loads(metadata["histoserve.provenance"])
+    metadata["histoserve.provenance"] = json.dumps({**prov, "min_batch": "one"})
+
+
+def _deep_provenance(metadata: dict[str, str]) -> None:
+    metadata["histoserve.provenance"] = "[" * 5000 + "]" * 5000
+
+
+def test_lying_and_mistyped_packages_are_named_and_never_served(
+    builds: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "record"))
+    honest_weights, other_weights = "ab" * 32, "cd" * 32
+    newer = "2030-01-01T00:00:00+00:00"
+    v3 = builds["v3"]
+    # a set: the honest build (of weights ab..), a newer liar whose key alone claims it is of
+    # weights cd.., and three mistyped packages: the honest one serves
+    in_set = tmp_path / "set"
+    honest = rewrite_metadata(v3, in_set, lambda m: claim(m, weights=f"sha256:{honest_weights}"))
+    rewrite_metadata(
+        v3, in_set,
+        lambda m: (claim(m, weights=f"sha256:{honest_weights}", created_utc=newer),
+                   lie(m, weights=f"sha256:{other_weights}")),
+        "liar.pt2",
+    )  # fmt: skip
+    for change in (_provenance_list, _min_batch_one, _deep_provenance):
+        rewrite_metadata(v3, in_set, change, f"{change.__name__[1:]}.pt2")
+    # refused outright: a lone liar (h1, bf16: it is h0-mini fp32), two packages of one build
+    # that differ in bytes, a lone mistyped package
+    lone_liar = rewrite_metadata(v3, tmp_path / "lone-liar", lambda m: lie(m, spec="h1", dtype="bf16"), "h1.pt2")  # fmt: skip
+    twins = tmp_path / "twins"
+    twin_a = rewrite_metadata(
+        v3, twins, lambda m: claim(m, weights=f"sha256:{honest_weights}"), "a.pt2"
+    )
+    twin_b = rewrite_metadata(
+        v3,
+        twins,
+        lambda m: claim(m, weights=f"sha256:{honest_weights}", created_utc=newer),
+        "b.pt2",
+    )
+    lone_mistyped = rewrite_metadata(v3, tmp_path / "lone-mistyped", _min_batch_one, "m.pt2")
+    refused = {}
+    for name, folder in (("lone-liar", lone_liar.parent), ("twins", twins),
+                         ("lone-mistyped", lone_mistyped.parent)):  # fmt: skip
+        command = predictor_command(folder, (free_port(), free_port()), "--device", "cpu",
+                                    "--max_batch_size", "8")  # fmt: skip
+        refused[name] = subprocess.Popen(
+            command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+    server = start_server(in_set, tmp_path / "log", "--max_batch_size", "8")
+    try:
+        config = _config(server)
+        _, digest = _embed(server, random_tiles(2, seed=8))
+    finally:
+        server.stop()
+    lines = {}
+    for name, proc in refused.items():
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 2, (name, err[-3000:])
+        assert "Traceback" not in err, (name, err[-3000:])
+        (lines[name],) = [x for x in err.splitlines() if x.startswith("histoserve: cannot start")]
+
+    assert Path(config["checkpoint"]).name == honest.name and digest == _sha256(honest)
+    assert config["weights_sha256"] == honest_weights
+    assert config["build_key"]["weights"] == f"sha256:{honest_weights}"  # the same fact, read once
+    rejected = {r["file"]: r["mismatch"] for r in config["package_choice"]["rejected"]}
+    assert rejected["liar.pt2"].startswith(
+        f"lies about its build: weights 'sha256:{other_weights}'"
+    )
+    for name, needle in (
+        ("provenance_list", "'histoserve.provenance' is a list, expected a JSON object"),
+        ("min_batch_one", 'min_batch is "one", expected an integer >= 1'),
+        ("deep_provenance", "'histoserve.provenance' is not valid JSON"),
+    ):
+        assert rejected[f"{name}.pt2"].startswith(f"unreadable: {in_set / name}.pt2: "), rejected
+        assert needle in rejected[f"{name}.pt2"]
+
+    assert f"package {lone_liar} lies about its build" in lines["lone-liar"]
+    assert "spec 'h1' in its recorded build key but 'h0-mini'" in lines["lone-liar"]
+    assert "dtype 'bf16' in its recorded build key but 'fp32'" in lines["lone-liar"]
+    assert str(twin_a) in lines["twins"] and str(twin_b) in lines["twins"]
+    assert "differ in bytes" in lines["twins"]
+    assert str(lone_mistyped) in lines["lone-mistyped"]
+    assert 'min_batch is "one", expected an integer >= 1' in lines["lone-mistyped"]

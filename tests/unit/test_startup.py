@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from predictor.model.base import BaseServerModel
 from predictor.model.metrics import create_metrics
 from predictor.pt2 import digest, loader
 from predictor.pt2.loader import StartupPhases
+from predictor.pt2.probe_record import FOLDER
 from predictor.spec import BUILTIN_SPECS
 
 PHASES = ["digest", "metadata", "load", "probe", "warmup"]
@@ -64,7 +66,9 @@ def _build(model_dir: Path, monkeypatch: pytest.MonkeyPatch, **options: Any) -> 
     monkeypatch.setattr(
         startup, "create_metrics", lambda name: create_metrics(name, CollectorRegistry())
     )
-    fields = {"device": "cpu", "preprocess_workers": 1, **options}
+    # The load probe runs under --load_probe auto for a package this host has not loaded:
+    # off here unless asked (its own tests below give it a record of its own).
+    fields = {"device": "cpu", "preprocess_workers": 1, "load_probe": "off", **options}
     config = ModelConfig(model_dir=model_dir, **fields)
     return startup.build_model(config, BatchingConfig(), LimitsConfig())
 
@@ -157,6 +161,31 @@ def test_no_start_up_step_runs_twice(
     assert len(hashed) == 1 and len(metadata_reads) == 1
     assert list(model.get_metadata()["startup_seconds"]) == phases
     model.stop()
+
+
+def test_auto_probes_a_package_once_per_host_and_again_after_a_load_that_died(
+    embedding_package_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The default: the first start of a package on a host probes it, the restart does not;
+    a load that died in the server (its marker left behind) makes the next start probe again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    caplog.set_level(logging.INFO, logger="histoserve")
+    first = _build(embedding_package_dir, monkeypatch, load_probe="auto")
+    assert "load_probe" in first.get_metadata()["startup_seconds"]
+    first.stop()
+    again = _build(embedding_package_dir, monkeypatch, load_probe="auto")
+    assert "load_probe" not in again.get_metadata()["startup_seconds"]
+    assert "load probe: h0-mini.pt2 was loaded on this host before; not probed" in caplog.text
+    again.stop()
+    (record,) = [p for p in (tmp_path / FOLDER).iterdir() if not p.name.startswith(".")]
+    (record.parent / (record.name + ".loading")).touch()  # a server died while loading it
+    third = _build(embedding_package_dir, monkeypatch, load_probe="auto")
+    assert "load_probe" in third.get_metadata()["startup_seconds"]
+    assert "did not finish (it died while loading); probing it again" in caplog.text
+    third.stop()
 
 
 class FakeClock:

@@ -8,9 +8,11 @@ a killed one and two replicas in ``tests/integration/test_package_set_server.py`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import threading
@@ -20,13 +22,15 @@ import pytest
 import torch
 
 from harness.factories import WEIGHTS_TARGET
-from harness.package_sets import write_weights
+from harness.package_sets import rewrite_metadata, write_weights
 from harness.packages import demo_package
 from predictor.errors import CheckpointError
 from predictor.export import package_set
 from predictor.export.build import main as export_main
+from predictor.export.commit import commit
 from predictor.export.sources import weights_digest
 from predictor.pt2.build_key import BuildKey, key_from_metadata
+from predictor.pt2.digest import package_sha256
 from predictor.pt2.metadata import read_metadata
 from predictor.pt2.weights_layout import library_layout
 
@@ -245,3 +249,116 @@ def test_mapped_weights_asked_for_replace_a_package_of_the_key_with_embedded_one
         )
         assert again == (target, False)
     assert package_set.fitting_package(tmp_path, key, weights_layout="mmap") == target
+
+
+# -- kills between an export's renames, and mistyped packages beside it --------------------
+def _digest_line(path: Path, name: str) -> str:
+    return f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {name}\n"
+
+
+def _landing_with_digest(src: Path, calls: list[Path]):
+    """An export step that lands ``src`` and its ``.sha256`` (what a finished export leaves)."""
+    land = _landing(src, calls)
+
+    def export(output: Path) -> Path:
+        land(output)
+        output.with_name(output.name + ".sha256").write_text(_digest_line(output, output.name))
+        return output
+
+    return export
+
+
+@pytest.mark.parametrize("digest", ["another package's", "empty"])
+def test_if_missing_exports_again_over_a_package_that_fails_its_digest(
+    tmp_path: Path, portable: tuple[Path, BuildKey], digest: str
+) -> None:
+    """What an exporter killed between writing the package and its digest left (the digest of
+    the package it replaced, or a digest file opened and not yet written): the server refuses it
+    ("tampered or truncated") on every start; --if_missing must not call it a fit."""
+    src, key = portable
+    target = tmp_path / f"{key.name}.pt2"
+    shutil.copy2(src, target)
+    other = demo_package("h0-mini")
+    sidecar = target.with_name(target.name + ".sha256")
+    sidecar.write_text(_digest_line(other, target.name) if digest != "empty" else "")
+    with pytest.raises(CheckpointError):
+        package_sha256(target)  # the server's check: the jam
+    assert package_set.fitting_package(tmp_path, key) is None
+    calls: list[Path] = []
+    path, exported = package_set.export_into_set(
+        tmp_path, key, _landing_with_digest(src, calls), lock_timeout_s=5
+    )
+    assert exported and calls == [target]
+    assert package_sha256(path) == hashlib.sha256(src.read_bytes()).hexdigest()  # serves again
+    assert package_set.fitting_package(tmp_path, key) == target
+
+
+class Killed(BaseException):
+    """The process stopping at this point: nothing after it runs (no except, no finally)."""
+
+
+def test_no_kill_point_of_the_commit_leaves_a_package_beside_a_digest_not_its_own(
+    tmp_path: Path, portable: tuple[Path, BuildKey], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every step of putting a proven package in place (an unlink or a rename, replacing an
+    older package of the name) is a kill point: each state left is the old package with its
+    digest, no package, or the new one with its digest; --if_missing heals each."""
+    new, _ = portable
+    old = demo_package("h0-mini")
+    steps, kill_at = [0], [0]
+    real_replace, real_unlink = os.replace, os.unlink
+
+    def step(real):
+        def run(*args, **kwargs):
+            steps[0] += 1
+            if steps[0] == kill_at[0]:
+                raise Killed
+            return real(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(os, "replace", step(real_replace))
+    monkeypatch.setattr(os, "unlink", step(real_unlink))
+    states = set()
+    for point in range(1, 5):
+        folder = tmp_path / f"kill-{point}"
+        folder.mkdir()
+        output = folder / "m.pt2"
+        shutil.copy2(old, output)
+        output.with_name("m.pt2.sha256").write_text(_digest_line(output, "m.pt2"))
+        staging = folder / ".export-x"
+        staging.mkdir()
+        shutil.copy2(new, staging / "m.pt2")
+        steps[0], kill_at[0] = 0, point
+        with contextlib.suppress(Killed):
+            commit(staging / "m.pt2", output)
+        if not output.exists():
+            states.add("no package")
+            continue
+        package_sha256(output)  # the server's digest check passes: never a jam
+        states.add("new" if output.read_bytes() == new.read_bytes() else "old")
+    assert states == {"old", "no package", "new"}, states
+
+
+def test_if_missing_judges_past_mistyped_packages_without_a_traceback(
+    tmp_path: Path, portable: tuple[Path, BuildKey], capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, key = portable
+
+    def edit(field: str, value: object):
+        def change(metadata: dict[str, str]) -> None:
+            prov = json.loads(metadata["histoserve.provenance"])
+            metadata["histoserve.provenance"] = json.dumps(
+                [prov] if field == "*" else {**prov, field: value}
+            )
+
+        return change
+
+    rewrite_metadata(src, tmp_path, edit("*", None), "a-list.pt2")  # sorted first
+    rewrite_metadata(src, tmp_path, edit("min_batch", "one"), "b-one.pt2")
+    shutil.copy2(src, tmp_path / f"{key.name}.pt2")
+    argv = ["--spec", "h0-mini", "--demo", "--cpu_target", "x86-64-v3", "--max_batch", "8"]
+    assert export_main([*argv, "--package_set", str(tmp_path), "--if_missing"]) == 0
+    out = capsys.readouterr()
+    assert f"{key.name}.pt2 fits this host (by the server's rule): nothing to export" in out.out
+    assert "Traceback" not in out.err

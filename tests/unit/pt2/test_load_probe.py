@@ -35,12 +35,16 @@ CUDA_METADATA = {
 
 
 @pytest.mark.parametrize(
-    ("setting", "cuda", "cpu"),
-    [("auto", True, False), ("on", True, True), ("off", False, False)],
+    ("setting", "cuda", "cpu_new", "cpu_known"),
+    [("auto", True, True, False), ("on", True, True, True), ("off", False, False, False)],
 )
-def test_auto_probes_cuda_packages_only(setting: str, cuda: bool, cpu: bool) -> None:
-    assert probe_wanted(setting, CUDA_METADATA) is cuda
-    assert probe_wanted(setting, {"AOTI_DEVICE_KEY": "cpu"}) is cpu
+def test_auto_probes_cuda_packages_and_packages_this_host_has_not_loaded(
+    setting: str, cuda: bool, cpu_new: bool, cpu_known: bool
+) -> None:
+    assert probe_wanted(setting, CUDA_METADATA, loaded_before=True) is cuda
+    cpu = {"AOTI_DEVICE_KEY": "cpu"}
+    assert probe_wanted(setting, cpu, loaded_before=False) is cpu_new
+    assert probe_wanted(setting, cpu, loaded_before=True) is cpu_known
 
 
 def test_the_build_is_named_from_the_metadata(embedding_package_dir: Path) -> None:

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.package_sets import claim, rewrite_metadata, three_builds
+from harness.package_sets import claim, lie, rewrite_metadata, three_builds
 from predictor.errors import CheckpointError, IncompatiblePackage
 from predictor.pt2 import package_set
 from predictor.pt2.build_key import BUILD_KEY_KEY, BuildKey, key_from_metadata
 from predictor.pt2.host import HostFacts, check_host_compat
+from predictor.pt2.loader import StartupPhases, inspect_package
 from predictor.pt2.metadata import CPU_BUILD_KEY, read_metadata
 
 CPU = torch.device("cpu")
@@ -200,12 +201,13 @@ def test_an_unreadable_member_of_a_set_is_a_named_mismatch(
 def test_among_equal_builds_the_newest_export_then_the_name_wins(
     tmp_path: Path, builds: dict[str, Path]
 ) -> None:
-    def dated(when: str):
-        return lambda metadata: claim(metadata, created_utc=when)
+    def dated(when: str, max_batch: int):
+        return lambda metadata: claim(metadata, created_utc=when, max_batch=max_batch)
 
-    older = rewrite_metadata(builds["v3"], tmp_path, dated("2026-01-01T00:00:00+00:00"), "b.pt2")
-    newer = rewrite_metadata(builds["v3"], tmp_path, dated("2026-06-01T00:00:00+00:00"), "c.pt2")
-    twin = rewrite_metadata(builds["v3"], tmp_path, dated("2026-06-01T00:00:00+00:00"), "d.pt2")
+    older = rewrite_metadata(builds["v3"], tmp_path, dated("2026-01-01T00:00:00+00:00", 8), "b.pt2")
+    newer = rewrite_metadata(builds["v3"], tmp_path, dated("2026-06-01T00:00:00+00:00", 9), "c.pt2")
+    twin = tmp_path / "d.pt2"  # the same build under another name: the same bytes
+    shutil.copy2(newer, twin)
     host = _narrow_cpu(builds)
     choice = package_set.choose_package(tmp_path, [older, twin, newer], CPU, host)
     assert choice.path == newer  # c.pt2: as new as d.pt2, and first by name
@@ -213,6 +215,7 @@ def test_among_equal_builds_the_newest_export_then_the_name_wins(
         "b.pt2": "fits, ranked below c.pt2",
         "d.pt2": "fits, ranked below c.pt2",
     }
+    assert [c.path for c in choice.fallbacks] == [twin, older]  # the next, if c.pt2 fails to load
 
 
 def test_packages_of_two_models_fitting_is_an_error_not_a_pick(
@@ -232,3 +235,109 @@ def test_checkpoint_forces_a_file_whatever_it_was_built_for(builds: dict[str, Pa
     choice = package_set.taken(builds["gpu"], "named by --checkpoint")
     assert choice.reason == "named by --checkpoint" and choice.key is not None
     assert choice.key.target == "sm_90+x86-64-v3"
+
+
+# -- packages that lie about their build, or whose metadata is mistyped ------------------
+def test_a_recorded_key_that_contradicts_its_package_is_that_candidate_s_mismatch(
+    tmp_path: Path, builds: dict[str, Path]
+) -> None:
+    """The liar claims another model's weights and a newer export: refused, named; the honest
+    package is served, and its key (derived) and weights digest say the same thing."""
+    (honest,) = _set(tmp_path, builds, "v3")
+    liar = rewrite_metadata(
+        builds["v3"], tmp_path,
+        lambda m: (claim(m, created_utc="2030-01-01T00:00:00+00:00"), lie(m, weights="sha256:" + "cd" * 32)),
+        "liar.pt2",
+    )  # fmt: skip
+    choice = package_set.choose_package(tmp_path, [honest, liar], CPU, _narrow_cpu(builds))
+    assert choice.path == honest
+    why = dict(choice.rejected)["liar.pt2"]
+    assert why.startswith("lies about its build: weights 'sha256:cdcd")
+    assert "in its recorded build key but 'demo:tiny' by its provenance's weights_sha256" in why
+    assert choice.key == key_from_metadata(read_metadata(liar))  # derived: the honest facts
+
+
+def test_two_packages_of_one_key_must_be_the_same_bytes(
+    tmp_path: Path, builds: dict[str, Path]
+) -> None:
+    """A liar that rewrote its provenance too derives the honest key: then the bytes decide."""
+    (honest,) = _set(tmp_path, builds, "v3")
+    liar = rewrite_metadata(
+        builds["v3"], tmp_path, lambda m: claim(m, created_utc="2030-01-01T00:00:00+00:00"), "z.pt2"
+    )
+    assert key_from_metadata(read_metadata(liar)) == key_from_metadata(read_metadata(honest))
+    with pytest.raises(CheckpointError) as failed:
+        package_set.choose_package(tmp_path, [honest, liar], CPU, _narrow_cpu(builds))
+    text = str(failed.value)
+    assert str(honest) in text and str(liar) in text and "differ in bytes" in text
+
+
+def test_a_lone_package_whose_key_lies_is_refused_naming_the_fields(
+    tmp_path: Path, builds: dict[str, Path]
+) -> None:
+    liar = rewrite_metadata(
+        builds["v3"], tmp_path, lambda m: lie(m, spec="h1", dtype="bf16"), "h1.pt2"
+    )
+    with pytest.raises(CheckpointError) as failed:
+        package_set.choose_package(tmp_path, [liar], CPU, HostFacts.detect())
+    text = str(failed.value)
+    assert f"package {liar} lies about its build" in text
+    assert (
+        "spec 'h1' in its recorded build key but 'h0-mini' by the name of its embedded spec" in text
+    )
+    assert "dtype 'bf16' in its recorded build key but 'fp32' by its provenance's dtype" in text
+
+
+def _edit(key: str, change):
+    def edit(metadata: dict[str, str]) -> None:
+        value = json.loads(metadata[key]) if key in metadata else None
+        metadata[key] = json.dumps(change(value))
+
+    return edit
+
+
+PROV, KEY, CPU_BUILD = "histoserve.provenance", BUILD_KEY_KEY, CPU_BUILD_KEY
+MISTYPED = {
+    "provenance-list": (_edit(PROV, lambda v: [v]), "'histoserve.provenance' is a list, expected a JSON object"),
+    "min-batch-one": (_edit(PROV, lambda v: {**v, "min_batch": "one"}), 'min_batch is "one", expected an integer >= 1'),
+    "key-spec-object": (_edit(KEY, lambda v: {**v, "spec": {"name": "h0-mini"}}), "spec is {\"name\":\"h0-mini\"}, expected a string"),
+    "key-spec-list": (_edit(KEY, lambda v: {**v, "spec": ["h0-mini"]}), 'spec is ["h0-mini"], expected a string'),
+    "cpu-build-string": (_edit(CPU_BUILD, lambda v: "native"), "'histoserve.cpu_build' is a string, expected a JSON object"),
+    "required-flags-number": (_edit(CPU_BUILD, lambda v: {**v, "required_flags": 7}), "required_flags is 7, expected a list of strings"),
+    "deep-provenance": (lambda m: m.update({PROV: "[" * 5000 + "]" * 5000}), "'histoserve.provenance' is not valid JSON"),
+    "inputs-dtype-number": (_edit("histoserve.inputs", lambda v: [{**v[0], "dtype": 3}]), "dtype is 3, expected a string"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def mistyped(builds: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The portable build with one field of the wrong type, one copy per case."""
+    folder = tmp_path_factory.mktemp("mistyped")
+    return {name: rewrite_metadata(builds["v3"], folder, change, f"{name}.pt2")
+            for name, (change, _) in MISTYPED.items()}  # fmt: skip
+
+
+def test_each_mistyped_field_is_that_candidate_s_named_mismatch_and_the_others_are_judged(
+    tmp_path: Path, builds: dict[str, Path], mistyped: dict[str, Path]
+) -> None:
+    (good,) = _set(tmp_path, builds, "v3")
+    choice = package_set.choose_package(
+        tmp_path, [good, *mistyped.values()], CPU, _narrow_cpu(builds), max_batch_size=8
+    )
+    assert choice.path == good
+    rejected = dict(choice.rejected)
+    for name, (_, needle) in MISTYPED.items():
+        why = rejected[f"{name}.pt2"]
+        assert why.startswith(f"unreadable: {mistyped[name]}: "), why
+        assert needle in why, (name, why)
+
+
+@pytest.mark.parametrize("name", sorted(MISTYPED))
+def test_a_lone_mistyped_package_is_a_checkpoint_error_naming_it(
+    name: str, mistyped: dict[str, Path]
+) -> None:
+    path = mistyped[name]
+    choice = package_set.choose_package(path.parent, [path], CPU, HostFacts.detect())
+    with pytest.raises(CheckpointError) as failed:  # start-up reads it again and says why
+        inspect_package(choice.path, StartupPhases(), choice.metadata)
+    assert str(path) in str(failed.value) and MISTYPED[name][1] in str(failed.value)
