@@ -169,7 +169,7 @@ class Observed:
     package_sha256: str
 
 
-QUEUE = "histoserve_queue_depth{model=h0-mini}"
+QUEUE = "histoserve_queue_depth{model=h0-mini,priority=2}"  # bulk: the default class
 FORWARDS = "histoserve_forward_seconds_count{model=h0-mini}"
 BATCHES = "histoserve_batch_size_count{model=h0-mini}"
 
@@ -302,7 +302,8 @@ def _hold(
             }
             seen = {}
             for name in (QUEUE, FORWARDS):
-                for sample in prometheus.query(name.split("{")[0]):
+                selector = name.replace("=", '="').replace(",", '",').replace("}", '"}')
+                for sample in prometheus.query(selector):
                     seen[(sample.labels["pod"], sample.labels["job"], name)] = sample.value
             return own if seen == want else None
 
@@ -459,11 +460,16 @@ def test_the_held_queues_are_the_servers_own(observed: Observed) -> None:
     queue-depth query sums the replicas once each (6 + 4), the doubly scraped one too."""
     held = observed.moments[2]
     for pod, own in zip(PODS, observed.servers_held, strict=True):
-        for series in ("histoserve_queue_depth", "histoserve_inflight_requests"):
+        for series, labels in (
+            ("histoserve_queue_depth", {"priority": "2"}),
+            ("histoserve_inflight_requests", {}),
+        ):
+            extra = "".join(f', {k}="{v}"' for k, v in labels.items())
             (sample,) = observed.prometheus.query(
-                f'{series}{{job="{POD_JOB}", pod="{pod}"}}', held.at
+                f'{series}{{job="{POD_JOB}", pod="{pod}"{extra}}}', held.at
             )
-            assert sample.value == own[f"{series}{{model=h0-mini}}"]
+            own_labels = "".join(f",{k}={v}" for k, v in labels.items())
+            assert sample.value == own[f"{series}{{model=h0-mini{own_labels}}}"]
         for outcome in ("ok", "invalid"):
             (sample,) = observed.prometheus.query(
                 f'histoserve_tiles_total{{job="{POD_JOB}", pod="{pod}", outcome="{outcome}"}}',
