@@ -1,4 +1,6 @@
-"""The V2 gRPC server: KServe's inference service with our error interceptor and limits."""
+"""The V2 gRPC server: KServe's inference service with our error interceptor and limits,
+and the describing calls KServe lacks (``ModelConfig``, ``RepositoryIndex``:
+:mod:`predictor.http.grpc_config`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from grpc import aio
 
 from predictor.errors import StartupError
 from predictor.http.edge import GrpcErrorInterceptor
+from predictor.http.grpc_config import describe_handler
 from predictor.kserve.compat import add_inference_service
 
 
@@ -66,6 +69,7 @@ class GrpcServer:
             options=self.options,
         )
         add_inference_service(self._server, self._dataplane, self._repository)
+        self._server.add_generic_rpc_handlers((describe_handler(self._repository),))
         try:
             self._server.add_insecure_port(self._address)
         except RuntimeError as exc:

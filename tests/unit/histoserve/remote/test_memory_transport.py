@@ -14,7 +14,7 @@ from histoserve.remote.answers import AnswerCheck, Expected
 from histoserve.remote.dispatch import Dispatcher, RetryPolicy
 
 TILES = np.zeros((4, 8, 8, 3), np.uint8)
-CHECK = AnswerCheck((Expected("embedding", "FP32", (-1, 16)),), "mode 'embedding'", "m")
+CHECK = AnswerCheck((Expected.per_row("embedding", "FP32", (-1, 16)),), "mode 'embedding'", "m")
 
 
 def _rows(value: float) -> Any:
