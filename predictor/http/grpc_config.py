@@ -131,7 +131,8 @@ def config_parameters(config: dict[str, Any]) -> dict[str, str]:
 
 
 def describe_handler(repository: Any) -> grpc.GenericRpcHandler:
-    """``ModelConfig`` and ``RepositoryIndex`` over ``repository`` (KServe's model repository)."""
+    """``ModelConfig`` and ``RepositoryIndex`` over ``repository`` (the data plane's
+    ``model_registry``: KServe's ``ModelRepository``)."""
 
     async def model_config(request: Any, context: Any) -> Any:
         model = repository.get_model(request.name)

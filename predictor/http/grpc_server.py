@@ -69,7 +69,7 @@ class GrpcServer:
             options=self.options,
         )
         add_inference_service(self._server, self._dataplane, self._repository)
-        self._server.add_generic_rpc_handlers((describe_handler(self._repository),))
+        self._server.add_generic_rpc_handlers((describe_handler(self._dataplane.model_registry),))
         try:
             self._server.add_insecure_port(self._address)
         except RuntimeError as exc:
