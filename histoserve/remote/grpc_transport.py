@@ -242,7 +242,14 @@ class GrpcTransport:
         """The outputs and identity of an ``InferResult``; BadAnswer when they do not decode."""
         try:
             response = result.get_response()
-            outputs = {out.name: result.as_numpy(out.name) for out in response.outputs}
+            outputs = {}
+            for out in response.outputs:
+                if out.name in outputs:
+                    raise ValueError(f"output {out.name!r} is answered twice")
+                values = result.as_numpy(out.name)
+                if out.datatype != "BYTES" and values.dtype.kind not in "biuf":
+                    raise ValueError(f"output {out.name!r}: {out.datatype} data that are not numbers")
+                outputs[out.name] = values
             identity = {
                 "model_name": response.model_name,
                 "model_version": response.model_version,
