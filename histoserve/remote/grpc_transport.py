@@ -248,7 +248,9 @@ class GrpcTransport:
                     raise ValueError(f"output {out.name!r} is answered twice")
                 values = result.as_numpy(out.name)
                 if out.datatype != "BYTES" and values.dtype.kind not in "biuf":
-                    raise ValueError(f"output {out.name!r}: {out.datatype} data that are not numbers")
+                    raise ValueError(
+                        f"output {out.name!r}: {out.datatype} data that are not numbers"
+                    )
                 outputs[out.name] = values
             identity = {
                 "model_name": response.model_name,
