@@ -69,3 +69,21 @@ def test_the_readme_python_examples_compile():
     first = blocks[0]
     for name in re.findall(r"\b(tiles|png_bytes)\b", first):
         assert re.search(rf"^{name} = ", first, flags=re.MULTILINE), name
+
+
+RATE = re.compile(
+    r"\d[\d,.]*(?:-[\d,.]+)?\s*(?:tiles/s|TFLOP/s|tiles per CPU-second|decodes/s|GB/s)"
+)
+
+
+def test_every_rate_in_the_docs_names_its_source_or_says_estimate():
+    """Docs say only what was measured: a section (README.md, docs/*.md) stating a rate
+    names the ``bench/results/`` file it comes from, or says "estimate" (and shows how)."""
+    unsourced = []
+    for path in [README, *sorted((REPO / "docs").glob("*.md"))]:
+        for section in re.split(r"(?m)^(?=#{1,4} )", path.read_text(encoding="utf-8")):
+            rates = RATE.findall(section)
+            sourced = "bench/results/" in section or re.search(r"\bestimate", section, re.I)
+            if rates and not sourced:
+                unsourced.append((path.name, section.splitlines()[0][:60], rates[:3]))
+    assert not unsourced, unsourced
