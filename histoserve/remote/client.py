@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from histoserve.errors import InferenceError
+from histoserve.errors import InferenceError, UsageError
 from histoserve.remote.answers import AllOf, AnswerCheck, Capped, Check, PackagePin
 from histoserve.remote.auth import Credentials, redact_url
 from histoserve.remote.dispatch import Dispatcher, RetryPolicy, make_transport
@@ -194,13 +194,20 @@ class HistoserveClient:
             parameters: Further request parameters.
             check: What the answer must be besides the client's own check
                 (:meth:`AnswerCheck.for_request` of :attr:`info`, with the run's
-                package pin), which always applies.
+                package pin), which always applies; a slide head's outputs
+                need one (:func:`~histoserve.heads.head.head_check`).
 
         Raises:
+            UsageError: A slide head asked without a check of its outputs.
             InferenceError: The server refused it (4xx), or answered an error on every attempt.
             RequestFailed: Every attempt failed otherwise (the network, wrong answers).
         """
         asked = {**(parameters or {}), **({"mode": mode} if mode else {})}
+        if self.info.takes_features and check is None:
+            raise UsageError(
+                f"model {self.model!r} is a slide head (it takes 'features'): run it with "
+                "histoserve.aggregate (or pass its check, histoserve.heads.head.head_check)"
+            )
         checks: list[Check] = [AnswerCheck.for_request(self.info, mode, self._pin)]
         if check is not None:
             checks.append(check)

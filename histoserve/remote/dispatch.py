@@ -213,7 +213,7 @@ class Dispatcher:
                 self._count_failure(slot, exc.retry_after_s)
                 raise
 
-        what = "request" if request.kind == "infer" else f"{request.describe()} at {url}"
+        what = "request" if request.kind == "infer" else f"asking {url} for {request.describe()}"
         return self._retry.run(attempt, self._sleep, self._rng, what=what)
 
     def _slot_of(self, url: str) -> _Slot:

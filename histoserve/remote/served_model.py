@@ -42,7 +42,13 @@ from typing import Any
 import numpy as np
 
 from histoserve import wire
-from histoserve.errors import HistoserveError, InferenceError, RemoteError, UsageError
+from histoserve.errors import (
+    HistoserveError,
+    InferenceError,
+    RemoteError,
+    RequestFailed,
+    UsageError,
+)
 from histoserve.limits import MAX_READ_PX, mpp_problem
 from histoserve.remote.request import MAX_CONFIG_BYTES, Request
 
@@ -164,6 +170,15 @@ def describe(
 
 def _ask(send: Send, url: str, name: str | None) -> tuple[ServerInfo, dict[str, Any]]:
     """One URL's description: its config, or its V2 metadata where it has no config call."""
+    try:
+        return _described(send, url, name)
+    except RequestFailed as exc:
+        if isinstance(exc, InferenceError):  # it answered: its refusal says why
+            raise
+        raise RemoteError(f"cannot reach {url} to describe the model: {exc}") from exc
+
+
+def _described(send: Send, url: str, name: str | None) -> tuple[ServerInfo, dict[str, Any]]:
     name = name or _only_model(send, url)
     try:
         config = send(url, Request("config", name, max_answer_bytes=MAX_CONFIG_BYTES))
