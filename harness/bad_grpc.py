@@ -10,7 +10,8 @@ a wrong answer and retry it elsewhere. With ``tamper`` it changes the real
 answer as :class:`~harness.bad_server.BadServer` does over REST instead
 (:func:`harness.bad_server.tamper`: ``short``, ``empty``, ``rename``,
 ``dtype``, ``shape``, ``nan``; ``model``: another ``model_name``;
-``package``: ``parameters.package_sha256`` of another package), each tensor
+``package``: ``parameters.package_sha256`` of another package; ``twice``: each
+output answered twice, first with NaNs), each tensor
 re-encoded with its new datatype and shape. The protobuf messages are
 kserve's (this runs in the test process, where kserve is, never beside
 ``tritonclient.grpc``).
@@ -130,10 +131,12 @@ def _tampered(message: Any, kind: str) -> Any:
     del message.outputs[:]
     del message.raw_output_contents[:]
     for name, values in changed.items():
-        entry = message.outputs.add()
-        entry.name, entry.datatype = name, wire.datatype_of(values)
-        entry.shape.extend(values.shape)
-        message.raw_output_contents.append(np.ascontiguousarray(values).tobytes())
+        copies = [tamper_outputs("nan", {name: values})[name]] if kind == "twice" else []
+        for copy in [*copies, values]:  # twice: first with NaNs, then right
+            entry = message.outputs.add()
+            entry.name, entry.datatype = name, wire.datatype_of(copy)
+            entry.shape.extend(copy.shape)
+            message.raw_output_contents.append(np.ascontiguousarray(copy).tobytes())
     if kind == "model":
         message.model_name = "another-model"
     if kind == "package":

@@ -27,7 +27,10 @@ real server behind it, then tampered with:
 - ``huge``: a 512 MiB body of zeros, its size declared (``Content-Length``);
 - ``unsized``: the same without a declared size (read until the connection closes);
 - ``gzip``: ``Content-Encoding: gzip``, 0.5 MB that inflates to 512 MiB;
-- ``drip``: the right answer, one byte every ``drip_s`` seconds.
+- ``drip``: the right answer, one byte every ``drip_s`` seconds;
+- ``twice``: each output answered twice, first with NaNs, then right;
+- ``strings``, ``bools``: a JSON answer whose FP32 data are numeric strings
+  (``"0.51"``) or booleans.
 
 The first ``after`` inference answers are left alone, then at most ``times``
 are tampered with (None: all). ``source="pixels"`` answers inference itself
@@ -65,7 +68,7 @@ from histoserve import wire
 
 TAMPERS = (
     "none", "short", "empty", "rename", "dtype", "shape", "nan", "model", "package", "decode",
-    "503", "huge", "unsized", "gzip", "drip",
+    "503", "huge", "unsized", "gzip", "drip", "twice", "strings", "bools",
 )  # fmt: skip
 OTHER_PACKAGE = "0" * 64
 """The digest ``package`` answers name."""
@@ -93,7 +96,18 @@ def pixel_mask(tiles: np.ndarray) -> np.ndarray:
 
 def tamper(kind: str, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``outputs`` changed as ``kind`` says (see the module docstring; not ``503``)."""
-    if kind in ("none", "model", "package", "decode", "huge", "unsized", "gzip", "drip"):
+    body_level = ("twice", "strings", "bools")  # the outputs as they are, encoded wrong
+    if kind in (
+        "none",
+        "model",
+        "package",
+        "decode",
+        "huge",
+        "unsized",
+        "gzip",
+        "drip",
+        *body_level,
+    ):
         return dict(outputs)
     if kind == "short":
         return {k: v[:1] for k, v in outputs.items()}
@@ -240,8 +254,16 @@ class BadServer:
             if up.status_code != 200:
                 return up.status_code, {"content-type": "application/json"}, up.content
             outputs, answered = wire.decode_response(up.content, up.headers.get(wire.HEADER))
-        entries = [wire.encode_tensor(n, v) for n, v in tamper(kind, outputs).items()]
-        header = {**self._identity(kind, path, answered), "outputs": [e for e, _ in entries]}
+        changed = tamper(kind, outputs)
+        identity = self._identity(kind, path, answered)
+        if kind in ("strings", "bools"):
+            return _json(
+                200, {**identity, "outputs": [_json_tensor(kind, n, v) for n, v in changed.items()]}
+            )
+        entries = [wire.encode_tensor(n, v) for n, v in changed.items()]
+        if kind == "twice":
+            entries = [e for n, v in changed.items() for e in _twice(n, v)]
+        header = {**identity, "outputs": [e for e, _ in entries]}
         data, out_headers = wire.binary_body(header, [raw for _, raw in entries])
         if kind == "drip":
             return 200, out_headers, Stream(drip(data, self.drip_s), len(data))
@@ -295,6 +317,24 @@ class BadServer:
 
 
 _FORWARD = {"content-type", wire.HEADER.lower()}
+
+
+def _twice(name: str, values: np.ndarray) -> list[tuple[dict[str, Any], bytes]]:
+    """``name`` encoded twice: first with NaNs (float outputs), then as it is."""
+    wrong = tamper("nan", {name: values})[name]
+    return [wire.encode_tensor(name, wrong), wire.encode_tensor(name, values)]
+
+
+def _json_tensor(kind: str, name: str, values: np.ndarray) -> dict[str, Any]:
+    """A JSON output whose data are strings (``strings``) or booleans (``bools``) of ``values``."""
+    flat = values.reshape(-1).tolist()
+    data = [str(v) for v in flat] if kind == "strings" else [bool(v) for v in flat]
+    return {
+        "name": name,
+        "datatype": wire.datatype_of(values),
+        "shape": list(values.shape),
+        "data": data,
+    }
 
 
 def _json(status: int, payload: object) -> tuple[int, dict[str, str], bytes]:

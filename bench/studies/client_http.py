@@ -34,10 +34,15 @@ import json, sys, time
 import numpy as np
 from histoserve.remote.answers import AnswerCheck
 from histoserve.remote.dispatch import Dispatcher, RetryPolicy
-from histoserve.remote.served_model import fetch_server_info
 from histoserve.remote.transport import RecyclePolicy
 url, requests, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-info = fetch_server_info([url], None)
+try:  # the tree before the one client core
+    from histoserve.remote.served_model import fetch_server_info
+    info = fetch_server_info([url], None)
+except ImportError:
+    from histoserve.remote.client import HistoserveClient
+    with HistoserveClient(url) as client:
+        info = client.info
 check = AnswerCheck.for_mode(info, "embedding")
 tiles = np.random.default_rng(0).integers(0, 255, (batch, info.tile_size, info.tile_size, 3), np.uint8)
 with Dispatcher.from_urls([url], 60.0, RetryPolicy(), RecyclePolicy()) as d:

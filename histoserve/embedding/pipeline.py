@@ -67,7 +67,7 @@ from histoserve.errors import HistoserveError, SlideError, UsageError
 from histoserve.remote.auth import load_credentials, warn_if_plaintext
 from histoserve.remote.client import HistoserveClient
 from histoserve.remote.dispatch import RetryPolicy
-from histoserve.remote.served_model import ServerInfo, fetch_server_info
+from histoserve.remote.served_model import ServerInfo
 from histoserve.remote.transport import RecyclePolicy
 from histoserve.results.claims import ClaimStore
 from histoserve.results.layouts import DoneCheck, Layout, slide_id_from_path
@@ -130,18 +130,40 @@ def collect_entries(config: EmbedConfig) -> list[SlideEntry]:
 def _context(config: EmbedConfig) -> RunContext:
     """The run's shared context: the models described, one client for each (closed by the caller)."""
     retry = RetryPolicy(max_attempts=config.max_attempts)
-    info = _info(config, config.urls, config.model, retry)
-    info.check_mode(config.mode)
-    tissue_info = None
-    if config.tissue_method == "model":
-        tissue_info = _info(config, config.tissue_urls or config.urls, config.tissue, retry)
-        if not tissue_info.answers_masks:
-            raise UsageError(f"--tissue {config.tissue}: not a segmentation model")
-        if tissue_info.mpp is None:
-            raise UsageError(f"--tissue {config.tissue}: its mpp is unknown over gRPC alone")
+    with contextlib.ExitStack() as opened:  # closed here only when the context is not made
+        client = opened.enter_context(_client(config, config.urls, config.model, retry))
+        info = client.info  # described once, by every URL
+        info.check_mode(config.mode)
+        tissue_client, tissue_info = None, None
+        if config.tissue_method == "model":
+            urls = config.tissue_urls or config.urls
+            tissue_client = opened.enter_context(_client(config, urls, config.tissue, retry))
+            tissue_info = tissue_client.info
+            if not tissue_info.answers_masks:
+                raise UsageError(f"--tissue {config.tissue}: not a segmentation model")
+            if tissue_info.mpp is None:
+                raise UsageError(
+                    f"--tissue {config.tissue}: its server does not say the model's mpp "
+                    "(no ModelConfig over gRPC): give an http(s):// --tissue-url"
+                )
+        ctx = _context_of(config, client, info, tissue_client, tissue_info)
+        opened.pop_all()
+    return ctx
+
+
+def _context_of(
+    config: EmbedConfig,
+    client: HistoserveClient,
+    info: ServerInfo,
+    tissue_client: HistoserveClient | None,
+    tissue_info: ServerInfo | None,
+) -> RunContext:
     target_mpp = config.target_mpp or info.mpp
     if target_mpp is None:
-        raise UsageError("the server does not say the model's mpp over gRPC: pass --target-mpp")
+        raise UsageError(
+            f"the server does not say model {info.model!r}'s mpp (it answers no gRPC "
+            "ModelConfig, only ModelMetadata): pass --target-mpp"
+        )
     tile_size = config.tile_size or info.tile_size
     attrs = {
         "model": info.model,
@@ -159,8 +181,8 @@ def _context(config: EmbedConfig) -> RunContext:
         tissue_info,
         target_mpp,
         tile_size,
-        _client(config, config.urls, info, retry),
-        _client(config, config.tissue_urls or config.urls, tissue_info, retry),
+        client,
+        tissue_client,
         attrs,
         threading.BoundedSemaphore(config.concurrency),
         _layout(config, info, target_mpp, tile_size),
@@ -186,21 +208,12 @@ def _hold_folder(ctx: RunContext) -> FolderHold:
 
 
 def _client(
-    config: EmbedConfig, urls: Any, info: ServerInfo | None, retry: RetryPolicy
-) -> HistoserveClient | None:
-    """The client that sends the run's requests to the model ``info`` describes (None: no model)."""
-    if info is None:
-        return None
+    config: EmbedConfig, urls: Any, model: str | None, retry: RetryPolicy
+) -> HistoserveClient:
+    """The client that sends the run's requests to ``model`` (None: the one served) at ``urls``."""
     recycle = RecyclePolicy(config.recycle_requests, config.recycle_s)
     kwargs = {"credentials": config.credentials, "retry": retry, "recycle": recycle}
-    return HistoserveClient(
-        urls, info.model, config.timeout_s, info=info, priority=config.priority, **kwargs
-    )
-
-
-def _info(config: EmbedConfig, urls: Any, model: str | None, retry: RetryPolicy) -> ServerInfo:
-    """The model's description, asked with the run's credentials."""
-    return fetch_server_info(urls, model, config.timeout_s, retry, credentials=config.credentials)
+    return HistoserveClient(urls, model, config.timeout_s, priority=config.priority, **kwargs)
 
 
 def _layout(config: EmbedConfig, info: ServerInfo, target_mpp: float, tile_size: int) -> Layout:

@@ -319,16 +319,19 @@ def _sender(
     ctx: RunContext, bulk_rna: np.ndarray | None, readers: _ThreadReaders
 ) -> Callable[[Any, slice], dict[str, np.ndarray]]:
     mode = ctx.config.mode
-    check = AnswerCheck.for_mode(ctx.info, mode)  # a wrong answer is retried, never written
+    # The client checks every answer (outputs, rows, the run's package: a wrong answer is
+    # retried, never written); a JPEG request is held to where its tiles were decoded too.
 
-    def infer(inputs: dict[str, np.ndarray], check: AnswerCheck = check) -> dict[str, np.ndarray]:
+    def infer(
+        inputs: dict[str, np.ndarray], check: AnswerCheck | None = None
+    ) -> dict[str, np.ndarray]:
         with ctx.in_flight:
             return ctx.client.infer(inputs, mode=mode, check=check)
 
     def send(tiles: np.ndarray | JpegBatch, rows: slice) -> dict[str, np.ndarray]:
         if isinstance(tiles, JpegBatch):
             try:
-                return infer(tiles.inputs(), check.for_transport(readers.jpeg))
+                return infer(tiles.inputs(), AnswerCheck.decoded_by(readers.jpeg))
             except RequestFailed as exc:  # a tile the server cannot decode, or too large for it
                 if not pixels_may_help(exc):
                     raise

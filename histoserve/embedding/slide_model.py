@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from histoserve.errors import HistoserveError
 from histoserve.heads.aggregate import AggregateConfig, aggregate
-from histoserve.heads.head import HeadInfo, fetch_head_info
+from histoserve.heads.head import HeadInfo, head_info
 from histoserve.remote.auth import Credentials
+from histoserve.remote.client import HistoserveClient
 from histoserve.remote.dispatch import RetryPolicy
 from histoserve.results.layouts import trident_encoder
 
@@ -43,7 +44,7 @@ def check_slide_model(config: EmbedConfig) -> HeadInfo | None:
     """The slide model's description (None without ``--slide-model``).
 
     Raises:
-        UsageError: Not a slide model, no HTTP URL, URLs disagreeing.
+        UsageError: Not a slide model, URLs disagreeing.
         RemoteError: Its server cannot be reached.
     """
     if config.slide_model is None:
@@ -51,7 +52,10 @@ def check_slide_model(config: EmbedConfig) -> HeadInfo | None:
     retry = RetryPolicy(max_attempts=config.max_attempts)
     urls = config.slide_urls or config.urls
     creds = config.credentials or Credentials()
-    return fetch_head_info(urls, config.slide_model, config.timeout_s, retry, creds)
+    with HistoserveClient(
+        urls, config.slide_model, config.timeout_s, credentials=creds, retry=retry
+    ) as client:
+        return head_info(client)
 
 
 def run_slide_model(config: EmbedConfig, summary: EmbedSummary) -> None:

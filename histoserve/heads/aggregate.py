@@ -6,7 +6,7 @@ embed --slide-model`` calls once its tiles are done. In order:
 1. the feature files (:func:`~histoserve.results.sources.find_sources`,
    any layout; ``slide_ids`` restricts them), this process's shard of them
    (sorted by slide id, every N-th from the I-th: as ``embed`` shards);
-2. the head from the server (:func:`~histoserve.heads.head.fetch_head_info`);
+2. the head from the server (:func:`~histoserve.heads.head.head_info`);
 3. per slide: skipped when its result is complete with the same model,
    package and mode and was made from the features file as it is now
    (unless ``force``), and its pictures are of that result (else they are
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from histoserve.errors import HistoserveError, UsageError
-from histoserve.heads.head import fetch_head_info
+from histoserve.heads.head import head_info
 from histoserve.heads.result_file import done_result, head_hash
 from histoserve.heads.slide_head import (
     HeadContext,
@@ -173,14 +173,14 @@ def aggregate(
         raise UsageError(f"{config.features_dir}: no feature files (*.h5) for this shard")
     retry = RetryPolicy(max_attempts=config.max_attempts)
     creds = config.credentials or Credentials()
-    info = fetch_head_info(config.urls, config.model, config.timeout_s, retry, creds)
     recycle = RecyclePolicy()
     summary = AggregateSummary()
     client = HistoserveClient(
-        config.urls, info.model, config.timeout_s, credentials=creds, retry=retry, recycle=recycle,
+        config.urls, config.model, config.timeout_s, credentials=creds, retry=retry, recycle=recycle,
         priority=config.priority,
     )  # fmt: skip
     with client:
+        info = head_info(client)  # described once, by every URL
         ctx = HeadContext(
             info, client, config.out_dir, head_hash(info, config.send_coords),
             config.send_coords, config.qc, config.slides_dir,

@@ -5,8 +5,9 @@ The contract (issue 25): one V2 request per slide, input ``features`` ``FP32``
 ``prediction`` ``FP32 [C]`` (class names in the spec), ``attention`` ``FP32
 [N]`` or ``[N, C]``, ``slide_embedding`` ``FP32 [E]``.
 
-:func:`fetch_head_info` asks ``GET /v2/models/{name}/config`` (the first HTTP
-URL; every other one must report the same package digest). From the spec it
+:func:`head_info` reads the head off its client's description (the model's
+config over HTTP or gRPC, described once; every URL must report the same
+package digest). From the spec it
 reads the class names (``classes`` or ``class_names``), the feature width
 (``feature_dim``, ``input_dim``, ``embedding_dim`` of its ``tile_encoder``, or
 the listed ``features`` input) and the modes; the outputs as the config lists
@@ -15,13 +16,12 @@ them. The mode asked is every mode of a slide spec joined with commas
 spec's mode that names the most of them (``all`` names all); the outputs
 expected are those the mode names (every listed one for ``all`` or no mode).
 
-:class:`SlideAnswerCheck` holds an answer to one slide of N tiles to that: exactly
-the expected outputs, ``prediction`` ``[C]``, ``attention`` ``[N]`` or
-``[N, C]``, ``slide_embedding`` ``[E]`` (E as listed), FP32 (any listed
-datatype), finite, and the model and package it names the ones asked
-(:func:`~histoserve.remote.answers.identity_problem`, shared with the tile
-client: an answer naming no package from a server whose config reported one
-is refused too). Anything else is a :class:`~histoserve.errors.BadAnswer`:
+:func:`head_check` holds an answer to one slide of N tiles to that, in the
+client's one check family (:class:`~histoserve.remote.answers.AnswerCheck`):
+exactly the expected outputs, ``prediction`` ``[C]``, ``attention`` ``[N]``
+or ``[N, C]``, ``slide_embedding`` ``[E]`` (E as listed), FP32 (any listed
+datatype), finite; the client adds its own check of the model and package
+every answer names. Anything else is a :class:`~histoserve.errors.BadAnswer`:
 retried elsewhere like a 503, never written.
 """
 
@@ -32,16 +32,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from histoserve import wire
-from histoserve.errors import BadAnswer, EmbedError, UsageError
-from histoserve.remote.answers import identity_problem
-from histoserve.remote.auth import Credentials
-from histoserve.remote.dispatch import RetryPolicy
-from histoserve.remote.model_config import fetch_config
-from histoserve.remote.served_model import info_url
-from histoserve.remote.transport import answer_bound
+from histoserve.errors import EmbedError, UsageError
+from histoserve.remote.answers import ANY, ROWS, AnswerCheck, Expected
+from histoserve.remote.client import HistoserveClient
 from histoserve.wire import SLIDE_INPUT, SLIDE_MODE_OUTPUTS
 
 SLIDE_OUTPUTS = ("prediction", "attention", "slide_embedding")
@@ -78,34 +71,15 @@ class HeadInfo:
     encoder_name: str = ""
 
 
-def fetch_head_info(
-    urls: Sequence[str], model: str, timeout_s: float, retry: RetryPolicy, credentials: Credentials
-) -> HeadInfo:
-    """The head's :class:`HeadInfo` from its config; every HTTP URL must agree on the package.
+def head_info(client: HistoserveClient) -> HeadInfo:
+    """The head ``client``'s servers describe (every URL the same package, :attr:`~HistoserveClient.info`).
 
     Raises:
-        UsageError: No HTTP(S) URL, no such model, not a slide model, URLs disagreeing.
-        EmbedError: A server cannot be reached or answers something unexpected.
+        UsageError: No such model, not a slide model, URLs disagreeing.
+        RemoteError: A server cannot be reached or answers something unexpected.
     """
-    http = [u.rstrip("/") for u in urls if u.startswith(("http://", "https://"))]
-    if not http or info_url(urls) is None:
-        raise UsageError("a slide model is described over HTTP only: give an http(s):// --url too")
-    infos = [(u, _ask(u, model, timeout_s, retry, credentials)) for u in dict.fromkeys(http)]
-    first_url, first = infos[0]
-    for url, info in infos[1:]:
-        if info.package_sha256 != first.package_sha256:
-            raise UsageError(
-                f"--url {first_url} and --url {url} serve different packages of {model!r} "
-                f"({first.package_sha256[:16]} vs {info.package_sha256[:16]}): give URLs of one"
-            )
-    return first
-
-
-def _ask(
-    url: str, model: str, timeout_s: float, retry: RetryPolicy, credentials: Credentials
-) -> HeadInfo:
-    _, config = fetch_config(url, model, timeout_s, retry, credentials)
-    return head_from_config(model, config)
+    info = client.info
+    return head_from_config(info.model, client.config())
 
 
 def head_from_config(model: str, config: Mapping[str, Any]) -> HeadInfo:
@@ -193,76 +167,19 @@ def _feature_dim(spec: Mapping[str, Any], inputs: Mapping[str, Any]) -> int:
     return 0
 
 
-@dataclass(frozen=True)
-class SlideAnswerCheck:
-    """What an answer to one slide must be (see the module docstring)."""
-
-    info: HeadInfo
-
-    def max_answer_bytes(self, n_tiles: int) -> int:
-        """The most bytes an answer for ``n_tiles`` tiles can need: attention, prediction, embedding."""
-        classes = len(self.info.classes) or 64
-        width = max((shape[-1] for _, shape in self.info.outputs.values() if shape), default=-1)
-        width = width if width > 0 else 16384
-        return answer_bound(1, (n_tiles + 1) * classes + width)
-
-    def verify(self, answer: Mapping[str, Any], n_tiles: int, url: str) -> None:
-        """Returns when ``answer`` fits a slide of ``n_tiles`` tiles; else BadAnswer."""
-        problem = self.problem(answer, n_tiles)
-        if problem is not None:
-            raise BadAnswer(f"{url}: {problem} (a wrong answer, not used)")
-
-    def problem(self, answer: Mapping[str, Any], n_tiles: int) -> str | None:
-        """What is wrong with ``answer`` to a slide of ``n_tiles`` tiles, or None."""
-        info = self.info
-        identity = getattr(answer, "identity", None) or {}
-        problem = identity_problem(identity, info.model, info.package_sha256)
-        if problem is not None:
-            return problem
-        wanted, got = list(info.outputs), sorted(answer)
-        missing = [w for w in wanted if w not in answer]
-        if missing:
-            return f"no {missing[0]!r} output (asked for {', '.join(wanted)}; it answered {got})"
-        extra = [g for g in got if g not in wanted]
-        if extra:
-            return f"unexpected output {extra[0]!r} (asked for {', '.join(wanted)} only)"
-        for out in wanted:
-            problem = self._output_problem(out, answer[out], n_tiles)
-            if problem is not None:
-                return problem
-        return None
-
-    def _output_problem(self, name: str, values: Any, n_tiles: int) -> str | None:
-        if not isinstance(values, np.ndarray):
-            return f"{name!r} is not an array"
-        datatype = _datatype(values)
-        want_type, listed = self.info.outputs[name]
-        if datatype != want_type:
-            return f"{name} is {datatype}, expected {want_type}"
-        shapes = self._shapes(name, n_tiles, listed)
-        if not any(_fits(s, values.shape) for s in shapes):
-            expected = " or ".join(str(list(s)) for s in shapes)
-            return f"{name} has shape {list(values.shape)}, expected {expected}"
-        bad = int(values.size - np.count_nonzero(np.isfinite(values)))
-        if bad:
-            return f"{name} has {bad} non-finite value{'s' * (bad != 1)} (NaN or infinity)"
-        return None
-
-    def _shapes(self, name: str, n: int, listed: tuple[int, ...]) -> list[tuple[int, ...]]:
-        classes = len(self.info.classes) or -1
-        if name == "attention":
-            return [(n,), (n, classes)]
-        if name == "prediction":
-            return [(classes,)]
-        return [(listed[-1] if listed else -1,)]
-
-
-def _fits(want: tuple[int, ...], got: tuple[int, ...]) -> bool:
-    return len(want) == len(got) and all(w in (-1, g) for w, g in zip(want, got, strict=True))
-
-
-def _datatype(values: np.ndarray) -> str:
-    try:
-        return wire.datatype_of(values)
-    except ValueError:
-        return str(values.dtype)
+def head_check(info: HeadInfo) -> AnswerCheck:
+    """What an answer to one slide must be (see the module docstring), N the slide's tiles."""
+    classes = len(info.classes) or ANY
+    shapes = {
+        "attention": ((ROWS,), (ROWS, classes)),
+        "prediction": ((classes,),),
+    }
+    outputs = tuple(
+        Expected(
+            name,
+            datatype,
+            shapes.get(name, ((listed[-1] if listed else ANY,),)),
+        )
+        for name, (datatype, listed) in info.outputs.items()
+    )
+    return AnswerCheck(outputs, f"slide model {info.model!r}")

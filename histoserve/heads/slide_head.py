@@ -11,7 +11,7 @@ just wrote), so both give the same numbers. In order:
    the file and both sides, before anything is sent; an empty slide too);
 2. one request: ``features`` (FP32, or FP16 as stored) and ``coords``
    (INT64, unless ``send_coords`` is off); the answer checked
-   (:class:`~histoserve.heads.head.SlideAnswerCheck`: retried
+   (:func:`~histoserve.heads.head.head_check`, beside the client's own: retried
    elsewhere when wrong); a 4xx fails the slide with the server's message;
 3. ``slide_features_<model>/<id>.h5`` (:mod:`~histoserve.heads.result_file`)
    and the slide's pictures as one unit: with ``qc``, the heatmap, the QuPath
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from histoserve.errors import HistoserveError, SlideError
-from histoserve.heads.head import HeadInfo, SlideAnswerCheck
+from histoserve.heads.head import HeadInfo, head_check
 from histoserve.heads.pictures import (
     PictureFiles,
     picture_files,
@@ -106,7 +106,7 @@ def run_slide_head(ctx: HeadContext, source: FeatureSource) -> str:
     if ctx.send_coords:
         inputs["coords"] = sf.coords
     try:
-        raw = ctx.client.infer(inputs, mode=info.mode, check=SlideAnswerCheck(info))
+        raw = ctx.client.infer(inputs, mode=info.mode, check=head_check(info))
     except HistoserveError as exc:
         raise SlideError(f"{source.path}: {exc}") from exc
     answer = SlideAnswer(

@@ -1,30 +1,32 @@
-"""The client's one core: requests to one served model, retried, and every answer checked.
+"""The client's one core: every call to one served model through one ``send``, retried, checked.
 
 :class:`HistoserveClient` is what a notebook, ``histoserve embed`` and
-``histoserve aggregate`` all send their requests through, in the spirit of
-httpx's ``Client(transport=...)``: beneath it one transport per URL (V2 REST
-with binary tensors, :class:`~histoserve.remote.transport.HttpTransport`;
-V2 gRPC, :class:`~histoserve.remote.grpc_transport.GrpcTransport`; a test's
-in-memory one), the :class:`~histoserve.remote.dispatch.Dispatcher`'s choice
-of URL and its retries, and the check of every answer against its request
-(:class:`~histoserve.remote.answers.AnswerCheck`: outputs, rows, datatype,
-shape, finite values, the model and the package that answered). A wrong
-answer is a failed attempt, retried like a 503 (elsewhere when there are
-several URLs), and never returned.
+``histoserve aggregate`` all send their requests through, in httpx's shape:
+every call (describing the model, listing models, health, tile inference,
+tissue masks, slide heads) is a :class:`~histoserve.remote.request.Request`
+sent by :meth:`HistoserveClient.send` to one transport per URL (V2 REST with
+binary tensors, :class:`~histoserve.remote.transport.HttpTransport`; V2
+gRPC, :class:`~histoserve.remote.grpc_transport.GrpcTransport`; a test's
+fake given as ``transports=``, which so sees every request, describe
+included), through the :class:`~histoserve.remote.dispatch.Dispatcher`'s one
+retry loop and choice of URL. Every error is one of
+:class:`~histoserve.errors.HistoserveError`'s tree.
 
-What an answer must be is read off what the server declares about its model
-(``/v2/models/{name}/config`` over HTTP, model metadata over gRPC), fetched
-once, on the first request (:attr:`HistoserveClient.info`): a model whose
-config lists a ``mask`` output is a tissue model, the others answer what
-their mode asks (:mod:`histoserve.wire.modes`). A gRPC server reports no
-package digest up front; there the first answer's package is the one every
-later answer must name. ``embed`` and ``aggregate`` pass their own checks
-(a JPEG transport's decode, a slide head's outputs) to :meth:`HistoserveClient.infer`.
+The model is described once, on first use, by every URL
+(:func:`~histoserve.remote.served_model.describe`: a ``grpc://`` URL as an
+``http://`` one), and callers read :attr:`HistoserveClient.info`. Every
+inference answer is held to the client's own check
+(:meth:`~histoserve.remote.answers.AnswerCheck.for_request`: outputs, rows,
+datatype, shape, finite values, the model, and the run's package, pinned to
+the reported digest or else the first answer's); a caller's ``check`` (a JPEG
+transport's decode, a slide head's outputs) is added to it, never in its
+place. A wrong answer is a failed attempt, retried like a 503 (elsewhere when
+there are several URLs), and never returned.
 
 Example::
 
     from histoserve import HistoserveClient
-    with HistoserveClient("http://localhost:8080", "h0-mini") as client:
+    with HistoserveClient("http://localhost:8080") as client:   # the one model served
         embeddings = client.infer_pixels(tiles)["embedding"]   # tiles: uint8 [N, 224, 224, 3]
 
 Any V2 client works too (``tritonclient[http,grpc]``); this one needs only
@@ -34,25 +36,20 @@ for ``grpc://`` URLs).
 
 from __future__ import annotations
 
-import dataclasses
-import random
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-import httpx
 import numpy as np
 
-from histoserve.errors import BadAnswer, InferenceError
-from histoserve.remote.answers import DIGEST_CHARS, AnswerCheck
+from histoserve.errors import InferenceError, UsageError
+from histoserve.remote.answers import AllOf, AnswerCheck, Capped, Check, PackagePin
 from histoserve.remote.auth import Credentials, redact_url
-from histoserve.remote.dispatch import Check, Dispatcher, RetryPolicy, Transport, make_transport
-from histoserve.remote.http import Reply, new_client, parse_retry_after, send
-from histoserve.remote.model_config import MAX_CONFIG_BYTES
-from histoserve.remote.served_model import ServerInfo, fetch_server_info, info_url
-from histoserve.remote.transport import RETRY_STATUS, RecyclePolicy, status_error
+from histoserve.remote.dispatch import Dispatcher, RetryPolicy, make_transport
+from histoserve.remote.request import MAX_CONFIG_BYTES, Request, Transport
+from histoserve.remote.served_model import ServerInfo, describe
+from histoserve.remote.transport import RecyclePolicy
 
 __all__ = ["HistoserveClient", "InferenceError"]
 
@@ -91,7 +88,7 @@ class HistoserveClient:
     def __init__(
         self,
         url: str | Sequence[str],
-        model: str,
+        model: str | None = None,
         timeout_s: float = 300.0,
         max_answer_bytes: int | None = None,
         credentials: Credentials | None = None,
@@ -117,21 +114,19 @@ class HistoserveClient:
             raise ValueError(f"priority must be a whole number >= 0, got {priority!r}")
         self._priority = {"priority": int(priority)} if priority else {}
         self.urls = urls
-        self.model = model
+        self._model = model or (info.model if info is not None else None)
         self._credentials = credentials or Credentials()
         self._timeout_s, self._cap = timeout_s, max_answer_bytes
-        self._retry = retry or RetryPolicy()
         recycle = recycle or RecyclePolicy()
         self._dispatcher = Dispatcher(
             transports
             or [make_transport(u, timeout_s, recycle, self._credentials) for u in self.urls],
-            self._retry,
+            retry or RetryPolicy(),
         )
-        self._getters: dict[str, httpx.Client] = {}
-        self._lock = threading.Lock()  # the GET clients, the first package
-        self._info_lock = threading.Lock()  # held while the model is described (GETs in it)
+        self._info_lock = threading.Lock()  # held while the model is described
         self._info = info
-        self._first_package = ""  # a gRPC server's package, named by its first answer
+        self._config: dict[str, Any] = {}
+        self._pin = PackagePin(info.reported_sha256 if info is not None else "")
 
     def __enter__(self) -> HistoserveClient:
         return self
@@ -147,10 +142,27 @@ class HistoserveClient:
     def close(self) -> None:
         """Closes every connection pool and channel."""
         self._dispatcher.close()
-        with self._lock:
-            getters, self._getters = list(self._getters.values()), {}
-        for getter in getters:
-            getter.close()
+
+    @property
+    def model(self) -> str:
+        """The model's name: as given, else the one model the servers serve (described)."""
+        return self._model if self._model is not None else self.info.model
+
+    # -- the one send ----------------------------------------------------------------------
+    def send(self, request: Request, check: Check | None = None, url: str | None = None) -> Any:
+        """``request``'s answer through the one retry loop (any kind, any URL).
+
+        Args:
+            request: What to send.
+            check: What an ``infer`` answer must be (the caller's; the client's
+                own is added by :meth:`infer`).
+            url: Only this URL (describing each one); None: the least busy.
+
+        Raises:
+            InferenceError: The server refused it (4xx), or answered an error on every attempt.
+            RequestFailed: Every attempt failed otherwise (the network, wrong answers).
+        """
+        return self._dispatcher.send(request, check, url)
 
     # -- inference -----------------------------------------------------------------------
     def infer_pixels(
@@ -179,26 +191,35 @@ class HistoserveClient:
         parameters: Mapping[str, Any] | None = None,
         check: Check | None = None,
     ) -> dict[str, np.ndarray]:
-        """One request of ``inputs`` (the batch axis first); its answer once it passed ``check``.
+        """One request of ``inputs`` (the batch axis first); its answer once it passed every check.
 
         Args:
             inputs: Input tensors by name (``pixels``, ``tiles``, ``bulk_rna``,
                 ``jpeg_tiles``, ``features``, ...).
             mode: The request parameter ``mode`` (None: the model's default).
             parameters: Further request parameters.
-            check: What the answer must be (None: what :attr:`info` says a
-                request of ``mode`` answers, :meth:`AnswerCheck.for_request`).
+            check: What the answer must be besides the client's own check
+                (:meth:`AnswerCheck.for_request` of :attr:`info`, with the run's
+                package pin), which always applies; a slide head's outputs
+                need one (:func:`~histoserve.heads.head.head_check`).
 
         Raises:
+            UsageError: A slide head asked without a check of its outputs.
             InferenceError: The server refused it (4xx), or answered an error on every attempt.
             RequestFailed: Every attempt failed otherwise (the network, wrong answers).
         """
         asked = {**self._priority, **(parameters or {}), **({"mode": mode} if mode else {})}
-        if check is None:
-            check = self._default_check(mode)
+        if self.info.takes_features and check is None:
+            raise UsageError(
+                f"model {self.model!r} is a slide head (it takes 'features'): run it with "
+                "histoserve.aggregate (or pass its check, histoserve.heads.head.head_check)"
+            )
+        checks: list[Check] = [AnswerCheck.for_request(self.info, mode, self._pin)]
+        if check is not None:
+            checks.append(check)
         if self._cap is not None:
-            check = _Capped(check, self._cap)
-        return self._dispatcher.infer(self.model, inputs, asked, check)
+            checks.append(Capped(self._cap))
+        return self.send(Request("infer", self.model, inputs, asked), AllOf(tuple(checks)))
 
     def _tiles(
         self, inputs: dict[str, np.ndarray], mode: str | None, bulk_rna: np.ndarray | None
@@ -207,16 +228,14 @@ class HistoserveClient:
             inputs["bulk_rna"] = np.asarray(bulk_rna, dtype=np.float32)
         return self.infer(inputs, mode=mode)
 
-    def _default_check(self, mode: str | None) -> Check:
-        info = self.info
-        check = AnswerCheck.for_request(info, mode)
-        if info.reported_sha256:
-            return check
-        return _FirstPackage(check, self)  # gRPC: the first answer's package, then that one
-
     def stats(self) -> dict[str, dict[str, int]]:
         """Per URL: requests sent, failed attempts, now in flight."""
         return self._dispatcher.stats()
+
+    @property
+    def package_sha256(self) -> str:
+        """The run's package: the digest the servers reported, else the first answer's ("")."""
+        return self._pin.digest
 
     # -- what the server says ------------------------------------------------------------
     @property
@@ -224,119 +243,37 @@ class HistoserveClient:
         """The model as its servers describe it (asked once, on first use).
 
         Every URL is asked and must serve the same package
-        (:func:`~histoserve.remote.served_model.fetch_server_info`).
+        (:func:`~histoserve.remote.served_model.describe`).
         """
         with self._info_lock:
             if self._info is None:
-                self._info = fetch_server_info(
-                    self.urls,
-                    self.model,
-                    self._timeout_s,
-                    self._retry,
-                    credentials=self._credentials,
-                    config_of=self._config_at,
-                )
+                urls = self._dispatcher.urls
+                self._info, self._config = describe(urls, self._model, self.send_to)
+                self._model = self._info.model
+                self._pin = PackagePin(self._info.reported_sha256)
             return self._info
 
-    def metadata(self) -> dict[str, Any]:
-        """The model's V2 metadata (from the first HTTP URL)."""
-        return self._get(self._http_url(), f"/v2/models/{self.model}")
+    def send_to(self, url: str, request: Request) -> Any:
+        """``request`` to ``url`` only (describing each server), through the one send."""
+        return self.send(request, url=url)
 
     def config(self) -> dict[str, Any]:
-        """The full spec, provenance and effective batching configuration (first HTTP URL)."""
-        return self._get(self._http_url(), f"/v2/models/{self.model}/config")
+        """The full config (spec, provenance, batching) as the first server reports it.
 
-    def _http_url(self) -> str:
-        url = info_url(self.urls)
-        if url is None:
-            raise ValueError("metadata() and config() need an http(s):// URL; gRPC has no config")
-        return url.rstrip("/")
-
-    def _config_at(self, url: str, model: str | None) -> tuple[str, Mapping[str, Any]]:
-        name = model or self.model
-        config = self._get(url, f"/v2/models/{name}/config")
-        if not isinstance(config, Mapping):
-            raise BadAnswer(f"{url}: the config of {name!r} is not a JSON object")
-        return name, config
-
-    def _get(self, url: str, path: str) -> Any:
-        """GET ``path`` at ``url`` as JSON: retried like inference, errors as InferenceError."""
-        with self._lock:
-            getter = self._getters.get(url)
-            if getter is None:
-                getter = self._getters[url] = new_client(url, self._timeout_s, self._credentials)
-
-        def attempt(_: int) -> Any:
-            reply = send(
-                getter,
-                self._credentials,
-                "GET",
-                path,
-                timeout_s=self._timeout_s,
-                max_bytes=MAX_CONFIG_BYTES,
+        Described with :attr:`info` (over HTTP or gRPC); asked again when the
+        client was given its ``info`` (``embed`` passes it on).
+        """
+        if not self._config:
+            url = self._dispatcher.urls[0]
+            self._config = self.send(
+                Request("config", self.model, max_answer_bytes=MAX_CONFIG_BYTES), url=url
             )
-            if reply.status in RETRY_STATUS:
-                raise status_error(reply.url, reply, self._credentials)
-            _raise_for_status(reply, self._credentials)
-            try:
-                return reply.json()
-            except ValueError as exc:
-                raise BadAnswer(f"{reply.url}: not JSON") from exc
+        return self._config
 
-        return self._retry.run(attempt, time.sleep, random.Random(), what=f"GET {url}{path}")
+    def metadata(self) -> dict[str, Any]:
+        """The model's V2 metadata (``GET /v2/models/{name}``; gRPC ``ModelMetadata``)."""
+        return self.send(Request("metadata", self.model, max_answer_bytes=MAX_CONFIG_BYTES))
 
-
-@dataclasses.dataclass(frozen=True)
-class _Capped:
-    """``check`` with answers bounded by the caller's ``max_answer_bytes`` too."""
-
-    check: Check
-    cap: int
-
-    def verify(self, answer: Mapping[str, Any], n_tiles: int, url: str) -> None:
-        self.check.verify(answer, n_tiles, url)
-
-    def max_answer_bytes(self, n_tiles: int) -> int:
-        return min(self.check.max_answer_bytes(n_tiles), self.cap)
-
-
-@dataclasses.dataclass(frozen=True)
-class _FirstPackage:
-    """``check``, and every answer naming the package the client's first answer named.
-
-    For servers that report no digest before the first answer (gRPC model
-    metadata): replicas of two packages behind one URL are caught at the
-    first answer of the second, as embed's config check would catch them.
-    """
-
-    check: Check
-    client: HistoserveClient
-
-    def verify(self, answer: Mapping[str, Any], n_tiles: int, url: str) -> None:
-        self.check.verify(answer, n_tiles, url)
-        parameters = (getattr(answer, "identity", None) or {}).get("parameters") or {}
-        digest = (
-            str(parameters.get("package_sha256") or "") if isinstance(parameters, Mapping) else ""
-        )
-        if not digest:
-            return
-        client = self.client
-        with client._lock:
-            first = client._first_package = client._first_package or digest
-        if digest != first:
-            raise BadAnswer(
-                f"{url}: answered with package {digest[:DIGEST_CHARS]}, not "
-                f"{first[:DIGEST_CHARS]} that its first answer named (replicas of two "
-                "packages serve it; a wrong answer, not used)"
-            )
-
-    def max_answer_bytes(self, n_tiles: int) -> int:
-        return self.check.max_answer_bytes(n_tiles)
-
-
-def _raise_for_status(reply: Reply, credentials: Credentials) -> None:
-    if reply.status < 400:
-        return
-    retry_after_s = parse_retry_after(reply.headers.get("retry-after"))
-    message = f"{reply.url}: HTTP {reply.status}: {reply.message(credentials)}"
-    raise InferenceError(reply.status, message, retry_after_s)
+    def ready(self) -> bool:
+        """Whether a server is ready (``/v2/health/ready``; gRPC ``ServerReady``)."""
+        return bool(self.send(Request("ready")))

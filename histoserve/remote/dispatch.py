@@ -21,48 +21,23 @@ here, preferably elsewhere, so that another URL answers it.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from histoserve.errors import InferenceError, RequestFailed, RetryableError, ServerRefused
+from histoserve.remote.answers import Check
 from histoserve.remote.auth import Credentials
-from histoserve.remote.transport import DEFAULT_MAX_ANSWER_BYTES, HttpTransport, RecyclePolicy
+from histoserve.remote.request import Request, Transport
+from histoserve.remote.transport import Answer, HttpTransport, RecyclePolicy
 
 T = TypeVar("T")
-
-
-class Transport(Protocol):
-    """One URL (HTTP or gRPC)."""
-
-    url: str
-
-    def infer(
-        self,
-        model: str,
-        inputs: Mapping[str, np.ndarray],
-        parameters: Mapping[str, Any],
-        max_answer_bytes: int,
-    ) -> dict[str, np.ndarray]: ...
-
-    def close(self) -> None: ...
-
-
-class Check(Protocol):
-    """What an answer must be (:class:`~histoserve.remote.answers.AnswerCheck`)."""
-
-    def verify(self, answer: Mapping[str, Any], n_tiles: int, url: str) -> None:
-        """Returns when ``answer`` fits; raises a :class:`RetryableError` when it does not."""
-        ...
-
-    def max_answer_bytes(self, n_tiles: int) -> int:
-        """The most bytes an answer to ``n_tiles`` rows can need; larger ones are not read."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -201,51 +176,61 @@ class Dispatcher:
         inputs: Mapping[str, np.ndarray],
         parameters: Mapping[str, Any] | None = None,
         check: Check | None = None,
-    ) -> dict[str, np.ndarray]:
-        """Runs one request somewhere; returns its outputs.
+    ) -> Answer:
+        """Runs one inference request somewhere; returns its checked outputs (:meth:`send`)."""
+        request = Request("infer", model, inputs, parameters or {})
+        return self.send(request, check)
+
+    def send(self, request: Request, check: Check | None = None, url: str | None = None) -> Any:
+        """``request``'s answer, retried by the one loop (:meth:`RetryPolicy.run`).
 
         Args:
-            model: Model name in URLs.
-            inputs: Input tensors, the batch axis first (``pixels`` ``[N, T, T, 3]``, ...).
-            parameters: Request parameters (``mode``).
-            check: What the answer must be (rows = ``N``, outputs, dtypes, shapes);
-                an answer that fails it is a failed attempt, retried like a 503.
+            request: What to send (:class:`~histoserve.remote.request.Request`).
+            check: What an ``infer`` answer must be (rows = ``N``, outputs,
+                dtypes, shapes, identity); an answer that fails it is a failed
+                attempt, retried like a 503. Its answer bound is the request's.
+            url: Send to this URL only (describing each server); None: the
+                URL with the fewest in flight, retried preferably elsewhere.
 
         Raises:
             InferenceError: A 4xx (the server's status and message), or an error
                 status on every attempt (a :class:`RequestFailed`).
             RequestFailed: Every attempt failed otherwise (last error).
         """
-        n_tiles = len(next(iter(inputs.values()))) if inputs else 0
+        if check is not None:
+            request = dataclasses.replace(
+                request, max_answer_bytes=check.max_answer_bytes(request.rows)
+            )
+        only = self._slot_of(url) if url is not None else None
         tried: list[_Slot] = []
 
-        def attempt(_: int) -> dict[str, np.ndarray]:
-            slot = self._pick(tried[-1] if tried else None)
+        def attempt(_: int) -> Any:
+            slot = self._pick(tried[-1] if tried else None, only)
             tried.append(slot)
             try:
-                return self._attempt(slot, model, inputs, parameters or {}, check, n_tiles)
+                return self._attempt(slot, request, check)
             except RetryableError as exc:
                 self._count_failure(slot, exc.retry_after_s)
                 raise
 
-        return self._retry.run(attempt, self._sleep, self._rng)
+        what = "request" if request.kind == "infer" else f"asking {url} for {request.describe()}"
+        return self._retry.run(attempt, self._sleep, self._rng, what=what)
 
-    def _attempt(
-        self,
-        slot: _Slot,
-        model: str,
-        inputs: Mapping[str, np.ndarray],
-        parameters: Mapping[str, Any],
-        check: Check | None,
-        n_tiles: int,
-    ) -> dict[str, np.ndarray]:
+    def _slot_of(self, url: str) -> _Slot:
+        for slot in self._slots:
+            if slot.transport.url.rstrip("/") == url.rstrip("/"):
+                return slot
+        raise ValueError(f"no transport for {url}")
+
+    def _attempt(self, slot: _Slot, request: Request, check: Check | None) -> Any:
         """One attempt on ``slot``: its checked answer, or a RetryableError (4xx: RequestFailed)."""
         url = slot.transport.url
         try:
-            bound = check.max_answer_bytes(n_tiles) if check else DEFAULT_MAX_ANSWER_BYTES
-            answer = slot.transport.infer(model, inputs, parameters, bound)
+            answer = slot.transport.send(request)
+            if request.kind == "infer" and not isinstance(answer, Answer):
+                answer = Answer(answer)  # a fake's plain mapping: no identity
             if check is not None:
-                check.verify(answer, n_tiles, url)
+                check.verify(answer, request.rows, url)
             return answer
         except ServerRefused as exc:
             message = f"{url} refused the request: {exc}"
@@ -255,10 +240,11 @@ class Dispatcher:
         finally:
             self._done(slot)
 
-    def _pick(self, avoid: _Slot | None) -> _Slot:
+    def _pick(self, avoid: _Slot | None, only: _Slot | None = None) -> _Slot:
         with self._lock:
             now = time.monotonic()
             candidates = [s for s in self._slots if s is not avoid] or self._slots
+            candidates = [only] if only is not None else candidates
             slot = min(
                 candidates,
                 key=lambda s: (s.cool_until > now, s.in_flight, s.last_used, s.order),
@@ -279,6 +265,11 @@ class Dispatcher:
             self.failed_attempts += 1
             cool_s = min(self._retry.cool_down_s, retry_after_s or self._retry.cool_down_s)
             slot.cool_until = time.monotonic() + cool_s
+
+    @property
+    def urls(self) -> list[str]:
+        """Each transport's URL, in order."""
+        return [slot.transport.url for slot in self._slots]
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Per URL: requests sent, failed attempts, now in flight."""

@@ -22,12 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from histoserve.errors import BadAnswer, RemoteError, RetryableError, ServerRefused, UsageError
+from histoserve import jsonsafe
+from histoserve.errors import BadAnswer, RemoteError, RetryableError, ServerRefused
 from histoserve.remote.auth import MESSAGE_MAX_CHARS, Credentials
 from histoserve.remote.http import HEADER_HEADROOM_BYTES
+from histoserve.remote.request import Request
 from histoserve.remote.transport import (
     DECODE_ERRORS,
-    DEFAULT_MAX_ANSWER_BYTES,
     Answer,
     RecyclePolicy,
     Recycler,
@@ -152,14 +153,58 @@ class GrpcTransport:
         """Channels opened so far."""
         return self._recycler.pools_opened
 
-    def infer(
-        self,
-        model: str,
-        inputs: Mapping[str, np.ndarray],
-        parameters: Mapping[str, Any],
-        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
-    ) -> Answer:
-        """Sends one call; returns ``{output: array}`` (same errors as HTTP).
+    def send(self, request: Request) -> Any:
+        """The answer to ``request`` (as :class:`~histoserve.remote.transport.HttpTransport`'s).
+
+        ``config`` is the ``ModelConfig`` call (tritonclient's ``get_model_config``):
+        a histoserve server answers its config's keys as the config's
+        parameters, each a JSON text; ``models`` is ``RepositoryIndex``.
+        """
+        if request.kind == "infer":
+            return self._infer(request)
+        return self._call(request)
+
+    def _call(self, request: Request) -> Any:
+        """A describing call (every kind but ``infer``) over the current channel."""
+        from tritonclient.utils import InferenceServerException
+
+        self._fit_receive(request.max_answer_bytes)
+        pool = self._recycler.acquire()
+        kwargs = {
+            "headers": self._credentials.grpc_metadata() or None,
+            "client_timeout": self._timeout_s,
+        }
+        try:
+            client = pool.client
+            if request.kind == "ready":
+                return bool(client.is_server_ready(**kwargs))
+            if request.kind == "models":
+                index = client.get_model_repository_index(as_json=True, **kwargs)
+                return [str(m["name"]) for m in index.get("models", ()) if "name" in m]
+            if request.kind == "metadata":
+                return dict(client.get_model_metadata(request.model, as_json=True, **kwargs))
+            answer = client.get_model_config(request.model, as_json=True, **kwargs)
+            return config_of_parameters(self.url, request.model, answer)
+        except InferenceServerException as exc:
+            error = _wrap(self.url, exc, self._credentials, self._own_bounds)
+            if isinstance(error, RetryableError):
+                self._recycler.discard(pool)
+            raise error from exc
+        except DECODE_ERRORS as exc:
+            message = self._credentials.scrub(str(exc), MESSAGE_MAX_CHARS)
+            raise BadAnswer(f"{self.url}: malformed {request.kind} answer: {message}") from exc
+        finally:
+            self._recycler.release(pool)
+
+    def _fit_receive(self, max_answer_bytes: int) -> None:
+        """A new channel when this call may need a larger answer than the current one takes."""
+        if max_answer_bytes > self._max_receive:
+            self._max_receive = max_answer_bytes
+            self._own_bounds.add(receive_bound(max_answer_bytes))
+            self._recycler.retire_current()
+
+    def _infer(self, request: Request) -> Answer:
+        """One ``ModelInfer`` call; returns ``{output: array}`` (same errors as HTTP).
 
         The call's deadline is ``timeout_s``; the channel refuses an answer
         larger than the largest any request so far could need (a new channel
@@ -168,16 +213,14 @@ class GrpcTransport:
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
+        model, inputs, parameters = request.model, request.inputs, request.parameters
         infer_inputs = []
         for name, array in inputs.items():
             array = np.ascontiguousarray(array)
             item = grpcclient.InferInput(name, list(array.shape), _DATATYPES[array.dtype])
             item.set_data_from_numpy(array)
             infer_inputs.append(item)
-        if max_answer_bytes > self._max_receive:
-            self._max_receive = max_answer_bytes
-            self._own_bounds.add(receive_bound(max_answer_bytes))
-            self._recycler.retire_current()
+        self._fit_receive(request.max_answer_bytes)
         pool = self._recycler.acquire()
         try:
             result = pool.client.infer(
@@ -200,7 +243,16 @@ class GrpcTransport:
         """The outputs and identity of an ``InferResult``; BadAnswer when they do not decode."""
         try:
             response = result.get_response()
-            outputs = {out.name: result.as_numpy(out.name) for out in response.outputs}
+            outputs = {}
+            for out in response.outputs:
+                if out.name in outputs:
+                    raise ValueError(f"output {out.name!r} is answered twice")
+                values = result.as_numpy(out.name)
+                if out.datatype != "BYTES" and values.dtype.kind not in "biuf":
+                    raise ValueError(
+                        f"output {out.name!r}: {out.datatype} data that are not numbers"
+                    )
+                outputs[out.name] = values
             identity = {
                 "model_name": response.model_name,
                 "model_version": response.model_version,
@@ -219,38 +271,27 @@ class GrpcTransport:
         self._recycler.close()
 
 
-def grpc_metadata(
-    url: str, model: str | None, timeout_s: float, credentials: Credentials | None = None
-) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
-    """``(name, inputs, outputs)`` of a model from gRPC ``ModelMetadata``.
+def config_of_parameters(url: str, model: str, answer: Any) -> dict[str, Any]:
+    """The config a ``ModelConfig`` answer carries: its parameters, each a JSON text.
 
     Raises:
-        UsageError: No ``--model`` (gRPC has no model list here).
-        RemoteError: The server cannot be reached or does not know the model.
+        BadAnswer: A parameter that is no JSON text, or none at all (a server
+            that answers ``ModelConfig`` but not with histoserve's config).
     """
-    from tritonclient.utils import InferenceServerException
-
-    if model is None:
-        raise UsageError(f"{url}: pass --model NAME (a gRPC URL cannot list its models)")
-    credentials = credentials or Credentials()
-    client = _client(url, credentials, DEFAULT_MAX_ANSWER_BYTES)
-    try:
-        meta = client.get_model_metadata(
-            model,
-            headers=credentials.grpc_metadata() or None,
-            as_json=True,
-            client_timeout=timeout_s,
+    config = answer.get("config") if isinstance(answer, Mapping) else None
+    parameters = config.get("parameters") if isinstance(config, Mapping) else None
+    if not isinstance(parameters, Mapping) or not parameters:
+        raise BadAnswer(
+            f"{url}: the ModelConfig of {model!r} carries no parameters (histoserve's server "
+            "answers its config there: spec, package_sha256, outputs)"
         )
-    except InferenceServerException as exc:
-        message = credentials.scrub(str(exc), MESSAGE_MAX_CHARS)
-        raise RemoteError(f"{url}: model metadata for {model!r}: {message}") from exc
-    finally:
-        client.close()
-
-    def entries(key: str) -> list[dict[str, Any]]:
-        return [
-            {"name": t["name"], "datatype": t["datatype"], "shape": [int(d) for d in t["shape"]]}
-            for t in meta.get(key, [])
-        ]
-
-    return model, entries("inputs"), entries("outputs")
+    out: dict[str, Any] = {}
+    for key, value in parameters.items():
+        text = value.get("string_value") if isinstance(value, Mapping) else None
+        if not isinstance(text, str):
+            raise BadAnswer(f"{url}: ModelConfig parameter {key!r} of {model!r} is no string")
+        try:
+            out[str(key)] = jsonsafe.loads(text, f"{url} ModelConfig {key}")
+        except ValueError as exc:
+            raise BadAnswer(f"{url}: ModelConfig parameter {key!r} of {model!r}: {exc}") from exc
+    return out

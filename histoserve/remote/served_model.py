@@ -1,35 +1,40 @@
 """What the server says about its model: tile size, mpp, outputs, package identity.
 
 ``histoserve embed`` tiles slides at the model's own scale, so before reading
-a single tile it asks a server: ``GET /v2/models`` (or ``/v1/models``) for the
-model name when none is given, then ``GET /v2/models/{name}/config`` for the
-spec (``tile_size``, ``mpp``, ``family``, modes), the package's metadata and,
-for multimodal models, the input gene list. The answer goes into every output
-file (spec, package identity) and into the config hash that decides resume.
+a single tile its client describes the model (:func:`describe`, through the
+client's one ``send``, :mod:`~histoserve.remote.request`): the served models
+(``GET /v1/models``; gRPC ``RepositoryIndex``) for the model name when none
+is given and one is served, then the model's config (``GET
+/v2/models/{name}/config``; gRPC ``ModelConfig``, the same keys as its
+parameters): the spec (``tile_size``, ``mpp``, ``family``, modes), the
+package's digest and metadata and, for multimodal models, the input gene
+list. The answer goes into every output file (spec, package identity) and
+into the config hash that decides resume. So a ``grpc://`` URL describes a
+histoserve model as an ``http://`` one does.
 
-Credentials (CA bundle, token, headers) go with these requests as with
-inference requests. A ``grpc://`` URL has no config endpoint: the info then comes from the first
-HTTP URL given, else from gRPC model metadata (tile size, gene count), and the
-target mpp must be given with ``--target-mpp``.
+A V2 gRPC server that does not answer ``ModelConfig`` (another server than
+histoserve's) is described by its ``ModelMetadata``: tile size, gene count and
+outputs, no mpp and no package digest; what the run then cannot know is
+named (``--target-mpp``), and every answer's package is pinned to the first
+one's (:class:`~histoserve.remote.answers.PackagePin`).
 
 Every URL is asked, not only the first: requests go to all of them, so a
 second URL serving another package (same shapes, other weights) would put
-its features into the same files. Every HTTP(S) URL's config must report the
-first one's package digest and spec; a gRPC URL's metadata gives no digest,
-so only its tile size, gene count and output names, datatypes and shapes are
-compared (:func:`check_same_model`). Any difference is a usage error naming
-both URLs and what differs, before any slide is read. Where they decode JPEG
-tiles (``jpeg_decode``) may differ: pixels are the same either way, so such
-URLs are described as ``mixed`` and no jpeg transport is chosen for them.
+its features into the same files. Every URL's config must report the first
+one's package digest and spec; a URL described by metadata alone gives no
+digest, so only its tile size, gene count and output names, datatypes and
+shapes are compared (:func:`check_same_model`). Any difference is a usage
+error naming both URLs and what differs, before any slide is read. Where
+they decode JPEG tiles (``jpeg_decode``) may differ: pixels are the same
+either way, so such URLs are described as ``mixed`` and no jpeg transport is
+chosen for them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,22 +42,28 @@ from typing import Any
 import numpy as np
 
 from histoserve import wire
-from histoserve.errors import HistoserveError, RemoteError, UsageError
+from histoserve.errors import (
+    HistoserveError,
+    InferenceError,
+    RemoteError,
+    RequestFailed,
+    UsageError,
+)
 from histoserve.limits import MAX_READ_PX, mpp_problem
-from histoserve.remote.auth import Credentials
-from histoserve.remote.dispatch import RetryPolicy
-from histoserve.remote.model_config import fetch_config
+from histoserve.remote.request import MAX_CONFIG_BYTES, Request
 
-INFO_TIMEOUT_S = 30.0
 GRPC_DIGEST = "grpc-metadata:"
 """How :attr:`ServerInfo.package_sha256` starts when it comes from gRPC metadata (no digest)."""
 METADATA_DIGEST = "metadata:"
 """How it starts when made up from a config that reports no digest."""
+NOT_FOUND = frozenset({404, "NOT_FOUND"})
+UNIMPLEMENTED = frozenset({404, "UNIMPLEMENTED"})
+"""What a server that does not know a describing call answers (gRPC; REST: a 404 route)."""
 
 OutputInfo = tuple[str, tuple[int, ...]]
 """An output's V2 datatype and shape (``-1`` where any size goes: the batch axis)."""
-ConfigFetch = Callable[[str, "str | None"], "tuple[str, Mapping[str, Any]]"]
-"""``(url, model) -> (name, config)``: one HTTP URL's ``/v2/models/{name}/config``."""
+Send = Callable[[str, Request], Any]
+"""``(url, request) -> answer``: the client's one send, to one URL, retried by its one loop."""
 
 
 @dataclass(frozen=True)
@@ -131,77 +142,109 @@ def info_url(urls: Sequence[str]) -> str | None:
     return next((u for u in urls if u.startswith(("http://", "https://"))), None)
 
 
-def fetch_server_info(
-    urls: Sequence[str],
-    model: str | None,
-    timeout_s: float = INFO_TIMEOUT_S,
-    retry: RetryPolicy | None = None,
-    sleep: Callable[[float], Any] = time.sleep,
-    credentials: Credentials | None = None,
-    config_of: ConfigFetch | None = None,
-) -> ServerInfo:
-    """The model's :class:`ServerInfo`, from the first HTTP URL or else over gRPC.
+def describe(
+    urls: Sequence[str], model: str | None, send: Send
+) -> tuple[ServerInfo, dict[str, Any]]:
+    """The model's :class:`ServerInfo` and its config as the first URL reports it.
 
-    ``config_of(url, model)`` fetches one HTTP URL's ``(name, config)``
-    (default: :func:`~histoserve.remote.model_config.fetch_config`, whose
-    unknown model is a UsageError; :class:`~histoserve.HistoserveClient`
-    passes its own, whose is the server's 404).
-
-    Every other URL is asked too and must serve the same model package
-    (:func:`check_same_model`). Connection errors, 5xx and 429 are retried
-    like inference requests (a Job's pod may start before its
-    InferenceService is ready, or while it scales up).
+    The first HTTP(S) URL is asked first (else the first); every other URL is
+    asked too and must serve the same model package (:func:`check_same_model`).
+    ``send`` is the client's one send (its retries: a Job's pod may start
+    before its InferenceService is ready, or while it scales up).
 
     Raises:
         UsageError: No model named and the server serves several (or none), an
             unknown model, or two URLs serving different packages.
         RemoteError: A server cannot be reached or answers something unexpected.
     """
-    urls = list(dict.fromkeys(u.rstrip("/") for u in urls))
+    urls = list(dict.fromkeys(urls))
     first = info_url(urls) or urls[0]
-    ask = functools.partial(
-        _ask,
-        timeout_s=timeout_s,
-        retry=retry or RetryPolicy(),
-        sleep=sleep,
-        credentials=credentials,
-        config_of=config_of,
-    )
-    reference = ask(first, model)
-    others = [(u, _ask_another(ask, u, reference.model, first)) for u in urls if u != first]
+    reference, config = _ask(send, first, model)
+    others = [(u, _ask_another(send, u, reference.model, first)) for u in urls if u != first]
     check_same_model([(first, reference), *others])
     decodes = {i.jpeg_decode for _, i in others if i.jpeg_decode} - {reference.jpeg_decode}
-    return dataclasses.replace(reference, jpeg_decode="mixed") if decodes else reference
+    if decodes:
+        reference = dataclasses.replace(reference, jpeg_decode="mixed")
+    return reference, config
 
 
-def _ask(
-    url: str,
-    name: str | None,
-    *,
-    timeout_s: float,
-    retry: RetryPolicy,
-    sleep: Callable[[float], Any],
-    credentials: Credentials | None,
-    config_of: ConfigFetch | None,
-) -> ServerInfo:
-    """One URL's description: its config over HTTP(S), its metadata over gRPC."""
-    if not url.startswith(("http://", "https://")):
-        info = _grpc_info(url, name, timeout_s, credentials)
+def _ask(send: Send, url: str, name: str | None) -> tuple[ServerInfo, dict[str, Any]]:
+    """One URL's description: its config, or its V2 metadata where it has no config call."""
+    try:
+        return _described(send, url, name)
+    except RequestFailed as exc:
+        if isinstance(exc, InferenceError):  # it answered: its refusal says why
+            raise
+        raise RemoteError(f"cannot reach {url} to describe the model: {exc}") from exc
+
+
+def _described(send: Send, url: str, name: str | None) -> tuple[ServerInfo, dict[str, Any]]:
+    name = name or _only_model(send, url)
+    try:
+        config = send(url, Request("config", name, max_answer_bytes=MAX_CONFIG_BYTES))
+    except InferenceError as exc:
+        if exc.status in NOT_FOUND and not url.startswith(("grpc://", "grpcs://")):
+            raise UsageError(f"{url} serves no model {name!r}: {exc}") from exc
+        if exc.status not in UNIMPLEMENTED and exc.status not in NOT_FOUND:
+            raise
+        info = _from_metadata(send, url, name, exc)
         check_served_numbers(url, info)
-        return info
-    if config_of is None:
-        name, config = fetch_config(url, name, timeout_s, retry, credentials, sleep)
-    else:
-        name, config = config_of(url, name)
+        return info, {}
     info = info_from_config(name, config)
     check_served_numbers(url, info)
-    return info
+    return info, config
 
 
-def _ask_another(ask: Callable[..., ServerInfo], url: str, name: str, first: str) -> ServerInfo:
+def _from_metadata(send: Send, url: str, name: str, why: InferenceError) -> ServerInfo:
+    """A gRPC URL without ``ModelConfig``: its ``ModelMetadata`` (no mpp, no digest)."""
+    try:
+        meta = send(url, Request("metadata", name, max_answer_bytes=MAX_CONFIG_BYTES))
+    except InferenceError as exc:
+        if exc.status in NOT_FOUND:
+            raise UsageError(f"{url} serves no model {name!r}: {exc}") from exc
+        raise
+    try:
+        inputs, outputs = (_entries(meta.get(key)) for key in ("inputs", "outputs"))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise RemoteError(
+            f"{url}: model metadata of {name!r}: unexpected answer ({exc!r})"
+        ) from exc
+    del why  # its ModelConfig call is not implemented there: metadata is all it says
+    return info_from_metadata(url, name, inputs, outputs)
+
+
+def _entries(listed: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": str(t["name"]),
+            "datatype": str(t["datatype"]),
+            "shape": [int(d) for d in t["shape"]],
+        }
+        for t in listed or ()
+    ]
+
+
+def _only_model(send: Send, url: str) -> str:
+    """The one model ``url`` serves; UsageError naming them when it serves several or none."""
+    try:
+        models = send(url, Request("models"))
+    except InferenceError as exc:
+        if exc.status in UNIMPLEMENTED:
+            raise UsageError(
+                f"{url} does not list its models ({exc.status}): pass --model NAME"
+            ) from exc
+        raise
+    if len(models) != 1:
+        raise UsageError(
+            f"{url} serves {len(models)} models ({', '.join(models) or 'none'}): pick one with --model"
+        )
+    return str(models[0])
+
+
+def _ask_another(send: Send, url: str, name: str, first: str) -> ServerInfo:
     """:func:`_ask` for a URL beside the first; an unreachable one says why it was asked."""
     try:
-        return ask(url, name)
+        return _ask(send, url, name)[0]
     except UsageError:
         raise
     except HistoserveError as exc:
@@ -265,26 +308,34 @@ def _difference(a: ServerInfo, b: ServerInfo) -> str | None:
 
 
 def info_from_config(name: str, config: Mapping[str, Any]) -> ServerInfo:
-    """Builds :class:`ServerInfo` from a ``/v2/models/{name}/config`` answer."""
+    """Builds :class:`ServerInfo` from a ``/v2/models/{name}/config`` answer.
+
+    A slide head (family ``slide``, or a ``features`` input) takes no tiles:
+    its tile size (0) and mpp (None) are read only where its spec says them.
+    """
     try:
         spec = dict(config["spec"])
         digest = config.get("package_sha256") or config.get("sha256")
         if not digest:
             blob = json.dumps(config.get("package_metadata", {}), sort_keys=True).encode()
             digest = METADATA_DIGEST + hashlib.sha256(blob).hexdigest()
+        inputs = tuple(str(i["name"]) for i in config.get("inputs") or ())
+        head = spec.get("family") == "slide" or wire.SLIDE_INPUT in inputs
+        tile_size = spec.get("tile_size", 0) if head else spec["tile_size"]
+        mpp = spec.get("mpp") if head else spec["mpp"]
         return ServerInfo(
             model=name,
             family=str(spec["family"]),
-            tile_size=int(spec["tile_size"]),
-            mpp=float(spec["mpp"]),
-            modes=tuple(spec["modes"]),
+            tile_size=int(tile_size),
+            mpp=float(mpp) if mpp is not None else None,
+            modes=tuple(spec.get("modes") or ()) if head else tuple(spec["modes"]),
             n_genes=len(config.get("genes_in") or ()),
             package_sha256=str(digest),
             spec=spec,
             outputs=_listed_outputs(config.get("outputs")) or _spec_outputs(spec),
             transports=tuple(str(t) for t in config.get("transports") or ("pixels",)),
             jpeg_decode=str(config.get("jpeg_decode") or "cpu")[:40],
-            inputs=tuple(str(i["name"]) for i in config.get("inputs") or ()),
+            inputs=inputs,
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise RemoteError(f"model {name!r}: unexpected config answer ({exc!r})") from exc
@@ -305,7 +356,8 @@ def check_served_numbers(url: str, info: ServerInfo) -> None:
             gene count or an output shape no model has.
     """
     problems = []
-    if not 1 <= info.tile_size <= MAX_READ_PX:
+    head = info.family == "slide" or info.takes_features  # takes features, not tiles
+    if not (head and info.tile_size == 0) and not 1 <= info.tile_size <= MAX_READ_PX:
         problems.append(("tile_size", info.tile_size, f"outside 1..{MAX_READ_PX} px"))
     if info.mpp is not None:
         problem = mpp_problem(info.mpp)
@@ -355,16 +407,6 @@ def _spec_outputs(spec: Mapping[str, Any]) -> dict[str, OutputInfo]:
     modes = [str(m) for m in spec.get("modes") or ("embedding",)]
     names = dict.fromkeys(n for m in modes for n in wire.MODE_OUTPUTS.get(m, ()))
     return {n: ("FP32", (-1, dim if n == "embedding" else -1)) for n in names or ["embedding"]}
-
-
-def _grpc_info(
-    url: str, model: str | None, timeout_s: float, credentials: Credentials | None
-) -> ServerInfo:
-    """Tile size and gene count from gRPC model metadata (no spec, no mpp)."""
-    from histoserve.remote.grpc_transport import grpc_metadata
-
-    name, inputs, outputs = grpc_metadata(url, model, timeout_s, credentials)
-    return info_from_metadata(url, name, inputs, outputs)
 
 
 def info_from_metadata(

@@ -45,6 +45,7 @@ from histoserve import wire
 from histoserve.errors import BadAnswer, RemoteError, RetryableError, ServerRefused
 from histoserve.remote.auth import MESSAGE_MAX_CHARS, Credentials
 from histoserve.remote.http import HEADER_HEADROOM_BYTES, Reply, new_client, parse_retry_after, send
+from histoserve.remote.request import DEFAULT_MAX_ANSWER_BYTES, Request
 from histoserve.tracecontext import trace_headers
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -162,10 +163,6 @@ class Recycler:
             self._close(pool.client)
 
 
-DEFAULT_MAX_ANSWER_BYTES = 64 << 20
-"""An answer's bound when the request's check cannot size it (an output of unknown shape)."""
-
-
 class HttpTransport:
     """V2 REST with the binary tensor extension to one base URL.
 
@@ -196,20 +193,67 @@ class HttpTransport:
         """Connection pools opened so far (1 + recycles + reconnects)."""
         return self._recycler.pools_opened
 
-    def infer(
-        self,
-        model: str,
-        inputs: Mapping[str, np.ndarray],
-        parameters: Mapping[str, Any],
-        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
-    ) -> Answer:
-        """Sends one request; returns ``{output: array}`` (an :class:`Answer`).
+    def send(self, request: Request) -> Any:
+        """The answer to ``request`` (:mod:`~histoserve.remote.request`: an :class:`Answer`
+        for ``infer``, a JSON object for ``config`` and ``metadata``, names for
+        ``models``, a bool for ``ready``).
 
         Raises:
             RetryableError: 5xx/429/408, connection errors, the deadline, an
                 answer that cannot be decoded or is larger than ``max_answer_bytes``.
             ServerRefused: Any other 4xx, with the server's message.
         """
+        if request.kind == "infer":
+            return self._infer(request)
+        if request.kind == "ready":
+            return self._get("/v2/health/ready", request.max_answer_bytes).status == 200
+        if request.kind == "models":
+            reply = self._get("/v1/models", request.max_answer_bytes)
+            answer = self._json(reply)
+            listed = answer.get("models") if isinstance(answer, dict) else None
+            if not isinstance(listed, list):
+                raise BadAnswer(f"{reply.url}: not a model list")
+            return [str(m) for m in listed]
+        suffix = "/config" if request.kind == "config" else ""
+        reply = self._get(f"/v2/models/{request.model}{suffix}", request.max_answer_bytes)
+        described = self._json(reply)
+        if not isinstance(described, dict):
+            raise BadAnswer(
+                f"{reply.url}: the {request.kind} of {request.model!r} is not a JSON object"
+            )
+        return described
+
+    def _get(self, path: str, max_bytes: int) -> Reply:
+        """``GET path``: its reply when 2xx (``ready``: any status); else the status's error."""
+        pool = self._recycler.acquire()
+        try:
+            reply = send(
+                pool.client,
+                self._credentials,
+                "GET",
+                path,
+                timeout_s=self._timeout_s,
+                max_bytes=max_bytes,
+            )
+        except RetryableError:
+            self._recycler.discard(pool)
+            raise
+        finally:
+            self._recycler.release(pool)
+        if reply.status >= 400 and path != "/v2/health/ready":
+            raise status_error(self.url, reply, self._credentials)
+        return reply
+
+    @staticmethod
+    def _json(reply: Reply) -> Any:
+        try:
+            return reply.json()
+        except ValueError as exc:
+            raise BadAnswer(f"{reply.url}: not JSON") from exc
+
+    def _infer(self, request: Request) -> Answer:
+        inputs, parameters, model = request.inputs, request.parameters, request.model
+        max_answer_bytes = request.max_answer_bytes
         body, headers = wire.encode_request(inputs, parameters=parameters)
         headers["content-length"] = str(len(body))
         headers.update(trace_headers())  # a traced run's traceparent (histoserve.tracecontext)

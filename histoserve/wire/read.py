@@ -147,13 +147,17 @@ def decode_response(
 
     Raises:
         WireError: A header length outside the body, a header that is not a
-            JSON object with an ``outputs`` list, an unknown datatype, sizes
-            that disagree with shapes, a body shorter or longer than the sizes.
+            JSON object with an ``outputs`` list, an output named twice, an
+            unknown datatype, JSON data that are not numbers of a numeric
+            datatype (``"0.51"``, ``true``), sizes that disagree with shapes, a
+            body shorter or longer than the sizes.
     """
     header, view, start = read_header(body, header_length_value)
     offset, outputs = start, {}
     for position, spec in enumerate(_outputs_of(header)):
         name, datatype, shape = _output_fields(spec, position)
+        if name in outputs:
+            raise WireError(f"output {name!r} is answered twice (outputs[{position}])")
         size = (spec.get("parameters") or {}).get("binary_data_size")
         if size is None:
             outputs[name] = _json_output(spec, name, datatype, shape)
@@ -193,10 +197,28 @@ def _json_output(
     if not isinstance(data, list):
         raise WireError(f"output {name!r} has neither 'data' nor 'binary_data_size'")
     dtype = np.object_ if datatype == "BYTES" else DATATYPES[datatype]
+    if datatype != "BYTES":
+        _check_numbers(data, name, datatype)
     flat = np.asarray(data, dtype=dtype).ravel()
     if flat.size != math.prod(shape):
         raise WireError(f"output {name!r}: {flat.size} values for shape {list(shape)}")
     return flat.reshape(shape)
+
+
+def _check_numbers(data: list[Any], name: str, datatype: str) -> None:
+    """WireError unless every value of (nested lists) ``data`` is a JSON number of ``datatype``:
+    numpy would take ``"0.51"`` and ``true`` as ``0.51`` and ``1.0``."""
+    kinds: tuple[type, ...] = (bool,) if datatype == "BOOL" else (int, float)
+    stack: list[Any] = [data]
+    while stack:
+        for value in stack.pop():
+            if isinstance(value, list):
+                stack.append(value)
+            elif type(value) not in kinds:
+                raise WireError(
+                    f"output {name!r}: {datatype} data holds {json.dumps(value)[:40]}, "
+                    f"not a JSON {'true/false' if datatype == 'BOOL' else 'number'}"
+                )
 
 
 def _binary_output(

@@ -1,4 +1,6 @@
-"""The V2 gRPC server: KServe's inference service with our error interceptor and limits."""
+"""The V2 gRPC server: KServe's inference service with our error interceptor and limits,
+and the describing calls KServe lacks (``ModelConfig``, ``RepositoryIndex``:
+:mod:`predictor.http.grpc_config`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from grpc import aio
 from predictor import tracing
 from predictor.errors import StartupError
 from predictor.http.edge import GrpcErrorInterceptor
+from predictor.http.grpc_config import describe_handler
 from predictor.http.traced import GrpcTracingInterceptor
 from predictor.kserve.compat import add_inference_service
 
@@ -71,6 +74,7 @@ class GrpcServer:
             options=self.options,
         )
         add_inference_service(self._server, self._dataplane, self._repository)
+        self._server.add_generic_rpc_handlers((describe_handler(self._dataplane.model_registry),))
         try:
             self._server.add_insecure_port(self._address)
         except RuntimeError as exc:

@@ -4,9 +4,8 @@ The real ``embedding_server`` answers; a FAKE in front of it tampers with its
 answers (the real server cannot be made to answer wrong): over REST
 :class:`harness.bad_server.BadServer` (its ``upstream``), over gRPC
 :class:`harness.bad_grpc.BadGrpcServer` (``tamper``: the answer's tensors
-decoded, changed and re-encoded, or another package named). The first answer
-of each fake is left alone: a gRPC server reports no package digest up front,
-so the client pins the package its first answer names and refuses another.
+decoded, changed and re-encoded, answered twice, or another package named).
+The first answer of each fake is left alone; every later one is refused.
 ``tritonclient.grpc`` cannot share the test process with kserve, so the gRPC
 client runs in its own interpreter (the same ``HistoserveClient``, imported
 from the package).
@@ -37,6 +36,11 @@ KINDS = {
     "shape": r"embedding has shape \[2, 768\], expected \[2, 1536\]",
     "nan": r"embedding has 3 non-finite values \(NaN or infinity\)",
     "package": rf"answered with package {OTHER_PACKAGE[:16]}, not [0-9a-f]{{16}}",
+    "twice": r"malformed answer: output 'embedding' is answered twice",
+}
+JSON_KINDS = {  # REST only: a JSON answer whose FP32 data are no JSON numbers
+    "strings": r"malformed answer: output 'embedding': FP32 data holds \"[-0-9.e]+\", not a JSON number",
+    "bools": r"malformed answer: output 'embedding': FP32 data holds (true|false), not a JSON number",
 }
 
 _GRPC_CLIENT = """
@@ -99,7 +103,7 @@ def test_a_wrong_grpc_answer_is_refused_and_a_right_one_returned(
         assert re.search(rf"last error: {re.escape(url)}: {message}", text), (kind, text)
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("kind", sorted({**KINDS, **JSON_KINDS}))
 def test_a_wrong_rest_answer_is_refused(embedding_server: Server, kind: str) -> None:
     """The same answers, tampered over REST: the config's package is checked from the start."""
     with (
@@ -111,4 +115,5 @@ def test_a_wrong_rest_answer_is_refused(embedding_server: Server, kind: str) -> 
             c.infer_pixels(TILES)
     assert first.shape == (2, 1536) and np.isfinite(first).all()
     assert not isinstance(error.value, InferenceError)
-    assert re.search(rf"last error: {re.escape(fake.url)}\S*: {KINDS[kind]}", str(error.value))
+    message = {**KINDS, **JSON_KINDS}[kind]
+    assert re.search(rf"last error: {re.escape(fake.url)}\S*: {message}", str(error.value))

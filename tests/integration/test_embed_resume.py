@@ -177,22 +177,19 @@ def test_two_servers_http_and_grpc_both_receive_work(
         _assert_same(tmp_path, clean, f"s{i}")
 
 
-def test_grpc_only_needs_model_and_mpp_then_matches(
+def test_a_grpc_url_alone_describes_the_model_and_matches(
     embedding_server: Server, cohort: list[Path], clean: Path, tmp_path: Path
 ) -> None:
-    """A grpc:// URL alone has no config endpoint: tile size from gRPC metadata, mpp given."""
+    """A grpc:// URL gives what an http:// one does: the one model served (RepositoryIndex),
+    its spec, mpp and package digest (ModelConfig), so no --model and no --target-mpp."""
     url = ("--url", f"grpc://{embedding_server.grpc_url}")
-    no_model = run_embed(cohort[0], *url, "--out", tmp_path, *RUN)
-    assert no_model.returncode == 2 and "pass --model" in no_model.stderr
-    no_mpp = run_embed(cohort[0], *url, "--out", tmp_path, *RUN, "--model", "h0-mini")
-    assert no_mpp.returncode == 2 and "--target-mpp" in no_mpp.stderr
-    args = ("--model", "h0-mini", "--target-mpp", "0.5")
-    result = run_embed(cohort[0], *url, "--out", tmp_path, *RUN, *args)
+    result = run_embed(cohort[0], *url, "--out", tmp_path, *RUN)
     assert result.returncode == 0, result.stderr
     got, want = read_output(tmp_path / "s0.h5"), read_output(clean / "s0.h5")
     np.testing.assert_array_equal(got["coords"], want["coords"])
     np.testing.assert_allclose(got["features"], want["features"], rtol=1e-4, atol=1e-5)
-    assert got["attrs"]["package_sha256"].startswith("grpc-metadata:")
+    assert got["attrs"]["package_sha256"] == want["attrs"]["package_sha256"]  # the real digest
+    assert got["attrs"]["spec"] == want["attrs"]["spec"]
 
 
 def test_ctrl_c_stops_at_once_and_the_rerun_resumes(

@@ -19,9 +19,8 @@ from harness.packages import package_in
 from harness.reference import Reference, normalise_reference
 from harness.server import Server, start_server
 from harness.tiles import encode_png, random_tiles
-from histoserve.remote import client as histoserve_client
 from histoserve.remote.auth import Credentials
-from histoserve.remote.client import HistoserveClient, InferenceError, _raise_for_status
+from histoserve.remote.client import HistoserveClient, InferenceError
 from histoserve.remote.http import Reply
 
 pytestmark = pytest.mark.integration
@@ -101,13 +100,16 @@ def test_request_larger_than_the_queue_is_503_with_retry_after(
     assert "queue full" in str(err.value)
 
 
-def test_unknown_model_is_a_404(server: Server) -> None:
+def test_unknown_model_is_a_usage_error_naming_it(server: Server) -> None:
+    """The model is described before any request: the server's 404, as a usage error."""
+    from histoserve.errors import UsageError
+
     with (
         HistoserveClient(server.base, "no-such-model") as other,
-        pytest.raises(InferenceError) as err,
+        pytest.raises(UsageError) as err,
     ):
         other.infer_pixels(random_tiles(1, seed=16))
-    assert err.value.status == 404
+    assert "serves no model 'no-such-model'" in str(err.value) and "HTTP 404" in str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -128,16 +130,17 @@ def test_retry_after_in_either_form_keeps_the_servers_error(
     retry_after: str, expected: float | None
 ) -> None:
     """A real httpx response (our server sends seconds only; a proxy may send a date)."""
+    from histoserve.remote.transport import status_error
+
     headers = httpx.Headers({"retry-after": retry_after})
     reply = Reply("http://h/v2", 503, headers, json.dumps({"error": "busy"}).encode())
-    with pytest.raises(InferenceError, match="HTTP 503: busy") as err:
-        _raise_for_status(reply, Credentials())
-    assert err.value.retry_after_s == expected
+    error = status_error("http://h", reply, Credentials())
+    assert "HTTP 503: busy" in str(error) and error.retry_after_s == expected
 
 
-def test_both_clients_read_retry_after_with_one_parser() -> None:
+def test_every_request_reads_retry_after_with_one_parser() -> None:
+    """Every request of the client core (describe too) meets its status in one place."""
     from histoserve.remote import transport
     from histoserve.remote.http import parse_retry_after
 
-    assert histoserve_client.parse_retry_after is parse_retry_after
     assert transport.parse_retry_after is parse_retry_after

@@ -20,7 +20,7 @@ Where the server decodes them decides what the features are: on the CPU
 on the CPU, ``jpeg-device`` only with one that says it decodes on the device;
 :func:`choose_transport` holds a slide to that, and every answer to a jpeg
 request must name the same decode
-(:func:`~histoserve.remote.answers.identity_problem`).
+(:meth:`~histoserve.remote.answers.AnswerCheck.decoded_by`).
 """
 
 from __future__ import annotations

@@ -99,7 +99,10 @@ def test_unreachable_server_exits_1(tmp_path: Path, capsys: pytest.CaptureFixtur
     slide.write_bytes(b"not a slide")
     argv = [str(slide), *URL, "--out", str(tmp_path / "out"), "--max-attempts", "2"]
     assert main(argv) == EXIT_FAILED
-    assert "cannot reach http://127.0.0.1:9/v1/models (2 attempts)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot reach http://127.0.0.1:9 to describe the model" in err
+    assert "asking http://127.0.0.1:9 for models failed 2 times" in err
+    assert "http://127.0.0.1:9/v1/models: ConnectError" in err
 
 
 def test_histoserve_dispatches_embed(capsys: pytest.CaptureFixture[str]) -> None:

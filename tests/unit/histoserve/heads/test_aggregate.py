@@ -135,13 +135,14 @@ def test_the_record_of_the_features_is_of_the_bytes_the_head_answered(
     other = tmp_path / "elsewhere"
     coords = ff.tissue_coords(70)
     ff.write("flat", other, "S0", ff.features_for(coords, seed=7), coords)
-    infer = Dispatcher.infer
+    send = Dispatcher.send
 
-    def renamed_meanwhile(self, *args, **kwargs):
-        os.replace(other / "S0.h5", tmp_path / "S0.h5")
-        return infer(self, *args, **kwargs)
+    def renamed_meanwhile(self, request, *args, **kwargs):
+        if request.kind == "infer":  # while the head answers, not while it is described
+            os.replace(other / "S0.h5", tmp_path / "S0.h5")
+        return send(self, request, *args, **kwargs)
 
-    monkeypatch.setattr(Dispatcher, "infer", renamed_meanwhile)
+    monkeypatch.setattr(Dispatcher, "send", renamed_meanwhile)
     assert aggregate(_config(tmp_path, server)).done == ["S0"]
     monkeypatch.undo()
     assert read_table(tmp_path) == []  # the answer is of the old features: not today's row
@@ -256,7 +257,8 @@ def test_a_tile_model_is_no_slide_model(tmp_path: Path) -> None:
     from histoserve.errors import UsageError
 
     _cohort("flat", tmp_path, 1)
-    tile = {"name": "h0-mini", "spec": {"family": "embedding", "modes": ["embedding"]}}
+    spec = {"family": "embedding", "modes": ["embedding"], "tile_size": 224, "mpp": 0.5}
+    tile = {"name": "h0-mini", "spec": spec}
     with (
         BadServer(config=tile, source="pixels") as s,
         pytest.raises(UsageError, match="not a slide"),

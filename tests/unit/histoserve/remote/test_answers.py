@@ -20,11 +20,11 @@ from harness.bad_server import BadServer, Faults, pixel_answer, pixel_mask, tamp
 from harness.slides import GeneratedSlide
 from histoserve.embedding.batches import run_batches
 from histoserve.embedding.tissue_remote import from_tiles, model_tissue_mask, to_tiles
-from histoserve.remote.answers import AnswerCheck, BadAnswer, Expected
+from histoserve.remote.answers import ROWS, AnswerCheck, BadAnswer, Expected
 from histoserve.remote.client import HistoserveClient
 from histoserve.remote.dispatch import Dispatcher, RequestFailed, RetryPolicy
 from histoserve.remote.served_model import ServerInfo, info_from_config
-from histoserve.remote.transport import HttpTransport, RecyclePolicy
+from histoserve.remote.transport import Answer, HttpTransport, RecyclePolicy
 from histoserve.slides.readers import SlideReader, resolve_mpp
 from histoserve.tissue.detect import thumbnail
 from predictor.spec import resolve_spec
@@ -43,8 +43,8 @@ H0_MINI = info_from_config(
 )
 
 
-def _good(n: int) -> dict[str, np.ndarray]:
-    return {"embedding": np.random.default_rng(n).random((n, 1536), dtype=np.float32)}
+def _good(n: int) -> Answer:
+    return Answer({"embedding": np.random.default_rng(n).random((n, 1536), dtype=np.float32)})
 
 
 @pytest.mark.parametrize(
@@ -65,19 +65,19 @@ def test_each_wrong_answer_is_named_with_the_url(kind: str, message: str) -> Non
     check = AnswerCheck.for_mode(H0_MINI, "embedding")
     check.verify(_good(4), 4, URL)
     with pytest.raises(BadAnswer) as info:
-        check.verify(tamper(kind, _good(4)), 4, URL)
+        check.verify(Answer(tamper(kind, _good(4))), 4, URL)
     assert str(info.value).startswith(f"{URL}: {message}")
 
 
 def test_more_rows_extra_outputs_and_infinities_are_refused() -> None:
     check = AnswerCheck.for_mode(H0_MINI, "embedding")
     assert check.problem(_good(5), 4) == "answered 5 rows for 4 tiles (output 'embedding')"
-    extra = {**_good(4), "prediction": np.zeros((4, 3), np.float32)}
+    extra = Answer({**_good(4), "prediction": np.zeros((4, 3), np.float32)})
     assert "unexpected output 'prediction'" in (check.problem(extra, 4) or "")
     inf = _good(4)
     inf["embedding"][2, 7] = np.inf
     assert check.problem(inf, 4) == "embedding has 1 non-finite value (NaN or infinity)"
-    assert check.problem({"embedding": np.float32(1.0)}, 1) == "'embedding' is not an array of rows"
+    assert check.problem(Answer({"embedding": np.float32(1.0)}), 1) == "'embedding' is not an array"
 
 
 def test_modes_ask_for_their_outputs_with_the_configs_dims() -> None:
@@ -87,24 +87,26 @@ def test_modes_ask_for_their_outputs_with_the_configs_dims() -> None:
     ]
     info = info_from_config("m-optimus", _config("m-optimus", outputs))
     both = AnswerCheck.for_mode(info, "prediction_with_embedding")
-    answer = {"prediction": np.ones((2, 32), np.float32), **_good(2)}
+    answer = Answer({"prediction": np.ones((2, 32), np.float32), **_good(2)})
     assert both.problem(answer, 2) is None
-    assert both.problem({"prediction": answer["prediction"]}, 2).startswith("no 'embedding'")
+    assert both.problem(Answer({"prediction": answer["prediction"]}), 2).startswith(
+        "no 'embedding'"
+    )
     only = AnswerCheck.for_mode(info, "prediction")
-    assert only.outputs == (Expected("prediction", "FP32", (-1, 32)),)
+    assert only.outputs == (Expected("prediction", "FP32", ((ROWS, 32),)),)
     assert "unexpected output 'embedding'" in only.problem(answer, 2)
-    wrong_k = {"prediction": np.ones((2, 31), np.float32)}
+    wrong_k = Answer({"prediction": np.ones((2, 31), np.float32)})
     assert only.problem(wrong_k, 2) == "prediction has shape [2, 31], expected [2, 32]"
 
 
 def test_tissue_masks_must_be_uint8_tiles_of_the_models_size() -> None:
     seg = info_from_config("tissue-seg", _config("tissue-seg", []))  # no list: from the spec
     check = AnswerCheck.for_tissue(seg)
-    assert check.outputs == (Expected("mask", "UINT8", (-1, 512, 512)),)
-    assert check.problem({"mask": np.zeros((3, 512, 512), np.uint8)}, 3) is None
-    half = {"mask": np.zeros((3, 256, 512), np.uint8)}
+    assert check.outputs == (Expected("mask", "UINT8", ((ROWS, 512, 512),)),)
+    assert check.problem(Answer({"mask": np.zeros((3, 512, 512), np.uint8)}), 3) is None
+    half = Answer({"mask": np.zeros((3, 256, 512), np.uint8)})
     assert check.problem(half, 3) == "mask has shape [3, 256, 512], expected [3, 512, 512]"
-    assert check.problem({"mask": np.zeros((1, 512, 512), np.uint8)}, 3).startswith(
+    assert check.problem(Answer({"mask": np.zeros((1, 512, 512), np.uint8)}), 3).startswith(
         "answered 1 row for 3 tiles"
     )
 
@@ -139,7 +141,7 @@ def _tiles(first_row: int, n: int) -> np.ndarray:
     return values.astype(np.uint8).reshape(n, 4, 4, 3)
 
 
-PIXEL_CHECK = AnswerCheck((Expected("embedding", "FP32", (-1, DIM)),), "mode 'embedding'")
+PIXEL_CHECK = AnswerCheck((Expected.per_row("embedding", "FP32", (-1, DIM)),), "mode 'embedding'")
 
 
 def test_a_wrong_answer_is_retried_on_another_url(fakes: list[BadServer]) -> None:
@@ -265,14 +267,12 @@ def test_an_answer_naming_another_model_or_package_is_refused() -> None:
 
 
 def test_an_answer_naming_no_package_is_refused_when_the_config_reported_one() -> None:
-    """Issue 33, case 9: a histoserve server names its package in every answer; silence is refused.
+    """A histoserve server names its package in every answer; silence is refused.
 
-    One check for the tile client and the slide head
-    (:func:`~histoserve.remote.answers.identity_problem`).
+    One check family for the tile client and the slide head: the client's own
+    check of a head's answers is the same identity check.
     """
-    from histoserve.heads.head import SlideAnswerCheck, head_from_config
-    from histoserve.remote.answers import identity_problem
-    from histoserve.remote.transport import Answer
+    from histoserve.heads.head import head_check, head_from_config
 
     served = _config("h0-mini", [{"name": "embedding", "datatype": "FP32", "shape": [-1, 1536]}])
     info = info_from_config("h0-mini", {**served, "package_sha256": "a" * 64})
@@ -281,16 +281,21 @@ def test_an_answer_naming_no_package_is_refused_when_the_config_reported_one() -
     assert problem.startswith("answered without naming its package"), problem
     assert f"reported package {'a' * 16} at the start of the run" in problem
     assert AnswerCheck.for_mode(H0_MINI, "embedding").problem(silent, 2) is None
-    head = head_from_config("abmil", _slide_config("a" * 64))
-    assert SlideAnswerCheck(head).problem(silent, 2) == identity_problem(
-        silent.identity, "abmil", "a" * 64
-    )
+    head = info_from_config("abmil-demo", _slide_config("a" * 64))
+    slide = Answer({"prediction": np.ones(2, np.float32)}, {"model_name": "abmil-demo"})
+    client_check = AnswerCheck.for_request(head, None)  # what the client holds a head's answers to
+    assert client_check.problem(slide, 5) == problem.replace("h0-mini", "abmil-demo")
+    outputs = head_check(head_from_config("abmil-demo", _slide_config("a" * 64)))
+    assert outputs.problem(slide, 5) is None  # the outputs are the head's own check
+    wide = Answer({"prediction": np.ones(3, np.float32)}, {})
+    assert outputs.problem(wide, 5) == "prediction has shape [3], expected [2]"
 
 
 def _slide_config(digest: str) -> dict:
     outputs = [{"name": "prediction", "datatype": "FP32", "shape": [2]}]
-    spec = {"name": "abmil", "family": "slide", "classes": ["a", "b"], "feature_dim": 4}
-    return {"name": "abmil", "package_sha256": digest, "spec": spec, "outputs": outputs}
+    inputs = [{"name": "features", "datatype": "FP32", "shape": [-1, 1536]}]
+    spec = {**resolve_spec("abmil-demo").to_dict(), "modes": ["prediction"]}
+    return {"package_sha256": digest, "spec": spec, "inputs": inputs, "outputs": outputs}
 
 
 def test_a_jpeg_answer_must_name_the_decode_its_transport_asks() -> None:

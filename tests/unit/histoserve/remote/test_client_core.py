@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from harness.bad_server import OTHER_PACKAGE, BadServer, pixel_answer
-from histoserve.errors import InferenceError, RequestFailed
+from histoserve.errors import InferenceError, RequestFailed, UsageError
 from histoserve.remote.answers import AnswerCheck
 from histoserve.remote.client import HistoserveClient
 from histoserve.remote.dispatch import RetryPolicy
@@ -119,15 +119,17 @@ def test_a_wrong_answer_is_retried_on_another_url_and_the_right_one_returned(
 
 
 def test_server_refusals_are_inference_errors_with_their_status(fakes: list[BadServer]) -> None:
-    """A 503 on every attempt keeps its status and Retry-After; an unknown model is the 404."""
+    """A 503 on every attempt keeps its status and Retry-After; an unknown model is a usage
+    error naming it (the describe's 404, the one path for every caller)."""
     busy = _fake(fakes, tamper="503")
     with _client(busy.url) as client, pytest.raises(InferenceError) as error:
         client.infer_pixels(TILES)
     assert error.value.status == 503 and error.value.retry_after_s == 0.0
     assert "busy (on purpose)" in str(error.value) and busy.infer_requests == 2
-    with _client(busy.url, model="other") as client, pytest.raises(InferenceError) as missing:
+    with _client(busy.url, model="other") as client, pytest.raises(UsageError) as missing:
         client.infer_pixels(TILES)
-    assert missing.value.status == 404 and busy.infer_requests == 2  # asked nothing
+    assert "serves no model 'other'" in str(missing.value) and "HTTP 404" in str(missing.value)
+    assert busy.infer_requests == 2  # asked nothing
 
 
 def test_the_client_core_is_what_embed_and_aggregate_send_through() -> None:

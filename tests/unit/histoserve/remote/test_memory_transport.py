@@ -14,7 +14,7 @@ from histoserve.remote.answers import AnswerCheck, Expected
 from histoserve.remote.dispatch import Dispatcher, RetryPolicy
 
 TILES = np.zeros((4, 8, 8, 3), np.uint8)
-CHECK = AnswerCheck((Expected("embedding", "FP32", (-1, 16)),), "mode 'embedding'", "m")
+CHECK = AnswerCheck((Expected.per_row("embedding", "FP32", (-1, 16)),), "mode 'embedding'", "m")
 
 
 def _rows(value: float) -> Any:
@@ -65,3 +65,34 @@ def test_a_refusal_is_not_retried_and_every_attempt_failing_names_the_last_error
     with _dispatcher(broken, attempts=3) as dispatcher, pytest.raises(RequestFailed, match=last):
         dispatcher.infer("m", {"pixels": TILES}, {}, check=CHECK)
     assert len(broken.calls) == 3
+
+
+def test_a_fake_transport_sees_every_request_and_a_callers_check_keeps_the_pin() -> None:
+    """The client core's one ``send``: describe, model list and inference all reach the
+    transports given; a caller's check (as ``embed`` passes one) adds to the client's,
+    so replicas of two packages (a config that reports no digest) never mix in the
+    answers: the first answer's package is pinned, the other's answers are retried."""
+    from histoserve.remote.client import HistoserveClient
+    from predictor.spec import resolve_spec
+
+    outputs = [{"name": "embedding", "datatype": "FP32", "shape": [-1, 16]}]
+    config = {"spec": resolve_spec("h0-mini").to_dict(), "outputs": outputs}  # no digest
+
+    def describe(request: Any) -> Any:
+        return ["h0-mini"] if request.kind == "models" else config
+
+    def served(url: str, value: float, package: str) -> MemoryTransport:
+        identity = {"model_name": "h0-mini", "parameters": {"package_sha256": package * 64}}
+        return MemoryTransport(url, _rows(value), identity, describe)
+
+    a, b = served("mem://a", 1.0, "a"), served("mem://b", 2.0, "b")
+    retry = RetryPolicy(max_attempts=4, backoff_base_s=0, backoff_max_s=0, cool_down_s=0)
+    with HistoserveClient(["http://a", "http://b"], transports=[a, b], retry=retry) as client:
+        caller = AnswerCheck.decoded_by("pixels")  # a pixel request: nothing more to hold
+        got = [client.infer({"pixels": TILES}, check=caller)["embedding"] for _ in range(6)]
+        assert client.model == "h0-mini" and client.package_sha256 == "a" * 64
+    assert all((rows == 1.0).all() for rows in got)  # every answer the pinned package's
+    assert b.calls  # asked, and its answers refused (retried on a)
+    assert [r.kind for r in a.requests[:2]] == ["models", "config"]  # described through it
+    assert [r.kind for r in b.requests[:1]] == ["config"]  # every URL is described
+    assert {r.kind for r in a.requests[2:]} == {"infer"}

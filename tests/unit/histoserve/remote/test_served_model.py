@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from histoserve.errors import HistoserveError, UsageError
@@ -61,7 +63,6 @@ def test_info_fetch_retries_until_the_server_is_ready() -> None:
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from histoserve.remote.dispatch import RetryPolicy
-    from histoserve.remote.served_model import fetch_server_info
 
     answers = [503, 503, 200]
     config = json.dumps(_config("h0-mini")).encode()
@@ -82,18 +83,27 @@ def test_info_fetch_retries_until_the_server_is_ready() -> None:
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    sleeps: list[float] = []
     try:
         url = f"http://127.0.0.1:{httpd.server_address[1]}"
-        info = fetch_server_info([url], None, 5.0, RetryPolicy(max_attempts=4), sleeps.append)
+        info = fetch_server_info([url], None, 5.0, RetryPolicy(max_attempts=4, backoff_max_s=0.1))
     finally:
         httpd.shutdown()
         httpd.server_close()
     assert info.model == "h0-mini" and info.tile_size == 224
-    assert answers == [] and len(sleeps) == 2
+    assert answers == []  # two 503s, then the config
 
 
 EMBEDDING = {"name": "embedding", "datatype": "FP32", "shape": [-1, 1536]}
+
+
+def fetch_server_info(
+    urls: list[str], model: str | None, timeout_s: float, retry: Any, credentials: Any = None
+) -> Any:
+    """The model as the client core describes it (``HistoserveClient.info``)."""
+    from histoserve.remote.client import HistoserveClient
+
+    with HistoserveClient(urls, model, timeout_s, credentials=credentials, retry=retry) as client:
+        return client.info
 
 
 def test_outputs_come_from_the_config_else_from_the_spec() -> None:
@@ -117,7 +127,6 @@ def test_a_server_quoting_the_token_it_refused_does_not_leak_it() -> None:
     from harness.bad_server import BadServer
     from histoserve.remote.auth import Credentials
     from histoserve.remote.dispatch import RetryPolicy
-    from histoserve.remote.served_model import fetch_server_info
 
     secret = "tok-0123456789abcdef"
     with BadServer(config={"name": "h0-mini"}, echo_credentials={"GET"}) as fake:
@@ -140,7 +149,6 @@ def test_every_http_url_is_asked_and_must_serve_the_first_ones_package() -> None
     """Requests go to every URL: one serving another package would mix its features in."""
     from harness.bad_server import BadServer
     from histoserve.remote.dispatch import RetryPolicy
-    from histoserve.remote.served_model import fetch_server_info
 
     one = RetryPolicy(max_attempts=1)
     a, b = "a" * 64, "b" * 64
@@ -190,7 +198,6 @@ def test_where_jpeg_tiles_are_decoded_comes_from_the_config_and_mixed_urls_say_s
     """``jpeg_decode``: absent is the CPU, gRPC metadata cannot tell, two URLs differing is mixed."""
     from harness.bad_server import BadServer
     from histoserve.remote.dispatch import RetryPolicy
-    from histoserve.remote.served_model import fetch_server_info
 
     assert info_from_config("h0-mini", _config("h0-mini")).jpeg_decode == "cpu"
     device = info_from_config("h0-mini", _config("h0-mini", jpeg_decode="device"))
