@@ -221,12 +221,16 @@ class GrpcTransport:
             item.set_data_from_numpy(array)
             infer_inputs.append(item)
         self._fit_receive(request.max_answer_bytes)
+        asked = dict(parameters)
+        # tritonclient reserves these names: it sends them in their own fields, as Triton reads them
+        reserved = {k: asked.pop(k) for k in ("priority", "timeout") if k in asked}
         pool = self._recycler.acquire()
         try:
             result = pool.client.infer(
                 model,
                 infer_inputs,
-                parameters=dict(parameters) or None,
+                parameters=asked or None,
+                **reserved,
                 client_timeout=self._timeout_s,
                 headers={**self._credentials.grpc_metadata(), **trace_headers()} or None,
             )

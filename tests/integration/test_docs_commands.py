@@ -169,6 +169,9 @@ results = list(pool.map_unordered(lambda a, s: a.run.remote(s), slide_paths))"""
 CLUSTER_URL = "the cluster's Service URL (the same command runs below on localhost)"
 NO_TIMM = "timm imports torchvision, which fails beside the CPU torch here; H0's weights are gated"
 SLURM = "a Slurm array task: its cluster's /lustre paths and GPU hosts"
+OTEL_COLLECTOR = (
+    "a cluster's OTLP collector (traces to a loopback receiver: tests/integration/test_tracing.py)"
+)
 NO_RAY = "Ray is not installed here, and the URL is a cluster's"
 
 REGISTRY: dict[str, Entry] = {
@@ -228,6 +231,12 @@ REGISTRY: dict[str, Entry] = {
     ),
     RAY_BLOCK: Entry("static", ray_api, why=NO_RAY),
     # docs/deployment.md
+    "python -m predictor --model_dir /models --otel_endpoint http://otel-collector:4318": Entry(
+        "static", flags_parse("predictor.cli", 3), why=OTEL_COLLECTOR
+    ),
+    "python -m predictor --model_dir /models --otel_endpoint http://otel-collector:4317 --otel_protocol grpc --otel_sample_ratio 0.1": Entry(
+        "static", flags_parse("predictor.cli", 3), why=OTEL_COLLECTOR
+    ),
     "docker build -t registry.example.com/histoserve:0.1.0 .": Entry(
         "static", dockerfile_server, why=NO_DOCKER
     ),

@@ -108,7 +108,7 @@ def test_grpcs_with_token_from_the_environment(
     assert by_status(status_rows(out)) == {"done": ["tls"]}
     seen = grpcs.seen.requests
     assert grpcs.seen.failed_on_purpose == RETRIES
-    assert any(m.endswith("/ModelMetadata") for m, _ in seen)
+    assert any(m.endswith("/ModelConfig") for m, _ in seen)  # described over gRPC too
     assert sum(m.endswith("/ModelInfer") for m, _ in seen) > RETRIES
     assert all(ok for _, ok in seen), seen
     _no_token_anywhere(token, result, out)

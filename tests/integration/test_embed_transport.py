@@ -194,8 +194,9 @@ def test_answers_naming_another_jpeg_decode_are_retried_and_never_written(
 def test_a_grpc_only_run_takes_jpeg_and_its_answers_say_cpu(
     embedding_server: Server, folder: Path, tmp_path: Path
 ) -> None:
-    """gRPC metadata cannot say where tiles are decoded: jpeg goes, its answers are checked;
-    jpeg-device, the opt-in to device-decoded features, needs a server that says so."""
+    """Over gRPC the server's config (``ModelConfig``) says where tiles are decoded: jpeg goes,
+    its answers are checked; jpeg-device, the opt-in to device-decoded features, is refused
+    by a server that says it decodes on the CPU."""
     url = f"grpc://{embedding_server.grpc_url}"
     flags = ("--model", "h0-mini", "--target-mpp", "0.5", "--batch-size", "8")
     for transport in ("jpeg", "jpeg-device"):
@@ -207,4 +208,4 @@ def test_a_grpc_only_run_takes_jpeg_and_its_answers_say_cpu(
     assert by_status(status_rows(tmp_path / "jpeg")) == {"done": ["b"]}
     assert read_output(tmp_path / "jpeg/b.h5")["attrs"]["transport"] == "jpeg"
     assert by_status(status_rows(tmp_path / "jpeg-device")) == {"failed": ["b"]}
-    assert "no jpeg_decode (gRPC metadata has none)" in _error(tmp_path / "jpeg-device")
+    assert "its config: jpeg_decode 'cpu'" in _error(tmp_path / "jpeg-device")

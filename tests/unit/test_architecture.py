@@ -201,8 +201,21 @@ def test_a_codec_imports_no_torch(module):
 
 
 def _defined(path: Path, dotted: str) -> bool:
-    """Whether ``dotted`` (``func``, ``Class`` or ``Class.method``) is defined in ``path``."""
+    """Whether ``dotted`` (``func``, ``Class``, ``Class.method`` or a module's ``TABLE``)
+    is defined in ``path``."""
     scope: list[ast.stmt] = ast.parse(path.read_text(encoding="utf-8")).body
+    if "." not in dotted and any(
+        isinstance(target, ast.Name) and target.id == dotted
+        for node in scope
+        for target in (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
+    ):
+        return True
     for part in dotted.split("."):
         found = [
             n

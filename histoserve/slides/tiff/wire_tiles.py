@@ -221,12 +221,16 @@ def _decode_mismatch(transport: str, decode: str) -> str | None:
     """Why the server's decode is not the one ``transport`` takes features from (None: it is)."""
     if (decode or "cpu") == DECODED_ON[transport]:
         return None
-    said = f"jpeg_decode {decode!r}" if decode else "no jpeg_decode (gRPC metadata has none)"
+    said = (
+        f"jpeg_decode {decode!r}"
+        if decode
+        else "no jpeg_decode (an older server, or gRPC metadata only)"
+    )
     if transport == "jpeg-device":
         return (
             f"the server does not say it decodes JPEG tiles on the device (its config: {said}); "
             "use --transport jpeg or auto with a server that decodes on the CPU, or "
-            "--transport jpeg-device with one started with --jpeg_decode device and an HTTP(S) --url"
+            "--transport jpeg-device with one started with --jpeg_decode device"
         )
     return (
         f"the server does not decode JPEG tiles on the CPU (its config: {said}; device-decoded "

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import queue
 import random
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
 
 import pytest
 
@@ -35,9 +34,7 @@ from predictor.errors import (
     NonFiniteOutput,
     Overloaded,
 )
-
-WAIT_S = 5.0
-X = TypeVar("X")
+from tests.unit.batching.fakes import WAIT_S, Fake, busy, outcomes, run, started
 
 
 class FakeOOM(RuntimeError):
@@ -58,47 +55,6 @@ def classify(exc: BaseException) -> ErrorKind:
     if isinstance(exc, FakeDeviceError):
         return ErrorKind.FATAL
     return ErrorKind.BATCH
-
-
-class Fake:
-    """A ``run_batch`` that records calls; ``hold`` blocks it until released.
-
-    Args:
-        fail: Called with (items, key) before returning; may raise.
-    """
-
-    def __init__(self, fail: Callable[[list[Any], Hashable], None] | None = None) -> None:
-        self.calls: list[tuple[list[Any], Hashable]] = []
-        self.times: list[float] = []
-        self.threads: set[int] = set()
-        self.started: queue.Queue[list[Any]] = queue.Queue()
-        self.gate = threading.Event()
-        self.gate.set()
-        self.fail = fail
-
-    def hold(self) -> None:
-        self.gate.clear()
-
-    def release(self) -> None:
-        self.gate.set()
-
-    def __call__(self, items: list[Any], key: Hashable) -> list[Any]:
-        self.calls.append((list(items), key))
-        self.times.append(time.monotonic())
-        self.threads.add(threading.get_ident())
-        self.started.put(list(items))
-        assert self.gate.wait(WAIT_S), "test never released the fake"
-        if self.fail is not None:
-            self.fail(items, key)
-        return [f"r{x}" for x in items]
-
-    async def next_call(self) -> list[Any]:
-        """Wait (bounded) until the worker enters the next batch."""
-        return await asyncio.to_thread(self.started.get, True, WAIT_S)
-
-    @property
-    def sizes(self) -> list[int]:
-        return [len(items) for items, _ in self.calls]
 
 
 class Recorder(NullObserver):
@@ -139,29 +95,6 @@ def cfg(batch: int = 4, latency_ms: float = 10_000, queue_size: int = 64) -> Bat
     )
 
 
-def run(body: Callable[[], Awaitable[X]]) -> X:
-    """Run ``body`` in a fresh loop with a bound; fail on any loop-level error."""
-    errors: list[dict[str, Any]] = []
-
-    async def main() -> X:
-        asyncio.get_running_loop().set_exception_handler(lambda _l, ctx: errors.append(ctx))
-        return await asyncio.wait_for(body(), 20)
-
-    result = asyncio.run(main())
-    assert not errors, errors
-    return result
-
-
-async def started(fake: Fake, config: BatchingConfig, **kwargs: Any) -> DynamicBatcher[Any, Any]:
-    batcher: DynamicBatcher[Any, Any] = DynamicBatcher(fake, config, **kwargs)
-    await batcher.start()
-    return batcher
-
-
-async def outcomes(futures: Sequence[asyncio.Future[Any]]) -> list[Any]:
-    return await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), WAIT_S)
-
-
 def still_alive(threads: Sequence[threading.Thread], timeout_s: float = 60.0) -> list[str]:
     """Joins ``threads`` (a generous bound: they end at once when the code works); the names
     of those still running."""
@@ -169,14 +102,6 @@ def still_alive(threads: Sequence[threading.Thread], timeout_s: float = 60.0) ->
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
     return [t.name for t in threads if t.is_alive()]
-
-
-async def busy(fake: Fake, batcher: DynamicBatcher[Any, Any]) -> asyncio.Future[Any]:
-    """Hold the worker inside a one-item batch; return that item's future."""
-    fake.hold()
-    (first,) = batcher.submit(["busy"])
-    assert await fake.next_call() == ["busy"]
-    return first
 
 
 def test_runs_in_one_worker_thread_off_the_loop() -> None:

@@ -16,7 +16,7 @@ import pytest
 from predictor.batching.queue import BatchPolicy, BatchQueue, Entry
 from predictor.config import BatchingConfig
 from predictor.errors import ConfigError, InvalidInput, Overloaded, QueueTimeout
-from tests.unit.batching.test_batcher import Fake, busy, outcomes, run, started
+from tests.unit.batching.fakes import Fake, busy, outcomes, run, started
 
 
 def _queue(

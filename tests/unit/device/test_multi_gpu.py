@@ -106,7 +106,11 @@ def _build(
 
     monkeypatch.setattr(startup, "open_package", load_on_cpu)
     config = ModelConfig(
-        model_dir=model_dir, device="auto", preprocess_workers=1, instances_per_device=instances
+        model_dir=model_dir,
+        device="auto",
+        preprocess_workers=1,
+        instances_per_device=instances,
+        load_probe="off",  # a fake GPU's package cannot be probed in a child process
     )
     batching = BatchingConfig(max_batch_size=1, max_latency_ms=1, max_queue_size=16)
     return startup.build_model(config, batching, LimitsConfig()), runners, ran

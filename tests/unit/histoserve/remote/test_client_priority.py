@@ -10,19 +10,25 @@ from histoserve.commands.aggregate import build_parser
 from histoserve.embedding.config import EmbedConfig
 from histoserve.errors import UsageError
 from histoserve.heads.aggregate import AggregateConfig
-from histoserve.remote.answers import AnswerCheck, Expected
+from histoserve.remote.answers import AnswerCheck
 from histoserve.remote.client import HistoserveClient
 
 TILES = np.zeros((2, 8, 8, 3), np.uint8)
-CHECK = AnswerCheck((Expected("embedding", "FP32", (-1, 4)),), "mode 'embedding'", "m")
+OUTPUTS = [{"name": "embedding", "datatype": "FP32", "shape": [-1, 4]}]
 
 
 def _sent(priority: int | None) -> dict:
+    from predictor.spec import resolve_spec
+
+    config = {"spec": resolve_spec("h0-mini").to_dict(), "outputs": OUTPUTS}
     transport = MemoryTransport(
-        "mem://a", lambda m, i, p: {"embedding": np.zeros((2, 4), np.float32)}
+        "mem://a",
+        lambda m, i, p: {"embedding": np.zeros((2, 4), np.float32)},
+        {"model_name": "m", "parameters": {"package_sha256": "a" * 64}},
+        lambda request: config,
     )
     with HistoserveClient("http://a", "m", transports=[transport], priority=priority) as client:
-        client.infer({"pixels": TILES}, mode="embedding", check=CHECK)
+        client.infer({"pixels": TILES}, mode="embedding", check=AnswerCheck.decoded_by("pixels"))
     return transport.calls[0][2]
 
 

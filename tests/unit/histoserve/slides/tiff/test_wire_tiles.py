@@ -45,7 +45,7 @@ def test_each_choice_takes_only_the_decode_it_names(
         ("jpeg", None, "device", "its config: jpeg_decode 'device'"),
         ("jpeg", None, "mixed", "its config: jpeg_decode 'mixed'"),
         ("jpeg-device", None, "cpu", "its config: jpeg_decode 'cpu'"),
-        ("jpeg-device", None, "", "no jpeg_decode (gRPC metadata has none)"),
+        ("jpeg-device", None, "", "no jpeg_decode (an older server, or gRPC metadata only)"),
         ("jpeg-device", CANNOT, "device", CANNOT),
         ("jpeg", CANNOT, "cpu", CANNOT),
     ],
