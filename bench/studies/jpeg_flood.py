@@ -18,6 +18,15 @@ a client that ignores it, whose refusals then cost the server's event loop
 their parsing). Every server runs at the defaults of a 2-core CPU host
 (batches of 32, 5 ms, a 1,024-tile queue, 2 stage-1 threads, 2 instances).
 
+The flooders run in their own process (16 threads), at ``--flood_nice``
+(default 10: below the server and the ordinary client, so what is measured
+is the server's share, not the sending clients' on the same cores; 0 to
+give them equal priority). Over the flooded rounds the CPU seconds of the
+server's event-loop thread, the server's other threads, the flooders'
+process, this process and the whole machine are read from ``/proc`` and
+reported with the refusals answered in that window: the event loop's CPU
+per refusal is the cost of one refused request.
+
 Results as JSON (``--out``, with the machine's description) and a Markdown
 table on stdout: the figures ``docs/reliability.md`` quotes.
 """
@@ -81,6 +90,89 @@ def _sender(url: str, inputs: dict[str, np.ndarray]) -> Callable[[Any], tuple[in
     return send
 
 
+def _flood_process(
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    backoff: str,
+    nice: int,
+    stop: Any,
+    out: Any,
+) -> None:
+    """The flood: ``FLOODERS`` threads sending ``body`` back to back until ``stop`` is set.
+
+    Runs in its own process at ``nice``; puts ``(status, seconds, ended_monotonic)``
+    for every request on ``out``, in one list, at the end.
+    """
+    import httpx
+
+    os.nice(nice)
+    sent: list[tuple[int, float, float]] = []
+
+    def flood() -> None:
+        with httpx.Client(timeout=600, trust_env=False) as client:
+            while not stop.is_set():
+                started = time.perf_counter()
+                reply = client.post(url, content=body, headers=headers)
+                seconds = time.perf_counter() - started
+                sent.append((reply.status_code, seconds, time.monotonic()))
+                retry_after = reply.headers.get("retry-after")
+                if reply.status_code == 503 and backoff == "retry-after" and retry_after:
+                    stop.wait(float(retry_after))
+
+    threads = [threading.Thread(target=flood, daemon=True) for _ in range(FLOODERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+    out.put(sent)
+
+
+def _cpu_s(pid: int, tid: int | None = None) -> float:
+    """CPU seconds (user + system) of a process, or of one of its threads."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds every core of the machine spent busy (not idle or waiting on I/O)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_snapshot(server_pid: int, flood_pid: int) -> dict[str, float]:
+    server = _cpu_s(server_pid)
+    loop = _cpu_s(server_pid, server_pid)  # the main thread runs the event loop
+    return {
+        "server_event_loop": loop,
+        "server_other_threads": server - loop,
+        "flooders": _cpu_s(flood_pid),
+        "bench_ordinary_client": _cpu_s(os.getpid()),
+        "machine_busy": _machine_busy_s(),
+        "wall": time.monotonic(),
+    }
+
+
+def _cpu_use(before: dict[str, float], after: dict[str, float], refusals: int) -> dict[str, Any]:
+    """Cores each part used over the window, and the event loop's CPU per refusal."""
+    wall = after["wall"] - before["wall"]
+    cores = {k: round((after[k] - before[k]) / wall, 3) for k in before if k != "wall"}
+    loop_s = after["server_event_loop"] - before["server_event_loop"]
+    return {
+        "window_s": round(wall, 1),
+        "cores_used": cores,
+        "refusals_in_window": refusals,
+        "refusals_per_s": round(refusals / wall, 1),
+        "event_loop_cpu_ms_per_refusal": round(1000 * loop_s / refusals, 2) if refusals else None,
+        "flooders_cpu_ms_per_request": (
+            round(1000 * (after["flooders"] - before["flooders"]) / refusals, 2)
+            if refusals
+            else None
+        ),
+    }
+
+
 def _ordinary(url: str) -> dict[str, Callable[[Any], tuple[int, float, str]]]:
     from bench.load.payloads import slide_jpeg_inputs
 
@@ -104,14 +196,17 @@ def _latencies(
 
 
 def measure(
-    source: Path | None, version: str, log_dir: Path, rounds: int, backoff: str
+    source: Path | None, version: str, log_dir: Path, rounds: int, backoff: str, nice: int = 10
 ) -> dict[str, Any]:
     """Idle latencies, then latencies under the flood, on one fresh server."""
+    import multiprocessing
+
     import httpx
 
     from bench.servers.launch import start_histoserve
     from bench.studies.request_cost import resized_at_budget
     from harness.packages import demo_package
+    from histoserve import wire
 
     package = demo_package("h0-mini")
     server = start_histoserve(
@@ -120,18 +215,16 @@ def measure(
         source=source, kind=f"jpeg-flood-{version}",
     )  # fmt: skip
     url = f"{server.base}/v2/models/h0-mini/infer"
-    attack = _sender(url, resized_at_budget())
-    stop = threading.Event()
-    attacks: list[tuple[int, float]] = []
-
-    def flood() -> None:
-        with httpx.Client(timeout=600, trust_env=False) as client:
-            while not stop.is_set():
-                status, seconds, retry_after = attack(client)
-                attacks.append((status, seconds))
-                if status == 503 and backoff == "retry-after" and retry_after:
-                    stop.wait(float(retry_after))
-
+    attack_inputs = resized_at_budget()
+    attack = _sender(url, attack_inputs)
+    body, headers = wire.encode_request(attack_inputs, parameters={"mode": "embedding"})
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    out = context.Queue()
+    flooder = context.Process(
+        target=_flood_process, args=(url, body, dict(headers), backoff, nice, stop, out)
+    )
+    attacks: list[tuple[int, float, float]] = []
     try:
         server.wait_ready()
         with httpx.Client(timeout=600, trust_env=False) as client:
@@ -139,16 +232,22 @@ def measure(
             _latencies(client, senders, 3)  # warm-up
             idle = _latencies(client, senders, rounds)
             attack(client)  # one alone: the flood's first answers are not the warm-up's
-            threads = [threading.Thread(target=flood, daemon=True) for _ in range(FLOODERS)]
-            for thread in threads:
-                thread.start()
+            flooder.start()
             time.sleep(3.0)  # every flooder has sent
+            before = _cpu_snapshot(server.proc.pid, flooder.pid)
             flooded = _latencies(client, senders, rounds)
+            after = _cpu_snapshot(server.proc.pid, flooder.pid)
             stop.set()
-            for thread in threads:
-                thread.join(600)
+            attacks = out.get(timeout=600)
+            flooder.join(60)
     finally:
+        if flooder.is_alive():
+            flooder.kill()
         server.stop()
+    in_window = sum(
+        1 for code, _, ended in attacks if code == 503 and before["wall"] <= ended <= after["wall"]
+    )
+    cpu = _cpu_use(before, after, in_window)
     rows = []
     for name in idle:
         base = [s for code, s in idle[name] if code == 200]
@@ -161,11 +260,13 @@ def measure(
              "p50_ratio": _ratio(_p(under, 50), _p(base, 50)),
              "p90_ratio": _ratio(_p(under, 90), _p(base, 90))}
         )  # fmt: skip
-    ok = [s for code, s in attacks if code == 200]
-    refused = [s for code, s in attacks if code == 503]
+    ok = [s for code, s, _ in attacks if code == 200]
+    refused = [s for code, s, _ in attacks if code == 503]
     return {
         "server": version,
         "backoff": backoff,
+        "flood_nice": nice,
+        "cpu_while_flooded": cpu,
         "ordinary": rows,
         "flood": {
             "sent": len(attacks),
@@ -196,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=15, help="ordinary requests of each kind")
     parser.add_argument("--before_rounds", type=int, default=4, help="the same, --before's")
     parser.add_argument("--backoff", choices=("retry-after", "none"), default="retry-after")
+    parser.add_argument(
+        "--flood_nice", type=int, default=10, help="the flooders' process's niceness (0: equal)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     machine = _machine()
@@ -205,9 +309,16 @@ def main(argv: list[str] | None = None) -> int:
             from bench.servers.before import source_tree
 
             source = source_tree(args.before)
-            runs.append(measure(source, args.before, Path(tmp), args.before_rounds, args.backoff))
+            runs.append(
+                measure(
+                    source, args.before, Path(tmp), args.before_rounds, args.backoff,
+                    args.flood_nice,
+                )
+            )  # fmt: skip
             print(json.dumps(runs[-1]), flush=True)
-        runs.append(measure(None, "this checkout", Path(tmp), args.rounds, args.backoff))
+        runs.append(
+            measure(None, "this checkout", Path(tmp), args.rounds, args.backoff, args.flood_nice)
+        )
         print(json.dumps(runs[-1]), flush=True)
     if args.out:
         from bench.servers.before import checkout_commit
@@ -228,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(table(head, cells)))
     for run in runs:
         print(f"{run['server']}: flood {run['flood']}")
+        print(f"{run['server']}: cpu {run['cpu_while_flooded']}")
     return 0
 
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -82,11 +84,51 @@ def retry_after_header(exc: BaseException) -> dict[str, str]:
     return {}
 
 
+class RefusalLog:
+    """Logs overload refusals at most once per ``interval_s``, with the count left out.
+
+    A client that ignores ``Retry-After`` and resends at once is refused
+    hundreds of times a second (``docs/reliability.md``): a warning line for
+    each was a twentieth of the event loop's work per refusal and a log flood
+    of its own. The first refusal is logged at once; the next line comes no
+    sooner than ``interval_s`` later and says how many were refused since
+    (the count of every refusal is also in the metrics).
+
+    Args:
+        interval_s: Least time between two lines.
+        clock: Monotonic seconds (a test's own clock).
+    """
+
+    def __init__(self, interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
+        self._interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._next_s = -math.inf
+        self._unlogged = 0
+
+    def refused(self, http: int, exc: BaseException) -> None:
+        """Counts one refusal; logs it (with those unlogged before it) when its time has come."""
+        now = self._clock()
+        with self._lock:
+            if now < self._next_s:
+                self._unlogged += 1
+                return
+            unlogged, self._unlogged = self._unlogged, 0
+            self._next_s = now + self._interval_s
+        more = f" ({unlogged} more refused since the last line)" if unlogged else ""
+        logger.warning("request refused (%d): %s%s", http, exc, more)
+
+
+_refusals = RefusalLog()
+
+
 def error_response(exc: HistoserveError) -> JSONResponse:
     """The HTTP answer to ``exc``: its table status, ``{"error": message}``, headers."""
     status = status_for(exc)
     assert status is not None  # every HistoserveError has a row (the root's)
-    if status.http >= 500:
+    if isinstance(exc, Overloaded):
+        _refusals.refused(status.http, exc)
+    elif status.http >= 500:
         logger.warning("request failed (%d): %s", status.http, exc)
     return JSONResponse(
         status_code=status.http, content={"error": str(exc)}, headers=retry_after_header(exc)

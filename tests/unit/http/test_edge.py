@@ -113,3 +113,25 @@ def test_body_limit():
         "error": f"request body of {len(response.request.content)} bytes exceeds the limit of 64 bytes"
     }
     assert client.post("/echo", json={"inputs": [2]}).status_code == 200
+
+
+def test_overload_refusals_are_logged_once_per_interval_with_the_count(monkeypatch, caplog):
+    """A flood of 503 refusals (a client ignoring Retry-After) is not a log line each (issue 53)."""
+    from predictor.http import edge
+
+    now = [100.0]
+    monkeypatch.setattr(edge, "_refusals", edge.RefusalLog(interval_s=1.0, clock=lambda: now[0]))
+    with caplog.at_level("WARNING", logger="histoserve"):
+        for _ in range(50):
+            assert edge.error_response(Overloaded("decode budget full")).status_code == 503
+        now[0] += 1.0
+        edge.error_response(Overloaded("decode budget full"))
+        edge.error_response(ForwardError("batch failed"))  # other 5xx: a line each, as before
+        edge.error_response(ForwardError("batch failed"))
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "request refused (503): decode budget full"
+    assert (
+        lines[1]
+        == "request refused (503): decode budget full (49 more refused since the last line)"
+    )
+    assert lines[2:] == ["request failed (503): batch failed"] * 2
