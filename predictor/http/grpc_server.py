@@ -11,7 +11,7 @@ from predictor import tracing
 from predictor.errors import StartupError
 from predictor.http.edge import GrpcErrorInterceptor
 from predictor.http.traced import GrpcTracingInterceptor
-from predictor.kserve.compat import add_inference_service
+from predictor.kserve.registry import add_inference_services
 
 
 def listen_address(host: str | None, port: int) -> str:
@@ -70,7 +70,7 @@ class GrpcServer:
             ),
             options=self.options,
         )
-        add_inference_service(self._server, self._dataplane, self._repository)
+        add_inference_services(self._server, self._dataplane, self._repository)
         try:
             self._server.add_insecure_port(self._address)
         except RuntimeError as exc:
