@@ -238,3 +238,13 @@ def _wait_live(server: Server, timeout_s: float = 120) -> None:
             pass
         time.sleep(0.2)  # polling a child process: there is no event to wait on
     raise AssertionError(server.tail())
+
+
+def test_a_one_package_model_dir_lists_its_model_and_refuses_loads(embedding_server):
+    """Today's layout is untouched: the index lists its one model, a load says why not."""
+    with _client(embedding_server) as client:
+        (row,) = client.get_model_repository_index()
+        assert (row["name"], row["state"]) == (embedding_server.model_name, "READY")
+        with pytest.raises(InferenceServerException) as err:
+            client.unload_model(embedding_server.model_name)
+    assert err.value.status() == "409" and "holds one package" in err.value.message()
