@@ -51,9 +51,21 @@ $(MODEL_DIR)/$(DEMO_SPEC).pt2: | $(STAMP)
 	mkdir -p $(MODEL_DIR)
 	$(BIN)/python -m predictor.export --spec $(DEMO_SPEC) --demo --output $@
 
+# `make serve MODELS="h0-mini tissue-seg"`: one server, one folder per model (demo packages)
+MODELS ?=
+REPOSITORY_DIR := $(MODEL_DIR)/repository
+
+ifeq ($(strip $(MODELS)),)
 serve: $(STAMP) $(MODEL_DIR)/$(DEMO_SPEC).pt2
 	$(BIN)/python -m predictor --model_dir $(MODEL_DIR) --checkpoint $(DEMO_SPEC).pt2 --device cpu \
 	  --http_port $(HTTP_PORT) --grpc_port $(GRPC_PORT) --bind_address $(BIND_ADDRESS)
+else
+serve: $(STAMP)
+	for m in $(MODELS); do test -f $(REPOSITORY_DIR)/$$m/$$m.pt2 || { mkdir -p $(REPOSITORY_DIR)/$$m && \
+	  $(BIN)/python -m predictor.export --spec $$m --demo --output $(REPOSITORY_DIR)/$$m/$$m.pt2; } || exit 1; done
+	$(BIN)/python -m predictor --model_dir $(REPOSITORY_DIR) --models $(shell echo $(MODELS) | tr ' ' ,) \
+	  --device cpu --http_port $(HTTP_PORT) --grpc_port $(GRPC_PORT) --bind_address $(BIND_ADDRESS)
+endif
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -96,6 +96,17 @@ class GrpcClient:
         """V2 gRPC model readiness."""
         return self._call({"op": "ready", "url": self.url, "model": model})["ready"]
 
+    def repository(self, op: str, model: str = "") -> dict:
+        """The repository extension's ``index``, ``load`` or ``unload`` (tritonclient's calls).
+
+        Raises:
+            GrpcError: With the gRPC status on failure.
+        """
+        answer = self._call({"op": op, "url": self.url, "model": model})
+        if "status" in answer:
+            raise GrpcError(answer["status"], answer["message"])
+        return answer
+
     def close(self) -> None:
         """Ends the worker (closing its stdin ends its loop)."""
         self._proc.stdin.close()

@@ -30,10 +30,31 @@ def _dump(array: np.ndarray) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+REPOSITORY_OPS = ("index", "load", "unload")
+"""The model repository extension's calls (tritonclient's own methods)."""
+
+
+def repository(client: grpcclient.InferenceServerClient, call: dict) -> dict:
+    """``index`` (its models), ``load`` or ``unload`` (``{}``), or the gRPC status and message."""
+    try:
+        if call["op"] == "index":
+            index = client.get_model_repository_index(as_json=True)
+            return {"models": index.get("models", [])}
+        if call["op"] == "load":
+            client.load_model(call["model"])
+        else:
+            client.unload_model(call["model"])
+    except InferenceServerException as exc:
+        return {"status": str(exc.status()), "message": exc.message()}
+    return {}
+
+
 def handle(call: dict, clients: dict) -> dict:
     client = clients.setdefault(call["url"], grpcclient.InferenceServerClient(call["url"]))
     if call["op"] == "ready":
         return {"ready": client.is_model_ready(call["model"])}
+    if call["op"] in REPOSITORY_OPS:
+        return repository(client, call)
     inputs = []
     for spec in call["inputs"]:
         data = _load(spec["data"])

@@ -21,6 +21,7 @@ from predictor.config import (
     BatchingConfig,
     LimitsConfig,
     ModelConfig,
+    RepositoryConfig,
     ServeConfig,
     TracingConfig,
 )
@@ -35,6 +36,7 @@ EXIT_STARTUP_ERROR = 2
 # Each config's flags and their --help group, in --help's order.
 FLAG_GROUPS = (
     (ModelConfig, "model"),
+    (RepositoryConfig, "model repository"),
     (BatchingConfig, "batching"),
     (LimitsConfig, "input limits"),
     (ServeConfig, "serving"),
@@ -190,10 +192,13 @@ def _serve_traced(
 
     supervisor = index is None and frontends > 1
     model_config, batching, limits = configs
+    folders = repository_folders(args, model_config, frontends)
     listeners = open_listeners(
         args.bind_address, args.http_port, args.grpc_port,
         shared=supervisor, grpc=args.enable_grpc, inherited_http_fd=args.frontend_http_fd,
     )  # fmt: skip
+    if folders is not None:
+        return _serve_repository(args, folders, configs, listeners[0])
     server, model = build_serving(args, index, (model_config, batching, limits), listeners[0])
     configure_trace_logging(args.enable_latency_logging)
     if args.log_format == "json":  # KServe's server configured logging again: ours once more
@@ -216,6 +221,64 @@ def _serve_traced(
         keeper = Supervisor.prepare(model, frontends, argv, (batching, workers), listeners)
         return keeper.run(args.drain_timeout_s)
     server.start([model])
+    return 0
+
+
+def repository_folders(
+    args: argparse.Namespace, model_config: ModelConfig, frontends: int
+) -> dict[str, Any] | None:
+    """``--model_dir``'s model folders, or None for today's one-package layout.
+
+    Raises:
+        ConfigError: ``--models`` without model folders, or model folders with
+            ``--model_name`` or several front ends (one package's features).
+    """
+    from predictor.errors import ConfigError
+    from predictor.repository.layout import model_folders
+
+    folders = model_folders(model_config.model_dir, model_config.checkpoint)
+    if folders is None:
+        if args.models:
+            raise ConfigError(
+                f"--models needs a --model_dir of one folder per model; {model_config.model_dir} "
+                "holds one package (or --checkpoint names it)"
+            )
+        return None
+    if model_config.model_name:
+        raise ConfigError(
+            f"--model_name names the one model of a one-package --model_dir; each model of "
+            f"{model_config.model_dir} is named by its folder"
+        )
+    if frontends > 1:
+        raise ConfigError(
+            f"--frontends {frontends} serves a one-package --model_dir; {model_config.model_dir} "
+            "holds one folder per model: serve it with --frontends 1"
+        )
+    return folders
+
+
+def _serve_repository(
+    args: argparse.Namespace,
+    folders: dict[str, Any],
+    configs: tuple[ModelConfig, BatchingConfig, LimitsConfig],
+    http_socket: Any,
+) -> int:
+    """Serves a ``--model_dir`` of one folder per model (:mod:`predictor.repository`)."""
+    from predictor.http import gc_policy
+    from predictor.http.app import HistoModelServer
+    from predictor.startup import build_repository
+
+    server = HistoModelServer(**server_kwargs(args, configs[2]), http_socket=http_socket)
+    control: RepositoryConfig = config_from(RepositoryConfig, args)
+    repository, models = build_repository(folders, configs, control, args.drain_timeout_s)
+    configure_trace_logging(args.enable_latency_logging)
+    if args.log_format == "json":  # KServe's server configured logging again: ours once more
+        from predictor.http.json_logs import use_json_logs
+
+        use_json_logs()
+    logger.info("serving %s", ", ".join(m.name for m in models) or "no model yet")
+    gc_policy.apply()
+    server.start(models, repository)
     return 0
 
 

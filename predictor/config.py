@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from predictor.errors import ConfigError, InvalidInput
-from predictor.flags import auto_or_count, flag, per_class, ratio, true_or_false
+from predictor.flags import auto_or_count, flag, names_list, per_class, ratio, true_or_false
 
 
 @dataclass(frozen=True)
@@ -290,6 +290,82 @@ class ModelConfig:
             raise ConfigError(f"jpeg_decode must be cpu or device, got {self.jpeg_decode!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+
+
+MODEL_CONTROLS = ("none", "explicit")
+"""``--model_control`` choices (see :class:`RepositoryConfig`)."""
+
+
+@dataclass(frozen=True)
+class RepositoryConfig:
+    """A model directory of one folder per model (:mod:`predictor.repository`).
+
+    Attributes:
+        models: The model folders loaded at start (``--models a,b``); ``None``: every one.
+        model_control: ``none`` (every model at start; the repository's load
+            and unload calls refused) or ``explicit`` (Triton's mode: models
+            loaded and unloaded by ``POST /v2/repository/models/NAME/load|unload``).
+        memory_budget: The most memory the loaded models may hold together:
+            bytes (``8GiB``, ``512MiB``, ``1000000``) or a share of the
+            device's memory (``90%``: of the first GPU's, on the CPU of the
+            usable memory, the cgroup's limit when lower).
+    """
+
+    models: tuple[str, ...] | None = flag(
+        None,
+        "model_dir of one folder per model: the folders to load at start, comma-separated "
+        "(default: every one)",
+        type=names_list,
+    )
+    model_control: str = flag(
+        "none",
+        "none: every model at start, load/unload refused; explicit: models loaded and "
+        "unloaded by POST /v2/repository/models/NAME/load|unload",
+        choices=MODEL_CONTROLS,
+    )
+    memory_budget: str = flag(
+        "90%",
+        "most memory the loaded models may hold together: bytes (8GiB, 512MiB) or a share "
+        "of the device's memory (on the CPU, of the usable memory); a load past it is refused",
+    )
+
+    def __post_init__(self) -> None:
+        if self.model_control not in MODEL_CONTROLS:
+            raise ConfigError(f"model_control must be none or explicit, got {self.model_control!r}")
+        budget_bytes(self.memory_budget, 1)  # refuses a malformed value at start
+
+    def budget_of(self, device_bytes: int) -> int:
+        """``--memory_budget`` in bytes, for a device of ``device_bytes``."""
+        return budget_bytes(self.memory_budget, device_bytes)
+
+
+_UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
+          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}  # fmt: skip
+
+
+def budget_bytes(value: str, device_bytes: int) -> int:
+    """A memory budget (``90%``, ``8GiB``, ``512MB``, ``1000``) in bytes.
+
+    Raises:
+        ConfigError: Neither a share in (0, 100] % nor a positive size.
+    """
+    text = value.strip().upper()
+    try:
+        if text.endswith("%"):
+            share = float(text[:-1])
+            if not 0 < share <= 100:
+                raise ValueError
+            return int(device_bytes * share / 100)
+        number = text.rstrip("KMGTIB")
+        unit = text[len(number) :]
+        size = int(float(number) * _UNITS[unit])
+        if size < 1:
+            raise ValueError
+        return size
+    except (ValueError, KeyError):
+        raise ConfigError(
+            f"memory_budget must be a share (90%) or a size (8GiB, 512MiB, 1000000), got {value!r}"
+        ) from None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@
     │   ├── Overloaded                    queue full (carries retry_after_s)
     │   ├── QueueTimeout                  the request's timeout passed while queued
     │   └── ModelNotReady                 not loaded, unhealthy or draining
+    ├── LoadRefused                       a repository load/unload the server's state forbids:
+    │                                     409 / FAILED_PRECONDITION (mode, budget, failed load)
     └── StartupError                      fail-fast at start-up: exit 2, one line (503 if served)
         ├── ConfigError (ValueError)      a flag or config value is out of range (usage)
         ├── SpecError                     a spec is malformed or unknown
@@ -129,6 +131,16 @@ class QueueTimeout(Unavailable):
 
 class ModelNotReady(Unavailable):
     """The model is not loaded, unhealthy or draining for shutdown."""
+
+
+class LoadRefused(HistoserveError):
+    """A model repository load or unload the server refuses in its present state.
+
+    ``--model_control none``, a load past ``--memory_budget``, a model being
+    loaded or unloaded, a package that failed to load: the message names the
+    model and why. Not the caller's input (a bad name is :class:`InvalidInput`),
+    and not worth retrying as it is.
+    """
 
 
 class StartupError(HistoserveError):

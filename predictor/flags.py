@@ -121,6 +121,14 @@ def ratio(value: str) -> float:
     return number
 
 
+def names_list(value: str) -> tuple[str, ...]:
+    """Comma-separated names (``--models a,b``), empty parts dropped."""
+    names = tuple(part.strip() for part in value.split(",") if part.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {value!r}")
+    return names
+
+
 def per_class(value: str) -> tuple[float, ...]:
     """One number, or comma-separated numbers (one per class of service), as a tuple."""
     try:

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import torch
 
-from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
+from predictor.config import BatchingConfig, LimitsConfig, ModelConfig, RepositoryConfig
 from predictor.device.cpus import available_cpus, resolve_instances, threads_per_instance
 from predictor.device.faults import parse_fault_spec
 from predictor.errors import CheckpointError, IncompatiblePackage, SpecError
 from predictor.families import load_model_class, server_model
 from predictor.model.base import BaseServerModel, ServingOptions
-from predictor.model.metrics import create_metrics
+from predictor.model.metrics import create_metrics, memory_budget_gauge, model_memory_gauge
 from predictor.pt2.host import apply_gpu_settings, check_host_compat, resolve_devices
 from predictor.pt2.load_probe import probe_load, probe_wanted
 from predictor.pt2.loader import (
@@ -47,6 +47,8 @@ from predictor.pt2.loader import (
 )
 from predictor.pt2.package_set import PackageChoice, choose_package, missing_hint, taken
 from predictor.pt2.probe_record import ProbeRecord, probe_id
+from predictor.repository.memory import MemoryMeter, mib
+from predictor.repository.repository import Repository
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec, spec_from_json
 
 logger = logging.getLogger("histoserve")
@@ -126,6 +128,44 @@ def build_model(
     model.load()
     logger.info("model built at monotonic %.6f s", time.monotonic())
     return model
+
+
+def build_repository(
+    folders: dict[str, Path],
+    configs: tuple[ModelConfig, BatchingConfig, LimitsConfig],
+    control: RepositoryConfig,
+    drain_timeout_s: float,
+) -> tuple[Repository, list[BaseServerModel]]:
+    """The repository of a ``--model_dir`` of one folder per model, and the models loaded at start.
+
+    Every model shares the server's devices (``--device``: their first is where
+    memory is measured and budgeted). A folder that fails to load is listed
+    ``UNAVAILABLE`` with its reason; the others serve.
+
+    Raises:
+        StartupError: ``--models`` names no folder, or no model loaded.
+    """
+    model_config = configs[0]
+    meter = MemoryMeter(resolve_devices(model_config.device)[0])
+    repository = Repository(
+        Path(model_config.model_dir),
+        folders,
+        configs,
+        control,
+        build_model,
+        meter,
+        drain_timeout_s,
+        memory_gauge=model_memory_gauge(),
+    )
+    memory_budget_gauge(repository.budget_bytes)
+    logger.info(
+        "model repository %s: %s (control %s, memory budget %s)",
+        model_config.model_dir,
+        ", ".join(folders),
+        control.model_control,
+        mib(repository.budget_bytes),
+    )
+    return repository, repository.load_at_start()
 
 
 def _probed_choice(

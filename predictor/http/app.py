@@ -13,6 +13,9 @@ privately is in :mod:`predictor.kserve.compat`):
   stop and the process exits 0. Stock KServe unloads models at once.
 - ``GET /v2/models/{name}/config`` returns the full spec, provenance and the
   effective batching configuration;
+- the model repository extension (``POST /v2/repository/index``,
+  ``/v2/repository/models/{name}/load|unload``, gRPC's ``RepositoryIndex``,
+  ``RepositoryModelLoad``/``Unload``) is :mod:`predictor.repository`'s;
 - ``POST /v2/models/{name}/infer`` is answered by
   :class:`~predictor.kserve.fast_infer.FastInferMiddleware` in front of
   FastAPI's router (``--rest_fast_path``), same bytes on the wire.
@@ -21,20 +24,21 @@ privately is in :mod:`predictor.kserve.compat`):
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import socket
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.middleware import Middleware
 from timing_asgi import TimingMiddleware
 
 from predictor import tracing
 from predictor.codecs.v2 import parse_binary_body
-from predictor.errors import ConfigError, PayloadTooLarge
+from predictor.errors import ConfigError, InvalidInput, PayloadTooLarge
 from predictor.http.edge import error_response, install_http_handlers
 from predictor.http.grpc_server import GrpcServer
 from predictor.http.json_logs import RequestLogContext
@@ -53,6 +57,8 @@ from predictor.kserve.compat import (
 )
 from predictor.kserve.dataplane import HistoDataPlane
 from predictor.kserve.fast_infer import FastInferMiddleware
+from predictor.kserve.registry import StatefulRegistry
+from predictor.repository.repository import FixedModels
 
 logger = logging.getLogger("histoserve")
 
@@ -208,7 +214,7 @@ class HistoModelServer(ModelServer):
         json_logs: bool = False,
         **kwargs: Any,
     ):
-        super().__init__(**kwargs)
+        super().__init__(registered_models=StatefulRegistry(), **kwargs)
         self._http_socket = http_socket
         self._grpc_reuse_port = grpc_reuse_port
         if self.workers != 1:
@@ -229,9 +235,21 @@ class HistoModelServer(ModelServer):
         self._bind_address = bind_address
         self._stopping = False
 
-    def start(self, models: list[Any]) -> None:
-        """Registers ``models`` and serves until SIGTERM/SIGINT and the drain complete."""
-        register_models(self, models)
+    def start(self, models: list[Any], repository: Any = None) -> None:
+        """Registers ``models`` and serves until SIGTERM/SIGINT and the drain complete.
+
+        ``repository`` answers the model repository extension
+        (:class:`~predictor.repository.repository.Repository`); None: ``models``
+        are fixed (:class:`~predictor.repository.repository.FixedModels`).
+        """
+        repository = repository or FixedModels(models)
+        registry: StatefulRegistry = self.registered_models
+        registry.not_served = repository.refusal
+        if hasattr(repository, "attach"):
+            repository.attach(registry.update, registry.withdraw)
+        self.model_repository_extension = repository
+        if models or not hasattr(repository, "attach"):
+            register_models(self, models)
         self._http = _RESTServer(
             FASTAPI_APP_IMPORT_STRING,
             self.dataplane,
@@ -254,7 +272,7 @@ class HistoModelServer(ModelServer):
             GrpcServer(
                 self.grpc_port,
                 self.dataplane,
-                self.model_repository_extension,
+                repository,
                 float(self.grace_period),
                 max_receive_bytes=self._grpc_max_receive_bytes,
                 max_send_bytes=self._grpc_max_send_bytes,
@@ -272,6 +290,57 @@ class HistoModelServer(ModelServer):
         install_http_handlers(app)
         self._place_middlewares(app)
         app.add_api_route("/v2/models/{model_name}/config", self._model_config, methods=["GET"])
+        self._repository_routes(app)
+
+    def _repository_routes(self, app: FastAPI) -> None:
+        """The repository extension's routes, ahead of KServe's load/unload.
+
+        A name is matched whole (slashes included) so that a bad one is the
+        repository's 400 naming it, not a bare 404; a load asking Triton's
+        configuration or file override is a 400 (histoserve loads the folder
+        as it is).
+        """
+        repository = self.model_repository_extension
+
+        async def index(request: Request) -> list[dict[str, Any]]:
+            body = await request.body()
+            ready = False
+            if body.strip():
+                try:
+                    ready = bool(json.loads(body).get("ready", False))
+                except (ValueError, AttributeError) as exc:
+                    raise InvalidInput("repository index: body must be a JSON object") from exc
+            return await repository.index(ready)
+
+        async def load(model_name: str, request: Request) -> dict[str, Any]:
+            body = await request.body()
+            try:
+                parameters = (json.loads(body) if body.strip() else {}).get("parameters") or {}
+            except (ValueError, AttributeError) as exc:
+                raise InvalidInput("load: body must be a JSON object") from exc
+            extra = sorted(k for k in parameters if k == "config" or k.startswith("file:"))
+            if extra:
+                raise InvalidInput(
+                    f"load of {model_name!r}: parameter {extra[0]!r} is not supported (a model "
+                    "loads from its folder as it is)",
+                    input_name="parameters",
+                )
+            await repository.load(model_name)
+            return {"name": model_name, "load": True}
+
+        async def unload(model_name: str) -> dict[str, Any]:
+            await repository.unload(model_name)
+            return {"name": model_name, "unload": True}
+
+        before = len(app.router.routes)
+        app.add_api_route("/v2/repository/index", index, methods=["POST"])
+        app.add_api_route("/v2/repository/models/{model_name:path}/load", load, methods=["POST"])
+        app.add_api_route(
+            "/v2/repository/models/{model_name:path}/unload", unload, methods=["POST"]
+        )
+        ours = app.router.routes[before:]
+        del app.router.routes[before:]
+        app.router.routes[0:0] = ours
 
     def _place_middlewares(self, app: FastAPI) -> None:
         """Inserts ours among KServe's (``user_middleware[0]`` is the outermost).

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse
 from predictor.errors import (
     HistoserveError,
     InvalidInput,
+    LoadRefused,
     NonFiniteOutput,
     Overloaded,
     PayloadTooLarge,
@@ -59,6 +60,7 @@ ERROR_TABLE: Mapping[type[BaseException], Status] = {
     Unavailable: Status(HTTPStatus.SERVICE_UNAVAILABLE, grpc.StatusCode.UNAVAILABLE),
     # Triton answers a request whose timeout passed in its queue with UNAVAILABLE too
     QueueTimeout: Status(HTTPStatus.SERVICE_UNAVAILABLE, grpc.StatusCode.UNAVAILABLE),
+    LoadRefused: Status(HTTPStatus.CONFLICT, grpc.StatusCode.FAILED_PRECONDITION),
     StartupError: Status(HTTPStatus.SERVICE_UNAVAILABLE, grpc.StatusCode.UNAVAILABLE),
     HistoserveError: Status(HTTPStatus.INTERNAL_SERVER_ERROR, grpc.StatusCode.INTERNAL),
 }

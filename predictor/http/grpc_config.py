@@ -1,4 +1,4 @@
-"""gRPC ``ModelConfig`` and ``RepositoryIndex``: a model described over gRPC as over REST.
+"""gRPC ``ModelConfig``: a model described over gRPC as over REST.
 
 KServe's V2 gRPC service has ``ModelMetadata`` (inputs and outputs) but no
 call that says a model's spec, mpp or package, nor one that lists the served
@@ -14,7 +14,8 @@ them beside KServe's servicer, under the same service name:
   JSON text: one description, read by the client the same way over either
   protocol. An unknown model is ``NOT_FOUND`` (KServe's ``ModelNotFound``,
   through the edge's one table).
-- ``RepositoryIndex``: every registered model, ``READY`` or ``UNAVAILABLE``.
+- ``RepositoryIndex`` (the served models, with their states) is the model
+  repository's, :func:`predictor.kserve.registry.add_repository_index`.
 
 The messages are declared here with Triton's field numbers in a private
 descriptor pool: tritonclient's own modules register the same names as
@@ -89,31 +90,9 @@ def _messages() -> dict[str, Any]:
             "ModelConfigResponse", ("config", 1, _MESSAGE, _OPTIONAL, ".inference.ModelConfig")
         )
     )
-    proto.message_type.append(
-        _message(
-            "RepositoryIndexRequest",
-            ("repository_name", 1, _STRING, _OPTIONAL, ""),
-            ("ready", 2, _BOOL, _OPTIONAL, ""),
-        )
-    )
-    index = _message(
-        "RepositoryIndexResponse",
-        ("models", 1, _MESSAGE, _REPEATED, ".inference.RepositoryIndexResponse.ModelIndex"),
-    )
-    index.nested_type.append(
-        _message(
-            "ModelIndex",
-            ("name", 1, _STRING, _OPTIONAL, ""),
-            ("version", 2, _STRING, _OPTIONAL, ""),
-            ("state", 3, _STRING, _OPTIONAL, ""),
-            ("reason", 4, _STRING, _OPTIONAL, ""),
-        )
-    )
-    proto.message_type.append(index)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
-    names = ("ModelConfigRequest", "ModelConfigResponse", "RepositoryIndexRequest")
-    names += ("RepositoryIndexResponse",)
+    names = ("ModelConfigRequest", "ModelConfigResponse")
     return {
         name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"inference.{name}"))
         for name in names
@@ -131,8 +110,8 @@ def config_parameters(config: dict[str, Any]) -> dict[str, str]:
 
 
 def describe_handler(repository: Any) -> grpc.GenericRpcHandler:
-    """``ModelConfig`` and ``RepositoryIndex`` over ``repository`` (the data plane's
-    ``model_registry``: KServe's ``ModelRepository``)."""
+    """``ModelConfig`` over ``repository`` (the data plane's ``model_registry``: KServe's
+    ``ModelRepository``)."""
 
     async def model_config(request: Any, context: Any) -> Any:
         model = repository.get_model(request.name)
@@ -148,25 +127,11 @@ def describe_handler(repository: Any) -> grpc.GenericRpcHandler:
             response.config.parameters[key].string_value = text
         return response
 
-    async def repository_index(request: Any, context: Any) -> Any:
-        response = _TYPES["RepositoryIndexResponse"]()
-        for name, model in sorted(repository.get_models().items()):
-            ready = bool(getattr(model, "ready", True))
-            if request.ready and not ready:
-                continue
-            response.models.add(name=name, state="READY" if ready else "UNAVAILABLE")
-        return response
-
     handlers = {
         "ModelConfig": grpc.unary_unary_rpc_method_handler(
             model_config,
             request_deserializer=_TYPES["ModelConfigRequest"].FromString,
             response_serializer=_TYPES["ModelConfigResponse"].SerializeToString,
-        ),
-        "RepositoryIndex": grpc.unary_unary_rpc_method_handler(
-            repository_index,
-            request_deserializer=_TYPES["RepositoryIndexRequest"].FromString,
-            response_serializer=_TYPES["RepositoryIndexResponse"].SerializeToString,
         ),
     }
     return grpc.method_handlers_generic_handler(SERVICE, handlers)

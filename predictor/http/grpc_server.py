@@ -14,7 +14,7 @@ from predictor.errors import StartupError
 from predictor.http.edge import GrpcErrorInterceptor
 from predictor.http.grpc_config import describe_handler
 from predictor.http.traced import GrpcTracingInterceptor
-from predictor.kserve.compat import add_inference_service
+from predictor.kserve.registry import add_inference_services
 
 
 def listen_address(host: str | None, port: int) -> str:
@@ -73,7 +73,7 @@ class GrpcServer:
             ),
             options=self.options,
         )
-        add_inference_service(self._server, self._dataplane, self._repository)
+        add_inference_services(self._server, self._dataplane, self._repository)
         self._server.add_generic_rpc_handlers((describe_handler(self._dataplane.model_registry),))
         try:
             self._server.add_insecure_port(self._address)

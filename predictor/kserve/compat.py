@@ -34,9 +34,14 @@ from kserve.errors import ModelNotFound
 from kserve.errors import ModelNotReady as KServeModelNotReady
 from kserve.logging import KSERVE_TRACE_LOGGER_NAME, trace_logger
 from kserve.model import InferenceVerb
+from kserve.model_repository import ModelRepository
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
-from kserve.protocol.grpc.grpc_predict_v2_pb2 import ModelInferResponse
+from kserve.protocol.grpc.grpc_predict_v2_pb2 import (
+    ModelInferResponse,
+    RepositoryModelLoadResponse,
+    RepositoryModelUnloadResponse,
+)
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.infer_type import (
@@ -63,13 +68,17 @@ __all__ = [
     "InferResponse",
     "InferenceRequest",
     "InferenceResponse",
+    "InferenceServicer",
     "InferenceVerb",
     "KServeModelNotReady",
     "Model",
     "ModelInferResponse",
     "ModelNotFound",
+    "ModelRepository",
     "ModelServer",
     "RESTServer",
+    "RepositoryModelLoadResponse",
+    "RepositoryModelUnloadResponse",
     "RequestedOutput",
     "add_inference_service",
     "fastapi_app",
@@ -176,9 +185,8 @@ def request_exit(rest_server: RESTServer) -> None:
     rest_server._server.should_exit = True
 
 
-def add_inference_service(server: Any, dataplane: DataPlane, repository: Any) -> None:
-    """KServe's V2 gRPC inference service on the ``grpc.aio`` ``server``."""
-    servicer = InferenceServicer(dataplane, repository)
+def add_inference_service(server: Any, servicer: InferenceServicer) -> None:
+    """KServe's V2 gRPC inference service (``servicer``, one of its ``InferenceServicer``)."""
     grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
 
 

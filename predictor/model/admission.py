@@ -63,6 +63,7 @@ class Admission:
         self._admitted = 0
         self._staged: dict[int, int] = {}  # per class of service
         self._draining = False
+        self._why = "shutdown"
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -80,7 +81,9 @@ class Admission:
     def request(self) -> Iterator[None]:
         """Holds one admitted request; refuses with 503 once draining."""
         if self._draining:
-            raise ModelNotReady(f"model {self._name!r} is draining for shutdown; retry elsewhere")
+            raise ModelNotReady(
+                f"model {self._name!r} is draining for {self._why}; retry elsewhere"
+            )
         self._admitted += 1
         self._idle.clear()
         try:
@@ -132,8 +135,9 @@ class Admission:
             self._staged[priority] -= n_tiles
             self._decoding -= decode_pixels
 
-    def start_draining(self) -> None:
-        """Refuses every request from now on."""
+    def start_draining(self, why: str = "shutdown") -> None:
+        """Refuses every request from now on (their 503 says ``why``: shutdown, unload)."""
+        self._why = why
         self._draining = True
 
     async def wait_idle(self, timeout_s: float) -> bool:

@@ -294,7 +294,7 @@ class BaseServerModel(Model):
                 self._device_sampler = self._metrics.watch_devices(devices)
             self._metrics.classes_started(self._options.batching.priority_levels)
 
-    async def drain(self, timeout_s: float) -> bool:
+    async def drain(self, timeout_s: float, why: str = "shutdown") -> bool:
         """Turns readiness false, refuses new work and waits for admitted work.
 
         Admitted requests still in stage 1 (decoding) have not reached the
@@ -303,7 +303,7 @@ class BaseServerModel(Model):
         batcher drains whatever is left in the time that remains.
         """
         admission = self._admission
-        admission.start_draining()
+        admission.start_draining(why)
         self.ready = False
         deadline = time.monotonic() + timeout_s
         if not await admission.wait_idle(timeout_s):
@@ -343,6 +343,8 @@ class BaseServerModel(Model):
         """
         self.ready = False
         self._stopped = True
+        if self._device_sampler is not None:
+            self._device_sampler.stop()
         if self._batcher is not None:
             self._batcher.close_nowait()
         if self._pool is not None:

@@ -14,10 +14,12 @@ devices.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -238,9 +240,25 @@ def create_metrics(model: str, registry: CollectorRegistry | None = None) -> Met
             (that is what its ``/metrics`` endpoint exposes).
     """
     reg = REGISTRY if registry is None else registry
+    collectors = _REGISTERED.get(reg)
+    if collectors is None:  # once per registry: every model's series share the collectors
+        collectors = _REGISTERED[reg] = _collectors(reg)
+    metrics = Metrics(model=model, **collectors)
+    metrics.bind_at_start()
+    return metrics
+
+
+_REGISTERED: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, Any]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Each registry's histoserve collectors (a registry refuses a name registered twice)."""
+_MEMORY_GAUGES: weakref.WeakKeyDictionary[CollectorRegistry, Gauge] = weakref.WeakKeyDictionary()
+
+
+def _collectors(reg: CollectorRegistry) -> dict[str, Any]:
+    """The histoserve collectors, registered on ``reg``, by :class:`Metrics` field."""
     labels = ("model",)
-    metrics = Metrics(
-        model=model,
+    return dict(
         batch_size=Histogram(
             "histoserve_batch_size",
             "Tiles per forward call.",
@@ -329,5 +347,45 @@ def create_metrics(model: str, registry: CollectorRegistry | None = None) -> Met
             multiprocess_mode=_SUMMED,
         ),
     )
-    metrics.bind_at_start()
-    return metrics
+
+
+def model_memory_gauge(
+    registry: CollectorRegistry | None = None,
+) -> Callable[[str, int | None], None]:
+    """``histoserve_model_memory_bytes{model}``'s setter: bytes, or None to remove the series.
+
+    What each loaded model of a model repository was measured to hold when it
+    loaded (:mod:`predictor.repository.memory`), and the budget beside it
+    (``histoserve_memory_budget_bytes``, set by :func:`memory_budget_gauge`).
+    """
+    reg = REGISTRY if registry is None else registry
+    gauge = _MEMORY_GAUGES.get(reg)
+    if gauge is None:
+        gauge = _MEMORY_GAUGES[reg] = Gauge(
+            "histoserve_model_memory_bytes",
+            "Memory each loaded model holds, measured at its load (device memory; on the "
+            "CPU the resident set's growth); a model unloaded has no series.",
+            ("model",),
+            registry=reg,
+            multiprocess_mode=_SUMMED,
+        )
+
+    def set_memory(model: str, n: int | None) -> None:
+        if n is None:
+            with contextlib.suppress(KeyError):
+                gauge.remove(model)
+        else:
+            gauge.labels(model).set(n)
+
+    return set_memory
+
+
+def memory_budget_gauge(budget_bytes: int, registry: CollectorRegistry | None = None) -> None:
+    """``histoserve_memory_budget_bytes``: ``--memory_budget`` in bytes (a model repository)."""
+    reg = REGISTRY if registry is None else registry
+    Gauge(
+        "histoserve_memory_budget_bytes",
+        "The memory the loaded models may hold together (--memory_budget).",
+        registry=reg,
+        multiprocess_mode=_SUMMED,
+    ).set(budget_bytes)

@@ -1,0 +1,250 @@
+"""Several models in one server and the model repository extension, on real servers.
+
+A ``--model_dir`` of one folder per model, laid out from the cached demo
+packages: ``h0-mini``; ``slow`` (the same package served by
+:mod:`harness.slow_model`, its batching set by its own ``histoserve.json``);
+``broken`` (a package whose library crashes when loaded,
+:mod:`harness.native_crash`, probed by its own settings while the server
+probes nothing); ``tissue-seg``; a folder with no package and a file beside
+them. The server runs ``--model_control explicit`` with three folders loaded
+at start; the repository calls are tritonclient's own (HTTP here, gRPC in
+its own interpreter: it cannot share this process with kserve).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from harness.grpc_client import GrpcClient, GrpcError
+from harness.native_crash import misbehaving_model_dir
+from harness.packages import copy_package_dir, demo_package
+from harness.server import Server, start_server
+from harness.tiles import random_tiles
+
+pytestmark = pytest.mark.integration
+
+SLOW_SETTINGS = {
+    "model_class": "harness.slow_model:UniformTilesSlow",
+    "max_batch_size": 4,
+    "max_latency_ms": 0,
+    "instances_per_device": 1,
+    "max_queue_delay_ms": 60000,
+}
+
+
+def _model_dir(root: Path) -> Path:
+    h0 = demo_package("h0-mini")
+    model_dir = root / "models"
+    copy_package_dir(h0, model_dir / "h0-mini")
+    copy_package_dir(h0, model_dir / "slow")
+    (model_dir / "slow" / "histoserve.json").write_text(json.dumps(SLOW_SETTINGS))
+    misbehaving_model_dir(h0.parent, "segv", model_dir / "broken")
+    (model_dir / "broken" / "histoserve.json").write_text(json.dumps({"load_probe": "on"}))
+    copy_package_dir(demo_package("tissue-seg"), model_dir / "tissue-seg")
+    (model_dir / "no-package").mkdir()
+    (model_dir / "notes.txt").write_text("not a model")
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("repository")
+    server = start_server(
+        _model_dir(root),
+        root / "logs",
+        *("--model_control", "explicit", "--models", "h0-mini,slow,broken"),
+        *("--load_probe", "off"),
+        model_name="h0-mini",
+    )
+    yield server
+    server.stop()
+
+
+def _client(server: Server) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+
+
+def _index(server: Server) -> dict[str, dict]:
+    with _client(server) as client:
+        return {row["name"]: row for row in client.get_model_repository_index()}
+
+
+def _embed(server: Server, model: str, tiles: np.ndarray) -> np.ndarray:
+    pixels = httpclient.InferInput("pixels", list(tiles.shape), "UINT8")
+    pixels.set_data_from_numpy(tiles)
+    with _client(server) as client:
+        return client.infer(model, [pixels]).as_numpy("embedding")
+
+
+def test_the_index_lists_every_model_folder_with_its_state_and_memory(server):
+    """Each folder with a package is listed; the one whose library crashes in its probe is
+    UNAVAILABLE with the reason, while the others serve; memory is measured per model."""
+    index = _index(server)
+    assert set(index) == {"h0-mini", "slow", "broken", "tissue-seg"}
+    assert index["h0-mini"]["state"] == index["slow"]["state"] == "READY"
+    assert index["broken"]["state"] == "UNAVAILABLE"
+    assert "load failed" in index["broken"]["reason"] and "probe" in index["broken"]["reason"]
+    assert index["tissue-seg"] == {**index["tissue-seg"], "state": "UNAVAILABLE"}
+    assert index["tissue-seg"]["reason"] == "not in --models"
+    package = (demo_package("h0-mini")).stat().st_size
+    assert index["h0-mini"]["memory_bytes"] >= package
+    assert index["tissue-seg"]["memory_bytes"] is None
+    assert _embed(server, "h0-mini", random_tiles(2)).shape == (2, 1536)
+    metrics = server.metrics()
+    assert 'histoserve_model_memory_bytes{model="h0-mini"}' in metrics
+    assert 'histoserve_model_memory_bytes{model="tissue-seg"}' not in metrics
+
+
+def test_each_model_has_its_own_settings_and_config(server):
+    """The slow folder's histoserve.json set its batch bound; h0-mini keeps the server's."""
+    slow = httpx.get(f"{server.base}/v2/models/slow/config", timeout=10).json()
+    plain = httpx.get(f"{server.base}/v2/models/h0-mini/config", timeout=10).json()
+    assert slow["batching"]["max_batch_size"] == 4
+    assert plain["batching"]["max_batch_size"] == 32
+    assert slow["name"] == "slow"
+
+
+def test_load_unload_and_reload(server):
+    with _client(server) as client:
+        client.load_model("tissue-seg")
+        assert client.is_model_ready("tissue-seg")
+        assert _index(server)["tissue-seg"]["state"] == "READY"
+        client.unload_model("tissue-seg")
+        assert not client.is_model_ready("tissue-seg")
+    answer = httpx.post(f"{server.base}/v2/models/tissue-seg/infer", json={"inputs": []})
+    assert answer.status_code == 503
+    assert "'tissue-seg' is UNAVAILABLE (unloaded)" in answer.json()["error"]
+    assert 'histoserve_model_memory_bytes{model="tissue-seg"}' not in server.metrics()
+    with _client(server) as client:
+        client.load_model("tissue-seg")
+        assert client.is_model_ready("tissue-seg")
+    assert _embed(server, "h0-mini", random_tiles(1)).shape == (1, 1536)
+
+
+def test_a_failed_load_says_why_and_leaves_the_others_serving(server):
+    with _client(server) as client, pytest.raises(InferenceServerException) as err:
+        client.load_model("broken")
+    assert err.value.status() == "409"
+    assert "'broken' did not load" in err.value.message()
+    assert "probe" in err.value.message()
+    assert _embed(server, "h0-mini", random_tiles(1)).shape == (1, 1536)
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("..", "no path"),
+        ("notes.txt", "is a file"),
+        ("no-package", "holding no *.pt2"),
+        ("absent", "is no model folder"),
+        ("a/b", "no path"),
+    ],
+)
+def test_a_bad_name_is_a_400_naming_it(server, name, why):
+    with _client(server) as client, pytest.raises(InferenceServerException) as err:
+        client.load_model(name)
+    assert err.value.status() == "400"
+    assert f"model {name!r}" in err.value.message() and why in err.value.message()
+
+
+def test_an_unload_answers_every_accepted_request(server):
+    """A slow batch holds the only device worker and more requests queue behind it; the
+    unload refuses new ones (503 naming the state) and answers every one it accepted."""
+    results: list[object] = []
+
+    def send(tiles: np.ndarray) -> None:
+        try:
+            results.append(_embed(server, "slow", tiles).shape)
+        except Exception as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=send, args=(np.full((1, 224, 224, 3), 10, np.uint8),))]
+    threads += [threading.Thread(target=send, args=(random_tiles(3, seed=i),)) for i in range(4)]
+    threads[0].start()
+    time.sleep(0.3)  # the slow batch (1 s) is on the device
+    for thread in threads[1:]:
+        thread.start()
+    time.sleep(0.3)  # the others are accepted and queued behind it
+    unloading = threading.Thread(target=lambda: _client(server).unload_model("slow"))
+    unloading.start()
+    time.sleep(0.1)
+    refused = httpx.post(f"{server.base}/v2/models/slow/infer", json={"inputs": []})
+    assert refused.status_code == 503
+    assert "'slow' is UNLOADING" in refused.json()["error"]
+    for thread in [*threads, unloading]:
+        thread.join(60)
+    assert results.count((1, 1536)) == 1 and results.count((3, 1536)) == 4, results
+    assert _index(server)["slow"]["state"] == "UNAVAILABLE"
+
+
+def test_grpc_repository_calls(server):
+    grpc = GrpcClient(server.grpc_url)
+    try:
+        models = {m["name"]: m for m in grpc.repository("index")["models"]}
+        assert models["h0-mini"]["state"] == "READY"
+        assert models["broken"]["state"] == "UNAVAILABLE"
+        with pytest.raises(GrpcError) as err:
+            grpc.repository("load", "../h0-mini")
+        assert "model '../h0-mini'" in err.value.message
+        grpc.repository("unload", "h0-mini")
+        grpc.repository("load", "h0-mini")
+        assert grpc.is_model_ready("h0-mini")
+    finally:
+        grpc.close()
+
+
+def test_a_load_over_the_memory_budget_is_refused_naming_it(tmp_path):
+    """Explicit control loads nothing at start unless --models names it (Triton's mode);
+    a budget below the package's own size refuses its load before loading anything."""
+    model_dir = tmp_path / "models"
+    copy_package_dir(demo_package("h0-mini"), model_dir / "h0-mini")
+    server = start_server(
+        model_dir,
+        tmp_path / "logs",
+        *("--model_control", "explicit", "--memory_budget", "4000000"),
+        wait=False,
+    )
+    try:
+        _wait_live(server)
+        with _client(server) as client, pytest.raises(InferenceServerException) as err:
+            client.load_model("h0-mini")
+        message = err.value.message()
+        assert err.value.status() == "409"
+        assert "memory budget is 3.8 MiB (--memory_budget 4000000)" in message
+        assert "no model is loaded" in message
+        assert _index(server)["h0-mini"]["state"] == "UNAVAILABLE"
+    finally:
+        server.stop()
+
+
+def _wait_live(server: Server, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert server.proc.poll() is None, server.tail()
+        try:
+            if httpx.get(f"{server.base}/v2/health/live", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)  # polling a child process: there is no event to wait on
+    raise AssertionError(server.tail())
+
+
+def test_a_one_package_model_dir_lists_its_model_and_refuses_loads(embedding_server):
+    """Today's layout is untouched: the index lists its one model, a load says why not."""
+    with _client(embedding_server) as client:
+        (row,) = client.get_model_repository_index()
+        assert (row["name"], row["state"]) == (embedding_server.model_name, "READY")
+        with pytest.raises(InferenceServerException) as err:
+            client.unload_model(embedding_server.model_name)
+    assert err.value.status() == "409" and "holds one package" in err.value.message()

@@ -1,0 +1,87 @@
+"""The model repository's parts that need no server: layout, settings, budget, control mode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from predictor.config import BatchingConfig, LimitsConfig, ModelConfig, RepositoryConfig
+from predictor.errors import ConfigError, InvalidInput, LoadRefused
+from predictor.repository.layout import check_name, model_folders
+from predictor.repository.memory import MemoryMeter
+from predictor.repository.repository import Repository
+from predictor.repository.settings import model_settings
+
+
+def _folders(root: Path) -> Path:
+    for name in ("a", "b"):
+        (root / name).mkdir()
+        (root / name / f"{name}.pt2").write_bytes(b"x" * 10)
+    (root / "lost+found").mkdir()
+    (root / "notes.txt").write_text("")
+    return root
+
+
+def test_a_pt2_in_the_model_dir_keeps_the_one_model_layout(tmp_path):
+    _folders(tmp_path)
+    assert set(model_folders(tmp_path, None) or {}) == {"a", "b"}
+    assert model_folders(tmp_path, "a.pt2") is None
+    (tmp_path / "top.pt2").write_bytes(b"x")
+    assert model_folders(tmp_path, None) is None
+
+
+@pytest.mark.parametrize("name", ["..", ".", "a/b", "/etc", "notes.txt", "lost+found", "zz", ""])
+def test_a_bad_name_is_invalid_input_naming_it(tmp_path, name):
+    folders = model_folders(_folders(tmp_path), None) or {}
+    with pytest.raises(InvalidInput) as err:
+        check_name(name, tmp_path, folders)
+    assert f"model {name!r}" in str(err.value) and "model_name" in str(err.value)
+
+
+def test_a_settings_file_overrides_the_server_and_refuses_unknown_keys(tmp_path):
+    (tmp_path / "histoserve.json").write_text(
+        json.dumps({"max_batch_size": 4, "max_queue_delay_ms": [0, 500], "model_class": "m:C"})
+    )
+    model, batching = model_settings("a", tmp_path, ModelConfig(), BatchingConfig())
+    assert (batching.max_batch_size, batching.max_queue_delay_ms) == (4, (0.0, 500.0))
+    assert (model.model_class, model.model_name, model.model_dir) == ("m:C", "a", tmp_path)
+    (tmp_path / "histoserve.json").write_text(json.dumps({"max_batch_size": 4, "device": "cuda"}))
+    with pytest.raises(ConfigError, match=r"histoserve.json: unknown setting 'device'"):
+        model_settings("a", tmp_path, ModelConfig(), BatchingConfig())
+    (tmp_path / "histoserve.json").write_text(json.dumps({"max_batch_size": 0}))
+    with pytest.raises(ConfigError, match=r"histoserve.json: max_batch_size must be >= 1"):
+        model_settings("a", tmp_path, ModelConfig(), BatchingConfig())
+
+
+@pytest.mark.parametrize(
+    ("value", "device", "expected"),
+    [("90%", 1000, 900), ("8GiB", 1, 8 << 30), ("512MB", 1, 512 * 10**6), ("1000", 1, 1000)],
+)
+def test_memory_budget_values(value, device, expected):
+    assert RepositoryConfig(memory_budget=value).budget_of(device) == expected
+
+
+@pytest.mark.parametrize("value", ["0%", "120%", "lots", "-5", "8XB"])
+def test_a_malformed_memory_budget_is_a_config_error(value):
+    with pytest.raises(ConfigError, match="memory_budget"):
+        RepositoryConfig(memory_budget=value)
+
+
+def test_model_control_none_refuses_load_and_unload_naming_the_flag(tmp_path):
+    folders = model_folders(_folders(tmp_path), None) or {}
+    repository = Repository(
+        tmp_path,
+        folders,
+        (ModelConfig(), BatchingConfig(), LimitsConfig()),
+        RepositoryConfig(),
+        build=lambda *configs: pytest.fail("nothing may load"),
+        meter=MemoryMeter(torch.device("cpu")),
+        drain_timeout_s=1.0,
+    )
+    for call in (repository.load, repository.unload):
+        with pytest.raises(LoadRefused, match="not allowed with --model_control none"):
+            asyncio.run(call("a"))
