@@ -101,7 +101,7 @@ class BatchingConfig:
         if asked is not None and asked > self.priority_levels:
             raise InvalidInput(
                 f"parameter 'priority' must be 0 (the default class) or 1 (most urgent) to "
-                f"{self.priority_levels}, got {asked}"
+                f"{self.priority_levels}, got {str(asked)[:40]}"
             )
         return asked or self.default_priority or self.priority_levels
 

@@ -117,17 +117,22 @@ class PackagePin:
 
     def __init__(self, reported: str = ""):
         self.reported = reported
-        self._first = ""
+        self._first: str | None = None  # the first answer's digest ("": it named none)
         self._lock = threading.Lock()
 
     @property
     def digest(self) -> str:
         """The pinned digest ("" until one is known)."""
         with self._lock:
-            return self.reported or self._first
+            return self.reported or self._first or ""
 
     def problem(self, digest: object) -> str | None:
-        """What is wrong with an answer naming ``digest`` (None: nothing)."""
+        """What is wrong with an answer naming ``digest`` (None: nothing).
+
+        Without a reported digest the first answer pins the run, naming a
+        package or naming none: an answer of a package after answers of none
+        (or the reverse) is refused as one of another package would be.
+        """
         if self.reported:
             want = self.reported[:DIGEST_CHARS]
             if not digest:
@@ -143,16 +148,27 @@ class PackagePin:
                     "changed mid-run, or replicas of two packages serve it)"
                 )
             return None
-        if not digest:
-            return None
+        named = str(digest) if digest else ""
         with self._lock:
-            first = self._first = self._first or str(digest)
-        if str(digest) != first:
+            if self._first is None:
+                self._first = named
+            first = self._first
+        if named == first:
+            return None
+        if not first:
             return (
-                f"answered with package {str(digest)[:DIGEST_CHARS]}, not {first[:DIGEST_CHARS]} "
-                "that the run's first answer named (replicas of two packages serve it)"
+                f"answered with package {named[:DIGEST_CHARS]}, though the run's first answer "
+                "named no package (replicas of two servers serve it): not used"
             )
-        return None
+        if not named:
+            return (
+                f"answered without naming its package, though the run's first answer named "
+                f"{first[:DIGEST_CHARS]} (replicas of two servers serve it): not used"
+            )
+        return (
+            f"answered with package {named[:DIGEST_CHARS]}, not {first[:DIGEST_CHARS]} "
+            "that the run's first answer named (replicas of two packages serve it)"
+        )
 
 
 @dataclass(frozen=True)

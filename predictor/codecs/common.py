@@ -68,14 +68,22 @@ def string_parameter(params: Mapping[str, Any], name: str) -> str | None:
     return value
 
 
+MAX_COUNT = 2**64 - 1
+
+
 def count_parameter(params: Mapping[str, Any], name: str, *, unit: str = "") -> int | None:
-    """A request parameter that must be a whole number >= 0 when present (``priority``, ``timeout``)."""
+    """A request parameter that must be a whole number from 0 to 2**64 - 1 when present
+    (``priority``, ``timeout``: gRPC carries them as 64-bit integers, so REST's JSON is
+    held to the same range)."""
     value = params.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        what = f"{type(value).__name__} {value!r:.40}"
-        raise InvalidInput(f"parameter '{name}' must be a whole number >= 0{unit}, got {what}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        shown = str(value) if isinstance(value, int) else repr(value)
+        what = f"{type(value).__name__} {shown[:40]}"
+        raise InvalidInput(
+            f"parameter '{name}' must be a whole number from 0 to 2**64 - 1{unit}, got {what}"
+        )
     return value
 
 

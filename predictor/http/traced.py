@@ -19,7 +19,10 @@ from predictor import tracing
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 """The one gRPC method traced: V2 inference."""
-_CARRIED = (b"traceparent", b"tracestate")
+_CARRIED = (b"traceparent",)
+"""The client's trace context taken in: ``traceparent`` only (``tracestate`` is vendor
+state we never read, and OpenTelemetry's parser logs a warning quoting each malformed
+member: a client could fill the log, one line a request)."""
 
 
 def traced_route(scope: dict) -> bool:
@@ -98,9 +101,7 @@ class GrpcTracingInterceptor(aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method != MODEL_INFER or handler.unary_unary is None:
             return handler
-        metadata = {
-            k: v for k, v in details.invocation_metadata or () if k in ("traceparent", "tracestate")
-        }
+        metadata = {k: v for k, v in details.invocation_metadata or () if k == "traceparent"}
         parse, behavior = handler.request_deserializer, handler.unary_unary
         parsed: list[int] = []
 

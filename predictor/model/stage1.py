@@ -26,6 +26,7 @@ import asyncio
 import heapq
 import itertools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -41,23 +42,41 @@ COSTLY_PIXELS = 32 * 1024 * 1024
 (24.5 Mi). Its boxes are prepared one a chunk, and never on the last free thread."""
 
 
-class CostOrderedPool:
-    """Threads that run the cheapest waiting job first, then in arrival order.
+AGEING_PIXELS_PER_S = 128 * 1024 * 1024
+"""How fast a waiting job's cost ages away: about what stage 1 decodes and resizes
+in a second of one core here (2 x 2 slide tiles of 4096 px and their 4 boxes,
+128 Mi, took about a second), so a job waits behind later, cheaper ones at
+most about as long as its own decode would take."""
 
-    A job's cost is its request's decode pixels. Jobs costing more than
-    ``costly_pixels`` run on at most ``threads - 1`` threads at once (one,
+
+class CostOrderedPool:
+    """Threads that run the waiting job of the earliest virtual start first: its arrival
+    plus its cost at ``pixels_per_s`` (shortest job first, with ageing).
+
+    A job's cost is its request's decode pixels. Among jobs waiting together
+    the cheapest goes first, but a job is never passed over for ever: a job
+    arriving ``cost / pixels_per_s`` seconds after it no longer goes before it
+    (a stream of cheap requests cannot starve a costly one). Jobs costing more
+    than ``costly_pixels`` run on at most ``threads - 1`` threads at once (one,
     with one thread), so a thread is always left for cheaper work.
 
     Args:
         threads: The pool's threads.
         costly_pixels: The cost above which a job may not take the last free thread.
+        pixels_per_s: How fast a waiting job's cost ages away.
     """
 
-    def __init__(self, threads: int, costly_pixels: int = COSTLY_PIXELS):
+    def __init__(
+        self,
+        threads: int,
+        costly_pixels: int = COSTLY_PIXELS,
+        pixels_per_s: float = AGEING_PIXELS_PER_S,
+    ):
         self._costly_pixels = costly_pixels
+        self._pixels_per_s = pixels_per_s
         self._costly_cap = max(1, threads - 1)
         self._costly_running = 0
-        self._heap: list[tuple[int, int, Callable[[], Any], Future[Any]]] = []
+        self._heap: list[tuple[float, int, int, Callable[[], Any], Future[Any]]] = []
         self._order = itertools.count()
         self._ready = threading.Condition()
         self._stopped = False
@@ -74,7 +93,8 @@ class CostOrderedPool:
         with self._ready:
             if self._stopped:
                 raise RuntimeError("stage-1 pool is shut down")
-            heapq.heappush(self._heap, (cost, next(self._order), job, future))
+            start = time.monotonic() + cost / self._pixels_per_s
+            heapq.heappush(self._heap, (start, next(self._order), cost, job, future))
             self._ready.notify()
         return future
 
@@ -91,15 +111,30 @@ class CostOrderedPool:
         """The next job to run (None: stopped); waits for one this thread may take."""
         with self._ready:
             while not self._stopped:
-                if self._heap:  # sorted: a costly head means only costly jobs wait
-                    cost = self._heap[0][0]
-                    costly = cost > self._costly_pixels
-                    if not costly or self._costly_running < self._costly_cap:
-                        _, _, job, future = heapq.heappop(self._heap)
-                        self._costly_running += costly
-                        return cost, job, future
+                picked = self._pick()
+                if picked is not None:
+                    return picked
                 self._ready.wait()
             return None
+
+    def _pick(self) -> tuple[int, Callable[[], Any], Future[Any]] | None:
+        """The first job in order this thread may take (a costly one only while a thread
+        is left for cheaper work); called holding the lock."""
+        if not self._heap:
+            return None
+        blocked = self._costly_running >= self._costly_cap
+        if not blocked or self._heap[0][2] <= self._costly_pixels:
+            entry = heapq.heappop(self._heap)
+        else:  # a costly head waits for a thread: the first cheap job behind it goes
+            cheap = [e for e in self._heap if e[2] <= self._costly_pixels]
+            if not cheap:
+                return None
+            entry = min(cheap)
+            self._heap.remove(entry)
+            heapq.heapify(self._heap)
+        _, _, cost, job, future = entry
+        self._costly_running += cost > self._costly_pixels
+        return cost, job, future
 
     def _serve(self) -> None:
         while (picked := self._next()) is not None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,6 +115,7 @@ class Repository:
         self._publish: Callable[[Any], None] = lambda model: None
         self._withdraw: Callable[[str], None] = lambda name: None
         self._lock: asyncio.Lock | None = None  # made in the serving loop
+        self._running: set[asyncio.Future[Any]] = set()  # loads and unloads under way
 
     # -- start-up -----------------------------------------------------------------------------
     def load_at_start(self) -> list[Any]:
@@ -169,51 +170,87 @@ class Repository:
     async def load(self, model_name: str) -> dict[str, Any]:
         """Loads ``model_name`` (``--model_control explicit``); a loaded one stays as it is.
 
+        The load runs to its end even when the caller goes away (a client's
+        deadline cancels its call, never the load half way): it is a task of
+        the repository's, awaited through :func:`asyncio.shield`.
+
         Raises:
             InvalidInput: Not a model folder's name.
             LoadRefused: Mode ``none``, the model is being loaded or unloaded,
                 the budget would pass, or its load failed (the reason).
         """
         entry = self._entry_for_control(model_name, "load")
-        async with self._serial():
-            if entry.state == READY:
-                return {"name": entry.name, "load": True}
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, self._load_now, entry)
-            model = entry.model
-            self._publish(model)
-            if hasattr(model, "start_batching"):
-                await model.start_batching()
-        return {"name": entry.name, "load": True}
+        return await self._run_whole(self._load(entry))
 
     async def unload(self, model_name: str) -> dict[str, Any]:
         """Unloads ``model_name``: withdrawn, its accepted requests answered, then freed.
+
+        Runs to its end even when the caller goes away, as :meth:`load` does.
 
         Raises:
             InvalidInput: Not a model folder's name.
             LoadRefused: Mode ``none``, or the model is being loaded or unloaded.
         """
         entry = self._entry_for_control(model_name, "unload")
-        if entry.state in (LOADING, UNLOADING):
-            raise LoadRefused(f"model {entry.name!r} is {entry.state}: try again when it is done")
-        if entry.state != READY:
-            return {"name": entry.name, "unload": True}
-        model = entry.model
-        entry.state, entry.reason = UNLOADING, "unload requested; answering accepted requests"
-        self._withdraw(entry.name)
-        logger.info("model %s: unloading", entry.name)
-        drained = await model.drain(self._drain_timeout_s, "unload")
-        model.stop()
-        entry.model = None
-        del model
-        gc.collect()
-        self._meter.release()
-        entry.state = UNAVAILABLE
-        entry.reason = "unloaded" if drained else "unloaded at the drain deadline"
-        entry.memory_bytes = None
-        self._memory_gauge(entry.name, None)
-        logger.info("model %s: %s", entry.name, entry.reason)
+        return await self._run_whole(self._unload(entry))
+
+    async def _load(self, entry: Entry) -> dict[str, Any]:
+        async with self._serial():
+            if entry.state == READY:
+                return {"name": entry.name, "load": True}
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self._load_now, entry, False)
+            model = entry.model
+            try:
+                self._publish(model)
+                if hasattr(model, "start_batching"):
+                    await model.start_batching()
+            except Exception as exc:  # its workers did not start: withdrawn and freed
+                logger.exception("model %s: did not start", entry.name)
+                self._withdraw(entry.name)
+                model.stop()
+                entry.model, entry.memory_bytes = None, None
+                self._meter.release()
+                self._memory_gauge(entry.name, None)
+                entry.state, entry.reason = UNAVAILABLE, f"did not start: {exc}"
+                raise LoadRefused(f"model {entry.name!r} did not start: {exc}") from exc
+            entry.state, entry.reason = READY, ""
+        return {"name": entry.name, "load": True}
+
+    async def _unload(self, entry: Entry) -> dict[str, Any]:
+        async with self._serial():
+            if entry.state in (LOADING, UNLOADING):
+                raise LoadRefused(
+                    f"model {entry.name!r} is {entry.state}: try again when it is done"
+                )
+            if entry.state != READY:
+                return {"name": entry.name, "unload": True}
+            model = entry.model
+            entry.state, entry.reason = UNLOADING, "unload requested; answering accepted requests"
+            self._withdraw(entry.name)
+            logger.info("model %s: unloading", entry.name)
+            drained = False
+            try:
+                drained = await model.drain(self._drain_timeout_s, "unload")
+            finally:
+                model.stop()
+                entry.model = None
+                del model
+                gc.collect()
+                self._meter.release()
+                entry.state = UNAVAILABLE
+                entry.reason = "unloaded" if drained else "unloaded at the drain deadline"
+                entry.memory_bytes = None
+                self._memory_gauge(entry.name, None)
+                logger.info("model %s: %s", entry.name, entry.reason)
         return {"name": entry.name, "unload": True}
+
+    async def _run_whole(self, work: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+        """``work`` as the repository's own task: a cancelled caller leaves it running."""
+        task = asyncio.ensure_future(work)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return await asyncio.shield(task)
 
     # -- inside -------------------------------------------------------------------------------
     def _serial(self) -> asyncio.Lock:
@@ -250,8 +287,9 @@ class Repository:
             f"{self._loaded_text()}{': unload one first' if self._held_bytes() else ''}"
         )
 
-    def _load_now(self, entry: Entry) -> None:
-        """Builds ``entry``'s model (blocking), measured and held to the budget.
+    def _load_now(self, entry: Entry, ready: bool = True) -> None:
+        """Builds ``entry``'s model (blocking), measured and held to the budget; ``READY``
+        at once, or (``ready`` false) left ``LOADING`` for its caller to start and publish.
 
         Raises:
             LoadRefused: Over the budget, or the build failed (its reason).
@@ -285,7 +323,7 @@ class Repository:
             entry.state, entry.reason = UNAVAILABLE, str(exc)
             raise exc
         entry.model, entry.memory_bytes = model, measured.bytes
-        entry.state, entry.reason = READY, ""
+        entry.state, entry.reason = (READY, "") if ready else (LOADING, "starting")
         self._memory_gauge(entry.name, measured.bytes)
         logger.info(
             "model %s: loaded, %s (%s)", entry.name, mib(measured.bytes), self._loaded_text()

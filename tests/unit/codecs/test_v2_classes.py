@@ -66,12 +66,38 @@ def test_grpc_priority_and_timeout_from_tritonclient_are_read(triton_grpc, limit
 @pytest.mark.parametrize(
     ("parameters", "named"),
     [
-        ({"priority": "high"}, "parameter 'priority' must be a whole number >= 0, got str"),
-        ({"priority": -1}, "parameter 'priority' must be a whole number >= 0, got int -1"),
-        ({"priority": 1.5}, "parameter 'priority' must be a whole number >= 0, got float"),
-        ({"priority": True}, "parameter 'priority' must be a whole number >= 0, got bool"),
-        ({"timeout": -5}, "parameter 'timeout' must be a whole number >= 0 \\(microseconds\\)"),
-        ({"timeout": "1s"}, "parameter 'timeout' must be a whole number >= 0 \\(microseconds\\)"),
+        (
+            {"priority": "high"},
+            "parameter 'priority' must be a whole number from 0 to 2\\*\\*64 - 1, got str",
+        ),
+        (
+            {"priority": -1},
+            "parameter 'priority' must be a whole number from 0 to 2\\*\\*64 - 1, got int -1",
+        ),
+        (
+            {"priority": 1.5},
+            "parameter 'priority' must be a whole number from 0 to 2\\*\\*64 - 1, got float",
+        ),
+        (
+            {"priority": True},
+            "parameter 'priority' must be a whole number from 0 to 2\\*\\*64 - 1, got bool",
+        ),
+        (
+            {"timeout": -5},
+            "parameter 'timeout' must be a whole number from 0 to 2\\*\\*64 - 1 \\(microseconds\\)",
+        ),
+        (
+            {"timeout": "1s"},
+            "parameter 'timeout' must be a whole number from 0 to 2\\*\\*64 - 1 \\(microseconds\\)",
+        ),
+        (
+            {"timeout": 10**400},
+            "parameter 'timeout' must be a whole number from 0 to 2\\*\\*64 - 1",
+        ),
+        (
+            {"priority": 2**64},
+            "parameter 'priority' must be a whole number from 0 to 2\\*\\*64 - 1",
+        ),
     ],
 )
 def test_a_bad_priority_or_timeout_is_a_400_naming_the_parameter(parameters, named, limits):

@@ -100,7 +100,7 @@ def test_workers_must_be_positive():
 def test_the_cheapest_waiting_job_runs_first():
     """Issue 53, case 5: an ordinary request queued behind a costly one's decoding waited
     for all of it (the pool was first in, first out)."""
-    pool = CostOrderedPool(1, costly_pixels=100)
+    pool = CostOrderedPool(1, costly_pixels=100, pixels_per_s=1e-3)  # no ageing in the test
     gate = threading.Event()
     ran: list[str] = []
     blocker = pool.submit(0, lambda: gate.wait(5))
@@ -113,7 +113,7 @@ def test_the_cheapest_waiting_job_runs_first():
 
 
 def test_costly_jobs_never_take_the_last_free_thread():
-    pool = CostOrderedPool(2, costly_pixels=100)
+    pool = CostOrderedPool(2, costly_pixels=100, pixels_per_s=1e-3)
     gate = threading.Event()
     started: list[int] = []
 
@@ -147,4 +147,30 @@ def test_a_costly_request_is_prepared_one_box_a_chunk_in_order():
     )
     assert [int(s.tile[0, 0, 0]) for s in samples] == list(range(5))
     assert len(threads) == 1  # never the last free thread of two
+    pool.shutdown()
+
+
+def test_a_stream_of_cheaper_jobs_never_starves_a_costlier_one():
+    """Shortest job first ages: a job costing 0.2 s of ageing is passed over by cheaper
+    jobs arriving within 0.2 s of it, not by those arriving later (it starved for as
+    long as cheaper ones kept coming)."""
+    pool = CostOrderedPool(1, costly_pixels=10**9, pixels_per_s=1000.0)
+    ran: list[str] = []
+    gate = threading.Event()
+    blocker = pool.submit(0, lambda: gate.wait(5))  # the one thread busy while both queue
+    costly = pool.submit(200, lambda: ran.append("costly"))  # ages away in 0.2 s
+
+    def cheap() -> None:
+        ran.append("cheap")
+        time.sleep(0.01)
+
+    waiting = [pool.submit(1, cheap) for _ in range(3)]
+    gate.set()
+    blocker.result(5)
+    deadline = time.monotonic() + 3
+    while not costly.done() and time.monotonic() < deadline:  # always cheap ones waiting
+        waiting.pop(0).result(5)
+        waiting.append(pool.submit(1, cheap))
+    assert costly.done(), "the costly job never ran while cheaper ones kept coming"
+    assert 0 < ran.index("costly") < len(ran)  # cheaper ones went first for a while
     pool.shutdown()

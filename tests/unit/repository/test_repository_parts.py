@@ -85,3 +85,69 @@ def test_model_control_none_refuses_load_and_unload_naming_the_flag(tmp_path):
     for call in (repository.load, repository.unload):
         with pytest.raises(LoadRefused, match="not allowed with --model_control none"):
             asyncio.run(call("a"))
+
+
+class _SlowModel:
+    """A built model whose start and drain take ``hold`` (an event the test sets)."""
+
+    def __init__(self, hold: asyncio.Event):
+        self.hold, self.started, self.stopped = hold, False, False
+
+    async def start_batching(self) -> None:
+        await self.hold.wait()
+        self.started = True
+
+    async def drain(self, timeout_s: float, why: str) -> bool:
+        await self.hold.wait()
+        return True
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def _explicit(tmp_path: Path, built: list[_SlowModel], hold: asyncio.Event) -> Repository:
+    folders = model_folders(_folders(tmp_path), None) or {}
+
+    def build(*configs: object) -> _SlowModel:
+        built.append(_SlowModel(hold))
+        return built[-1]
+
+    return Repository(
+        tmp_path,
+        folders,
+        (ModelConfig(), BatchingConfig(), LimitsConfig()),
+        RepositoryConfig(model_control="explicit"),
+        build=build,
+        meter=MemoryMeter(torch.device("cpu")),
+        drain_timeout_s=1.0,
+    )
+
+
+def test_a_caller_gone_mid_load_or_unload_leaves_it_to_finish(tmp_path):
+    """A gRPC client's deadline cancels its call, never the load or unload half way: the
+    model ends READY and published, then UNAVAILABLE and stopped (never stuck)."""
+    built: list[_SlowModel] = []
+    published: list[object] = []
+    withdrawn: list[str] = []
+
+    async def body() -> None:
+        hold = asyncio.Event()
+        repository = _explicit(tmp_path, built, hold)
+        repository.attach(published.append, withdrawn.append)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(repository.load("a"), 0.2)  # the caller gives up
+        hold.set()
+        await asyncio.sleep(0.2)
+        (row,) = [r for r in await repository.index() if r["name"] == "a"]
+        assert row["state"] == "READY" and published == built and built[0].started
+        hold.clear()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(repository.unload("a"), 0.2)
+        hold.set()
+        await asyncio.sleep(0.2)
+        (row,) = [r for r in await repository.index() if r["name"] == "a"]
+        assert row["state"] == "UNAVAILABLE" and withdrawn == ["a"] and built[0].stopped
+        await repository.load("a")  # and it loads again
+        assert len(published) == 2
+
+    asyncio.run(body())

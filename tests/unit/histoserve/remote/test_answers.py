@@ -20,7 +20,7 @@ from harness.bad_server import BadServer, Faults, pixel_answer, pixel_mask, tamp
 from harness.slides import GeneratedSlide
 from histoserve.embedding.batches import run_batches
 from histoserve.embedding.tissue_remote import from_tiles, model_tissue_mask, to_tiles
-from histoserve.remote.answers import ROWS, AnswerCheck, BadAnswer, Expected
+from histoserve.remote.answers import ROWS, AnswerCheck, BadAnswer, Expected, PackagePin
 from histoserve.remote.client import HistoserveClient
 from histoserve.remote.dispatch import Dispatcher, RequestFailed, RetryPolicy
 from histoserve.remote.served_model import ServerInfo, info_from_config
@@ -330,3 +330,20 @@ def test_a_jpeg_answer_must_name_the_decode_its_transport_asks() -> None:
         assert on_device.problem(device, 2) is None
         assert "on 'cpu' (parameters.jpeg_decode), not on 'device'" in on_device.problem(cpu, 2)
         assert "--transport jpeg-device asks" in on_device.problem(silent, 2)
+
+
+@pytest.mark.parametrize(
+    ("answers", "refused"),
+    [
+        ((None, "a" * 64), "though the run's first answer named no package"),
+        (("a" * 64, None), "without naming its package, though the run's first answer named"),
+        (("a" * 64, "b" * 64), "not aaaaaaaaaaaaaaaa that the run's first answer named"),
+    ],
+)
+def test_without_a_reported_digest_the_first_answer_pins_named_or_not(answers, refused):
+    """Replicas of two servers, one naming its package and one not (an older server in a
+    rolling update), never both feed one run: the first answer pins which kind it is."""
+    pin = PackagePin("")
+    first, second = answers
+    assert pin.problem(first) is None and pin.problem(first) is None
+    assert refused in (pin.problem(second) or "")
