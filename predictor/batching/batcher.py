@@ -243,6 +243,12 @@ class DynamicBatcher(Generic[T, R]):
         if self._scheduler is not None:
             workers = {w.name: w.device for w in self._workers}
             self._share = self._scheduler.join(self._name, self._config.weight, workers)
+            log.info(
+                "%s: takes turns on device(s) %s with weight %g",
+                self._name,
+                ", ".join(sorted(set(workers.values()))),
+                self._config.weight,
+            )
         self._dispatcher = self._loop.create_task(
             self._dispatch_loop(), name=f"batcher-{self._name}"
         )
