@@ -42,6 +42,10 @@ class BatchingConfig:
             tiles waiting before its oldest goes first (the age bound that
             keeps more urgent classes from starving it): one value for
             every class but the first, or one per class (0: no bound).
+        weight: This model's share of a device it shares with other models
+            (:mod:`predictor.batching.scheduler`): under contention each
+            model's device time goes as its weight; set per model in its
+            folder's ``histoserve.json``.
     """
 
     max_batch_size: int = flag(32, "tiles per forward", type=int)
@@ -62,6 +66,11 @@ class BatchingConfig:
         "longest a class waits unserved before it goes first: one value for every class "
         "but the first, or a comma-separated value per class (0: no bound)",
         type=per_class,
+    )
+    weight: float = flag(
+        1.0,
+        "a model's share of a device shared by several models (device time under contention)",
+        type=float,
     )
 
     def __post_init__(self) -> None:
@@ -85,6 +94,8 @@ class BatchingConfig:
                 f"default_priority must be 0..priority_levels ({self.priority_levels}), "
                 f"got {self.default_priority}"
             )
+        if not 0 < self.weight <= 1000:
+            raise ConfigError(f"weight must be > 0 and <= 1000, got {self.weight}")
         delays = self.max_queue_delay_ms
         if len(delays) not in (1, self.priority_levels) or any(not d >= 0 for d in delays):
             raise ConfigError(

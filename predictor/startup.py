@@ -20,6 +20,7 @@ durations are logged once and served by ``GET /v2/models/{name}/config``
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from predictor.batching.scheduler import DeviceScheduler
 from predictor.config import BatchingConfig, LimitsConfig, ModelConfig, RepositoryConfig
 from predictor.device.cpus import available_cpus, resolve_instances, threads_per_instance
 from predictor.device.faults import parse_fault_spec
@@ -65,9 +67,16 @@ def resolve_model_spec(metadata: Mapping[str, str], override: str | None) -> Mod
 
 
 def build_model(
-    config: ModelConfig, batching: BatchingConfig, limits: LimitsConfig
+    config: ModelConfig,
+    batching: BatchingConfig,
+    limits: LimitsConfig,
+    *,
+    scheduler: DeviceScheduler | None = None,
 ) -> BaseServerModel:
     """Builds and loads the model the config describes (fail-fast, one hash).
+
+    ``scheduler`` is the device scheduler the models of one repository share
+    (:func:`build_repository`); None for a lone model.
 
     Logs the monotonic clock (system-wide on Linux) when start-up begins and
     when the model is built, so a benchmark or supervisor on the same host
@@ -111,6 +120,7 @@ def build_model(
         name=name,
         instances_per_device=instances,
         cpu_threads_per_instance=threads_per_instance(device.type, instances, cpus),
+        scheduler=scheduler,
     )
     fault_hook = parse_fault_spec(config.fault_injection) if config.fault_injection else None
     model = server_model(
@@ -139,7 +149,8 @@ def build_repository(
     """The repository of a ``--model_dir`` of one folder per model, and the models loaded at start.
 
     Every model shares the server's devices (``--device``: their first is where
-    memory is measured and budgeted). A folder that fails to load is listed
+    memory is measured and budgeted) and one device scheduler, which decides
+    whose batch runs next by each model's ``weight``. A folder that fails to load is listed
     ``UNAVAILABLE`` with its reason; the others serve.
 
     Raises:
@@ -152,7 +163,7 @@ def build_repository(
         folders,
         configs,
         control,
-        build_model,
+        functools.partial(build_model, scheduler=DeviceScheduler()),
         meter,
         drain_timeout_s,
         memory_gauge=model_memory_gauge(),

@@ -24,6 +24,13 @@ Contract:
     * A batch holds at most ``max_batch_size`` items of one ``key`` (the lead
       class's head item's), FIFO within each class, never items less urgent
       than its lead's; a request larger than a batch is split.
+    * Several models on one device: given the process's
+      :class:`~predictor.batching.scheduler.DeviceScheduler`, the batcher asks
+      it for a turn on a free worker's device once its batch is ready, cuts
+      the batch when granted and gives the turn back when the batch ends, so
+      which model's batch runs next is decided there (weighted fair sharing);
+      its own queue, bounds and batch rule stay its own. Without one (a lone
+      model) it dispatches as below, unasked.
 
 Why this policy: an idle worker dispatches a lone arrival at once (no latency
 tax at low load); items that queue up while the device is busy wait at most
@@ -52,6 +59,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, Protocol, TypeVar
 
 from predictor.batching.queue import BatchPolicy, BatchQueue, Entry, fail, settle
+from predictor.batching.scheduler import DeviceScheduler, Share, Turn
 from predictor.batching.worker import (
     BatchObserver,
     GuardedObserver,
@@ -141,6 +149,11 @@ class DynamicBatcher(Generic[T, R]):
             :class:`NullObserver` when ``None``.
         name: Used in messages, logs and the worker threads' names.
         weight: An item's count in ``max_queue_size`` (a slide: its tiles); 1 when ``None``.
+        scheduler: The process's device scheduler, shared with the other
+            models' batchers (joined at :meth:`start` with ``config.weight``);
+            ``None``: this batcher's workers are the device's alone.
+        device: The device of a lone ``run_batch`` (worker ``0``); named
+            workers' devices are their names up to ``#``.
 
     Raises:
         ValueError: An empty mapping of workers, or a worker that is not callable.
@@ -157,6 +170,8 @@ class DynamicBatcher(Generic[T, R]):
         observer: BatchObserver | None = None,
         name: str = "model",
         weight: Callable[[T], int] | None = None,
+        scheduler: DeviceScheduler | None = None,
+        device: str = "0",
     ) -> None:
         runs = dict(run_batch) if isinstance(run_batch, Mapping) else {"0": run_batch}
         if not runs:
@@ -164,7 +179,10 @@ class DynamicBatcher(Generic[T, R]):
         for worker, fn in runs.items():
             if not callable(fn):
                 raise ValueError(f"{name}: worker {worker!r} is not callable: {fn!r}")
-        self._workers = [Worker(str(w), fn) for w, fn in runs.items()]
+        lone = not isinstance(run_batch, Mapping)
+        self._workers = [Worker(str(w), fn, on=device if lone else "") for w, fn in runs.items()]
+        self._scheduler = scheduler
+        self._share: Share | None = None
         self._config = config
         self._classify_error = classify_error
         inner = observer if observer is not None else NullObserver()
@@ -181,7 +199,7 @@ class DynamicBatcher(Generic[T, R]):
         self._healthy = True
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dispatcher: asyncio.Task[None] | None = None
-        self._running: set[asyncio.Task[None]] = set()  # one task per batch on a worker
+        self._running: dict[asyncio.Task[None], list[Entry[T, R]]] = {}  # a task per batch
         self._wakeup = asyncio.Event()  # set on enqueue, a worker freed, the fill timer
         self._quiescent = asyncio.Event()  # set while the queue is empty and no batch runs
         self._quiescent.set()
@@ -222,6 +240,15 @@ class DynamicBatcher(Generic[T, R]):
         for worker in self._workers:
             prefix = f"batcher-{self._name}-{worker.name}"
             worker.executor = ThreadPoolExecutor(1, thread_name_prefix=prefix)
+        if self._scheduler is not None:
+            workers = {w.name: w.device for w in self._workers}
+            self._share = self._scheduler.join(self._name, self._config.weight, workers)
+            log.info(
+                "%s: takes turns on device(s) %s with weight %g",
+                self._name,
+                ", ".join(sorted(set(workers.values()))),
+                self._config.weight,
+            )
         self._dispatcher = self._loop.create_task(
             self._dispatch_loop(), name=f"batcher-{self._name}"
         )
@@ -349,8 +376,11 @@ class DynamicBatcher(Generic[T, R]):
             tasks = [t for t in (self._dispatcher, *self._running) if t and not t.done()]
             for task in tasks:
                 task.cancel()
+            for batch in self._running.values():  # a task cancelled before its first step
+                fail(batch, ModelNotReady(f"{self._name}: {self._stop_reason} while the batch ran"))
             self._queue.fail_all(ModelNotReady(f"{self._name}: batcher closed"))
             self._quiescent.set()
+        self._leave_scheduler()
         for worker in self._workers:
             if worker.executor is not None:
                 worker.executor.shutdown(wait=False, cancel_futures=True)
@@ -365,6 +395,8 @@ class DynamicBatcher(Generic[T, R]):
             while self._healthy:
                 self._queue.drop_cancelled_head()
                 if not self._queue:
+                    if self._share is not None:
+                        self._share.idle()
                     self._settle_quiescent()
                     self._wakeup.clear()
                     await self._wakeup.wait()
@@ -379,14 +411,46 @@ class DynamicBatcher(Generic[T, R]):
                 if not fresh:
                     await self._fill()
                 fresh = False
+                turn: Turn | None = None
+                if self._share is not None:
+                    worker, turn = await self._turn()
+                    if worker is None:
+                        continue
                 batch, expired = self._policy.take(self._queue, time.monotonic())
                 self._expire(expired, popped=True)
-                if batch:
-                    self._launch(worker, batch)
+                if batch and worker is not None:
+                    self._launch(worker, batch, turn)
+                elif turn is not None:
+                    turn.release(charge=False)
         except asyncio.CancelledError:
             raise
         except Exception:
             self._crash("batcher dispatcher crashed")
+
+    async def _turn(self) -> tuple[Worker | None, Turn]:
+        """The scheduler's turn on a free worker's device, and that worker (None: gone meanwhile)."""
+        assert self._share is not None
+        free = [w for w in self._workers if w.alive and not w.busy]
+        devices = list(dict.fromkeys(w.device for w in free))
+        turn = self._share.take(devices) or await self._share.turn(devices)
+        worker = next(
+            (w for w in self._workers if w.alive and not w.busy and w.device == turn.device), None
+        )
+        if worker is None:
+            turn.release(charge=False)
+        return worker, turn
+
+    def _ready_again(self, worker: Worker) -> bool:
+        """Whether ``worker`` could run another batch now: alive, and the policy's head is ready."""
+        self._queue.drop_cancelled_head()
+        if not (worker.alive and self._healthy and not self._closed and self._queue):
+            return False
+        return self._policy.ready(self._queue, time.monotonic())
+
+    def _leave_scheduler(self) -> None:
+        """Hands this model's slots and waiting request back to the other models."""
+        if self._share is not None:
+            self._share.leave()
 
     def _settle_quiescent(self) -> None:
         """Set the quiescent event when nothing is queued and no batch runs."""
@@ -400,6 +464,7 @@ class DynamicBatcher(Generic[T, R]):
         self._queue.fail_all(ModelNotReady(f"{self._name}: {what}"))
         self._wakeup.set()
         self._quiescent.set()
+        self._leave_scheduler()
 
     async def _fill(self) -> None:
         """Wait until the policy says the head batch is ready (full, or its wait is over)."""
@@ -417,18 +482,22 @@ class DynamicBatcher(Generic[T, R]):
             finally:
                 timer.cancel()
 
-    def _launch(self, worker: Worker, batch: list[Entry[T, R]]) -> None:
-        """Mark ``worker`` busy and run ``batch`` on it in its own task."""
+    def _launch(self, worker: Worker, batch: list[Entry[T, R]], turn: Turn | None) -> None:
+        """Mark ``worker`` busy and run ``batch`` on it in its own task (holding ``turn``)."""
         assert self._loop is not None
         worker.busy = True
         task = self._loop.create_task(self._dispatch(worker, batch))
-        self._running.add(task)
-        task.add_done_callback(self._batch_done(worker))
+        self._running[task] = batch
+        task.add_done_callback(self._batch_done(worker, turn))
 
-    def _batch_done(self, worker: Worker) -> Callable[[asyncio.Task[None]], None]:
+    def _batch_done(
+        self, worker: Worker, turn: Turn | None
+    ) -> Callable[[asyncio.Task[None]], None]:
         def done(task: asyncio.Task[None]) -> None:
-            self._running.discard(task)
+            self._running.pop(task, None)
             worker.busy = False
+            if turn is not None:
+                turn.release(again=self._ready_again(worker))
             self._wakeup.set()
             self._settle_quiescent()
 
@@ -505,6 +574,7 @@ class DynamicBatcher(Generic[T, R]):
         self._queue.fail_all(queued)
         self._wakeup.set()
         self._quiescent.set()
+        self._leave_scheduler()
 
     def _not_accepting_reason(self) -> str:
         """Why :meth:`submit` refuses, for the error message."""

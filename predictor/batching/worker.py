@@ -161,6 +161,8 @@ class Worker:
     name: str
     run_batch: Callable[[list[Any], Hashable], list[Any]]
     executor: ThreadPoolExecutor | None = None
+    on: str = ""
+    """Its device's name where its own name does not say it (a lone worker, ``0``)."""
     alive: bool = True
     busy: bool = False
     batches: int = 0
@@ -172,8 +174,8 @@ class Worker:
 
     @property
     def device(self) -> str:
-        """The device it serves: its name up to ``#`` (``cuda:0#1`` is an instance of ``cuda:0``)."""
-        return self.name.partition("#")[0]
+        """The device it serves: ``on``, or its name up to ``#`` (``cuda:0#1`` is an instance of ``cuda:0``)."""
+        return self.on or self.name.partition("#")[0]
 
     def call(self, items: list[Any], key: Hashable, model: str) -> Outcome[Any]:
         """Worker thread: call ``run_batch``, capturing any exception and the time."""

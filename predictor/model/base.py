@@ -283,6 +283,8 @@ class BaseServerModel(Model):
                 observer=self._metrics,
                 name=self.name,
                 weight=item_tiles,
+                scheduler=self._options.scheduler,
+                device=str(self._device),
             )
         await self._batcher.start()
         workers = [w.name for w in self._batcher.workers]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from predictor.batching.scheduler import DeviceScheduler
 from predictor.config import BatchingConfig, LimitsConfig
 
 
@@ -20,3 +21,5 @@ class ServingOptions:
     instances_per_device: int = 1
     cpu_threads_per_instance: int | None = None
     """Intra-op threads each CPU device worker sets for itself (None: torch's own count)."""
+    scheduler: DeviceScheduler | None = None
+    """The process's device scheduler shared by every model of a model repository (None: one model)."""

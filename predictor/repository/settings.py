@@ -2,7 +2,8 @@
 
 ``<model_dir>/<name>/histoserve.json`` is a JSON object of server flags (their
 names without ``--``) that differ for this model: its batching (``max_batch_size``,
-``max_latency_ms``, ``max_queue_size``, the classes of service), its package
+``max_latency_ms``, ``max_queue_size``, the classes of service, its ``weight``
+on a device it shares with the other models), its package
 and how it runs (``spec``, ``checkpoint``, ``model_class``, ``instances_per_device``,
 ``forward_runner``, ``jpeg_decode``, ``load_probe``, ``load_timeout_s``,
 ``allow_tf32``, ``preprocess_workers``). Each value is read as the flag's own

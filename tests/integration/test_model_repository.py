@@ -39,6 +39,7 @@ SLOW_SETTINGS = {
     "max_latency_ms": 0,
     "instances_per_device": 1,
     "max_queue_delay_ms": 60000,
+    "weight": 2,
 }
 
 
@@ -63,7 +64,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         _model_dir(root),
         root / "logs",
         *("--model_control", "explicit", "--models", "h0-mini,slow,broken"),
-        *("--load_probe", "off"),
+        *("--load_probe", "off", "--instances_per_device", "1"),
         model_name="h0-mini",
     )
     yield server
@@ -112,6 +113,28 @@ def test_each_model_has_its_own_settings_and_config(server):
     assert slow["batching"]["max_batch_size"] == 4
     assert plain["batching"]["max_batch_size"] == 32
     assert slow["name"] == "slow"
+
+
+def test_the_models_take_turns_on_the_one_device(server):
+    """One scheduler decides whose batch runs on the shared device: while a slow batch
+    (1.5 s) holds it, h0-mini's request waits for its turn instead of running beside it."""
+    log = server.log()
+    assert "slow: takes turns on device(s) cpu with weight 2" in log
+    assert "h0-mini: takes turns on device(s) cpu with weight 1" in log
+    done: list[str] = []
+
+    def send(model: str, tiles: np.ndarray) -> None:
+        assert _embed(server, model, tiles).shape == (len(tiles), 1536)
+        done.append(model)
+
+    slow = threading.Thread(target=send, args=("slow", np.full((1, 224, 224, 3), 15, np.uint8)))
+    slow.start()
+    time.sleep(0.3)  # the slow batch is on the device
+    quick = threading.Thread(target=send, args=("h0-mini", random_tiles(1)))
+    quick.start()
+    for thread in (slow, quick):
+        thread.join(60)
+    assert done == ["slow", "h0-mini"]
 
 
 def test_load_unload_and_reload(server):

@@ -86,3 +86,46 @@ async def busy(fake: Fake, batcher: DynamicBatcher[Any, Any]) -> asyncio.Future[
     (first,) = batcher.submit(["busy"])
     assert await fake.next_call() == ["busy"]
     return first
+
+
+class FifoDevice:
+    """One device shared by several models' workers: one batch at a time, first come first served.
+
+    A fake of what cannot exist here (a GPU several models share): each
+    model's ``run_batch`` (:meth:`run_batch`) waits its turn in arrival order
+    (a ticket lock, fair by construction, so it plays no favourite), then
+    holds the device ``s_per_batch + s_per_item * len(items)``. ``log`` is
+    ``(model, items, start, end)`` per batch, in the device's order.
+    """
+
+    def __init__(self, s_per_batch: float = 0.0, s_per_item: float = 0.0) -> None:
+        self.s_per_batch = s_per_batch
+        self.s_per_item = s_per_item
+        self.log: list[tuple[str, int, float, float]] = []
+        self._cond = threading.Condition()
+        self._next_ticket = 0
+        self._serving = 0
+
+    def run_batch(self, model: str) -> Callable[[list[Any], Hashable], list[Any]]:
+        def run(items: list[Any], key: Hashable) -> list[Any]:
+            with self._cond:
+                ticket = self._next_ticket
+                self._next_ticket += 1
+                assert self._cond.wait_for(lambda: self._serving == ticket, WAIT_S)
+            start = time.monotonic()
+            time.sleep(self.s_per_batch + self.s_per_item * len(items))
+            end = time.monotonic()
+            with self._cond:
+                self.log.append((model, len(items), start, end))
+                self._serving += 1
+                self._cond.notify_all()
+            return [f"{model}:{x}" for x in items]
+
+        return run
+
+    def seconds(self, model: str, first: int = 0, last: int | None = None) -> float:
+        """Device seconds ``model``'s batches held among the log's ``[first:last]``."""
+        return sum(end - start for m, _, start, end in self.log[first:last] if m == model)
+
+    def turns(self, model: str, first: int = 0, last: int | None = None) -> int:
+        return sum(1 for m, *_ in self.log[first:last] if m == model)
