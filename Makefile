@@ -51,7 +51,7 @@ $(MODEL_DIR)/$(DEMO_SPEC).pt2: | $(STAMP)
 	mkdir -p $(MODEL_DIR)
 	$(BIN)/python -m predictor.export --spec $(DEMO_SPEC) --demo --output $@
 
-# `make serve MODELS="h0-mini tissue-seg"`: one server, one folder per model (demo packages)
+# `make serve MODELS="h0-mini tissue-seg abmil-demo"`: one server, one folder per model (demo packages)
 MODELS ?=
 REPOSITORY_DIR := $(MODEL_DIR)/repository
 

@@ -316,6 +316,8 @@ class RepositoryConfig:
         model_control: ``none`` (every model at start; the repository's load
             and unload calls refused) or ``explicit`` (Triton's mode: models
             loaded and unloaded by ``POST /v2/repository/models/NAME/load|unload``).
+        model_settings: A folder of ``<name>.json`` settings, each over that
+            model folder's ``histoserve.json`` (``--model_settings``).
         memory_budget: The most memory the loaded models may hold together:
             bytes (``8GiB``, ``512MiB``, ``1000000``) or a share of the
             device's memory (``90%``: of the first GPU's, on the CPU of the
@@ -334,6 +336,11 @@ class RepositoryConfig:
         "unloaded by POST /v2/repository/models/NAME/load|unload",
         choices=MODEL_CONTROLS,
     )
+    model_settings: str | None = flag(
+        None,
+        "model_dir of one folder per model: a folder of NAME.json, each a model's settings "
+        "over its folder's histoserve.json (the chart renders it from its models: values)",
+    )
     memory_budget: str = flag(
         "90%",
         "most memory the loaded models may hold together: bytes (8GiB, 512MiB) or a share "
@@ -344,6 +351,11 @@ class RepositoryConfig:
         if self.model_control not in MODEL_CONTROLS:
             raise ConfigError(f"model_control must be none or explicit, got {self.model_control!r}")
         budget_bytes(self.memory_budget, 1)  # refuses a malformed value at start
+
+    @property
+    def settings_dir(self) -> Path | None:
+        """``--model_settings`` as a path (None: each model folder's own settings alone)."""
+        return Path(self.model_settings) if self.model_settings else None
 
     def budget_of(self, device_bytes: int) -> int:
         """``--memory_budget`` in bytes, for a device of ``device_bytes``."""

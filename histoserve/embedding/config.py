@@ -116,7 +116,7 @@ class EmbedConfig:
     )
     model: str | None = option(
         None,
-        help="model name (default: the only model the server serves)",
+        help="model name (default: the one model the server serves besides --tissue, --slide-model)",
         kind="text",
         group=_SERVERS,
     )

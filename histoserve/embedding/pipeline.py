@@ -131,7 +131,9 @@ def _context(config: EmbedConfig) -> RunContext:
     """The run's shared context: the models described, one client for each (closed by the caller)."""
     retry = RetryPolicy(max_attempts=config.max_attempts)
     with contextlib.ExitStack() as opened:  # closed here only when the context is not made
-        client = opened.enter_context(_client(config, config.urls, config.model, retry))
+        client = opened.enter_context(
+            _client(config, config.urls, config.model, retry, _served_beside(config))
+        )
         info = client.info  # described once, by every URL
         info.check_mode(config.mode)
         tissue_client, tissue_info = None, None
@@ -207,13 +209,27 @@ def _hold_folder(ctx: RunContext) -> FolderHold:
     return hold_folder(folder, settings, differences, check, force=ctx.config.force)
 
 
+def _served_beside(config: EmbedConfig) -> tuple[str, ...]:
+    """The run's tissue model and slide head: never its encoder, so with no ``--model`` the
+    encoder is the one model ``--url`` serves besides them (one server serving all three)."""
+    tissue = (config.tissue,) if config.tissue_method == "model" else ()
+    return tissue + ((config.slide_model,) if config.slide_model else ())
+
+
 def _client(
-    config: EmbedConfig, urls: Any, model: str | None, retry: RetryPolicy
+    config: EmbedConfig,
+    urls: Any,
+    model: str | None,
+    retry: RetryPolicy,
+    besides: tuple[str, ...] = (),
 ) -> HistoserveClient:
-    """The client that sends the run's requests to ``model`` (None: the one served) at ``urls``."""
+    """The client that sends the run's requests to ``model`` (None: the one served but
+    ``besides``) at ``urls``."""
     recycle = RecyclePolicy(config.recycle_requests, config.recycle_s)
     kwargs = {"credentials": config.credentials, "retry": retry, "recycle": recycle}
-    return HistoserveClient(urls, model, config.timeout_s, priority=config.priority, **kwargs)
+    return HistoserveClient(
+        urls, model, config.timeout_s, priority=config.priority, besides=besides, **kwargs
+    )
 
 
 def _layout(config: EmbedConfig, info: ServerInfo, target_mpp: float, tile_size: int) -> Layout:

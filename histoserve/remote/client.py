@@ -37,7 +37,7 @@ for ``grpc://`` URLs).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -76,6 +76,9 @@ class HistoserveClient:
         info: The model as already described (``embed`` fetched it): not asked again.
         priority: Every request's class of service (V2 ``priority``: 1 the most
             urgent; 0 or None: the server's default, bulk unless set otherwise).
+        besides: Models the caller uses for something else (``embed``'s tissue
+            model and slide head): with no ``model``, the one model the server
+            serves other than these is this client's.
 
     Errors: :class:`~histoserve.errors.InferenceError` (the server refused:
     ``status``, the HTTP status or gRPC code, and ``retry_after_s``),
@@ -98,6 +101,7 @@ class HistoserveClient:
         transports: Sequence[Transport] | None = None,
         info: ServerInfo | None = None,
         priority: int | None = None,
+        besides: Collection[str] = (),
     ):
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
@@ -115,6 +119,7 @@ class HistoserveClient:
         self._priority = {"priority": int(priority)} if priority else {}
         self.urls = urls
         self._model = model or (info.model if info is not None else None)
+        self._besides = tuple(besides)
         self._credentials = credentials or Credentials()
         self._timeout_s, self._cap = timeout_s, max_answer_bytes
         recycle = recycle or RecyclePolicy()
@@ -248,7 +253,7 @@ class HistoserveClient:
         with self._info_lock:
             if self._info is None:
                 urls = self._dispatcher.urls
-                self._info, self._config = describe(urls, self._model, self.send_to)
+                self._info, self._config = describe(urls, self._model, self.send_to, self._besides)
                 self._model = self._info.model
                 self._pin = PackagePin(self._info.reported_sha256)
             return self._info

@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,14 +143,17 @@ def info_url(urls: Sequence[str]) -> str | None:
 
 
 def describe(
-    urls: Sequence[str], model: str | None, send: Send
+    urls: Sequence[str], model: str | None, send: Send, besides: Collection[str] = ()
 ) -> tuple[ServerInfo, dict[str, Any]]:
     """The model's :class:`ServerInfo` and its config as the first URL reports it.
 
     The first HTTP(S) URL is asked first (else the first); every other URL is
     asked too and must serve the same model package (:func:`check_same_model`).
     ``send`` is the client's one send (its retries: a Job's pod may start
-    before its InferenceService is ready, or while it scales up).
+    before its InferenceService is ready, or while it scales up). With no
+    ``model``, the one model the first URL serves other than ``besides`` (the
+    models the run uses for something else: its tissue model, its slide head,
+    served by the same server) is described.
 
     Raises:
         UsageError: No model named and the server serves several (or none), an
@@ -159,7 +162,7 @@ def describe(
     """
     urls = list(dict.fromkeys(urls))
     first = info_url(urls) or urls[0]
-    reference, config = _ask(send, first, model)
+    reference, config = _ask(send, first, model, frozenset(besides))
     others = [(u, _ask_another(send, u, reference.model, first)) for u in urls if u != first]
     check_same_model([(first, reference), *others])
     decodes = {i.jpeg_decode for _, i in others if i.jpeg_decode} - {reference.jpeg_decode}
@@ -168,18 +171,22 @@ def describe(
     return reference, config
 
 
-def _ask(send: Send, url: str, name: str | None) -> tuple[ServerInfo, dict[str, Any]]:
+def _ask(
+    send: Send, url: str, name: str | None, besides: frozenset[str] = frozenset()
+) -> tuple[ServerInfo, dict[str, Any]]:
     """One URL's description: its config, or its V2 metadata where it has no config call."""
     try:
-        return _described(send, url, name)
+        return _described(send, url, name, besides)
     except RequestFailed as exc:
         if isinstance(exc, InferenceError):  # it answered: its refusal says why
             raise
         raise RemoteError(f"cannot reach {url} to describe the model: {exc}") from exc
 
 
-def _described(send: Send, url: str, name: str | None) -> tuple[ServerInfo, dict[str, Any]]:
-    name = name or _only_model(send, url)
+def _described(
+    send: Send, url: str, name: str | None, besides: frozenset[str]
+) -> tuple[ServerInfo, dict[str, Any]]:
+    name = name or _only_model(send, url, besides)
     try:
         config = send(url, Request("config", name, max_answer_bytes=MAX_CONFIG_BYTES))
     except InferenceError as exc:
@@ -224,8 +231,8 @@ def _entries(listed: Any) -> list[dict[str, Any]]:
     ]
 
 
-def _only_model(send: Send, url: str) -> str:
-    """The one model ``url`` serves; UsageError naming them when it serves several or none."""
+def _only_model(send: Send, url: str, besides: frozenset[str]) -> str:
+    """The one model ``url`` serves but ``besides``; UsageError naming them when several or none."""
     try:
         models = send(url, Request("models"))
     except InferenceError as exc:
@@ -234,11 +241,14 @@ def _only_model(send: Send, url: str) -> str:
                 f"{url} does not list its models ({exc.status}): pass --model NAME"
             ) from exc
         raise
-    if len(models) != 1:
+    left = [str(m) for m in models if str(m) not in besides]
+    if len(left) != 1:
+        others = f" besides {', '.join(sorted(besides))}" if besides else ""
         raise UsageError(
-            f"{url} serves {len(models)} models ({', '.join(models) or 'none'}): pick one with --model"
+            f"{url} serves {len(left)} models{others} ({', '.join(left) or 'none'}): "
+            "pick one with --model"
         )
-    return str(models[0])
+    return left[0]
 
 
 def _ask_another(send: Send, url: str, name: str, first: str) -> ServerInfo:

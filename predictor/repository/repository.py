@@ -303,7 +303,7 @@ class Repository:
         model_config, batching, limits = self._configs
         try:
             model_config, batching = model_settings(
-                entry.name, entry.folder, model_config, batching
+                entry.name, entry.folder, model_config, batching, self._control.settings_dir
             )
             with self._meter.measuring(at_least) as measured:
                 model = self._build(model_config, batching, limits)

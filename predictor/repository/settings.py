@@ -9,7 +9,9 @@ and how it runs (``spec``, ``checkpoint``, ``model_class``, ``instances_per_devi
 ``allow_tf32``, ``preprocess_workers``). Each value is read as the flag's own
 text would be, then checked by its config; an unknown key or a bad value stops
 this model's load with a message naming the file. The model's name is its
-folder's and its device the server's: neither is a setting.
+folder's and its device the server's: neither is a setting. ``--model_settings
+DIR`` adds ``DIR/<name>.json`` of the same form over it: settings given where
+the model folder is read-only (the chart renders them into a ConfigMap).
 """
 
 from __future__ import annotations
@@ -33,18 +35,32 @@ MAX_SETTINGS_BYTES = 64 * 1024
 
 
 def model_settings(
-    name: str, folder: Path, model: ModelConfig, batching: BatchingConfig
+    name: str,
+    folder: Path,
+    model: ModelConfig,
+    batching: BatchingConfig,
+    settings_dir: Path | None = None,
 ) -> tuple[ModelConfig, BatchingConfig]:
-    """The configs of the model in ``folder``: the server's, its settings file over them.
+    """The configs of the model in ``folder``: the server's, its settings file over them,
+    then ``settings_dir/<name>.json`` (``--model_settings``: the chart's values) over both.
 
     Raises:
-        ConfigError: The settings file is unreadable, not a JSON object, has
+        ConfigError: A settings file is unreadable, not a JSON object, has
             an unknown key or a value its flag refuses (names the file and key).
     """
-    base = replace(model, model_dir=folder, model_name=name)
-    path = folder / SETTINGS_FILE
-    if not path.is_file():
-        return base, batching
+    configs = replace(model, model_dir=folder, model_name=name), batching
+    paths = [folder / SETTINGS_FILE]
+    if settings_dir is not None:
+        paths.append(settings_dir / f"{name}.json")
+    for path in paths:
+        if path.is_file():
+            configs = _applied(path, *configs)
+    return configs
+
+
+def _applied(
+    path: Path, model: ModelConfig, batching: BatchingConfig
+) -> tuple[ModelConfig, BatchingConfig]:
     raw = _read(path)
     flags = {f.name: d for cls in (ModelConfig, BatchingConfig) for f, d in declared(cls)}
     allowed = {*MODEL_KEYS, *(f.name for f, _ in declared(BatchingConfig))}
@@ -57,7 +73,7 @@ def model_settings(
     values = {key: _convert(path, key, value, flags[key].type) for key, value in raw.items()}
     try:
         return (
-            replace(base, **{k: v for k, v in values.items() if k in MODEL_KEYS}),
+            replace(model, **{k: v for k, v in values.items() if k in MODEL_KEYS}),
             replace(batching, **{k: v for k, v in values.items() if k not in MODEL_KEYS}),
         )
     except (ConfigError, TypeError, ValueError) as exc:

@@ -33,6 +33,7 @@ the new one as a key below, and give it an :class:`Entry`.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import re
 from collections.abc import Iterator
 
@@ -174,6 +175,53 @@ OTEL_COLLECTOR = (
 )
 NO_RAY = "Ray is not installed here, and the URL is a cluster's"
 
+ONE_SERVER = (
+    "the demo tissue-seg has random weights (it finds no tissue: every slide fails its head); "
+    "tests/integration/test_embed_one_server.py runs this command against one server of "
+    "h0-mini, a tissue-seg that segments and abmil-demo, and compares it with three servers"
+)
+SERVES_THREE = (
+    "it exports three demo packages (minutes) and serves until stopped; run once by hand: "
+    "its repository index lists h0-mini, tissue-seg and abmil-demo READY"
+)
+ONE_CLUSTER_URL = "the cluster's Service URL (one local server: test_embed_one_server.py)"
+MODELS_INSTALL = (
+    "helm install h0 charts/histoserve -n histo -f charts/histoserve/ci/models-values.yaml"
+)
+
+
+def serves_folders(session: DocsSession, command: str) -> None:
+    """``make serve MODELS=...``: its recipe exports each into its own folder and serves them."""
+    import shlex
+
+    from tests.chart.helpers import REPO
+
+    models = shlex.split(command)[2].split("=", 1)[1].split()
+    assert models == ["h0-mini", "tissue-seg", "abmil-demo"]
+    recipe = (REPO / "Makefile").read_text()
+    assert "--output $(REPOSITORY_DIR)/$$m/$$m.pt2" in recipe
+    assert "--model_dir $(REPOSITORY_DIR) --models $(shell echo $(MODELS) | tr ' ' ,)" in recipe
+
+
+def embeds_one_url(session: DocsSession, command: str) -> None:
+    """Its flags parse; no --model, --tissue-url or --slide-url: one URL for all three."""
+    import shlex
+
+    words = shlex.split(command)[2:]
+    args = importlib.import_module(EMBED).build_parser().parse_args(words)
+    assert len(args.url) == 1 and args.tissue == "tissue-seg" and args.slide_model == "abmil-demo"
+    assert not ({"--model", "--tissue-url", "--slide-url"} & set(words))
+
+
+def two_models_served(objs: list[dict]) -> None:
+    """The release serves the folders with their settings (tests/chart/test_chart_values_models.py)."""
+    isvc_named("h0-histoserve", "histo")(objs)
+    (pred,) = [o["spec"]["predictor"] for o in objs if o["kind"] == "InferenceService"]
+    (server,) = [c for c in pred["containers"] if c["name"] == "kserve-container"]
+    assert "--models=h0-mini,tissue-seg,abmil-demo" in server["args"]
+    assert "--model_settings=/etc/histoserve/models" in server["args"]
+
+
 REGISTRY: dict[str, Entry] = {
     # README.md
     README_INSTALL: Entry("render", render_chart(isvc_named("h0-histoserve", "histo"))),
@@ -191,6 +239,12 @@ REGISTRY: dict[str, Entry] = {
     ),
     "histoserve embed slides/*.svs --url http://localhost:8080 --out features/": Entry(
         "run", embed_readme
+    ),
+    'make serve MODELS="h0-mini tissue-seg abmil-demo"': Entry(
+        "static", serves_folders, why=SERVES_THREE
+    ),
+    "histoserve embed slides/*.svs --url http://localhost:8080 --tissue tissue-seg --slide-model abmil-demo --out features/": Entry(
+        "static", embeds_one_url, why=ONE_SERVER
     ),
     NOTEBOOK_BLOCK: Entry("run", notebook_embed),
     "histoserve export --spec h0-mini --demo --output model/h0-mini.pt2": Entry(
@@ -231,6 +285,10 @@ REGISTRY: dict[str, Entry] = {
     ),
     RAY_BLOCK: Entry("static", ray_api, why=NO_RAY),
     # docs/deployment.md
+    "histoserve embed --manifest brca.csv --url http://h0-histoserve-predictor.histo.svc.cluster.local --tissue tissue-seg --slide-model abmil-demo --out features/brca-h0": Entry(
+        "static", embeds_one_url, why=ONE_CLUSTER_URL
+    ),
+    MODELS_INSTALL: Entry("render", render_chart(two_models_served)),
     "python -m predictor --model_dir /models --otel_endpoint http://otel-collector:4318": Entry(
         "static", flags_parse("predictor.cli", 3), why=OTEL_COLLECTOR
     ),

@@ -20,13 +20,17 @@ and the kubelet retries the init container.
 {{- end -}}
 
 {{- define "histoserve.buildEnabled" -}}
-{{- if .Values.model.build.enabled }}true{{ end -}}
+{{- if .Values.models -}}
+{{- if include "histoserve.modelBuilds" . | fromJsonArray }}true{{ end -}}
+{{- else if .Values.model.build.enabled }}true{{ end -}}
 {{- end -}}
 
+{{/* One export's args: a dict of root (the chart's context), b (the build values), spec
+(the spec when b.spec is empty) and dir (the package set's folder). */}}
 {{- define "histoserve.buildArgs" -}}
-{{- $b := .Values.model.build -}}
-{{- $dir := include "histoserve.modelDir" . -}}
-- --spec={{ default .Values.model.spec $b.spec }}
+{{- $b := .b -}}
+{{- $dir := include "histoserve.modelDir" .root -}}
+- --spec={{ default .spec $b.spec }}
 {{- if $b.timm }}
 - --timm={{ $b.timm }}
 {{- else }}
@@ -39,7 +43,7 @@ and the kubelet retries the init container.
 {{- if gt (int $b.maxBatch) 0 }}
 - --max_batch={{ int $b.maxBatch }}
 {{- end }}
-{{- if gt (int .Values.gpu.count) 0 }}
+{{- if gt (int .root.Values.gpu.count) 0 }}
 - --device=cuda
 {{- else }}
 - --device=cpu
@@ -48,39 +52,54 @@ and the kubelet retries the init container.
 {{- if ne $b.weightsLayout "auto" }}
 - --weights_layout={{ $b.weightsLayout }}
 {{- end }}
-- --package_set={{ $dir }}
+- --package_set={{ .dir }}
 - --if_missing
 - --lock_timeout_s={{ int $b.lockTimeoutSeconds }}
 {{- end -}}
 
+{{/* The init containers: model.build's, or one per models: entry with build.enabled
+(histoserve.modelBuilds), each exporting into its own folder. */}}
+{{- define "histoserve.buildInitContainers" -}}
+{{- $dir := include "histoserve.modelDir" . -}}
+{{- if .Values.models -}}
+{{- range (include "histoserve.modelBuilds" . | fromJsonArray) }}
+{{- $container := printf "build-%d-%s" (int .index) (regexReplaceAll "[^a-z0-9-]" (lower .name) "-") | trunc 63 | trimSuffix "-" }}
+{{ include "histoserve.buildInitContainer" (dict "root" $ "b" .build "spec" .spec "dir" (printf "%s/%s" $dir .name) "name" $container) }}
+{{- end -}}
+{{- else -}}
+{{ include "histoserve.buildInitContainer" (dict "root" . "b" .Values.model.build "spec" .Values.model.spec "dir" $dir "name" "build-package") }}
+{{- end -}}
+{{- end -}}
+
 {{- define "histoserve.buildInitContainer" -}}
-- name: build-package
-  image: {{ include "histoserve.buildImage" . }}
-  imagePullPolicy: {{ .Values.image.pullPolicy }}
+{{- $root := .root -}}
+- name: {{ .name }}
+  image: {{ include "histoserve.buildImage" $root }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
   command:
     - timeout
     - --kill-after=30
-    - {{ int .Values.model.build.timeoutSeconds | quote }}
+    - {{ int .b.timeoutSeconds | quote }}
     - python
     - -m
     - predictor.export
   args:
     {{- include "histoserve.buildArgs" . | nindent 4 }}
   env:
-    {{- include "histoserve.env" . | trim | nindent 4 }}
-    {{- with .Values.server.extraEnv }}
+    {{- include "histoserve.env" $root | trim | nindent 4 }}
+    {{- with $root.Values.server.extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
   resources:
-    {{- include "histoserve.resources" . | nindent 4 }}
-  {{- with (include "histoserve.securityContext" .) }}
+    {{- include "histoserve.resources" $root | nindent 4 }}
+  {{- with (include "histoserve.securityContext" $root) }}
   securityContext:
     {{- . | nindent 4 }}
   {{- end }}
   volumeMounts:
     - name: model-store
-      mountPath: {{ .Values.storage.mountPath }}
-      {{- with include "histoserve.pvcSubPath" . }}
+      mountPath: {{ $root.Values.storage.mountPath }}
+      {{- with include "histoserve.pvcSubPath" $root }}
       subPath: {{ . }}
       {{- end }}
     - name: build-scratch

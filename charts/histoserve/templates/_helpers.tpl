@@ -373,6 +373,11 @@ runs on the CPU; left out when there is no CPU request or server.extraEnv sets t
 
 {{/* Model-specific flags (the InferenceService's own). */}}
 {{- define "histoserve.modelArgs" -}}
+{{- if .Values.models }}
+- --model_dir={{ include "histoserve.modelDir" . }}
+- --models={{ include "histoserve.modelNames" . }}
+- --model_settings={{ include "histoserve.modelSettingsDir" . }}
+{{- else }}
 - --model_name={{ .Values.model.name }}
 - --model_dir={{ include "histoserve.modelDir" . }}
 {{- with .Values.model.checkpoint }}
@@ -383,6 +388,7 @@ runs on the CPU; left out when there is no CPU request or server.extraEnv sets t
 {{- end }}
 {{- with .Values.model.modelClass }}
 - --model_class={{ . }}
+{{- end }}
 {{- end }}
 - --device={{ .Values.model.device }}
 {{- $b := .Values.batching }}
@@ -570,7 +576,7 @@ request for the on-disk scratch volumes unless one is given.
 
 {{/* Readiness path on the HTTP port. */}}
 {{- define "histoserve.readyPath" -}}
-{{- printf "/v2/models/%s/ready" .Values.model.name -}}
+{{- printf "/v2/models/%s/ready" (include "histoserve.servedName" .) -}}
 {{- end -}}
 
 {{- define "histoserve.probes" -}}

@@ -57,6 +57,21 @@ def test_a_settings_file_overrides_the_server_and_refuses_unknown_keys(tmp_path)
         model_settings("a", tmp_path, ModelConfig(), BatchingConfig())
 
 
+def test_model_settings_files_go_over_the_folder_s_own(tmp_path):
+    """``--model_settings DIR``: ``DIR/<name>.json`` (the chart's) over the folder's file."""
+    folder, chart = tmp_path / "a", tmp_path / "chart"
+    folder.mkdir(), chart.mkdir()
+    (folder / "histoserve.json").write_text(json.dumps({"max_batch_size": 4, "spec": "h0-mini"}))
+    (chart / "a.json").write_text(json.dumps({"max_batch_size": 8, "max_latency_ms": 2}))
+    (chart / "b.json").write_text(json.dumps({"max_batch_size": 1}))  # another model's
+    model, batching = model_settings("a", folder, ModelConfig(), BatchingConfig(), chart)
+    assert (batching.max_batch_size, batching.max_latency_ms, model.spec) == (8, 2, "h0-mini")
+    (chart / "a.json").write_text(json.dumps({"name": "b"}))
+    with pytest.raises(ConfigError, match=r"chart/a.json: unknown setting 'name'"):
+        model_settings("a", folder, ModelConfig(), BatchingConfig(), chart)
+    assert RepositoryConfig(model_settings=str(chart)).settings_dir == chart
+
+
 @pytest.mark.parametrize(
     ("value", "device", "expected"),
     [("90%", 1000, 900), ("8GiB", 1, 8 << 30), ("512MB", 1, 512 * 10**6), ("1000", 1, 1000)],

@@ -213,3 +213,23 @@ def test_where_jpeg_tiles_are_decoded_comes_from_the_config_and_mixed_urls_say_s
         assert fetch_server_info([cpu.url, also_cpu.url], None, 5.0, one).jpeg_decode == "cpu"
         mixed = fetch_server_info([cpu.url, on_device.url], None, 5.0, one)
     assert mixed.jpeg_decode == "mixed" and mixed.package_sha256 == a
+
+
+def test_with_no_model_named_the_encoder_is_the_one_served_besides_the_runs_others() -> None:
+    """One server serving the encoder, the tissue model and the slide head: ``embed`` names
+    the last two, so the first needs no ``--model``; two left over is still a usage error."""
+    from histoserve.remote.request import Request
+    from histoserve.remote.served_model import describe
+
+    def send(url: str, request: Request) -> Any:
+        if request.kind == "models":
+            return ["abmil-demo", "h0-mini", "tissue-seg"]
+        assert request.kind == "config" and request.model == "h0-mini"
+        return _served("a" * 64)
+
+    info, _ = describe(["http://h:1"], None, send, besides=("tissue-seg", "abmil-demo"))
+    assert info.model == "h0-mini"
+    with pytest.raises(UsageError, match=r"serves 2 models besides tissue-seg \(abmil-demo, h0-m"):
+        describe(["http://h:1"], None, send, besides=("tissue-seg",))
+    with pytest.raises(UsageError, match=r"serves 3 models .*pick one with --model"):
+        describe(["http://h:1"], None, send)
