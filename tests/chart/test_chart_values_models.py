@@ -22,7 +22,7 @@ from tests.chart.rendered import mounts_of, pred, volumes_of
 TWO = {
     "models": [
         {"name": "h0-mini", "batching": {"maxBatchSize": 64, "maxLatencyMs": 5}},
-        {"name": "tissue-seg", "spec": "tissue-seg", "batching": {"maxBatchSize": 8}},
+        {"name": "tissue-seg", "spec": "tissue-seg", "weight": 3, "batching": {"maxBatchSize": 8}},
     ],
     "storage.pvc.existingClaim": "histo-models",
 }
@@ -67,7 +67,8 @@ def test_a_two_model_release_serves_both_folders_with_their_settings(
         for n in ("h0-mini", "tissue-seg")
     )
     assert (a[1].max_batch_size, a[1].max_latency_ms, a[0].spec) == (64, 5, None)
-    assert (b[1].max_batch_size, b[0].spec) == (8, "tissue-seg")
+    assert (b[1].max_batch_size, b[0].spec, b[1].weight) == (8, "tissue-seg", 3)
+    assert a[1].weight == 1
 
 
 def test_one_model_is_the_list_of_one_and_today_s_values_render_as_before(render):
@@ -128,7 +129,7 @@ def test_a_modelcar_holds_the_folders_at_its_root(render, validate_object):
         ),
         ({"models": [{"name": ".."}]}, "models"),
         ({"models": [{"name": "a/b"}]}, "models"),
-        ({"models": [{"name": "a", "weight": 2}]}, "weight"),
+        ({"models": [{"name": "a", "weight": 0}]}, "weight"),
     ],
 )
 def test_models_that_cannot_work_are_refused_with_what_to_do(render_error, values, needle):

@@ -42,6 +42,7 @@ server runs --models with their names, and each entry's settings reach it as
 {{- $s := dict -}}
 {{- with .spec }}{{ $_ := set $s "spec" . }}{{ end -}}
 {{- with .modelClass }}{{ $_ := set $s "model_class" . }}{{ end -}}
+{{- if ne .weight nil }}{{ $_ := set $s "weight" .weight }}{{ end -}}
 {{- $b := default dict .batching -}}
 {{- if ne $b.maxBatchSize nil }}{{ $_ := set $s "max_batch_size" (int $b.maxBatchSize) }}{{ end -}}
 {{- if ne $b.maxLatencyMs nil }}{{ $_ := set $s "max_latency_ms" $b.maxLatencyMs }}{{ end -}}
