@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -54,6 +55,11 @@ from predictor.repository.repository import Repository
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec, spec_from_json
 
 logger = logging.getLogger("histoserve")
+
+NO_SCHEDULER_ENV = "HISTOSERVE_BENCH_NO_SCHEDULER"
+"""A benchmark switch, not a setting: ``1`` gives a repository's models no shared device
+scheduler (each batcher runs its batches as a lone model's does, beside the others'), so
+``bench.studies.fairness`` can measure the same server with and without it."""
 
 
 def resolve_model_spec(metadata: Mapping[str, str], override: str | None) -> ModelSpec:
@@ -157,13 +163,14 @@ def build_repository(
         StartupError: ``--models`` names no folder, or no model loaded.
     """
     model_config = configs[0]
+    scheduler = shared_scheduler()
     meter = MemoryMeter(resolve_devices(model_config.device)[0])
     repository = Repository(
         Path(model_config.model_dir),
         folders,
         configs,
         control,
-        functools.partial(build_model, scheduler=DeviceScheduler()),
+        functools.partial(build_model, scheduler=scheduler),
         meter,
         drain_timeout_s,
         memory_gauge=model_memory_gauge(),
@@ -177,6 +184,17 @@ def build_repository(
         mib(repository.budget_bytes),
     )
     return repository, repository.load_at_start()
+
+
+def shared_scheduler(environ: Mapping[str, str] = os.environ) -> DeviceScheduler | None:
+    """The device scheduler a repository's models share; None (logged) under the benchmark
+    switch :data:`NO_SCHEDULER_ENV` set to ``1``."""
+    if environ.get(NO_SCHEDULER_ENV) == "1":
+        logger.warning(
+            "%s=1: the models share no device scheduler (a benchmark switch)", NO_SCHEDULER_ENV
+        )
+        return None
+    return DeviceScheduler()
 
 
 def _probed_choice(

@@ -273,3 +273,38 @@ def test_tf32_is_for_fp32_packages_on_cuda_when_asked() -> None:
         matmul.allow_tf32, cudnn.allow_tf32 = saved
     assert configs_from_args(build_parser().parse_args(["--allow_tf32", "true"]))[0].allow_tf32
     assert not configs_from_args(build_parser().parse_args([]))[0].allow_tf32
+
+
+class _Repository:
+    """Stands in for :class:`~predictor.repository.repository.Repository`: keeps the model factory."""
+
+    budget_bytes = 1
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.build = args[4]
+
+    def load_at_start(self) -> list[BaseServerModel]:
+        return []
+
+
+@pytest.mark.parametrize(("switch", "shared"), [(None, True), ("0", True), ("1", False)])
+def test_a_repositorys_models_share_one_scheduler_unless_the_bench_switch_is_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, switch: str | None, shared: bool
+) -> None:
+    """``HISTOSERVE_BENCH_NO_SCHEDULER=1`` (``bench.studies.fairness``' "without" arm) and
+    only it builds every model of the repository without the shared device scheduler."""
+    if switch is None:
+        monkeypatch.delenv(startup.NO_SCHEDULER_ENV, raising=False)
+    else:
+        monkeypatch.setenv(startup.NO_SCHEDULER_ENV, switch)
+    monkeypatch.setattr(startup, "Repository", _Repository)
+    monkeypatch.setattr(startup, "memory_budget_gauge", lambda budget_bytes: None)
+    configs = (
+        ModelConfig(model_dir=str(tmp_path), device="cpu"),
+        BatchingConfig(),
+        LimitsConfig(),
+    )
+    repository, _ = startup.build_repository({}, configs, startup.RepositoryConfig(), 5.0)
+    scheduler = repository.build.keywords["scheduler"]
+    assert isinstance(scheduler, startup.DeviceScheduler) is shared
+    assert shared or scheduler is None
