@@ -218,7 +218,7 @@ def _serve_traced(
         from predictor.multiprocess.supervisor import Supervisor
 
         workers = resolve_instances(model_config.instances_per_device, "cpu", available_cpus())
-        keeper = Supervisor.prepare(model, frontends, argv, (batching, workers), listeners)
+        keeper = Supervisor.prepare(model, frontends, argv, workers, listeners)
         return keeper.run(args.drain_timeout_s)
     server.start([model])
     return 0

@@ -48,6 +48,7 @@ from predictor.codecs.base import Codec
 from predictor.codecs.jpeg_input import decode_pixels
 from predictor.codecs.samples import DecodedRequest, ModelRequest, ModelResponse, PreparedSample
 from predictor.codecs.v1 import V1Codec
+from predictor.config import BatchingConfig
 from predictor.device.failures import classify_error
 from predictor.device.faults import FaultHook
 from predictor.device.normalizer import Normalizer
@@ -212,6 +213,12 @@ class BaseServerModel(Model):
     def device(self) -> torch.device:
         """The device the package runs on."""
         return self._device
+
+    @property
+    def batching(self) -> BatchingConfig:
+        """The batching this model serves with: the flags as its family resolved them
+        (a slide head's one slide a batch), the one value every part reads."""
+        return self._options.batching
 
     # -- lifecycle ------------------------------------------------------------------------
     def load(self) -> bool:

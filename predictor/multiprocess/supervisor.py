@@ -38,7 +38,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from predictor.config import BatchingConfig
 from predictor.errors import StartupError
 from predictor.model.base import BaseServerModel
 from predictor.multiprocess.children import Child, Children, RestartPolicy
@@ -95,18 +94,22 @@ def check_crossable(model: BaseServerModel) -> None:
             )
 
 
-def slot_layout(model: BaseServerModel, batching: BatchingConfig, workers: int) -> SlotLayout:
+def slot_layout(model: BaseServerModel, workers: int) -> SlotLayout:
     """Slots for the most tiles one front end can have in flight, sized from the model's description.
 
-    A front end holds at most ``max_queue_size`` tiles staged or queued
-    (its view of the owner's depth may lag by :data:`~predictor.multiprocess.owner.STATE_REFRESH_S`:
-    twice that here), plus the running batches'.
+    A front end holds at most ``max_queue_size`` tiles staged or queued per
+    class of service (its view of the owner's depth may lag by
+    :data:`~predictor.multiprocess.owner.STATE_REFRESH_S`: twice that here),
+    plus the running batches', as the model resolved its batching (a family
+    may bound its batch below the flag).
     """
+    batching = model.batching
     extra = sum(
         math.prod(i["shape"][1:]) for i in model.get_input_types() if i["name"] not in _TILE_INPUTS
     )
     outputs = sum(math.prod(o.shape[1:]) for o in model.family.outputs())
-    slots = 2 * (batching.max_queue_size + batching.max_batch_size * max(1, workers))
+    queued = batching.max_queue_size * batching.priority_levels
+    slots = 2 * (queued + batching.max_batch_size * max(1, workers))
     return layout_for(
         model.model_spec.tile_size, extra * _ELEMENT_BYTES, outputs * _ELEMENT_BYTES, slots
     )
@@ -182,19 +185,19 @@ class Supervisor:
         model: BaseServerModel,
         count: int,
         argv: Sequence[str],
-        sizing: tuple[BatchingConfig, int],
+        workers: int,
         listeners: tuple[Any, Any],
     ) -> Supervisor:
         """Checks the model can cross processes and allocates the slabs.
 
         Args:
-            sizing: The batching config and the device workers (slots in flight).
+            workers: The device workers (batches in flight).
 
         Raises:
             StartupError: Outputs that cannot cross, or a ``/dev/shm`` too small.
         """
         check_crossable(model)
-        layout = slot_layout(model, *sizing)
+        layout = slot_layout(model, workers)
         return cls(model, argv, make_slabs(layout, count), listeners)
 
     def run(self, drain_timeout_s: float) -> int:

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
+from predictor.config import BatchingConfig
 from predictor.errors import StartupError
 from predictor.model.family import OutputSpec
-from predictor.multiprocess.supervisor import check_crossable
+from predictor.multiprocess.supervisor import check_crossable, slot_layout
 
 
 def _model(outputs: dict[str, tuple[str, list[int]]], extras: list[dict[str, Any]] = ()) -> Any:
@@ -78,3 +79,13 @@ def test_restarts_past_the_budget_stop_the_pod_with_exit_1() -> None:
         return keeper._exit_code, keeper._stopping.is_set()
 
     assert asyncio.run(run()) == (1, True)  # three restarts allowed, the fourth exit stops it
+
+
+def test_the_slab_holds_every_class_s_queue_as_the_model_resolved_it() -> None:
+    """A front end may hold ``max_queue_size`` tiles in each class of service, and the
+    slab is sized from the model's own batching (a family may resolve the flags: the
+    raw flags sized it before), so no slot runs out while admission still admits."""
+    model = _model({"embedding": ("FP32", [-1, 8])})
+    model.model_spec = SimpleNamespace(tile_size=224)
+    model.batching = BatchingConfig(max_batch_size=8, max_queue_size=64, priority_levels=3)
+    assert slot_layout(model, workers=2).slots == 2 * (3 * 64 + 8 * 2)
