@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,11 +84,6 @@ def add_flags(
 def config_from(cls: type, args: argparse.Namespace) -> Any:
     """``cls`` made from the parsed flags of its flag fields (other fields: their defaults)."""
     return cls(**{f.name: getattr(args, f.name) for f, _ in declared(cls)})
-
-
-def flag_names(classes: Sequence[type]) -> list[str]:
-    """Every flag ``classes`` declare, as ``--name`` (KServe's included)."""
-    return [f"--{f.name}" for cls in classes for f, _ in declared(cls)]
 
 
 def true_or_false(value: str) -> bool:
