@@ -79,8 +79,10 @@ def test_weights_3_to_1_split_the_device_3_to_1_under_saturation() -> None:
 
 
 def test_a_flooded_model_cannot_starve_a_lighter_one_of_its_share() -> None:
-    """A floods with big batches, B asks for small ones: while B has work it gets about half."""
-    device = FifoDevice(s_per_batch=0.0005, s_per_item=0.0005)
+    """A floods with big batches, B asks for small ones: while B has work it gets about half
+    (without the scheduler under a fifth). Batches of milliseconds, so a busy machine's
+    jitter is small beside them, and a margin under the half for the rest."""
+    device = FifoDevice(s_per_batch=0.002, s_per_item=0.002)
 
     async def body() -> tuple[float, list[Any]]:
         models = await _models(
@@ -103,7 +105,7 @@ def test_a_flooded_model_cannot_starve_a_lighter_one_of_its_share() -> None:
 
     share, answers = run(body)
     assert answers == [f"b:{i}" for i in range(16)]
-    assert share >= 0.4, f"b held {share:.0%} of the device while it had work; weights 1:1"
+    assert share >= 0.35, f"b held {share:.0%} of the device while it had work; weights 1:1"
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["alone", "with-scheduler"])
