@@ -189,6 +189,19 @@ def package_in(model_dir: Path) -> Path:
     return path
 
 
+def package_digest(model_dir: Path) -> str:
+    """The SHA-256 of the one ``*.pt2`` in ``model_dir`` (what its answers name)."""
+    return hashlib.sha256(package_in(model_dir).read_bytes()).hexdigest()
+
+
+def other_h0_mini_dir(dest: Path) -> Path:
+    """Another ``h0-mini`` package in ``dest`` (the spec, outputs and shapes of the
+    session's, other weights: ``harness.factories:blank_overflow_model``), cached."""
+    return copy_package_dir(
+        module_package("h0-mini", "harness.factories:blank_overflow_model"), dest
+    )
+
+
 CUSTOM_OP = "histoserve_test::scale_add"
 """The custom op of :func:`proxy_executor_package` (``x * 2 + 1``, a Python kernel)."""
 

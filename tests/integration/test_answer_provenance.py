@@ -17,7 +17,6 @@ forwarding stand-in that switches from one to the other at a known request
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,9 +27,8 @@ import tritonclient.http as httpclient
 
 from harness import slides
 from harness.embed import by_status, read_output, run_embed, status_rows
-from harness.factories import BLANK_OVERFLOW_TARGET
 from harness.grpc_client import GrpcClient
-from harness.packages import copy_package_dir, module_package, package_in
+from harness.packages import other_h0_mini_dir, package_digest
 from harness.server import Server, start_server
 from harness.switching_proxy import SwitchingProxy
 from harness.tiles import b64, encode_png, random_tiles
@@ -42,8 +40,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def other_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Another h0-mini package (same spec, outputs and shapes; other numbers)."""
-    package = module_package("h0-mini", BLANK_OVERFLOW_TARGET)
-    return copy_package_dir(package, tmp_path_factory.mktemp("other-package"))
+    return other_h0_mini_dir(tmp_path_factory.mktemp("other-package"))
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +57,7 @@ def slide(tmp_path_factory: pytest.TempPathFactory) -> slides.GeneratedSlide:
     return slides.generic_tiff(tmp_path_factory.mktemp("provenance") / "s.tiff")
 
 
-def _digest(model_dir: Path) -> str:
-    return hashlib.sha256(package_in(model_dir).read_bytes()).hexdigest()
+_digest = package_digest
 
 
 def test_rest_json_rest_binary_and_grpc_answers_name_the_package(

@@ -18,7 +18,6 @@ Also here: the gRPC describing calls themselves, through tritonclient
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -30,8 +29,7 @@ import pytest
 
 from harness import slides
 from harness.embed import run_embed
-from harness.factories import BLANK_OVERFLOW_TARGET
-from harness.packages import copy_package_dir, module_package, package_in
+from harness.packages import other_h0_mini_dir, package_digest
 from harness.server import Server, start_server
 
 pytestmark = pytest.mark.integration
@@ -41,8 +39,7 @@ FLAGS = ("--model", "h0-mini", "--target-mpp", "0.5", "--batch-size", "4", "--ma
 @pytest.fixture(scope="module")
 def other_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Another h0-mini package (same spec, outputs and shapes; other weights), cached."""
-    package = module_package("h0-mini", BLANK_OVERFLOW_TARGET)
-    return copy_package_dir(package, tmp_path_factory.mktemp("second-package"))
+    return other_h0_mini_dir(tmp_path_factory.mktemp("second-package"))
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +56,7 @@ def slide(tmp_path_factory: pytest.TempPathFactory) -> slides.GeneratedSlide:
     return slides.generic_tiff(tmp_path_factory.mktemp("two-packages") / "s.tiff")
 
 
-def _digest(model_dir: Path) -> str:
-    return hashlib.sha256(package_in(model_dir).read_bytes()).hexdigest()
+_digest = package_digest
 
 
 def _url(server: Server, scheme: str) -> str:
