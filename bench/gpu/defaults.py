@@ -70,17 +70,18 @@ async def _cell(ctx: Context, model: Any, batch: int, latency_ms: int) -> dict[s
     """One window at (``batch``, ``latency_ms``) on a fresh batcher over ``model``'s package."""
     import torch
 
-    options = model._options
+    side = model.device_side  # its batcher is made from its options: a fresh one at these
+    options = side._options
     batching = dataclasses.replace(
         options.batching, max_batch_size=batch, max_latency_ms=latency_ms
     )
-    model._options = dataclasses.replace(options, batching=batching)
-    model._batcher = None
+    side._options = dataclasses.replace(options, batching=batching)
+    model.pipeline._batcher = None
     cuda = ctx.device == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     await model.start_batching()  # warms every worker up at ``batch``
-    batcher = model._batcher
+    batcher = model.batcher
     clients, tiles = (DRY_CLIENTS, DRY_TILES) if ctx.dry_run else (CLIENTS, TILES)
     items = _items(tiles, model.model_spec.tile_size)
     mode = model.family.resolve_mode(None)

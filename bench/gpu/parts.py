@@ -82,7 +82,7 @@ async def throughput(model: Any, batch: int, clients: int, seconds: float) -> di
     items = _items(batch, model.model_spec.tile_size)
     mode = model.family.resolve_mode(None)
     await model.start_batching()
-    batcher = model._batcher  # the model's own batcher: no HTTP in this measurement
+    batcher = model.batcher  # the model's own batcher: no HTTP in this measurement
     done = 0
     end = time.monotonic() + seconds
 

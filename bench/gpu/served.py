@@ -150,7 +150,7 @@ def overlap(ctx: Context) -> dict[str, Any]:
     window_s = max(0.5, ctx.window_s / 2)  # four windows, each after a model build
     for side in ("pipelined", "serial", "pipelined", "serial"):
         model = build(path, ctx.first, batch)
-        model._devices.pipeline = side == "pipelined"
+        model.device_side.workers.pipeline = side == "pipelined"
         try:
             with GpuSampler() as sampler:
                 got = asyncio.run(throughput(model, batch, 4, window_s))

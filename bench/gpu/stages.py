@@ -220,7 +220,7 @@ def bf16_families(ctx: Context) -> dict[str, Any]:
 async def _submit_all(model: Any, samples: Sequence[Any]) -> tuple[int, int]:
     """Every sample in one submission; (answered, batches the worker ran)."""
     await model.start_batching()
-    batcher = model._batcher
+    batcher = model.batcher
     mode = model.family.resolve_mode(None)
     results = await asyncio.gather(*batcher.submit(list(samples), key=mode), return_exceptions=True)
     await batcher.close()
@@ -269,7 +269,7 @@ def _fake_oom(model: Any, above: int) -> None:
         return runner(*inputs)
 
     object.__setattr__(model.served.package, "runner", failing)
-    model._devices._ooms = OomCounter(lambda device: dict(counter))
+    model.device_side.workers._ooms = OomCounter(lambda device: dict(counter))
 
 
 def _split(items: Sequence[Any]) -> tuple[list[Any], list[Any]]:
@@ -302,7 +302,7 @@ def _real_oom(model: Any, samples: Sequence[Any], name: str) -> dict[str, Any]:
             if answered == 64 and batches > 1:
                 out["ok"] = True
                 return out
-            model._batcher = None  # a fresh batcher for the next try
+            model.pipeline._batcher = None  # a fresh batcher for the next try
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
         torch.cuda.empty_cache()

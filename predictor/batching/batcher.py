@@ -154,6 +154,9 @@ class DynamicBatcher(Generic[T, R]):
             ``None``: this batcher's workers are the device's alone.
         device: The device of a lone ``run_batch`` (worker ``0``); named
             workers' devices are their names up to ``#``.
+        on_admit: Told the items of every submit it admits, on the loop's
+            thread, before their futures are returned (a request's trace
+            starts its queue wait there); ``None``: nothing.
 
     Raises:
         ValueError: An empty mapping of workers, or a worker that is not callable.
@@ -172,6 +175,7 @@ class DynamicBatcher(Generic[T, R]):
         weight: Callable[[T], int] | None = None,
         scheduler: DeviceScheduler | None = None,
         device: str = "0",
+        on_admit: Callable[[Sequence[T]], None] | None = None,
     ) -> None:
         runs = dict(run_batch) if isinstance(run_batch, Mapping) else {"0": run_batch}
         if not runs:
@@ -183,6 +187,7 @@ class DynamicBatcher(Generic[T, R]):
         self._workers = [Worker(str(w), fn, on=device if lone else "") for w, fn in runs.items()]
         self._scheduler = scheduler
         self._share: Share | None = None
+        self._on_admit = on_admit
         self._config = config
         self._classify_error = classify_error
         inner = observer if observer is not None else NullObserver()
@@ -293,6 +298,8 @@ class DynamicBatcher(Generic[T, R]):
             )
         if deadline is not None:
             self._arm(entries, deadline - now)
+        if self._on_admit is not None:
+            self._on_admit(items)
         self._quiescent.clear()
         self._wakeup.set()
         self._observer.on_enqueue(len(items), self._queue.depth_of(priority), priority)

@@ -21,7 +21,12 @@ from predictor.kserve.compat import stage_histograms, trace_logger
 
 
 class StageCall:
-    """Runs one model's preprocess, validate, predict and postprocess as KServe does.
+    """Runs one model's preprocess, predict and postprocess as KServe does.
+
+    The stages are any object's (histoserve's: the model's pipeline,
+    :class:`predictor.model.pipeline.Pipeline`), so a request does not go
+    back through the KServe ``Model`` that received it. KServe's ``validate``
+    is not called: histoserve's codecs validate, and its model's is the identity.
 
     Args:
         model_name: The ``model_name`` label of KServe's stage histograms.
@@ -41,28 +46,30 @@ class StageCall:
         return self._timers
 
     async def __call__(
-        self, model: Any, body: Any, headers: dict[str, str] | None
+        self, stages: Any, body: Any, headers: dict[str, str] | None, latency_logging: bool = False
     ) -> tuple[Any, dict[str, str]]:
-        """``model``'s three stages on ``body``; returns ``(response, {})`` like KServe."""
+        """``stages``' three stages on ``body``; returns ``(response, {})`` like KServe.
+
+        ``latency_logging``: the model's ``enable_latency_logging`` (KServe's trace line).
+        """
         pre, pred, post = self._bound_timers()
         started = time.perf_counter()
         try:
-            payload = await model.preprocess(body, headers)
+            payload = await stages.preprocess(body, headers)
         finally:
             pre_done = time.perf_counter()
             pre.observe(pre_done - started)
-        payload = model.validate(payload)
         try:
-            response = await model.predict(payload, headers)
+            response = await stages.predict(payload, headers)
         finally:
             pred_done = time.perf_counter()
             pred.observe(pred_done - pre_done)
         try:
-            response = await model.postprocess(response, headers)
+            response = await stages.postprocess(response, headers)
         finally:
             post_done = time.perf_counter()
             post.observe(post_done - pred_done)
-        if model.enable_latency_logging is True:
+        if latency_logging is True:
             log_latency(headers, pre_done - started, pred_done - pre_done, post_done - pred_done)
         return response, {}
 

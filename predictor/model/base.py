@@ -1,107 +1,67 @@
-"""``BaseServerModel``: the seed's server model, one class for every family.
+"""``BaseServerModel``: the seed's server model, one class for every family, a thin KServe adapter.
 
-The model is composed of parts it is given or builds, never of mixins: its
-family (:class:`~predictor.model.family.Family`, the hooks that differ per
-family; :class:`~predictor.model.tiles.TileFamily` for embedding backbones),
-the served package (:class:`~predictor.model.served_package.ServedPackage`),
-the devices (:class:`~predictor.device.workers.DeviceWorkers`, one slot per
-worker), the decode pool, admission, the batcher
-(:class:`~predictor.batching.batcher.Batcher`) and KServe's ``Model``, the
-one class it inherits. A front end (``--frontends``) is a model built with a
-:class:`FrontEnd`: said at construction, it decodes here and never loads the
-package.
+KServe serves a ``Model``; this one holds three parts and hands every call to
+one of them:
+
+* its **family** (:class:`~predictor.model.family.Family`, the hooks that
+  differ per family; :class:`~predictor.model.tiles.TileFamily` for
+  embedding backbones);
+* its **package side** (:mod:`predictor.model.device_side`): the package and
+  the devices in this process (:class:`~predictor.model.device_side.DeviceSide`,
+  loaded by :meth:`BaseServerModel.load`), or, in a front end
+  (``--frontends``), the device owner (:class:`~predictor.model.device_side.OwnerSide`,
+  said at construction with a :class:`FrontEnd`): it gives the batcher and
+  says what ``/config`` says of the package;
+* its **pipeline** (:class:`~predictor.model.pipeline.Pipeline`): admission,
+  the codecs, the decode pool, the batcher and the answer, a request's whole
+  path. A request enters it through :meth:`BaseServerModel.__call__` and
+  never comes back into this class.
 
 The seed's extension API is this class's: a model author subclasses it and
 overrides ``prepare_sample`` and ``forward_batch(samples, requests, mode)``
-(the seed's signatures), calling ``super()`` where the family's defaults
-serve; ``python -m predictor --model_class MODULE:CLASS`` serves such a
-subclass. Stage 1 calls the model's ``prepare_sample`` and the device worker
-its ``forward_batch``, which hand over to the family.
-
-KServe calls :meth:`~BaseServerModel.preprocess` (stage 1), :meth:`predict`
-(stage 2) and :meth:`postprocess` on one request. Stage 1 picks the request's
-codec once (V1 for a dict body, V2 for an ``InferRequest``), decodes it into
-per-tile :class:`~predictor.codecs.samples.ModelRequest` items and runs
-``prepare_sample`` on each in a thread pool (an error there is a 400 for that
-request only). Stage 2 hands the prepared samples with their requests, and
-nothing else, to the batcher, which calls ``forward_batch`` on one device
-worker (an error there is a 503 for that batch only). The same codec encodes
-the responses. See ``docs/architecture.md`` for the whole walk.
+(the seed's signatures), and ``preprocess_bulk_rna``, calling ``super()``
+where the family's defaults serve; ``python -m predictor --model_class
+MODULE:CLASS`` serves such a subclass. The pipeline's decode pool calls the
+model's ``prepare_sample`` and the device workers its ``forward_batch`` when
+the class overrides them, the family's own otherwise. KServe's
+``preprocess``, ``predict`` and ``postprocess`` stay callable here (KServe's
+own ``Model.__call__`` uses them for anything but a plain predict). See
+``docs/architecture.md`` for the whole walk.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from predictor import tracing
-from predictor.batching.batcher import Batcher, DynamicBatcher
-from predictor.codecs.base import Codec
-from predictor.codecs.jpeg_input import decode_pixels
-from predictor.codecs.samples import DecodedRequest, ModelRequest, ModelResponse, PreparedSample
-from predictor.codecs.v1 import V1Codec
-from predictor.config import BatchingConfig
-from predictor.device.failures import classify_error
+from predictor.batching.batcher import Batcher
+from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
+from predictor.config import BatchingConfig, LimitsConfig
 from predictor.device.faults import FaultHook
-from predictor.device.normalizer import Normalizer
-from predictor.device.slot import DeviceSlot, build_normalizer, build_slot
-from predictor.device.workers import DeviceWorkers
-from predictor.errors import InvalidInput, ModelNotReady, Overloaded, SpecError
+from predictor.device.slot import DeviceSlot
+from predictor.errors import SpecError
 from predictor.kserve.compat import InferenceVerb, InferRequest, InferResponse, Model
-from predictor.kserve.stage_call import StageCall
-from predictor.model.admission import Admission
-from predictor.model.device_jpeg import JpegDecodePlace
-from predictor.model.family import Family, request_mode
-from predictor.model.forward import BatchItem, batch_forward, item_tiles, request_tiles
-from predictor.model.metrics import DeviceSampler, Metrics
+from predictor.model.device_side import DeviceSide, FrontEnd, OwnerSide
+from predictor.model.family import Family
+from predictor.model.metrics import Metrics
 from predictor.model.options import ServingOptions
+from predictor.model.pipeline import Pipeline, Prepared
 from predictor.model.served_package import ServedPackage
-from predictor.model.stage1 import Stage1Pool
 from predictor.model.tiles import TileFamily, transform_bulk_rna
-from predictor.pt2.loader import LoadedPackage, StartupPhases, inspect_package, open_package
-from predictor.pt2.package_set import config_facts
+from predictor.pt2.loader import LoadedPackage, StartupPhases
 from predictor.spec import ModelSpec
+
+__all__ = ["MODEL_ROOT", "BaseServerModel", "FrontEnd", "ServingOptions"]
 
 logger = logging.getLogger("histoserve")
 
 MODEL_ROOT = Path("/opt/ml/model")
-
-
-@dataclass
-class _Prepared:
-    """One request between the stages: its codec, decoded form, mode, samples and class.
-
-    ``deadline`` (``time.monotonic()``) is its ``timeout`` from its arrival, or None.
-    """
-
-    codec: Codec
-    decoded: DecodedRequest
-    mode: str
-    samples: list[PreparedSample]
-    priority: int
-    deadline: float | None
-
-
-@dataclass(frozen=True)
-class FrontEnd:
-    """What makes a model a front end (``--frontends``): the device owner's batcher and config.
-
-    A front end decodes and prepares here, submits to the owner's batcher
-    through ``batcher`` (:class:`~predictor.multiprocess.proxy.BatcherProxy`)
-    and never loads the package: what answers say of it comes from
-    ``owner_config`` (the owner's ``get_metadata``).
-    """
-
-    batcher: Batcher
-    owner_config: Mapping[str, Any]
 
 
 class BaseServerModel(Model):
@@ -162,41 +122,59 @@ class BaseServerModel(Model):
         Model.__init__(self, options.name or model_spec.name)
         self._spec = model_spec
         self._options = options
-        self.served = ServedPackage(package)
+        self._stopped = False
+        checkpoint = Path(model_root) / checkpoint_name
+        if front_end is None:
+            served = ServedPackage(package)
+        else:
+            served = ServedPackage.from_owner(front_end.owner_config)
         self.family = family(
             model_spec,
             options,
-            self.served,
+            served,
             fault_hook,
-            bulk_rna_transform=self.preprocess_bulk_rna,
+            bulk_rna_transform=self._own_hook("preprocess_bulk_rna"),
         )
-        self._normalizer: Normalizer | None = None  # the first device's, built by load
-        # the further devices' slots, and each worker's (warmed up on CUDA)
-        self._devices = DeviceWorkers(warm_up=self.family.warm_worker)
-        self._checkpoint = Path(model_root) / checkpoint_name
-        self._device = torch.device(device)
-        self._metrics = metrics
-        self._device_sampler: DeviceSampler | None = None
-        self._more_packages = dict(more_packages or {})
-        self._phases = package.phases if package is not None else StartupPhases()
-        self._pool: Stage1Pool | None = None
-        self._front_end = front_end is not None
-        self._batcher: Batcher | None = front_end.batcher if front_end is not None else None
-        if front_end is not None:
-            self.served.served_from(front_end.owner_config)
-        self._stopped = False
-        self._stage_call = StageCall(self.name)
-        self._v1 = V1Codec(model_spec, options.limits)
-        self._v2 = self.family.v2_codec(self.name)
-        self._output_names: dict[str, tuple[str, ...]] = {}  # per mode, the names never change
-        batching = options.batching
-        self._admission = Admission(
+        self.device_side: DeviceSide | OwnerSide
+        if front_end is None:
+            self.device_side = DeviceSide(
+                self.name,
+                model_spec,
+                options,
+                self.family,
+                served,
+                checkpoint=checkpoint,
+                device=torch.device(device),
+                more_packages=more_packages,
+                metrics=metrics,
+                phases=package.phases if package is not None else StartupPhases(),
+                forward_batch=self._own_hook("forward_batch"),
+                served_by=f"{type(self).__module__}.{type(self).__qualname__}",
+            )
+        else:
+            self.device_side = OwnerSide(front_end, self.family, served, checkpoint.parent)
+        self.pipeline = Pipeline(
             self.name,
-            batching.max_queue_size,
-            batching.retry_after_s,
-            batching.max_decode_pixels,
-            on_reject=lambda n: self._count("rejected", n),
+            model_spec,
+            options,
+            self.family,
+            served,
+            self.device_side,
+            self._own_hook("prepare_sample") or self.family.prepare_sample,
+            metrics,
         )
+        self._checkpoint = checkpoint
+        self._device = torch.device(device)
+
+    def _own_hook(self, name: str) -> Any:
+        """This model's bound hook ``name`` when its class overrides the seed's, else None.
+
+        A hook a class does not override is the family's, called by the
+        pipeline and the device workers directly.
+        """
+        if getattr(type(self), name) is getattr(BaseServerModel, name):
+            return None
+        return getattr(self, name)
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -211,7 +189,7 @@ class BaseServerModel(Model):
 
     @property
     def device(self) -> torch.device:
-        """The device the package runs on."""
+        """The device the package runs on (a front end's: the one it was built with)."""
         return self._device
 
     @property
@@ -220,9 +198,19 @@ class BaseServerModel(Model):
         (a slide head's one slide a batch), the one value every part reads."""
         return self._options.batching
 
+    @property
+    def limits(self) -> LimitsConfig:
+        """The input limits this model serves with."""
+        return self._options.limits
+
+    @property
+    def served(self) -> ServedPackage:
+        """What answers say of the served package (the package side's)."""
+        return self.device_side.served
+
     # -- lifecycle ------------------------------------------------------------------------
     def load(self) -> bool:
-        """Checks the package against the spec (loading it first if not handed one).
+        """Loads the package side (a front end: the family's assets only) and the decode pool.
 
         Raises a :class:`~predictor.errors.StartupError` on any problem. The
         package is hashed once: here only when the constructor got none.
@@ -231,117 +219,37 @@ class BaseServerModel(Model):
         """
         if self._stopped:
             return False
-        if self._pool is None and self._front_end:  # never loads the package
-            self.family.load_assets(self._checkpoint.parent)
-            self._pool = Stage1Pool(self._options.preprocess_workers, self._spec.tile_size)
-        if self._pool is None:
-            served = self.served
-            if served.package is None:
-                facts = inspect_package(self._checkpoint, self._phases)
-                served.package = open_package(self._checkpoint, self._device, facts, self._phases)
-            package = served.package
-            with self._phases.time("probe"):
-                self.family.check_package(package)
-                self._normalizer = build_normalizer(package, self._spec)
-                place = JpegDecodePlace(
-                    self._options.jpeg_decode,
-                    package.device,
-                    self._spec.tile_size,
-                    self._spec.interpolation,
-                )
-                served.jpeg = place if place.on_device_enabled else None
-                for dev, more in self._more_packages.items():
-                    self.family.bind_device(more)
-                    self._devices.slots[dev] = build_slot(more, self._spec)
-            with self._phases.time("warmup"):
-                self.family.warm_up(package)
-            self._pool = Stage1Pool(self._options.preprocess_workers, self._spec.tile_size)
-            logger.info(
-                "loaded %s (%s, served by %s.%s) on %s; start-up phases: %s",
-                self._checkpoint,
-                self._spec.name,
-                type(self).__module__,
-                type(self).__qualname__,
-                self._device,
-                self._phases.summary(),
-            )
-        self.ready = not self._admission.draining
+        if not self.pipeline.open:
+            self.device_side.load()
+            self.pipeline.open_pool()
+        self.ready = not self.pipeline.draining
         return self.ready
 
     async def start_batching(self) -> None:
         """Starts the batcher inside the running event loop (called by the server)."""
-        if self._front_end:  # the proxy's: the device owner holds the workers
-            assert self._batcher is not None
-            await self._batcher.start()
-            return
-        if self._batcher is None:
-            first = self.active_slot()
-            instances = self._options.instances_per_device
-            max_batch = self._options.batching.max_batch_size
-            forward = batch_forward(self.forward_batch)
-            threads = self._options.cpu_threads_per_instance
-            runs = self._devices.runs(
-                str(self._device), first, forward, instances, max_batch, cpu_threads=threads
-            )
-            self._batcher = DynamicBatcher(
-                runs,
-                self._options.batching,
-                classify_error=classify_error,
-                observer=self._metrics,
-                name=self.name,
-                weight=item_tiles,
-                scheduler=self._options.scheduler,
-                device=str(self._device),
-            )
-        await self._batcher.start()
-        workers = [w.name for w in self._batcher.workers]
-        logger.info("%s: %d device worker(s): %s", self.name, len(workers), ", ".join(workers))
-        if self._metrics is not None:
-            self._metrics.workers_started(workers)
-            if self._device_sampler is None:  # histoserve_device_*, read here from now on
-                devices = [str(self._device), *self._more_packages]
-                self._device_sampler = self._metrics.watch_devices(devices)
-            self._metrics.classes_started(self._options.batching.priority_levels)
+        await self.pipeline.start()
 
     async def drain(self, timeout_s: float, why: str = "shutdown") -> bool:
-        """Turns readiness false, refuses new work and waits for admitted work.
-
-        Admitted requests still in stage 1 (decoding) have not reached the
-        batcher yet, so the batcher keeps accepting their tiles until every
-        admitted request has finished or the deadline passes; then the
-        batcher drains whatever is left in the time that remains.
-        """
-        admission = self._admission
-        admission.start_draining(why)
+        """Turns readiness false, refuses new work and waits for admitted work (the pipeline's)."""
         self.ready = False
-        deadline = time.monotonic() + timeout_s
-        if not await admission.wait_idle(timeout_s):
-            logger.warning(
-                "%s: %d admitted requests still running at the drain deadline",
-                self.name,
-                admission.admitted,
-            )
-        if self._batcher is None:
-            return admission.admitted == 0
-        drained = await self._batcher.drain(max(0.0, deadline - time.monotonic()))
-        return drained and admission.admitted == 0
+        return await self.pipeline.drain(timeout_s, why)
 
     async def healthy(self) -> bool:
         """Ready for traffic: loaded, not draining, device usable."""
-        return bool(self.ready and not self._admission.draining and self.live)
+        return bool(self.ready and not self.pipeline.draining and self.live)
 
     @property
     def live(self) -> bool:
         """False once a sticky device error made the device unusable."""
-        return self._batcher is None or self._batcher.healthy
+        return self.pipeline.live
 
     @property
     def batcher(self) -> Batcher | None:
         """The running batcher (None before :meth:`start_batching`): the device owner's seam."""
-        return self._batcher
+        return self.pipeline.batcher
 
     def stop(self) -> None:
-        """Closes the batcher and releases the stage-1 pool and the package for good.
+        """Closes the batcher and releases the decode pool and the package for good.
 
         Call on the serving loop's thread (the server's shutdown does), or
         after it ended. Whatever is still queued fails with ``ModelNotReady``
@@ -352,35 +260,19 @@ class BaseServerModel(Model):
         """
         self.ready = False
         self._stopped = True
-        if self._device_sampler is not None:
-            self._device_sampler.stop()
-        if self._batcher is not None:
-            self._batcher.close_nowait()
-        if self._pool is not None:
-            self._pool.shutdown()
-        self.served.package = None
-        self._more_packages.clear()
-        self._devices.slots.clear()
+        self.pipeline.stop()
+        self.device_side.stop()
 
     # -- kserve entry points --------------------------------------------------------------
     async def __call__(self, body: Any, headers: dict[str, str] | None = None, verb: Any = None):
-        with self._admission.request():
-            if self._metrics is None:
-                return await self._call(body, headers, verb)
-            with self._metrics.inflight():
-                return await self._call(body, headers, verb)
-
-    async def _call(self, body: Any, headers: dict[str, str] | None, verb: Any):
-        """KServe's ``Model.__call__``, for a predict without its per-request lookups.
-
-        A predict goes through :class:`~predictor.kserve.stage_call.StageCall` (the
-        same stage histograms, return shape and trace line); explain, and a
-        model asked for response headers, go through KServe's own, so they
-        answer as they always did.
-        """
+        """A predict goes to the pipeline (its stages timed as KServe times them, by
+        :class:`~predictor.kserve.stage_call.StageCall`); explain, and a model asked for
+        response headers, go through KServe's own ``Model.__call__``, so they answer as
+        they always did."""
         if (verb is not None and verb != InferenceVerb.PREDICT) or self.required_response_headers:
-            return await super().__call__(body, headers, verb or InferenceVerb.PREDICT)
-        return await self._stage_call(self, body, headers)
+            with self.pipeline.admitted():
+                return await super().__call__(body, headers, verb or InferenceVerb.PREDICT)
+        return await self.pipeline(body, headers, self.enable_latency_logging)
 
     def validate(self, payload: Any) -> Any:
         """Codecs validate; KServe's dict checks would misread our payload."""
@@ -388,89 +280,31 @@ class BaseServerModel(Model):
 
     async def preprocess(
         self, payload: dict | InferRequest, headers: dict[str, str] | None = None
-    ) -> _Prepared:
-        """Stage 1: pick the codec, decode, prepare every tile; 400 on any bad input."""
-        if self._admission.draining or self._pool is None:
-            raise ModelNotReady(
-                f"model {self.name!r} is not accepting requests (draining or not loaded)"
-            )
-        started = time.monotonic()
-        with tracing.stage(tracing.current_request(), "decode"):
-            codec: Codec = self._v2 if isinstance(payload, InferRequest) else self._v1
-            decoded = codec.decode(payload)
-            timeout_us = decoded.timeout_us
-            deadline = started + timeout_us / 1e6 if timeout_us else None
-            try:
-                priority = self._options.batching.priority_of(decoded.priority)
-                mode = request_mode(self.family, decoded.mode, decoded.requested_outputs)
-                codec.check_outputs(decoded, self.output_names(mode))  # before any compute
-                samples = await self._prepare_staged(decoded, priority)
-            except InvalidInput:
-                self._count("invalid", request_tiles(decoded.items))
-                raise
-        if self._metrics is not None:
-            self._metrics.observe_preprocess(time.monotonic() - started)
-        return _Prepared(codec, decoded, mode, samples, priority, deadline)
+    ) -> Prepared:
+        """Stage 1 (the pipeline's): pick the codec, decode, prepare every tile; 400 on bad input."""
+        return await self.pipeline.preprocess(payload, headers)
 
     async def predict(
-        self, payload: _Prepared, headers: dict[str, str] | None = None
-    ) -> tuple[_Prepared, list[ModelResponse]]:
-        """Stage 2: enqueue the samples (with their requests) and await one response per tile, in order."""
-        if self._batcher is None:
-            raise ModelNotReady(f"model {self.name!r} has no running batcher")
-        trace = tracing.current_request()
-        if trace is None:
-            items = list(map(BatchItem, payload.samples, payload.decoded.items))
-        else:  # the trace rides on each item; a front end's owner times its own queue
-            items = [
-                BatchItem(s, r, trace)
-                for s, r in zip(payload.samples, payload.decoded.items, strict=True)
-            ]
-            if not self._front_end:
-                trace.queue_wait_started()
-        futures = self._batcher.submit(
-            items, key=payload.mode, priority=payload.priority, deadline=payload.deadline
-        )
-        try:
-            results = await asyncio.gather(*futures)
-        except Overloaded:  # refused by the device owner's batcher: counted there, once
-            raise
-        except Exception:
-            self._count("failed", request_tiles(payload.decoded.items))
-            raise
-        self._count("ok", request_tiles(payload.decoded.items))
-        return payload, list(results)
+        self, payload: Prepared, headers: dict[str, str] | None = None
+    ) -> tuple[Prepared, list[ModelResponse]]:
+        """Stage 2 (the pipeline's): enqueue the samples, one response per tile, in order."""
+        return await self.pipeline.predict(payload, headers)
 
     async def postprocess(
-        self, result: tuple[_Prepared, list[ModelResponse]], headers: dict[str, str] | None = None
+        self, result: tuple[Prepared, list[ModelResponse]], headers: dict[str, str] | None = None
     ) -> dict | InferResponse:
-        """Encodes the responses with the codec the request was decoded with."""
-        prepared, responses = result
-        trace = tracing.current_request()
-        if trace is not None:
-            trace.answer_started()  # ended by the front door once it is sent
-        names = self.output_names(prepared.mode)
-        parameters = self.served.answer_parameters(prepared.samples)
-        return prepared.codec.encode(prepared.decoded, responses, names, parameters)
-
-    async def _prepare_staged(self, decoded: DecodedRequest, priority: int) -> list[PreparedSample]:
-        """Stage 1 for every tile, refused up front (fast 503) when its class's queue is full
-        or stage 1 holds as many pixels to decode as it may."""
-        depth = self._batcher.depth_of(priority) if self._batcher is not None else 0
-        cost = decode_pixels(item.jpeg for item in decoded.items)
-        with self._admission.staged(request_tiles(decoded.items), depth, cost, priority):
-            return await self._pool.prepare(
-                decoded.items, decoded.tile_input, self.prepare_sample, cost
-            )
+        """Encodes the responses with the codec the request was decoded with (the pipeline's)."""
+        return await self.pipeline.postprocess(result, headers)
 
     # -- the seed's hooks: the family's, overridable ---------------------------------------
     def prepare_sample(self, request: ModelRequest) -> PreparedSample:
         """Deserialises, transforms and validates one tile; a ``ValueError`` is a 400.
 
-        Called in the stage-1 thread pool; the family's
-        (:meth:`~predictor.model.family.Family.prepare_sample`). A tile family
-        hands the tile over as ``uint8 [H, W, 3]``; a subclass may return the
-        seed's ``(3, H, W)`` instead. Normalisation happens on the device.
+        Called in the stage-1 thread pool when a subclass overrides it (else
+        the pipeline calls the family's,
+        :meth:`~predictor.model.family.Family.prepare_sample`, directly). A
+        tile family hands the tile over as ``uint8 [H, W, 3]``; a subclass may
+        return the seed's ``(3, H, W)`` instead. Normalisation happens on the device.
         """
         return self.family.prepare_sample(request)
 
@@ -484,9 +318,10 @@ class BaseServerModel(Model):
         """Runs one batch on the calling worker's device: one response per sample, aligned.
 
         The family's (:meth:`~predictor.model.family.Family.forward_batch`),
-        on the worker's slot (:meth:`active_slot`). Any failure propagates as
-        raised: the batcher classifies it and fails the batch (503); a
-        response that is an exception fails its own request only.
+        on the worker's slot (:meth:`active_slot`); the device workers call
+        it when a subclass overrides it, the family's directly otherwise. Any
+        failure propagates as raised: the batcher classifies it and fails the
+        batch (503); a response that is an exception fails its own request only.
 
         Args:
             samples: Samples that passed :meth:`prepare_sample`.
@@ -523,49 +358,33 @@ class BaseServerModel(Model):
         """The calling worker's package, normaliser and stream (the model's own off a worker).
 
         Raises:
-            ModelNotReady: Not loaded yet, or stopped.
+            ModelNotReady: Not loaded yet, or stopped (or a front end: no device here).
         """
-        slot = self._devices.current()
-        if slot is not None:
-            return slot
-        package = self.served.package
-        if package is None or self._normalizer is None:
-            raise ModelNotReady(f"model {self._spec.name!r} is not loaded")
-        return DeviceSlot(package, self._normalizer)
+        return self.device_side.active_slot()
 
     # -- description ----------------------------------------------------------------------
     def output_names(self, mode: str) -> tuple[str, ...]:
         """Output tensor names a (resolved) mode returns, primary first."""
-        names = self._output_names.get(mode)
-        if names is None:
-            names = self._output_names[mode] = tuple(o.name for o in self.family.outputs(mode))
-        return names
+        return self.pipeline.output_names(mode)
 
     def get_metadata(self) -> dict[str, Any]:
-        """Name, inputs/outputs, spec, provenance, batching, limits and start-up phases."""
-        package = self.served.package
+        """Name, inputs/outputs, spec, batching, limits, then the package side's facts
+        (provenance, device, start-up phases; a front end: the device owner's whole answer)."""
         inputs = self.get_input_types()
         names = {i["name"] for i in inputs}
-        return {
+        facts = {
             "name": self.name,
             "spec": self._spec.to_dict(),
             "inputs": inputs,
             "outputs": self.get_output_types(),
             # jpeg: jpeg_tiles decoded here, larger boxes resized with the spec's filter
             "transports": ["pixels", *(["jpeg"] if "jpeg_tiles" in names else [])],
-            "jpeg_decode": self.served.jpeg_decode,
-            "checkpoint": str(self._checkpoint),
-            "device": str(self._device),
-            "forward_runner": package.forward_runner if package else "",
-            "package_metadata": dict(package.metadata) if package else {},
-            "package_sha256": package.sha256 if package else "",
-            **config_facts(package),  # build_key, weights_sha256, package_choice
             "batching": asdict(self._options.batching),
             "limits": asdict(self._options.limits),
             "preprocess_workers": self._options.preprocess_workers,
-            "startup_seconds": self._phases.as_dict(),
             **self.family.metadata(),
         }
+        return {**facts, **self.device_side.describe()}
 
     def get_input_types(self) -> list[dict[str, Any]]:
         """V2 metadata of the inputs a request may carry (the family's)."""
@@ -574,7 +393,3 @@ class BaseServerModel(Model):
     def get_output_types(self) -> list[dict[str, Any]]:
         """V2 metadata of every output the model can return (the family's ``outputs()``)."""
         return [o.as_v2() for o in self.family.outputs()]
-
-    def _count(self, outcome: str, n: int) -> None:
-        if self._metrics is not None:
-            self._metrics.count_tiles(outcome, n)

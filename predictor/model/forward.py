@@ -59,3 +59,15 @@ def item_tiles(item: BatchItem) -> int:
 def request_tiles(items: Sequence[ModelRequest]) -> int:
     """The tiles of a request's items (one each, or a slide's ``N``): admission and metrics."""
     return sum(item.tiles for item in items)
+
+
+def queue_wait_started(items: Sequence[BatchItem]) -> None:
+    """The real batcher admitted a request's items: its trace's ``queue_wait`` starts.
+
+    Called by the device workers' batcher (``on_admit``), in one process and
+    in a front ends' device owner alike; a front end's proxy never calls it,
+    so a front end times no queue it does not hold.
+    """
+    trace = items[0].trace if items else None
+    if trace is not None:
+        trace.queue_wait_started()

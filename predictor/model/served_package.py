@@ -1,9 +1,11 @@
 """What the served package is, as requests see it: its digest, its dtype, what answers say of it.
 
-A part the served model holds (``model.served``) and hands its family. In
-one process the loaded package says; a front end (``--frontends``) never
-loads it, so it takes the device owner's ``/config`` answer
-(:meth:`ServedPackage.served_from`).
+A part the model's package side owns and hands its family (``model.served``).
+In one process the package side (:class:`~predictor.model.device_side.DeviceSide`)
+binds the loaded package once it is checked and releases it at stop; a front
+end (``--frontends``) never loads the package, so its facts are the device
+owner's ``/config`` answer, given at construction
+(:meth:`ServedPackage.from_owner`). Nothing else writes it.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ class ServedPackage:
 
     Attributes:
         package: The first device's loaded package (``None`` in a front end,
-            and until the model loads it).
-        jpeg: Where jpeg-transport tiles decode when on a device (set by the
-            model's ``load`` only when they do); ``None``: in stage 1, on the CPU.
+            and until the package side binds it).
+        jpeg: Where jpeg-transport tiles decode when on a device (bound with
+            the package only when they do); ``None``: in stage 1, on the CPU.
     """
 
     def __init__(self, package: LoadedPackage | None = None) -> None:
@@ -35,9 +37,21 @@ class ServedPackage:
         self.jpeg: JpegDecodePlace | None = None
         self._owner_config: Mapping[str, Any] = {}
 
-    def served_from(self, owner_config: Mapping[str, Any]) -> None:
+    @classmethod
+    def from_owner(cls, owner_config: Mapping[str, Any]) -> ServedPackage:
         """A front end's package facts: the device owner's config (it never loads the package)."""
-        self._owner_config = dict(owner_config)
+        served = cls()
+        served._owner_config = dict(owner_config)
+        return served
+
+    def bind(self, package: LoadedPackage, jpeg: JpegDecodePlace | None) -> None:
+        """The package side's load: the checked package, and where its JPEG tiles decode."""
+        self.package = package
+        self.jpeg = jpeg
+
+    def release(self) -> None:
+        """The package side's stop: the package is dropped (its loader's files go with it)."""
+        self.package = None
 
     @property
     def package_sha256(self) -> str:

@@ -102,7 +102,7 @@ def _items(tiles: np.ndarray) -> list[BatchItem]:
 async def _serve(model: Any, requests: list[np.ndarray]) -> list[Any]:
     """Every request submitted at once; each one's responses (or its exception)."""
     await model.start_batching()
-    batcher = model._batcher
+    batcher = model.batcher
     waits = [asyncio.gather(*batcher.submit(_items(tiles), key="embedding")) for tiles in requests]
     results = await asyncio.gather(*waits, return_exceptions=True)
     await batcher.close()
@@ -162,7 +162,7 @@ def test_a_lost_instance_takes_every_instance_of_its_device_out(
 
     async def body() -> None:
         await model.start_batching()
-        batcher = model._batcher
+        batcher = model.batcher
         # A sticky CUDA error surfaces at the sync of cpu#0 (idle first, takes the first batch).
         streams[0].sticky_error = "CUDA error: an illegal memory access was encountered (fake)"
         tile = _items(_tiles(1, 0))

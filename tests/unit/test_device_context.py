@@ -151,7 +151,7 @@ def _serve(model: Any, recorder: Recorder, calls: list[Any], requests: int) -> N
 
     async def body() -> None:
         await model.start_batching()
-        batcher = model._batcher  # every request at once, so every worker gets some
+        batcher = model.batcher  # every request at once, so every worker gets some
         await asyncio.gather(
             *(f for _ in range(requests) for f in batcher.submit([tile], key="embedding"))
         )

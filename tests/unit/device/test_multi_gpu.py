@@ -138,11 +138,11 @@ def test_one_worker_and_package_per_gpu(
 
     async def body() -> list[Any]:
         await model.start_batching()
-        assert [w.name for w in model._batcher.workers] == ["cuda:0", "cuda:1"]
-        first = model._batcher.submit([tile], key="embedding")
-        second = model._batcher.submit([tile], key="embedding")
+        assert [w.name for w in model.batcher.workers] == ["cuda:0", "cuda:1"]
+        first = model.batcher.submit([tile], key="embedding")
+        second = model.batcher.submit([tile], key="embedding")
         results = await asyncio.gather(*first, *second)
-        await model._batcher.close()
+        await model.batcher.close()
         return results
 
     a, b = asyncio.run(body())
@@ -162,7 +162,7 @@ def test_the_pod_stays_live_while_any_gpu_worker_is(
 
     async def body() -> None:
         await model.start_batching()
-        batcher = model._batcher
+        batcher = model.batcher
         lost = await asyncio.gather(
             *batcher.submit([tile], key="embedding"), return_exceptions=True
         )
@@ -221,10 +221,10 @@ def test_instances_on_every_gpu_each_with_its_own_slot(
 
     async def body() -> list[str]:
         await model.start_batching()
-        names = [w.name for w in model._batcher.workers]
-        futures = [f for t in tiles for f in model._batcher.submit([t], key="embedding")]
+        names = [w.name for w in model.batcher.workers]
+        futures = [f for t in tiles for f in model.batcher.submit([t], key="embedding")]
         await asyncio.gather(*futures)
-        await model._batcher.close()
+        await model.batcher.close()
         return names
 
     names = asyncio.run(body())
