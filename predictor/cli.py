@@ -187,7 +187,6 @@ def _serve_traced(
     configs: tuple[ModelConfig, BatchingConfig, LimitsConfig],
 ) -> int:
     """:func:`_serve`'s work once tracing is set up (it flushes the spans however this ends)."""
-    from predictor.http import gc_policy
     from predictor.http.listeners import open_listeners
 
     supervisor = index is None and frontends > 1
@@ -197,31 +196,63 @@ def _serve_traced(
         args.bind_address, args.http_port, args.grpc_port,
         shared=supervisor, grpc=args.enable_grpc, inherited_http_fd=args.frontend_http_fd,
     )  # fmt: skip
+    if index is not None:  # a front end: the device owner has the packages
+        return _serve_frontend(args, index, model_config, listeners[0], folders)
     if folders is not None:
-        return _serve_repository(args, folders, configs, listeners[0])
-    server, model = build_serving(args, index, (model_config, batching, limits), listeners[0])
+        return _serve_repository(args, argv, frontends, folders, configs, listeners)
+    from predictor.startup import build_model
+
+    if supervisor:
+        models = [build_model(model_config, batching, limits)]
+        return _supervise(args, argv, frontends, models, listeners)
+    from predictor.http.app import HistoModelServer
+
+    server = HistoModelServer(**server_kwargs(args, limits), http_socket=listeners[0])
+    model = build_model(model_config, batching, limits)
+    _serving(args, [model])
+    server.start([model])
+    return 0
+
+
+def _serving(args: argparse.Namespace, models: Sequence[Any]) -> None:
+    """What every process does once its models are built, before it serves: logs set up
+    (KServe's server configured logging again), the serving line, the collector's settings."""
+    from predictor.http import gc_policy
+
+    model_config, batching, limits = configs_from_args(args)
     configure_trace_logging(args.enable_latency_logging)
     if args.log_format == "json":  # KServe's server configured logging again: ours once more
         from predictor.http.json_logs import set_served, use_json_logs
 
-        set_served(model.name, model.served.package_sha256)
+        if len(models) == 1:
+            set_served(models[0].name, models[0].served.package_sha256)
         use_json_logs()
     logger.info(
         "serving %s: batching %s, limits %s, %d decode pool threads",
-        model.name,
+        ", ".join(m.name for m in models) or "no model yet",
         asdict(batching),
         asdict(limits),
         model_config.preprocess_workers,
     )
     gc_policy.apply()  # after the heavy start-up heap exists (see predictor.http.gc_policy)
-    if supervisor:
-        from predictor.multiprocess.supervisor import Supervisor
 
-        workers = resolve_instances(model_config.instances_per_device, "cpu", available_cpus())
-        keeper = Supervisor.prepare(model, frontends, argv, workers, listeners)
-        return keeper.run(args.drain_timeout_s)
-    server.start([model])
-    return 0
+
+def _supervise(
+    args: argparse.Namespace,
+    argv: list[str],
+    frontends: int,
+    models: list[Any],
+    listeners: tuple[Any, Any],
+    repository: Any = None,
+) -> int:
+    """The device owner of ``models`` and keeper of ``frontends`` front ends, until drained."""
+    from predictor.multiprocess.supervisor import Supervisor
+
+    _serving(args, models)
+    model_config = configs_from_args(args)[0]
+    workers = resolve_instances(model_config.instances_per_device, "cpu", available_cpus())
+    keeper = Supervisor.prepare(models, frontends, argv, workers, listeners, repository)
+    return keeper.run(args.drain_timeout_s)
 
 
 def repository_folders(
@@ -230,8 +261,10 @@ def repository_folders(
     """``--model_dir``'s model folders, or None for today's one-package layout.
 
     Raises:
-        ConfigError: ``--models`` without model folders, or model folders with
-            ``--model_name`` or several front ends (one package's features).
+        ConfigError: ``--models`` without model folders, model folders with
+            ``--model_name`` (one package's name), or several front ends with
+            ``--model_control explicit`` (front ends learn the model set once,
+            at start).
     """
     from predictor.errors import ConfigError
     from predictor.repository.layout import model_folders
@@ -249,57 +282,57 @@ def repository_folders(
             f"--model_name names the one model of a one-package --model_dir; each model of "
             f"{model_config.model_dir} is named by its folder"
         )
-    if frontends > 1:
+    if frontends > 1 and args.model_control == "explicit":
         raise ConfigError(
-            f"--frontends {frontends} serves a one-package --model_dir; {model_config.model_dir} "
-            "holds one folder per model: serve it with --frontends 1"
+            f"--frontends {frontends} with --model_control explicit: each front end learns the "
+            "models the device owner loaded at start and cannot follow a later load or "
+            "unload; serve model folders with --frontends > 1 under --model_control none "
+            "(every model at start), or load and unload with --frontends 1"
         )
     return folders
 
 
 def _serve_repository(
     args: argparse.Namespace,
+    argv: list[str],
+    frontends: int,
     folders: dict[str, Any],
     configs: tuple[ModelConfig, BatchingConfig, LimitsConfig],
-    http_socket: Any,
+    listeners: tuple[Any, Any],
 ) -> int:
-    """Serves a ``--model_dir`` of one folder per model (:mod:`predictor.repository`)."""
-    from predictor.http import gc_policy
-    from predictor.http.app import HistoModelServer
+    """Serves a ``--model_dir`` of one folder per model (:mod:`predictor.repository`):
+    in this process, or as the device owner of ``frontends`` front ends."""
     from predictor.startup import build_repository
 
-    server = HistoModelServer(**server_kwargs(args, configs[2]), http_socket=http_socket)
     control: RepositoryConfig = config_from(RepositoryConfig, args)
-    repository, models = build_repository(folders, configs, control, args.drain_timeout_s)
-    configure_trace_logging(args.enable_latency_logging)
-    if args.log_format == "json":  # KServe's server configured logging again: ours once more
-        from predictor.http.json_logs import use_json_logs
+    if frontends > 1:
+        repository, models = build_repository(folders, configs, control, args.drain_timeout_s)
+        return _supervise(args, argv, frontends, models, listeners, repository)
+    from predictor.http.app import HistoModelServer
 
-        use_json_logs()
-    logger.info("serving %s", ", ".join(m.name for m in models) or "no model yet")
-    gc_policy.apply()
+    server = HistoModelServer(**server_kwargs(args, configs[2]), http_socket=listeners[0])
+    repository, models = build_repository(folders, configs, control, args.drain_timeout_s)
+    _serving(args, models)
     server.start(models, repository)
     return 0
 
 
-def build_serving(
+def _serve_frontend(
     args: argparse.Namespace,
-    frontend_index: int | None,
-    configs: tuple[ModelConfig, BatchingConfig, LimitsConfig],
-    http_socket: Any = None,
-) -> tuple[Any, Any]:
-    """The server and the loaded model; a front end's model reaches the device owner instead."""
-    model_config, batching, limits = configs
-    kwargs = {**server_kwargs(args, limits), "http_socket": http_socket}
-    if frontend_index is not None:  # a front end: the device owner has the package
-        from predictor.multiprocess.frontend import build_frontend
+    index: int,
+    model_config: ModelConfig,
+    http_socket: Any,
+    folders: dict[str, Any] | None,
+) -> int:
+    """Front end ``index``: the device owner's models, served through proxies of their batchers."""
+    from predictor.multiprocess.frontend import build_frontend
 
-        return build_frontend(args, configs, {**kwargs, "grpc_reuse_port": True})
-    from predictor.http.app import HistoModelServer
-    from predictor.startup import build_model
-
-    server = HistoModelServer(**kwargs)
-    return server, build_model(model_config, batching, limits)
+    limits = configs_from_args(args)[2]
+    kwargs = {**server_kwargs(args, limits), "http_socket": http_socket, "grpc_reuse_port": True}
+    server, models, repository = build_frontend(args, model_config, kwargs, folders)
+    _serving(args, models)
+    server.start(models, repository)
+    return 0
 
 
 def start_tracing(args: argparse.Namespace, process: str) -> None:

@@ -2,9 +2,11 @@
 
 Started by the supervisor as ``python -m predictor <the same flags>
 --frontend_socket PATH --frontend_index I``. It connects to the device
-owner, learns the model (spec, class, name, description: the package is
-never loaded here), attaches its slab and serves the model with a
-:class:`~predictor.multiprocess.proxy.BatcherProxy` as its batcher. Everything
+owner, learns every model it serves (spec, class, name, batching, limits,
+description: no package is loaded here) and, with model folders, the
+repository's index; it attaches each model's slab and serves each model
+with a :class:`~predictor.multiprocess.proxy.BatcherProxy` as its batcher,
+all over one :class:`~predictor.multiprocess.proxy.OwnerLink`. Everything
 a request costs in Python happens here: framing, JSON, base64, decoding,
 validation (the 400s), encoding the answer, metrics. It serves the HTTP
 socket the supervisor bound and it inherited (the kernel spreads connections
@@ -39,8 +41,9 @@ from predictor.model.base import BaseServerModel, FrontEnd
 from predictor.model.metrics import create_metrics
 from predictor.model.options import ServingOptions
 from predictor.multiprocess.messages import recv_blocking, send_blocking
-from predictor.multiprocess.proxy import BatcherProxy
+from predictor.multiprocess.proxy import OwnerLink
 from predictor.multiprocess.shm import Slab, SlotLayout
+from predictor.repository.repository import StartedRepository
 from predictor.spec import spec_from_json
 
 logger = logging.getLogger("histoserve")
@@ -49,28 +52,24 @@ OWNER_GONE_EXIT_S = 15.0
 
 
 class FrontendServer(HistoModelServer):
-    """The model server of one front end: a shared HTTP port, summed metrics, the owner's config.
+    """The model server of one front end: a shared HTTP port and summed metrics.
+
+    ``/config`` needs nothing of its own: a front end's model describes itself
+    with the device owner's answer (:class:`~predictor.model.device_side.OwnerSide`).
 
     Args:
-        owner_metadata: The device owner's ``GET /v2/models/{name}/config`` answer.
+        on_listening: Called once every port listens (tells the owner it serves).
         **kwargs: :class:`HistoModelServer`'s arguments.
     """
 
-    def __init__(
-        self, *, owner_metadata: dict[str, Any], on_listening: Callable[[], None], **kwargs: Any
-    ) -> None:
+    def __init__(self, *, on_listening: Callable[[], None], **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._owner_metadata = owner_metadata
         self._on_listening = on_listening
 
     def _configure_app(self, app: FastAPI) -> None:
         super()._configure_app(app)
         # Ahead of KServe's /metrics (the first matching route answers).
         app.router.routes.insert(0, Route("/metrics", summed_metrics, methods=["GET"]))
-
-    async def _model_config(self, model_name: str) -> dict[str, Any]:
-        await super()._model_config(model_name)  # 404 for another name
-        return self._owner_metadata
 
     def _listening(self) -> None:
         self._on_listening()
@@ -85,7 +84,7 @@ async def summed_metrics(request: Request) -> Response:
 
 
 def connect(socket_path: str, index: int) -> tuple[socket.socket, dict[str, Any]]:
-    """Connects to the device owner and says hello; its welcome (the model's description).
+    """Connects to the device owner and says hello; its welcome (the models' descriptions).
 
     Raises:
         ConnectionError: The owner refused or closed the connection.
@@ -100,19 +99,19 @@ def connect(socket_path: str, index: int) -> tuple[socket.socket, dict[str, Any]
 
 
 def build_frontend_model(
-    info: dict[str, Any],
-    sock: socket.socket,
-    config: ModelConfig,
-    batching: BatchingConfig,
-    limits: LimitsConfig,
+    info: dict[str, Any], link: OwnerLink, config: ModelConfig
 ) -> BaseServerModel:
-    """The owner's model class and the spec's family, served through a proxy of its batcher.
+    """One of the owner's models, served here through a proxy of its batcher.
 
-    A front end (:class:`~predictor.model.base.FrontEnd`): no package here.
+    Its class, spec, batching and limits are the owner's (a model folder's own
+    settings included); a front end (:class:`~predictor.model.base.FrontEnd`):
+    no package here.
     """
     spec = spec_from_json(info["spec"])
     cls = load_model_class(info["model_class"])
     name = info["name"]
+    batching: BatchingConfig = info["batching"]
+    limits: LimitsConfig = info["limits"]
     options = ServingOptions(
         batching=batching,
         limits=limits,
@@ -122,9 +121,7 @@ def build_frontend_model(
     )
     slab = Slab.attach(info["slab"], SlotLayout(*info["layout"]))
     metrics = create_metrics(name)
-    proxy = BatcherProxy(
-        sock, slab, name, batching.retry_after_s, _exit_later, on_reject=metrics.on_reject
-    )
+    proxy = link.proxy(name, slab, batching.retry_after_s, on_reject=metrics.on_reject)
     model = server_model(
         spec,
         info["checkpoint"],
@@ -151,20 +148,25 @@ def _exit_later() -> None:
 
 def build_frontend(
     args: argparse.Namespace,
-    configs: tuple[ModelConfig, BatchingConfig, LimitsConfig],
+    config: ModelConfig,
     server_kwargs: dict[str, Any],
-) -> tuple[FrontendServer, BaseServerModel]:
-    """Front end ``args.frontend_index``'s server and model, connected to the device owner.
+    folders: dict[str, Path] | None = None,
+) -> tuple[FrontendServer, list[BaseServerModel], StartedRepository | None]:
+    """Front end ``args.frontend_index``'s server and models, connected to the device owner.
+
+    With model folders (``folders``), also the repository as the owner loaded
+    it at start, which the front end answers the repository extension from.
 
     Raises:
         ConnectionError: The owner refused or closed the connection.
-        StartupError: The owner's model class cannot be imported here.
+        StartupError: An owner's model class cannot be imported here.
     """
     sock, info = connect(args.frontend_socket, args.frontend_index)
-    model = build_frontend_model(info, sock, *configs)
-    proxy = model.batcher
-    server = FrontendServer(
-        owner_metadata=info["metadata"], on_listening=proxy.tell_serving, **server_kwargs
-    )
-    logger.info("front end %d serving %s", args.frontend_index, model.name)
-    return server, model
+    link = OwnerLink(sock, _exit_later)
+    models = [build_frontend_model(m, link, config) for m in info["models"]]
+    repository = None
+    if folders is not None:
+        repository = StartedRepository(Path(config.model_dir), folders, info["index"])
+    server = FrontendServer(on_listening=link.tell_serving, **server_kwargs)
+    logger.info("front end %d serving %s", args.frontend_index, ", ".join(m.name for m in models))
+    return server, models, repository

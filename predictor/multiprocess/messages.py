@@ -9,16 +9,18 @@ private folder.
 
 Messages, ``(kind, ...)``:
 
-- front end -> owner: ``("hello", index, pid)`` once; ``("submit", rid, mode,
-  priority, deadline, [(slot, request index, [ArrayDesc, ...]), ...],
-  traceparent)`` per request (``deadline`` on ``time.monotonic()``, one clock
-  for the pod's processes, or None; ``traceparent``: the W3C one of a traced
-  request's span, else ``None``).
-- owner -> front end: ``("welcome", info)`` once (the model's description and
-  the slab); ``("done", rid, queue_depth, live, [outcome, ...])`` per submit,
-  where an outcome is ``("ok", [ArrayDesc, ...])`` or ``("error", class
-  name, message, retry_after_s)``; ``("state", queue_depth, live)`` to every
-  front end when the device's liveness changes.
+- front end -> owner: ``("hello", index, pid)`` once; ``("submit", rid, model,
+  mode, priority, deadline, [(slot, request index, [ArrayDesc, ...]), ...],
+  traceparent)`` per request (``rid`` unique on the link; ``deadline`` on
+  ``time.monotonic()``, one clock for the pod's processes, or None;
+  ``traceparent``: the W3C one of a traced request's span, else ``None``);
+  ``("ready",)`` once it serves.
+- owner -> front end: ``("welcome", info)`` once (every model's description
+  and slab, the repository's index); ``("done", rid, queue_depth, live,
+  [outcome, ...])`` per submit (the depth and liveness of its model), where an
+  outcome is ``("ok", [ArrayDesc, ...])`` or ``("error", class name, message,
+  retry_after_s)``; ``("state", model, queue_depth, live)`` when a front end's
+  word on a model is stale (a lower depth, another liveness).
 """
 
 from __future__ import annotations

@@ -1,16 +1,19 @@
 """The parent process under ``--frontends N`` (N > 1): the device owner and its front ends' keeper.
 
-:meth:`Supervisor.prepare` runs before any front end exists, and every
-problem it finds stops the pod at start-up with one line (exit 2): outputs
-that cannot cross processes (:func:`check_crossable`), stale segments of an
-earlier container swept, one slab per front end allocated whole (a
-``/dev/shm`` too small). The ports were bound by the CLI already
-(:mod:`predictor.http.listeners`); each front end inherits the HTTP socket.
+The device owner serves one model (a ``.pt2`` in ``--model_dir``) or every
+model a ``--model_dir`` of model folders loaded at start (they share its
+device scheduler). :meth:`Supervisor.prepare` runs before any front end
+exists, and every problem it finds stops the pod at start-up with one line
+(exit 2): a model's outputs that cannot cross processes
+(:func:`check_crossable`), stale segments of an earlier container swept, one
+slab per front end and model allocated whole (a ``/dev/shm`` too small). The
+ports were bound by the CLI already (:mod:`predictor.http.listeners`); each
+front end inherits the HTTP socket.
 
-Then :meth:`Supervisor.run` starts the model's batcher, the
+Then :meth:`Supervisor.run` starts every model's batcher, the
 :class:`~predictor.multiprocess.owner.DeviceOwner` on a Unix socket in a private
 folder, and N front ends (``python -m predictor`` with the same flags), and
-waits until each says it serves (its ports bound, its model built).
+waits until each says it serves (its ports bound, its models built).
 
 - Children: one waiter in the event loop (a ``pidfd`` per child, reaped with
   ``waitpid``: no thread per child). A front end that exits before it said
@@ -18,7 +21,7 @@ waits until each says it serves (its ports bound, its model built).
   while serving is started again after a backoff (:data:`RESTARTS`); restarts beyond its budget stop the pod (exit 1). Front ends die with the
   supervisor (``PR_SET_PDEATHSIG``, :func:`~predictor.multiprocess.process.die_with_parent`).
 - SIGTERM/SIGINT: forwarded to every front end, which drains as one process
-  does; once all have exited, the batcher drains what is left, the owner
+  does; once all have exited, the batchers drain what is left, the owner
   stops, and the process exits 0 (1 if a front end did not exit 0).
 - Metrics: every process writes to ``PROMETHEUS_MULTIPROC_DIR``; each front
   end's ``/metrics`` sums them. Logs: children inherit stderr, tagged.
@@ -34,7 +37,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -127,25 +130,30 @@ def frontend_info(model: BaseServerModel) -> dict[str, Any]:
         "checkpoint": checkpoint.name,
         "model_root": str(checkpoint.parent),
         "metadata": metadata,
+        "batching": model.batching,
+        "limits": model.limits,
     }
 
 
-def make_slabs(layout: SlotLayout, count: int) -> list[Slab]:
-    """Sweeps stale segments, then allocates ``count`` slabs whole.
+def make_slabs(layouts: Mapping[str, SlotLayout], count: int) -> list[dict[str, Slab]]:
+    """Sweeps stale segments, then allocates, per front end, one slab per model, whole.
 
     Raises:
         StartupError: ``/dev/shm`` cannot hold them (the message names the size).
     """
     for name in remove_stale_segments():
         logger.info("removed the stale shared-memory segment %s", name)
-    slabs: list[Slab] = []
+    slabs: list[dict[str, Slab]] = []
     try:
         for _ in range(count):
-            slabs.append(Slab.create(layout))
+            slabs.append({})
+            for model, layout in layouts.items():
+                slabs[-1][model] = Slab.create(layout)
     except StartupError as exc:
-        for slab in slabs:
-            slab.close()
-        total = layout.slab_bytes * count
+        for made in slabs:
+            for slab in made.values():
+                slab.close()
+        total = sum(layout.slab_bytes for layout in layouts.values()) * count
         raise StartupError(f"{exc} [{count} front ends need {total / 2**20:.0f} MiB]") from exc
     return slabs
 
@@ -154,24 +162,28 @@ class Supervisor:
     """Runs the device owner and keeps N front ends (build it with :meth:`prepare`).
 
     Args:
-        model: The loaded model (its batcher not yet started).
+        models: The loaded models (their batchers not yet started).
         argv: The command line's flags, handed to each front end.
-        slabs: One allocated slab per front end.
+        slabs: Per front end, one allocated slab per model.
         listeners: The bound HTTP socket (inherited by the front ends) and
             the gRPC reservation (held for the pod's life).
+        repository: The model repository the models were loaded from (its
+            index is told to every front end); None: one package.
     """
 
     def __init__(
         self,
-        model: BaseServerModel,
+        models: Sequence[BaseServerModel],
         argv: Sequence[str],
-        slabs: Sequence[Slab],
+        slabs: Sequence[Mapping[str, Slab]],
         listeners: tuple[Any, Any],
+        repository: Any = None,
     ) -> None:
-        self._model = model
+        self._models = list(models)
         self._argv = list(argv)
-        self._slabs = list(slabs)
+        self._slabs = [dict(s) for s in slabs]
         self._http, self._grpc_reservation = listeners
+        self._repository = repository
         self._children: Children | None = None
         self._ready: set[int] = set()
         self._all_ready = asyncio.Event()
@@ -182,23 +194,30 @@ class Supervisor:
     @classmethod
     def prepare(
         cls,
-        model: BaseServerModel,
+        models: Sequence[BaseServerModel],
         count: int,
         argv: Sequence[str],
         workers: int,
         listeners: tuple[Any, Any],
+        repository: Any = None,
     ) -> Supervisor:
-        """Checks the model can cross processes and allocates the slabs.
+        """Checks every model can cross processes and allocates the slabs.
 
         Args:
-            workers: The device workers (batches in flight).
+            workers: The device workers (batches in flight) per model.
 
         Raises:
             StartupError: Outputs that cannot cross, or a ``/dev/shm`` too small.
         """
-        check_crossable(model)
-        layout = slot_layout(model, workers)
-        return cls(model, argv, make_slabs(layout, count), listeners)
+        for model in models:
+            try:
+                check_crossable(model)
+            except StartupError as exc:
+                if len(models) == 1:
+                    raise
+                raise StartupError(f"model {model.name!r}: {exc}") from exc
+        layouts = {model.name: slot_layout(model, workers) for model in models}
+        return cls(models, argv, make_slabs(layouts, count), listeners, repository)
 
     def run(self, drain_timeout_s: float) -> int:
         """Serves until SIGTERM and every process's drain; the exit code."""
@@ -207,9 +226,12 @@ class Supervisor:
             return asyncio.run(self._run(drain_timeout_s))
 
     async def _run(self, drain_timeout_s: float) -> int:
-        await self._model.start_batching()
-        info = frontend_info(self._model)
-        owner = DeviceOwner(self._model, self._slabs, self._socket_path, info, self._on_ready)
+        for model in self._models:
+            await model.start_batching()
+        index = await self._repository.index() if self._repository is not None else None
+        info = {"models": [frontend_info(m) for m in self._models], "index": index}
+        models = {m.name: m for m in self._models}
+        owner = DeviceOwner(models, self._slabs, self._socket_path, info, self._on_ready)
         await owner.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -227,9 +249,11 @@ class Supervisor:
             self._exit_code = self._exit_code or 1
         # What the front ends gave up on at their deadline still runs here: not for long.
         left_s = max(0.0, drain_timeout_s - (time.monotonic() - stopped_at))
-        drained = await self._model.drain(left_s)
+        drains = await asyncio.gather(*(m.drain(left_s) for m in self._models))
+        drained = all(drains)
         await owner.close()
-        self._model.stop()
+        for model in self._models:
+            model.stop()
         logger.info("device owner stopped (%s)", "drained" if drained else "drain deadline passed")
         return self._exit_code
 

@@ -261,10 +261,7 @@ class Repository:
     def _entry_for_control(self, name: str, verb: str) -> Entry:
         check_name(name, self._model_dir, self._folders)
         if self._control.model_control != "explicit":
-            raise LoadRefused(
-                f"model {verb} is not allowed with --model_control none (every model of "
-                f"--model_dir loads at start); start the server with --model_control explicit"
-            )
+            raise refused_without_control(verb)
         entry = self._entries[name]
         if entry.state in (LOADING, UNLOADING):
             raise LoadRefused(f"model {name!r} is {entry.state}: try again when it is done")
@@ -328,6 +325,64 @@ class Repository:
         logger.info(
             "model %s: loaded, %s (%s)", entry.name, mib(measured.bytes), self._loaded_text()
         )
+
+
+def refused_without_control(verb: str) -> LoadRefused:
+    """The refusal of a load or unload under ``--model_control none``."""
+    return LoadRefused(
+        f"model {verb} is not allowed with --model_control none (every model of "
+        f"--model_dir loads at start); start the server with --model_control explicit"
+    )
+
+
+class StartedRepository:
+    """A front end's view of the device owner's repository (``--frontends`` > 1, model folders).
+
+    Under ``--model_control none`` (the only control front ends serve: start-up
+    refuses ``explicit`` with them) the models are the ones the owner loaded
+    at start, for the pod's life: the index is the owner's at start (states,
+    reasons, memory), a folder that did not load is refused naming its state,
+    and load and unload are refused as the owner's repository refuses them.
+
+    Args:
+        model_dir: The server's ``--model_dir``.
+        folders: ``{name: folder}``, as the owner found them.
+        rows: The owner's index at start (:meth:`Repository.index`).
+    """
+
+    def __init__(
+        self, model_dir: Path, folders: dict[str, Path], rows: list[dict[str, Any]]
+    ) -> None:
+        self._model_dir = model_dir
+        self._folders = dict(folders)
+        self._rows = {row["name"]: dict(row) for row in rows}
+
+    def refusal(self, name: str) -> HistoserveError | None:
+        """The error for a request to a model folder the owner does not serve (None: not a folder)."""
+        row = self._rows.get(name)
+        if row is None or row["state"] == READY:
+            return None
+        return ModelNotReady(f"model {name!r} is {row['state']} ({row['reason']})")
+
+    async def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Every model folder (or the ready ones) as the owner listed it at start."""
+        rows = [dict(row) for row in self._rows.values()]
+        return [r for r in rows if r["state"] == READY] if ready_only else rows
+
+    async def load(self, model_name: str) -> dict[str, Any]:
+        """Refused, as the owner's repository refuses it under ``--model_control none``.
+
+        Raises:
+            InvalidInput: Not a model folder's name.
+            LoadRefused: Always, naming the flag.
+        """
+        check_name(model_name, self._model_dir, self._folders)
+        raise refused_without_control("load")
+
+    async def unload(self, model_name: str) -> dict[str, Any]:
+        """Refused, as :meth:`load`."""
+        check_name(model_name, self._model_dir, self._folders)
+        raise refused_without_control("unload")
 
 
 class FixedModels:

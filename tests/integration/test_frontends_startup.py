@@ -134,3 +134,21 @@ def test_segments_an_earlier_container_left_are_swept_at_start(embedding_package
     finally:
         stale.unlink(missing_ok=True)
         assert server.stop() == 0
+
+
+def test_front_ends_with_explicit_model_control_are_refused_naming_the_flags(
+    embedding_package_dir, tmp_path
+):
+    """Front ends learn the models the owner loaded at start; a later load or unload in the
+    owner would never reach them, so the pair is refused before anything loads."""
+    folder = tmp_path / "models" / "h0-mini"
+    folder.mkdir(parents=True)
+    (folder / "model.pt2").symlink_to(next(embedding_package_dir.glob("*.pt2")))
+    started = time.monotonic()
+    done = _run(tmp_path / "models", "--frontends", "2", "--model_control", "explicit")
+    assert done.returncode == 2, done.stderr[-3000:]
+    line = _one_line(done)
+    assert "--frontends 2 with --model_control explicit" in line
+    assert "--model_control none" in line and "--frontends 1" in line
+    assert "loaded" not in done.stderr.split(line)[0].lower()  # refused before any load
+    assert time.monotonic() - started < 30

@@ -44,12 +44,15 @@ async def _connected(tmp_path: Path, batcher: ScriptedBatcher):
     model = SimpleNamespace(batcher=batcher, live=True, name="m")
     layout = layout_for(tile_size=4, extra_bytes=0, output_bytes=64, slots=4)
     slab = Slab.create(layout)
-    owner = DeviceOwner(model, [slab], tmp_path / "owner.sock", {"spec": "{}"})  # type: ignore[arg-type]
+    info = {"models": [{"name": "m", "spec": "{}"}], "index": None}
+    owner = DeviceOwner({"m": model}, [{"m": slab}], tmp_path / "owner.sock", info)  # type: ignore[dict-item]
     await owner.start()
     reader, writer = await asyncio.open_unix_connection(str(tmp_path / "owner.sock"))
     writer.write(frame(("hello", 0, 1234)))
     welcome = await read_frame(reader)
     assert welcome is not None and welcome[0] == "welcome"
+    (described,) = welcome[1]["models"]
+    assert (described["name"], described["slab"]) == ("m", slab.name)
     return owner, slab, reader, writer
 
 
@@ -58,7 +61,7 @@ def _submit(writer: asyncio.StreamWriter, slab: Slab, rid: int, n: int) -> None:
     for slot in range(n):
         descs = slab.write_inputs(slot, np.full((4, 4, 3), slot, np.uint8), {})
         items.append((slot, slot, descs))
-    writer.write(frame(("submit", rid, "embedding", 2, None, items)))
+    writer.write(frame(("submit", rid, "m", "embedding", 2, None, items)))
 
 
 async def _next(reader: asyncio.StreamReader, kind: str, timeout_s: float = 30.0) -> tuple:
@@ -87,7 +90,7 @@ def test_a_refusal_on_a_full_queue_is_followed_by_the_fresh_depth(tmp_path: Path
 
     refused, fresh = asyncio.run(scenario())
     assert refused[2] == 64 and {o[1] for o in refused[4]} == {"Overloaded"}
-    assert fresh == ("state", 0, True)
+    assert fresh == ("state", "m", 0, True)
 
 
 def test_outputs_that_cannot_be_written_fail_their_tile_and_the_rest_is_answered(
@@ -123,7 +126,7 @@ def test_a_submit_whose_samples_cannot_be_viewed_is_answered_with_its_failure(
     async def scenario() -> tuple:
         owner, _, reader, writer = await _connected(tmp_path, ScriptedBatcher())
         bad = [(0, 0, [("", "|O", (4, 4, 3), 0)])]  # object dtype: never viewed
-        writer.write(frame(("submit", 3, "embedding", 2, None, bad)))
+        writer.write(frame(("submit", 3, "m", "embedding", 2, None, bad)))
         done = await _next(reader, "done")
         writer.close()
         await owner.close()
@@ -131,3 +134,29 @@ def test_a_submit_whose_samples_cannot_be_viewed_is_answered_with_its_failure(
 
     done = asyncio.run(scenario())
     assert done[1] == 3 and done[4][0][:2] == ("error", "ForwardError")
+
+
+def test_the_welcome_names_each_model_s_slab_and_a_submit_to_another_model_fails_alone(
+    tmp_path: Path,
+) -> None:
+    """Several models over one link: each submit names its model; one the owner does not
+    serve is answered with its own failure and the link goes on."""
+
+    async def scenario() -> tuple:
+        batcher = ScriptedBatcher()
+        owner, slab, reader, writer = await _connected(tmp_path, batcher)
+        descs = slab.write_inputs(0, np.zeros((4, 4, 3), np.uint8), {})
+        writer.write(frame(("submit", 5, "absent", "embedding", 1, None, [(0, 0, descs)])))
+        refused = await _next(reader, "done")
+        _submit(writer, slab, 6, 1)
+        await asyncio.to_thread(wait_until, lambda: batcher.futures, "the owner to submit")
+        batcher.futures[0].set_result(SimpleNamespace(outputs={"e": np.ones(2, np.float32)}))
+        served = await _next(reader, "done")
+        writer.close()
+        await owner.close()
+        return refused, served
+
+    refused, served = asyncio.run(scenario())
+    assert refused[1] == 5 and refused[4][0][:2] == ("error", "ModelNotReady")
+    assert "'absent'" in refused[4][0][2]
+    assert served[1] == 6 and served[4][0][0] == "ok"

@@ -1,4 +1,4 @@
-"""The front end's batcher proxy: its stop settles every future it handed out."""
+"""A front end's batcher proxies over one link: every future settled once, each model its own."""
 
 from __future__ import annotations
 
@@ -11,23 +11,27 @@ import numpy as np
 import pytest
 
 from predictor.errors import ForwardError, ModelNotReady, Overloaded
-from predictor.multiprocess.messages import frame
-from predictor.multiprocess.proxy import BatcherProxy
+from predictor.multiprocess.messages import frame, read_frame
+from predictor.multiprocess.proxy import OwnerLink
 from predictor.multiprocess.shm import Slab, layout_for
 
 
 def _item(seed: int) -> SimpleNamespace:
     tile = np.full((8, 8, 3), seed, dtype=np.uint8)
     return SimpleNamespace(sample=SimpleNamespace(tile=tile, extra_tensors={}),
-                           request=SimpleNamespace(index=0))  # fmt: skip
+                           request=SimpleNamespace(index=0), trace=None)  # fmt: skip
+
+
+def _slab(slots: int = 4) -> Slab:
+    return Slab.create(layout_for(tile_size=8, extra_bytes=0, output_bytes=16, slots=slots))
 
 
 async def _submit_then_stop() -> tuple[list[BaseException | None], list[str], bool]:
-    layout = layout_for(tile_size=8, extra_bytes=0, output_bytes=16, slots=4)
-    slab = Slab.create(layout)
+    slab = _slab()
     ours, owner_end = socket.socketpair()
     gone: list[str] = []
-    proxy = BatcherProxy(ours, slab, "m", 1.0, on_owner_gone=lambda: gone.append("gone"))
+    link = OwnerLink(ours, on_owner_gone=lambda: gone.append("gone"))
+    proxy = link.proxy("m", slab, 1.0)
     try:
         await proxy.start()
         futures = proxy.submit([_item(1), _item(2)])
@@ -48,10 +52,9 @@ def test_close_nowait_fails_what_is_unanswered_and_raises_no_alarm():
 
 def test_close_nowait_after_the_loop_closed_only_closes_the_socket():
     ours, other = socket.socketpair()
-    layout = layout_for(tile_size=8, extra_bytes=0, output_bytes=16, slots=1)
-    slab = Slab.create(layout)
+    slab = _slab(1)
     try:
-        proxy = BatcherProxy(ours, slab, "m", 1.0)
+        proxy = OwnerLink(ours).proxy("m", slab, 1.0)
         assert proxy.close_nowait() == []
         with pytest.raises(OSError):
             ours.send(b"x")
@@ -61,11 +64,10 @@ def test_close_nowait_after_the_loop_closed_only_closes_the_socket():
 
 
 async def _answered_badly_then_well() -> tuple[list[BaseException | None], list[Any], int]:
-    layout = layout_for(tile_size=8, extra_bytes=0, output_bytes=16, slots=4)
-    slab = Slab.create(layout)
+    slab = _slab()
     ours, owner_end = socket.socketpair()
     rejected: list[int] = []
-    proxy = BatcherProxy(ours, slab, "m", 1.0, on_reject=rejected.append)
+    proxy = OwnerLink(ours).proxy("m", slab, 1.0, on_reject=rejected.append)
     try:
         await proxy.start()
         first = proxy.submit([_item(1), _item(2)])
@@ -89,3 +91,45 @@ def test_an_answer_that_cannot_be_read_fails_its_request_and_the_reader_goes_on(
     assert all(isinstance(e, ForwardError) for e in failed)
     assert np.array_equal(served[0].outputs["embedding"], np.arange(4, dtype=np.float32))
     assert slots_and_rejected == 4 + 2  # every slot given back; the refused tiles counted
+
+
+async def _two_models_on_one_link() -> dict[str, Any]:
+    slabs = {"a": _slab(), "b": _slab()}
+    ours, owner_end = socket.socketpair()
+    link = OwnerLink(ours)
+    proxies = {name: link.proxy(name, slab, 1.0) for name, slab in slabs.items()}
+    try:
+        for proxy in proxies.values():
+            await proxy.start()  # the link starts once
+        reader, writer = await asyncio.open_unix_connection(sock=owner_end)
+        a = proxies["a"].submit([_item(1)])
+        b = proxies["b"].submit([_item(2)], key="embedding", priority=2)
+        sent = [await read_frame(reader), await read_frame(reader)]
+        out = slabs["b"].write_outputs(0, {"embedding": np.full(4, 2, np.float32)})
+        writer.write(frame(("state", "a", 7, False)))  # model a's device is lost
+        writer.write(frame(("done", 1, 3, True, [("ok", out)])))
+        (answer,) = await asyncio.gather(*b)
+        health = {name: (p.healthy, p.queue_depth) for name, p in proxies.items()}
+        first_close = proxies["a"].close_nowait()  # b still open: the link stays
+        last_close = proxies["b"].close_nowait()
+        await asyncio.gather(*last_close)
+        writer.close()
+        return {
+            "sent": [(m[0], m[1], m[2], m[3], m[4]) for m in sent if m is not None],
+            "answer": answer.outputs["embedding"],
+            "health": health,
+            "a_failed": type(a[0].exception()),
+            "closes": (first_close, len(last_close)),
+        }
+    finally:
+        for slab in slabs.values():
+            slab.close()
+
+
+def test_each_model_s_submit_names_it_and_its_answer_and_state_reach_its_proxy():
+    got = asyncio.run(_two_models_on_one_link())
+    assert got["sent"] == [("submit", 0, "a", None, 1), ("submit", 1, "b", "embedding", 2)]
+    np.testing.assert_array_equal(got["answer"], np.full(4, 2, np.float32))
+    assert got["health"] == {"a": (False, 7), "b": (True, 3)}
+    assert got["a_failed"] is ModelNotReady  # unanswered when the link closed with the last
+    assert got["closes"] == ([], 1)

@@ -48,7 +48,7 @@ def _keeper() -> Any:
     from predictor.multiprocess.children import Children, RestartPolicy
     from predictor.multiprocess.supervisor import Supervisor
 
-    keeper = Supervisor(model=None, argv=[], slabs=[None, None], listeners=(None, None))  # type: ignore[arg-type]
+    keeper = Supervisor(models=[], argv=[], slabs=[{}, {}], listeners=(None, None))
     keeper._children = Children(lambda i: [], [], lambda c, code: None, RestartPolicy(3, 60.0))
     return keeper
 
