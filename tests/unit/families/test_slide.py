@@ -41,7 +41,7 @@ def _features(array: np.ndarray, datatype: str = "FP32") -> InferInput:
 
 
 def _decode(model: BaseServerModel, *inputs: InferInput) -> ModelRequest:
-    decoded = model._v2.decode(_request(*inputs))
+    decoded = model.family.v2_codec(model.name).decode(_request(*inputs))
     assert len(decoded.items) == 1
     return decoded.items[0]
 
@@ -91,16 +91,20 @@ def test_bad_features_are_400s_naming_the_input(model, shape, datatype, match) -
     inp = InferInput("features", list(shape), datatype)
     inp._raw_data = bytes(int(np.prod(shape)) * 4)
     with pytest.raises(InvalidInput, match=match) as err:
-        model._v2.decode(_request(inp))
+        model.family.v2_codec(model.name).decode(_request(inp))
     assert err.value.input_name == "features"
 
 
 def test_other_inputs_are_refused(model: BaseServerModel) -> None:
     x = np.zeros((3, 1536), np.float32)
     with pytest.raises(InvalidInput, match=r"N = 3"):
-        model._v2.decode(_request(_features(x), InferInput("coords", [2, 2], "INT64", [0] * 4)))
+        model.family.v2_codec(model.name).decode(
+            _request(_features(x), InferInput("coords", [2, 2], "INT64", [0] * 4))
+        )
     with pytest.raises(InvalidInput, match="unknown input"):
-        model._v2.decode(_request(InferInput("pixels", [1, 2, 2, 3], "UINT8", [0] * 12)))
+        model.family.v2_codec(model.name).decode(
+            _request(InferInput("pixels", [1, 2, 2, 3], "UINT8", [0] * 12))
+        )
 
 
 def test_a_non_finite_feature_is_a_400_naming_its_tile(model: BaseServerModel) -> None:
@@ -153,9 +157,13 @@ def test_modes_combine_in_spec_order(model: BaseServerModel) -> None:
 
 
 def test_answers_keep_each_output_s_own_shape(model: BaseServerModel) -> None:
-    decoded = model._v2.decode(_request(_features(np.zeros((3, 1536), np.float32))))
+    decoded = model.family.v2_codec(model.name).decode(
+        _request(_features(np.zeros((3, 1536), np.float32)))
+    )
     outputs = {"prediction": np.ones(2), "attention": np.full(3, 1 / 3)}
-    answer = model._v2.encode(decoded, [ModelResponse(outputs)], ("prediction", "attention"))
+    answer = model.family.v2_codec(model.name).encode(
+        decoded, [ModelResponse(outputs)], ("prediction", "attention")
+    )
     assert [(o.name, o.shape, o.datatype) for o in answer.outputs] == [
         ("prediction", [2], "FP32"),
         ("attention", [3], "FP32"),
