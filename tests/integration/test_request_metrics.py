@@ -1,7 +1,7 @@
 """``/metrics`` of a live server after known traffic: every count is what the traffic made.
 
 The per-request metrics are bound once per model now (``predictor.model.metrics``
-and ``BaseServerModel._call``); this scrape checks that nothing was lost or
+and ``Pipeline.__call__``); this scrape checks that nothing was lost or
 double counted on the way, over REST and gRPC, for good and bad requests,
 and that the names, labels and help texts are the ones the contract lists.
 """
