@@ -60,7 +60,7 @@ def swap_library(package: Path, library: Path, dest: Path) -> Path:
         for info in src.infolist():
             data = payload if info.filename.endswith(".so") else src.read(info)
             out.writestr(info, data)
-    from predictor.pt2.digest import sha256_file
+    from predictor.packages.digest import sha256_file
 
     dest.with_name(dest.name + ".sha256").write_text(f"{sha256_file(dest)}  {dest.name}\n")
     return dest

@@ -27,7 +27,7 @@ def rewrite_metadata(
     Named ``name`` (default: its build key's name, ``<key>.pt2``), with a ``.sha256``.
     """
     from predictor.export.commit import write_sha256
-    from predictor.pt2.build_key import key_from_metadata
+    from predictor.packages.build_key import key_from_metadata
 
     folder.mkdir(parents=True, exist_ok=True)
     staged = folder / ".rewrite.pt2"
@@ -53,7 +53,7 @@ def claim(metadata: dict[str, str], **fields: Any) -> None:
     """Changes what the package says of itself, honestly: provenance fields (``created_utc``,
     ``max_batch``, ``weights_sha256``...; ``weights="sha256:<hex>"`` sets ``weights_sha256``),
     then records the build key derived from them, as an export that built it would."""
-    from predictor.pt2.build_key import BUILD_KEY_KEY, key_from_metadata
+    from predictor.packages.build_key import BUILD_KEY_KEY, key_from_metadata
 
     prov = json.loads(metadata["histoserve.provenance"])
     for name, value in fields.items():
@@ -69,7 +69,7 @@ def claim(metadata: dict[str, str], **fields: Any) -> None:
 
 def lie(metadata: dict[str, str], **fields: Any) -> None:
     """Changes only the recorded build key's ``fields``: a claim its package contradicts."""
-    from predictor.pt2.build_key import BUILD_KEY_KEY
+    from predictor.packages.build_key import BUILD_KEY_KEY
 
     key = json.loads(metadata[BUILD_KEY_KEY])
     key.update(fields)
@@ -118,8 +118,8 @@ def three_builds(folder: Path) -> dict[str, Path]:
 
     from harness.packages import demo_package
     from predictor.export.commit import write_sha256
-    from predictor.pt2.build_key import key_from_metadata
-    from predictor.pt2.metadata import read_metadata
+    from predictor.packages.build_key import key_from_metadata
+    from predictor.packages.metadata import read_metadata
 
     folder.mkdir(parents=True, exist_ok=True)
     found: dict[str, Path] = {}

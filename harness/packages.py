@@ -30,23 +30,18 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 CACHE_ENV = "HISTOSERVE_TEST_PACKAGE_CACHE"
 KEY_SOURCES = (
-    "predictor/pt2/demo_models.py",
-    "predictor/export/*.py",
     "predictor/pt2/*.py",
+    "predictor/export/*.py",
+    "predictor/packages/*.py",
     "predictor/families/*.py",
 )
-"""Globs of the exporter's sources: their text is part of every package's key."""
-KEY_EXCLUDES = (
-    "predictor/pt2/aoti_runner.py",
-    "predictor/pt2/extract.py",
-    "predictor/pt2/input_checks.py",
-    "predictor/pt2/load_child.py",
-    "predictor/pt2/load_probe.py",
-    "predictor/pt2/loader.py",
-)
-"""Serving-side modules in those folders: they run packages, they never shape one
-(the exporter imports only the load probe, to prove what it wrote), so editing
-them rebuilds nothing."""
+"""Globs of the exporter's sources: their text is part of every package's key (the demo
+modules, the exporter, what a package file holds, the families)."""
+KEY_EXCLUDES = ("predictor/packages/extract.py",)
+"""Modules in those folders that never shape a package (a zip member written out for the
+runner to load), so editing them rebuilds nothing. ``predictor/runtime/`` runs packages
+and is no source of one (the exporter imports only its load probe, to prove what it
+wrote)."""
 
 _CLI_OPTS = ("device", "dtype", "min_batch", "max_batch", "cpu_target", "weights_layout")
 
@@ -65,7 +60,7 @@ def _code_texts() -> dict[str, str]:
 def _cache_key(spec_name: str, source: dict[str, Any]) -> str:
     import torch
 
-    from predictor.pt2.host import isa_flags, read_cpu_flags
+    from predictor.packages.host import isa_flags, read_cpu_flags
     from predictor.spec import resolve_spec
 
     parts = {

@@ -192,7 +192,7 @@ class ModelConfig:
     Attributes:
         model_dir: Directory holding checkpoints (``/opt/ml/model``).
         checkpoint: File name in ``model_dir``; ``None`` takes the ``*.pt2`` there that fits
-            this host (:mod:`predictor.pt2.package_set`).
+            this host (:mod:`predictor.packages.package_set`).
         spec: Built-in spec name or spec file path overriding the embedded one.
         model_name: Name in URLs; ``None`` uses the spec's name.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
@@ -202,7 +202,7 @@ class ModelConfig:
         forward_runner: ``auto`` (the default: ``gil_free`` on the CPU, falling
             back to ``torch`` with one log line for a package it cannot serve;
             ``torch`` on a GPU), ``torch`` (torch's AOTInductor loader) or
-            ``gil_free`` (:mod:`predictor.pt2.aoti_runner`: the package's C
+            ``gil_free`` (:mod:`predictor.runtime.aoti_runner`: the package's C
             ABI called with the GIL released, CPU only).
         instances_per_device: Device workers sharing the one queue (Triton's
             instance groups), per device: CPU or each GPU (own normaliser and
@@ -222,9 +222,9 @@ class ModelConfig:
             convolutions in TF32 on CUDA (Ampere and later: several times faster,
             ~1e-3 relative error); bf16/fp16 packages and the CPU are unaffected.
         load_probe: Load the package once in a child process before this one
-            loads it (:mod:`predictor.pt2.load_probe`): ``on``, ``off`` or
+            loads it (:mod:`predictor.runtime.load_probe`): ``on``, ``off`` or
             ``auto`` (the default: CUDA packages, and any package this host
-            has not loaded before: :mod:`predictor.pt2.probe_record`), so a
+            has not loaded before: :mod:`predictor.packages.probe_record`), so a
             package whose native code crashes, exits or hangs on load stops
             start-up with exit 2 and a message, not a silent signal.
         load_timeout_s: The probe's deadline, the child's ``import torch``

@@ -1,14 +1,14 @@
 """Start-up assembly: from a :class:`ModelConfig` to a loaded, checked model.
 
 Chooses the checkpoint (the named file, or the package of the model
-directory's package set that fits this host, :mod:`predictor.pt2.package_set`;
+directory's package set that fits this host, :mod:`predictor.packages.package_set`;
 the choice is logged and served), verifies it (the one SHA-256 of start-up) and reads
 its metadata, resolves the spec (embedded in the package, or overridden by
 ``--spec``), the devices (every visible GPU under ``--device auto``) and the
 family class, loads the package once in a child process under
-``--load_probe`` (:mod:`predictor.pt2.load_probe`: a native crash, exit or hang on
+``--load_probe`` (:mod:`predictor.runtime.load_probe`: a native crash, exit or hang on
 load is then exit 2 with a message, not a dead server; ``auto`` probes CUDA packages and
-any package this host has not loaded before, :mod:`predictor.pt2.probe_record`; in a
+any package this host has not loaded before, :mod:`predictor.packages.probe_record`; in a
 package set a package that fails its probe gives way to the next fitting one of its
 model, logged), loads the package once per device and
 hands it to the model (the spec family's class, or the user's
@@ -38,20 +38,21 @@ from predictor.errors import CheckpointError, IncompatiblePackage, SpecError
 from predictor.families import load_model_class, server_model
 from predictor.model.base import BaseServerModel, ServingOptions
 from predictor.model.metrics import create_metrics, memory_budget_gauge, model_memory_gauge
-from predictor.pt2.host import apply_gpu_settings, check_host_compat, resolve_devices
-from predictor.pt2.load_probe import probe_load, probe_wanted
-from predictor.pt2.loader import (
+from predictor.packages.facts import (
     PackageFacts,
-    StartupPhases,
     check_batch_size,
     find_candidates,
     inspect_package,
-    open_package,
 )
-from predictor.pt2.package_set import PackageChoice, choose_package, missing_hint, taken
-from predictor.pt2.probe_record import ProbeRecord, probe_id
+from predictor.packages.host import check_host_compat
+from predictor.packages.package_set import PackageChoice, choose_package, missing_hint, taken
+from predictor.packages.phases import StartupPhases
+from predictor.packages.probe_record import ProbeRecord, probe_id
 from predictor.repository.memory import MemoryMeter, mib
 from predictor.repository.repository import Repository
+from predictor.runtime.devices import apply_gpu_settings, resolve_devices
+from predictor.runtime.load_probe import probe_load, probe_wanted
+from predictor.runtime.loader import open_package
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec, spec_from_json
 
 logger = logging.getLogger("histoserve")
@@ -262,7 +263,7 @@ def _probe(
     facts: PackageFacts,
     phases: StartupPhases,
 ) -> None:
-    """The load probe of the chosen package (:mod:`predictor.pt2.load_probe`), logged."""
+    """The load probe of the chosen package (:mod:`predictor.runtime.load_probe`), logged."""
     checkpoint = choice.path
     with phases.time("load_probe"):
         try:  # a host mismatch: its own clear line first, with the missing build

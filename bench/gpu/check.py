@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.markdown import number
-from predictor.pt2.weights_layout import add_flag
+from predictor.packages.weights_layout import add_flag
 
 ALLOC_CONF = "expandable_segments:True"
 """The CUDA allocator setting the image and the chart set (``PYTORCH_CUDA_ALLOC_CONF``)."""
@@ -141,7 +141,7 @@ def environment(device: str, out: Path) -> dict[str, Any]:
     machine = machine_facts(out)  # first: written even where torch fails to import
     import torch
 
-    from predictor.pt2.runners import CUDA_COPIES_PER_INSTANCE
+    from predictor.runtime.runners import CUDA_COPIES_PER_INSTANCE
 
     facts: dict[str, Any] = {
         "python": platform.python_version(),
@@ -150,7 +150,7 @@ def environment(device: str, out: Path) -> dict[str, Any]:
         "device": device,
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "cpus": os.cpu_count(),
-        "loader": "torch's AOTIModelPackageLoader, called flat (predictor.pt2.runners)",
+        "loader": "torch's AOTIModelPackageLoader, called flat (predictor.runtime.runners)",
         "model_copies_per_cuda_instance": CUDA_COPIES_PER_INSTANCE,
     }
     if device == "cuda":

@@ -25,13 +25,13 @@ fresh cache of its own inside it and proves the package in a fresh process
 before writing it: :mod:`predictor.export.verify`), its log under
 ``$OUT/logs``, and its seconds recorded. Then :func:`load_checks` loads each
 package once more, as the server will, in a fresh process of its own
-(:func:`predictor.pt2.load_probe.probe_load`: the step reached, the signal or
+(:func:`predictor.runtime.load_probe.probe_load`: the step reached, the signal or
 the timeout), before any stage runs.
 
 An export whose proof is killed by a signal while loading embedded weights
 (the H200's crash) is exported once more with its weights appended to the
 library and mapped (``--weights_layout mmap``,
-:mod:`predictor.pt2.weights_layout`), with its own deadline when the check's
+:mod:`predictor.packages.weights_layout`), with its own deadline when the check's
 time left holds it; the result records both tries, so one run says whether
 the constants' upload from the library's data section is what crashes.
 ``python -m bench.gpu.packages NAME DEVICE [--depth N] [--weights_layout L]``
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from predictor.pt2.weights_layout import AUTO, FLAG, MAPPED, add_flag, library_layout
+from predictor.packages.weights_layout import AUTO, FLAG, MAPPED, add_flag, library_layout
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -360,7 +360,7 @@ def load_deadline_s(name: str) -> float:
 def load_checks(paths: dict[str, Path], device: str) -> dict[str, dict[str, Any]]:
     """Each package loaded as the server loads it, in a fresh process of its own, all at once.
 
-    :func:`predictor.pt2.load_probe.probe_load` (the server's ``--load_probe``):
+    :func:`predictor.runtime.load_probe.probe_load` (the server's ``--load_probe``):
     a package that crashes its loader (a segfault in native code) or hangs
     fails its own check only, with the signal or the timeout and the last step
     reached (the child's ``faulthandler`` stack goes to the log); one that
@@ -368,8 +368,8 @@ def load_checks(paths: dict[str, Path], device: str) -> dict[str, dict[str, Any]
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from predictor.pt2.load_probe import probe_load
-    from predictor.pt2.metadata import read_metadata
+    from predictor.packages.metadata import read_metadata
+    from predictor.runtime.load_probe import probe_load
 
     def check(name: str, path: Path) -> dict[str, Any]:
         try:

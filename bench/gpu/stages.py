@@ -122,7 +122,7 @@ def direct(path: Path, device: str, tiles: np.ndarray, *extra: Any) -> list[np.n
     import torch
 
     from predictor.device.normalizer import Normalizer
-    from predictor.pt2.loader import load_package
+    from predictor.runtime.loader import load_package
 
     package = load_package(path, torch.device(device))
     spec = package.embedded_spec

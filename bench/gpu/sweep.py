@@ -99,7 +99,7 @@ def sweep(ctx: Context) -> dict[str, Any]:
 def _sweep_one(ctx: Context, name: str) -> dict[str, Any]:
     import torch
 
-    from predictor.pt2.loader import load_package
+    from predictor.runtime.loader import load_package
 
     started = time.monotonic()
     package = load_package(ctx.require(name), torch.device(ctx.first))

@@ -38,7 +38,7 @@ def _limit(ctx: Context, path: Any) -> dict[str, float]:
     """The package's forward alone at ``ctx.batch`` on the device: tiles/s."""
     import torch
 
-    from predictor.pt2.loader import load_package
+    from predictor.runtime.loader import load_package
 
     batch = ctx.batch
     package = load_package(path, torch.device(ctx.first))
@@ -132,7 +132,7 @@ def event_loop(ctx: Context) -> dict[str, Any]:
     import torch
 
     from bench.stages.gil import measure
-    from predictor.pt2.loader import load_package
+    from predictor.runtime.loader import load_package
 
     name, path = _timing_package(ctx)
     package = load_package(path, torch.device(ctx.first))

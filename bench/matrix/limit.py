@@ -26,7 +26,7 @@ class ForwardRunner:
     """
 
     def __init__(self, package: Path, device: str):
-        from predictor.pt2.loader import load_package
+        from predictor.runtime.loader import load_package
 
         self.device = torch.device(device)
         self.package = load_package(package, self.device)

@@ -25,7 +25,7 @@ import torch
 from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
 from PIL import Image
 
-from predictor.pt2.metadata import embedded_spec, package_input_dtype, read_metadata
+from predictor.packages.metadata import embedded_spec, package_input_dtype, read_metadata
 
 
 class NaiveModel(Model):

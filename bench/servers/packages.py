@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bench.profiles import ModelCase
 from harness.packages import demo_package
-from predictor.pt2.host import read_cpu_flags
+from predictor.packages.host import read_cpu_flags
 
 _NATIVE_BF16 = ("amx_bf16", "avx512_bf16")
 

@@ -5,7 +5,7 @@
 A server's event loop (HTTP parsing, admission, batching the next requests)
 runs while the device worker thread runs a forward. Through torch's
 AOTInductor binding the worker holds the GIL for the whole CPU forward, so
-the loop stands still; through :class:`predictor.pt2.aoti_runner.GilFreeRunner`
+the loop stands still; through :class:`predictor.runtime.aoti_runner.GilFreeRunner`
 it is released. This script measures it the way the server lives it: the
 forward runs in a worker thread (``run_in_executor``, as the batcher does)
 while a coroutine on the loop ticks every millisecond. *Progress* is the
@@ -79,7 +79,7 @@ async def measure(forward: Callable[[], Any], forwards: int) -> dict[str, float]
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Builds (or reuses) the package, measures both paths, returns the figures."""
-    from predictor.pt2.dtypes import DTYPES, dtype_from_name
+    from predictor.packages.dtypes import DTYPES, dtype_from_name
 
     parser = argparse.ArgumentParser(prog="python -m bench.stages.gil", description=__doc__)
     parser.add_argument("--spec", default="h0-mini")
@@ -93,7 +93,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     import torch
 
     from harness.packages import demo_package
-    from predictor.pt2.aoti_runner import GilFreeRunner
+    from predictor.runtime.aoti_runner import GilFreeRunner
 
     dtype = dtype_from_name(args.dtype)  # the one dtype table, as the exporter reads it
     torch.set_num_threads(args.threads)

@@ -9,7 +9,7 @@ about twice as fast on two workers as on one. Here the real
 calling the tiny demo package on a batch of ``--batch`` tiles, with
 ``--clients`` closed-loop submitters on the event loop, for each forward
 path: torch's loader (holds the GIL for the whole forward, so two workers
-cannot overlap) and :class:`~predictor.pt2.aoti_runner.GilFreeRunner` (two model
+cannot overlap) and :class:`~predictor.runtime.aoti_runner.GilFreeRunner` (two model
 copies in one container, GIL released). No HTTP: this isolates the workers.
 Prints one line per path and a JSON line.
 """
@@ -73,7 +73,7 @@ def measure(seconds: float = 6.0, batch: int = 8, clients: int = 8) -> dict[str,
     import torch
 
     from harness.packages import demo_package
-    from predictor.pt2.aoti_runner import GilFreeRunner
+    from predictor.runtime.aoti_runner import GilFreeRunner
 
     torch.set_num_threads(1)
     path = demo_package("h0-mini")

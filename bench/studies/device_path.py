@@ -13,7 +13,7 @@ version, in alternating rounds (before, after, before, ...):
   (stage, normalise, the package, outputs to the host, answers), per
   ``--forward_runner`` (``gil_free``, the CPU default, and ``torch``);
 * ``call``: one call of the loaded package alone (the runner's own cost:
-  torch's ``AOTICompiledModel`` before, :class:`~predictor.pt2.runners.TorchRunner`
+  torch's ``AOTICompiledModel`` before, :class:`~predictor.runtime.runners.TorchRunner`
   after).
 
 Reported: the median microseconds per call of each, per version, and the
@@ -21,7 +21,7 @@ ratio after/before. On this shared machine single figures are noise; the
 ratio of interleaved rounds is what to read. A forward of the tiny demo
 takes milliseconds, so a runner's own cost (tens of microseconds) drowns
 in that noise: ``runner_overhead`` measures it apart, in one process, torch's
-``AOTICompiledModel`` and :class:`~predictor.pt2.runners.TorchRunner`
+``AOTICompiledModel`` and :class:`~predictor.runtime.runners.TorchRunner`
 over the same loader alternating call by call (median microseconds each).
 """
 
@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from predictor.codecs.samples import PreparedSample
 from predictor.device.slot import build_normalizer
-from predictor.pt2.loader import load_package
+from predictor.runtime.loader import load_package
 from predictor.device.slot import DeviceSlot
 from predictor.model.options import ServingOptions
 from predictor.model.served_package import ServedPackage
@@ -118,8 +118,8 @@ def runner_overhead(calls: int = 2000) -> dict[str, float]:
     import torch
     from torch.export.pt2_archive._package import AOTICompiledModel
 
-    from predictor.pt2.loader import load_package
-    from predictor.pt2.runners import TorchRunner
+    from predictor.runtime.loader import load_package
+    from predictor.runtime.runners import TorchRunner
 
     torch.set_num_threads(1)
     loader = load_package(

@@ -2,8 +2,8 @@
 
 The first start of a package on a host probes it: a fresh child process
 imports torch, loads the package and runs one batch
-(:mod:`predictor.pt2.load_probe`). A restart finds the package in the host's
-record (:mod:`predictor.pt2.probe_record`) and pays only the lookup. Both are
+(:mod:`predictor.runtime.load_probe`). A restart finds the package in the host's
+record (:mod:`predictor.packages.probe_record`) and pays only the lookup. Both are
 timed here, rounds interleaved, on the cached tiny ``h0-mini`` demo package;
 written to ``bench/results/load_probe_cost.json``.
 """
@@ -21,10 +21,10 @@ from pathlib import Path
 
 from harness.packages import demo_package
 from harness.server import REPO
-from predictor.pt2.digest import sha256_file
-from predictor.pt2.load_probe import probe_load
-from predictor.pt2.metadata import read_metadata
-from predictor.pt2.probe_record import ProbeRecord, probe_id
+from predictor.packages.digest import sha256_file
+from predictor.packages.metadata import read_metadata
+from predictor.packages.probe_record import ProbeRecord, probe_id
+from predictor.runtime.load_probe import probe_load
 
 RESULT = REPO / "bench" / "results" / "load_probe_cost.json"
 

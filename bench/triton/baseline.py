@@ -91,7 +91,7 @@ def _env(threads: int) -> dict[str, str]:
 
 def package_facts(package: Path) -> dict[str, str]:
     """Normalisation, geometry and input dtype, from the package's own metadata."""
-    from predictor.pt2.metadata import embedded_spec, package_input_dtype, read_metadata
+    from predictor.packages.metadata import embedded_spec, package_input_dtype, read_metadata
 
     metadata = read_metadata(package)
     spec = embedded_spec(metadata)

@@ -28,7 +28,7 @@ lanes' forwards are launched one at a time but run back to back on the one
 compute stream, so the instance's package holds one model copy per lane:
 AOTInductor's container lends each run a copy and, with none free, blocks
 the launching thread until the oldest run's event (``num_runners``, see
-:mod:`predictor.pt2.runners`). A family that never stages through the
+:mod:`predictor.runtime.runners`). A family that never stages through the
 normaliser hands the turn over itself (:meth:`DeviceSlot.staged`); one that
 does not runs its whole forward on the copy stream, outside the turn: still
 correct. One that never releases the turn keeps it until its batch ends and

@@ -14,7 +14,7 @@ from predictor.spec import ModelSpec
 
 
 class DevicePackage(Protocol):
-    """What the device layer needs of a loaded package (:class:`predictor.pt2.loader.LoadedPackage`)."""
+    """What the device layer needs of a loaded package (:class:`predictor.runtime.loader.LoadedPackage`)."""
 
     @property
     def device(self) -> torch.device:

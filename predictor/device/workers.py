@@ -21,7 +21,7 @@ next batch's staging and host-to-device copy overlap the current forward.
 
 Every worker, the lone one too, runs each forward (normalisation, the
 package's run, the copy back) with its package's device current and its own
-stream (:func:`~predictor.pt2.device_context.on_device`), and inside
+stream (:func:`~predictor.runtime.device_context.on_device`), and inside
 :func:`~predictor.device.failures.counting_ooms`, so an allocation failure
 inside the package is split like any out-of-memory (the allocator's
 counters are read only after a failure). A batch failure on a GPU is
@@ -58,7 +58,7 @@ from predictor.device.pipeline import lanes
 from predictor.device.slot import DeviceSlot
 from predictor.device.streams import StreamLike
 from predictor.errors import ErrorKind, StartupError
-from predictor.pt2.device_context import on_device
+from predictor.runtime.device_context import on_device
 
 log = logging.getLogger(__name__)
 

@@ -9,13 +9,13 @@ A package is ``torch.export.export`` with a dynamic batch axis, compiled by
 - ``histoserve.inputs`` / ``histoserve.outputs``: names, shapes (``-1`` for
   the batch axis) and dtypes;
 - ``histoserve.cpu_build``: ``-march`` and the CPU instruction-set flags the
-  native code may use (see :mod:`predictor.pt2.host`);
+  native code may use (see :mod:`predictor.packages.host`);
 - ``histoserve.build_key``: what it was built from and for
-  (:mod:`predictor.pt2.build_key`), also its name in a package set
+  (:mod:`predictor.packages.build_key`), also its name in a package set
   (``--package_set DIR``, :mod:`predictor.export.package_set`);
 - ``weights_layout`` in the provenance: ``embedded`` in the library's data
   section or ``mmap`` (appended to it and mapped), read back from the built
-  library before it is recorded as written (:mod:`predictor.pt2.weights_layout`);
+  library before it is recorded as written (:mod:`predictor.packages.weights_layout`);
 - written by torch itself: ``AOTI_DEVICE_KEY``, ``AOTI_PLATFORM``,
   ``AOTI_MACHINE``, ``AOTI_CPU_ISA``, ``AOTI_COMPUTE_CAPABILITY``.
 
@@ -46,18 +46,19 @@ from predictor.export.reductions import unguarded_cpu_sums
 from predictor.export.scratch import fresh_inductor_cache, owned_dir
 from predictor.export.verify import LOAD_TIMEOUT_S, Verifier, add_verify_flags
 from predictor.families import build_demo_model, demo_example_inputs, family_for
-from predictor.pt2 import genes, host
-from predictor.pt2 import weights_layout as layouts
-from predictor.pt2.build_key import BUILD_KEY_KEY
-from predictor.pt2.demo_models import PRESETS
-from predictor.pt2.dtypes import DTYPES
-from predictor.pt2.metadata import (
+from predictor.packages import host
+from predictor.packages import weights_layout as layouts
+from predictor.packages.build_key import BUILD_KEY_KEY
+from predictor.packages.dtypes import DTYPES, dtype_from_name
+from predictor.packages.metadata import (
     CPU_BUILD_KEY,
     INPUTS_KEY,
     OUTPUTS_KEY,
     PROVENANCE_KEY,
     read_metadata,
 )
+from predictor.pt2 import genes
+from predictor.pt2.demo_models import PRESETS
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec
 
 # --cpu_target: None = inductor's default (-march=native, widest vector ISA).
@@ -108,7 +109,7 @@ def export_package(
         load_timeout_s: Deadline of the fresh-process load and batch.
         compare_tolerance: Overrides the dtype's tolerance (:data:`~predictor.export.verify.TOLERANCES`).
         weights_layout: ``auto`` (in the library up to 1.9 GB, mapped above) or
-            ``mmap`` (always appended and mapped): :mod:`predictor.pt2.weights_layout`.
+            ``mmap`` (always appended and mapped): :mod:`predictor.packages.weights_layout`.
 
     Returns:
         The package path.
@@ -122,9 +123,9 @@ def export_package(
     _check_options(dtype, device, min_batch, max_batch, cpu_target, weights_layout)
     output = Path(output)
     target = torch.device(device)
-    module = module.to(device=target, dtype=DTYPES[dtype]).eval()
+    module = module.to(device=target, dtype=dtype_from_name(dtype)).eval()
     batch = min(max(2, min_batch), max_batch)
-    args = _example_args(example_inputs, batch, target, DTYPES[dtype])
+    args = _example_args(example_inputs, batch, target, dtype_from_name(dtype))
     with torch.no_grad():
         outputs = _flat(module(*args))
     metadata = _metadata(spec, args, outputs, target, cpu_target)
@@ -323,7 +324,7 @@ def _compile(
             raise CheckpointError(
                 f"stage compile: the package would record weights layout {layout!r} but its "
                 f"library was built {built!r}; nothing was written. What to do: this torch "
-                f"chooses the layout by another rule than predictor/pt2/weights_layout.py; "
+                f"chooses the layout by another rule than predictor/packages/weights_layout.py; "
                 f"pass --weights_layout mmap, or report the torch version"
             )
         if verify is not None:

@@ -1,7 +1,7 @@
 """Putting a proven package in place so that no kill, at any moment, leaves a state that jams.
 
 The server checks a package against ``<name>.sha256`` when one is there and
-stops start-up on a mismatch (:mod:`predictor.pt2.digest`); ``histoserve
+stops start-up on a mismatch (:mod:`predictor.packages.digest`); ``histoserve
 export --if_missing`` takes a package that fits. So a ``.pt2`` beside a
 digest that is not its own is a crash loop no restart heals. The exporter
 therefore writes everything beside the staged package, in its staging folder,
@@ -32,7 +32,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from predictor.pt2.digest import sha256_file
+from predictor.packages.digest import sha256_file
 
 
 def digest_path(package: Path) -> Path:

@@ -1,7 +1,7 @@
 """``histoserve export --package_set DIR``: one package per build key, exported once.
 
 The package goes to ``DIR/<build key>.pt2`` (+ ``.sha256``;
-:class:`~predictor.pt2.build_key.BuildKey`), through the exporter's own
+:class:`~predictor.packages.build_key.BuildKey`), through the exporter's own
 stage-then-rename (:func:`predictor.export.build.export_package`), so a
 killed or failed export leaves no ``.pt2`` a server could take (at most a
 ``.export-*`` staging folder, which no server reads and the next export
@@ -17,7 +17,7 @@ removes once its owner is dead). Around it:
   earlier, killed export left in a cache is packaged;
 - ``--if_missing``: when a package of the same model (spec, weights, dtype)
   already fits this host by the server's own rule
-  (:mod:`predictor.pt2.package_set`) and matches its ``.sha256``, nothing is
+  (:mod:`predictor.packages.package_set`) and matches its ``.sha256``, nothing is
   exported: what a pod's init container runs before every start. A package
   that fails its digest (left by an exporter killed between its two renames
   before :mod:`predictor.export.commit` fixed their order, or edited) is not
@@ -40,7 +40,7 @@ import torch
 
 from predictor.errors import CheckpointError, SpecError, StartupError
 from predictor.export.sources import weights_digest
-from predictor.pt2.build_key import (
+from predictor.packages.build_key import (
     BuildKey,
     contradictions,
     cpu_target_name,
@@ -48,12 +48,12 @@ from predictor.pt2.build_key import (
     key_from_metadata,
     torch_release,
 )
-from predictor.pt2.build_key import weights_id as make_weights_id
-from predictor.pt2.digest import verify_sha256
-from predictor.pt2.host import HostFacts, isa_flags, read_cpu_flags
-from predictor.pt2.metadata import read_metadata
-from predictor.pt2.package_set import judge, rank
-from predictor.pt2.weights_layout import AUTO, FLAG, MAPPED, library_layout
+from predictor.packages.build_key import weights_id as make_weights_id
+from predictor.packages.digest import verify_sha256
+from predictor.packages.host import HostFacts, isa_flags, read_cpu_flags
+from predictor.packages.metadata import read_metadata
+from predictor.packages.package_set import judge, rank
+from predictor.packages.weights_layout import AUTO, FLAG, MAPPED, library_layout
 
 logger = logging.getLogger("histoserve")
 
@@ -182,8 +182,8 @@ def package_path(folder: Path, key: BuildKey) -> Path:
 def fitting_package(folder: Path, key: BuildKey, *, weights_layout: str = AUTO) -> Path | None:
     """A package in ``folder`` of ``key``'s model that the server would take on this host.
 
-    The server's own rule (:func:`predictor.pt2.package_set.judge`, best
-    first by :func:`~predictor.pt2.package_set.rank`) on ``key``'s device,
+    The server's own rule (:func:`predictor.packages.package_set.judge`, best
+    first by :func:`~predictor.packages.package_set.rank`) on ``key``'s device,
     for a batch range reaching ``key.max_batch``; with ``weights_layout``
     ``mmap``, only a package whose weights are mapped.
     """

@@ -22,7 +22,7 @@ from torch import nn
 
 from predictor.errors import SpecError
 from predictor.families import demo_example_inputs
-from predictor.pt2.digest import sha256_file
+from predictor.packages.digest import sha256_file
 from predictor.spec import ModelSpec
 
 

@@ -4,8 +4,8 @@ A package that compiles may still not load (a native crash in its
 constructors or constants upload, a missing symbol) or may not compute what
 the module computes (Python state baked in at trace time, a lowering bug).
 :class:`Verifier` runs on the staged file: it loads it in a fresh
-``python -m predictor.pt2.load_child`` with its own deadline
-(:func:`predictor.pt2.load_probe.probe_load`: a signal or a hang there kills
+``python -m predictor.runtime.load_child`` with its own deadline
+(:func:`predictor.runtime.load_probe.probe_load`: a signal or a hang there kills
 the child, not the exporter), runs the export's example batch through it
 there, and compares the outputs with the eager module's on the same batch.
 Any failure raises :class:`~predictor.errors.CheckpointError` naming the stage
@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from predictor.errors import CheckpointError
-from predictor.pt2.load_probe import probe_load
-from predictor.pt2.metadata import read_metadata
+from predictor.packages.metadata import read_metadata
+from predictor.runtime.load_probe import probe_load
 
 TOLERANCES = {"fp32": 1e-3, "fp16": 2e-2, "bf16": 5e-2}
 """Largest ``max |package - eager|`` per output, as a share of ``max(1, max |eager|)``."""

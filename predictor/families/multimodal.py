@@ -33,8 +33,8 @@ from predictor.model.finite import first_beyond, input_limit
 from predictor.model.tiles import TileFamily, check_embedding_shape, transform_bulk_rna
 from predictor.pt2 import genes
 from predictor.pt2.demo_models import DEMO_GENES_IN, DEMO_GENES_OUT, DemoMultimodal, vit_for
-from predictor.pt2.loader import LoadedPackage
-from predictor.pt2.probe import declared_input_dim
+from predictor.runtime.loader import LoadedPackage
+from predictor.runtime.probe import declared_input_dim
 from predictor.spec import ModelSpec
 
 # expm1 overflows float32 just above 88.7; clip the log-space prediction below that.

@@ -48,10 +48,10 @@ from predictor.model.family import Family, OutputSpec
 from predictor.model.finite import first_beyond, input_limit
 from predictor.model.options import ServingOptions
 from predictor.model.served_package import ServedPackage
-from predictor.pt2.loader import LoadedPackage
-from predictor.pt2.metadata import provenance
-from predictor.pt2.probe import format_shapes
+from predictor.packages.metadata import provenance
 from predictor.pt2.slide_models import GatedABMIL, MeanPool
+from predictor.runtime.loader import LoadedPackage
+from predictor.runtime.probe import format_shapes
 from predictor.spec import ModelSpec
 
 logger = logging.getLogger("histoserve")

@@ -54,7 +54,8 @@ from predictor.model.options import ServingOptions
 from predictor.model.pipeline import Pipeline, Prepared
 from predictor.model.served_package import ServedPackage
 from predictor.model.tiles import TileFamily, transform_bulk_rna
-from predictor.pt2.loader import LoadedPackage, StartupPhases
+from predictor.packages.phases import StartupPhases
+from predictor.runtime.loader import LoadedPackage
 from predictor.spec import ModelSpec
 
 __all__ = ["MODEL_ROOT", "BaseServerModel", "FrontEnd", "ServingOptions"]

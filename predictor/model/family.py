@@ -48,8 +48,8 @@ from predictor.device.slot import DeviceSlot
 from predictor.errors import InvalidInput, SpecMismatch
 from predictor.model.options import ServingOptions
 from predictor.model.served_package import ServedPackage
-from predictor.pt2.loader import LoadedPackage
-from predictor.pt2.probe import format_shapes
+from predictor.runtime.loader import LoadedPackage
+from predictor.runtime.probe import format_shapes
 from predictor.spec import ModelSpec
 
 

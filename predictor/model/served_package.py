@@ -18,8 +18,8 @@ import torch
 from predictor.codecs.jpeg_input import JpegRegion
 from predictor.codecs.samples import PreparedSample
 from predictor.model.device_jpeg import JpegDecodePlace
-from predictor.pt2.loader import LoadedPackage
-from predictor.pt2.metadata import package_input_dtype
+from predictor.packages.metadata import package_input_dtype
+from predictor.runtime.loader import LoadedPackage
 
 
 class ServedPackage:

@@ -37,8 +37,8 @@ from predictor.model.device_jpeg import device_batch
 from predictor.model.family import Family, OutputSpec, check_shapes
 from predictor.model.finite import FiniteCheck, non_finite_error
 from predictor.pt2.demo_models import vit_for
-from predictor.pt2.loader import LoadedPackage
-from predictor.pt2.probe import expected_inputs, probe_outputs
+from predictor.runtime.loader import LoadedPackage
+from predictor.runtime.probe import expected_inputs, probe_outputs
 from predictor.spec import ModelSpec
 
 

@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from predictor.errors import CheckpointError
-from predictor.pt2.dtypes import DTYPES, dtype_from_name
-from predictor.pt2.metadata import (
+from predictor.packages.dtypes import short_dtype_name
+from predictor.packages.metadata import (
     BUILD_KEY_KEY,
     CPU_BUILD_KEY,
     INPUTS_KEY,
@@ -173,7 +173,7 @@ def key_from_metadata(metadata: Mapping[str, str]) -> BuildKey | None:
     their facts are still checked against the host, they just have no key.
 
     Raises:
-        CheckpointError: A field is not of its type (:mod:`predictor.pt2.metadata`).
+        CheckpointError: A field is not of its type (:mod:`predictor.packages.metadata`).
     """
     prov = provenance(metadata)
     spec_text = metadata.get(METADATA_KEY)
@@ -281,7 +281,6 @@ def _input_dtype(metadata: Mapping[str, str]) -> str | None:
 def _short_dtype(name: str) -> str:
     """``fp32`` of ``fp32``, ``float32`` or ``torch.float32`` (unknown names as they are)."""
     try:
-        dtype = dtype_from_name(name)
+        return short_dtype_name(name)
     except ValueError:
         return name
-    return next(short for short, value in DTYPES.items() if value == dtype)

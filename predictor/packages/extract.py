@@ -1,6 +1,6 @@
 """One member of a ``.pt2`` zip written to a file, its CRC-32 checked over the written bytes.
 
-The GIL-free runner (:mod:`predictor.pt2.aoti_runner`) ``dlopen``\\ s the
+The GIL-free runner (:mod:`predictor.runtime.aoti_runner`) ``dlopen``\\ s the
 model library it extracts, so what is checked is the file that will be
 loaded, not the archive it came from: a fault between the two (a short or
 bad copy, a filesystem error) is refused before any of its code runs.

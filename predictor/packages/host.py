@@ -1,4 +1,4 @@
-"""What this host can run, whether a package's build facts fit it, and the device.
+"""What this host can run, and whether a package's build facts fit it.
 
 A ``.pt2`` package holds native code. Its metadata says what it was built for:
 torch writes ``AOTI_DEVICE_KEY``, ``AOTI_PLATFORM``, ``AOTI_MACHINE``,
@@ -12,6 +12,9 @@ SIGILL, not an exception, hence these checks happen before loading.
 
 :class:`HostFacts` is injectable so tests can describe a host they do not run
 on (a GPU host, a CPU without AVX-512); that fake is the only one in the suite.
+Importing this module does not import torch: the facts that need it (this
+runtime's versions, its GPUs) are read when a :class:`HostFacts` is made.
+Which devices the server runs on is :mod:`predictor.runtime.devices`.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from predictor.errors import CheckpointError, IncompatiblePackage
+from predictor.packages.metadata import CPU_BUILD_KEY, provenance, read_field
 
-from predictor.errors import CheckpointError, IncompatiblePackage, StartupError
-from predictor.pt2.metadata import CPU_BUILD_KEY, provenance, read_field
+if TYPE_CHECKING:
+    import torch
 
 # cpuinfo flags a compiler may emit instructions for under -march=native.
 _ISA_FLAG = re.compile(
@@ -68,8 +72,8 @@ class HostFacts:
     machine: str
     cpu_flags: frozenset[str]
     cuda_capabilities: tuple[str, ...] = ()
-    torch_version: str = field(default_factory=lambda: torch.__version__)
-    cuda_version: str | None = field(default_factory=lambda: torch.version.cuda)
+    torch_version: str = field(default_factory=lambda: _torch().__version__)
+    cuda_version: str | None = field(default_factory=lambda: _torch().version.cuda)
 
     @classmethod
     def detect(cls, cpuinfo: Path = Path("/proc/cpuinfo")) -> HostFacts:
@@ -100,7 +104,15 @@ def isa_flags(flags: frozenset[str]) -> frozenset[str]:
     return frozenset(f for f in flags if _ISA_FLAG.match(f))
 
 
+def _torch() -> Any:
+    """torch, imported when a fact of this runtime is first read (not at import)."""
+    import torch
+
+    return torch
+
+
 def _cuda_capabilities() -> tuple[str, ...]:
+    torch = _torch()
     if not torch.cuda.is_available():
         return ()
     caps = []
@@ -214,58 +226,8 @@ def _runtime_line(torch_version: str, cuda: str | None, arch: str | None, on_cud
     return f"torch {torch_version}, CUDA {cuda or 'none'}, sm_{arch or '?'}"
 
 
-def resolve_device(requested: str, host: HostFacts | None = None) -> torch.device:
-    """The device to serve on: ``auto`` is ``cuda`` when a GPU is visible, else ``cpu``.
-
-    Args:
-        requested: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
-        host: Host facts; detected when ``None`` (tests pass fakes).
-
-    Raises:
-        StartupError: Unknown device string, or CUDA asked for where there is
-            no GPU (or no GPU with that index).
-    """
-    host = host or HostFacts.detect()
-    if requested == "auto":
-        return torch.device("cuda:0" if host.cuda_capabilities else "cpu")
-    try:
-        device = torch.device(requested)
-    except (RuntimeError, ValueError) as exc:
-        raise StartupError(f"unknown device {requested!r}; use auto, cpu, cuda or cuda:N") from exc
-    if device.type == "cpu":
-        return torch.device("cpu")
-    if device.type != "cuda":
-        raise StartupError(f"unsupported device {requested!r}; use auto, cpu, cuda or cuda:N")
-    count = len(host.cuda_capabilities)
-    if count == 0:
-        raise StartupError(f"--device {requested} but this host has no usable CUDA GPU")
-    index = device.index or 0
-    if index >= count:
-        raise StartupError(
-            f"--device {requested} but this host has {count} GPU(s) (cuda:0..cuda:{count - 1})"
-        )
-    return torch.device("cuda", index)
-
-
-def resolve_devices(requested: str, host: HostFacts | None = None) -> tuple[torch.device, ...]:
-    """Every device to serve on: one per visible GPU under ``auto``, else one.
-
-    ``--device auto`` on a host with several GPUs uses all of them (one
-    device worker each, one shared queue), so a pod given ``gpu.count: 2``
-    leaves no GPU idle; ``cuda:N`` (and ``cuda``, ``cpu``) stay one device.
-
-    Raises:
-        StartupError: As :func:`resolve_device`.
-    """
-    host = host or HostFacts.detect()
-    count = len(host.cuda_capabilities)
-    if requested == "auto" and count > 1:
-        return tuple(torch.device("cuda", i) for i in range(count))
-    return (resolve_device(requested, host),)
-
-
 def check_host_compat(
-    metadata: Mapping[str, str], device: torch.device, host: HostFacts | None = None
+    metadata: Mapping[str, str], device: torch.device | str, host: HostFacts | None = None
 ) -> None:
     """Refuses a package this host cannot run, before its code is loaded.
 
@@ -279,7 +241,7 @@ def check_host_compat(
         IncompatiblePackage: Any mismatch; the message names both sides.
     """
     host = host or HostFacts.detect()
-    device = torch.device(device)
+    device = _torch().device(device)
     kind = metadata.get("AOTI_DEVICE_KEY")
     if not kind:
         raise CheckpointError("package metadata has no AOTI_DEVICE_KEY; not an AOTInductor package")
@@ -293,22 +255,3 @@ def check_host_compat(
     if kind == "cuda":
         check_compute_capability(metadata, device.index or 0, host)
     check_runtime_versions(metadata, device, host)
-
-
-def apply_gpu_settings(device: torch.device, input_dtype: torch.dtype, *, allow_tf32: bool) -> bool:
-    """Process-wide CUDA settings for serving ``device``: TF32 for fp32 packages when asked.
-
-    TF32 (``--allow_tf32``) applies to the matmuls and convolutions a package
-    hands to cuBLAS/cuDNN at run time; Triton kernels compiled into the
-    package chose their precision at export. On CUDA both switches follow
-    the flag (cuDNN's is on in torch by default, so ``--allow_tf32 false``
-    must switch it off); the CPU is left alone.
-
-    Returns:
-        True when TF32 was switched on.
-    """
-    enabled = allow_tf32 and device.type == "cuda" and input_dtype == torch.float32
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = enabled
-        torch.backends.cudnn.allow_tf32 = enabled
-    return enabled

@@ -23,14 +23,16 @@ import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-import torch
 
 from predictor.errors import CheckpointError
-from predictor.pt2.dtypes import dtype_from_name
+from predictor.packages.dtypes import dtype_from_name
 from predictor.spec import METADATA_KEY, ModelSpec, spec_from_json
+
+if TYPE_CHECKING:
+    import torch
 
 PROVENANCE_KEY = "histoserve.provenance"
 INPUTS_KEY = "histoserve.inputs"
@@ -38,7 +40,7 @@ OUTPUTS_KEY = "histoserve.outputs"
 CPU_BUILD_KEY = "histoserve.cpu_build"
 BUILD_KEY_KEY = "histoserve.build_key"
 """Metadata key of the recorded build key (JSON of
-:class:`~predictor.pt2.build_key.BuildKey`'s fields)."""
+:class:`~predictor.packages.build_key.BuildKey`'s fields)."""
 MAX_METADATA_BYTES = 4 << 20
 """The most bytes of AOTInductor metadata read from a package: a spec (at most
 :data:`~predictor.spec.MAX_SPEC_BYTES`), provenance and input specs are kilobytes."""
@@ -100,7 +102,7 @@ def package_input_dtype(metadata: Mapping[str, str]) -> torch.dtype:
     """Dtype of the tile input: from ``histoserve.inputs``, then provenance, else fp32.
 
     Raises:
-        CheckpointError: The recorded dtype is not in :mod:`predictor.pt2.dtypes`.
+        CheckpointError: The recorded dtype is not in :mod:`predictor.packages.dtypes`.
     """
     inputs = read_field(metadata, INPUTS_KEY)
     name = inputs[0]["dtype"] if inputs else provenance(metadata).get("dtype", "float32")
@@ -186,7 +188,7 @@ BUILD_KEY_FIELDS: Mapping[str, Kind] = {
     "cuda": OPTIONAL_STR,
     "target": STR,
 }
-"""The recorded build key: exactly these fields (:class:`~predictor.pt2.build_key.BuildKey`)."""
+"""The recorded build key: exactly these fields (:class:`~predictor.packages.build_key.BuildKey`)."""
 
 
 def _object(value: Any, kinds: Mapping[str, Kind], where: str, *, exact: bool) -> dict[str, Any]:

@@ -2,17 +2,17 @@
 
 A model directory may hold several ``.pt2`` packages of one model, one per
 build (``histoserve export --package_set``, named by their
-:class:`~predictor.pt2.build_key.BuildKey`). With no ``--checkpoint``, start-up
+:class:`~predictor.packages.build_key.BuildKey`). With no ``--checkpoint``, start-up
 reads each one's metadata (from the zip: nothing loaded, milliseconds) and
 keeps those that fit:
 
-- this host can run it (:func:`~predictor.pt2.host.check_host_compat`: device
+- this host can run it (:func:`~predictor.packages.host.check_host_compat`: device
   kind, platform, CPU instruction sets, GPU compute capability, torch release
   and, for CUDA, the CUDA version);
 - its batch range holds ``--max_batch_size``.
 
 Each candidate's build key is derived from what the package says of itself
-(:func:`~predictor.pt2.build_key.key_from_metadata`); a recorded key that
+(:func:`~predictor.packages.build_key.key_from_metadata`); a recorded key that
 contradicts it, or metadata not of its type, is that candidate's named
 mismatch (the others are still judged). Fitting packages must be of one model
 (spec, weights, dtype: what decides the features); two models fitting is an
@@ -38,12 +38,10 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from predictor.errors import CheckpointError, IncompatiblePackage, StartupError
-from predictor.pt2.build_key import (
+from predictor.packages.build_key import (
     BuildKey,
     check_build_facts,
     contradictions,
@@ -52,10 +50,13 @@ from predictor.pt2.build_key import (
     native_target,
     torch_release,
 )
-from predictor.pt2.digest import sha256_file
-from predictor.pt2.host import HostFacts, check_host_compat, isa_flags
-from predictor.pt2.loader import check_batch_size
-from predictor.pt2.metadata import provenance, read_metadata
+from predictor.packages.digest import sha256_file
+from predictor.packages.facts import check_batch_size
+from predictor.packages.host import HostFacts, check_host_compat, isa_flags
+from predictor.packages.metadata import provenance, read_metadata
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -290,7 +291,7 @@ def check_same_bytes(candidates: Sequence[Candidate]) -> None:
 def taken(path: Path, reason: str) -> PackageChoice:
     """``path`` as the choice, unjudged (``--checkpoint``'s file, or the only package).
 
-    Its key is read when it can be; when not, :func:`~predictor.pt2.loader.inspect_package`
+    Its key is read when it can be; when not, :func:`~predictor.packages.facts.inspect_package`
     reads the metadata again and says what is wrong.
 
     Raises:
@@ -390,7 +391,7 @@ def config_facts(package: Any) -> dict[str, Any]:
     cohort can show that two node pools served features from the same weights.
 
     Args:
-        package: A :class:`~predictor.pt2.loader.LoadedPackage`, or ``None``.
+        package: A :class:`~predictor.runtime.loader.LoadedPackage`, or ``None``.
     """
     if package is None:
         return {"build_key": None, "weights_sha256": None, "package_choice": {}}

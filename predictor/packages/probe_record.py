@@ -1,7 +1,7 @@
 """Which packages this host has loaded before: the load probe's host-local record.
 
 ``--load_probe auto`` (the default) probes a package in a child process
-(:mod:`predictor.pt2.load_probe`) unless this host has loaded exactly that
+(:mod:`predictor.runtime.load_probe`) unless this host has loaded exactly that
 package before: its SHA-256 (start-up hashes it anyway), on this device, with
 this forward runner, this torch and this Python, on this host name. So the
 first start of a package on a host pays for one child (``import torch``, the

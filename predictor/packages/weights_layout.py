@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from predictor.errors import CheckpointError
-from predictor.pt2.extract import find_member
+from predictor.packages.extract import find_member
 
 __all__ = [
     "AUTO",

@@ -14,7 +14,7 @@ Contract:
       flat tensor inputs; it returns the flat tuple of outputs, the same
       tensors (bit for bit) as ``torch._inductor.aoti_load_package``'s model.
     * Every input is checked in Python before the call
-      (:mod:`predictor.pt2.input_checks`: plain CPU tensor, dtype, rank,
+      (:mod:`predictor.runtime.input_checks`: plain CPU tensor, dtype, rank,
       each axis and the batch range, contiguity, storage size): the library
       reads raw memory and, with the package's own checks off, checks
       nothing. A refused input is a ``ValueError`` naming the input and the
@@ -26,7 +26,7 @@ Contract:
       (custom ops: a ``<stem>.json`` beside its library), which this runner
       does not provide; torch's loader serves both.
     * The extracted library's bytes are checked against the archive's
-      CRC-32 before ``dlopen`` (:mod:`predictor.pt2.extract`).
+      CRC-32 before ``dlopen`` (:mod:`predictor.packages.extract`).
     * ``num_models`` copies of the model share one container: up to that many
       threads run forwards at once (Triton's instance groups); more wait.
     * CPU only: on CUDA the forward only launches kernels, so the GIL is held
@@ -74,15 +74,15 @@ from typing import Any
 import torch
 
 from predictor.errors import CheckpointError
-from predictor.pt2.extract import extract_member, find_member
-from predictor.pt2.input_checks import (
+from predictor.packages.extract import extract_member, find_member
+from predictor.packages.metadata import json_member
+from predictor.runtime.input_checks import (
     InputSpec,
     NoInputSpecs,
     check_inputs,
     specs_from_cpp,
     specs_from_metadata,
 )
-from predictor.pt2.metadata import json_member
 
 __all__ = ["AotiRunError", "GilFreeRunner", "extract_member"]
 
@@ -180,7 +180,7 @@ class GilFreeRunner:
             read it (start-up does): not read from the zip again.
         extraction_timer: ``timer("extraction")`` is a context manager around
             copying the model library out of the zip (start-up passes
-            :meth:`~predictor.pt2.loader.StartupPhases.time`, so a cold
+            :meth:`~predictor.packages.phases.StartupPhases.time`, so a cold
             start reports extraction apart from ``dlopen``).
         private_inputs: The caller guarantees no other thread touches an
             input during its forward: inputs are never copied (see the

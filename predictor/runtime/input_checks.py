@@ -6,7 +6,7 @@ read as float32 (silent garbage), a 3-D input makes it read sizes and
 memory past the tensor, and a ``meta`` tensor (no memory at all) crashes the
 process; even with them on, a tensor of the wrong rank is read out of bounds
 (they index sizes without checking the rank). So
-:class:`~predictor.pt2.aoti_runner.GilFreeRunner` checks every input
+:class:`~predictor.runtime.aoti_runner.GilFreeRunner` checks every input
 here, in Python, before the call: type, device, layout, dtype, rank, each
 axis (fixed sizes and the batch range), contiguity, and that its storage
 holds its bytes.
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from predictor.pt2.metadata import INPUTS_KEY, provenance, read_field
+from predictor.packages.metadata import INPUTS_KEY, provenance, read_field
 
 __all__ = ["InputSpec", "NoInputSpecs", "check_inputs", "specs_from_cpp", "specs_from_metadata"]
 

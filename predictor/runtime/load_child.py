@@ -1,10 +1,10 @@
-"""The child of the load probe: ``python -m predictor.pt2.load_child`` (see :mod:`predictor.pt2.load_probe`).
+"""The child of the load probe: ``python -m predictor.runtime.load_child`` (see :mod:`predictor.runtime.load_probe`).
 
-``python -m predictor.pt2.load_child PACKAGE DEVICE RUNNER MARKER_FD
+``python -m predictor.runtime.load_child PACKAGE DEVICE RUNNER MARKER_FD
 [--dump_after_s S] [--inputs FILE --outputs FILE]``
 
 Loads a ``.pt2`` package the way the server does
-(:func:`predictor.pt2.loader.load_package`, one model copy) and runs one
+(:func:`predictor.runtime.loader.load_package`, one model copy) and runs one
 batch through it, in a process that may die: a native crash in the
 package's shared library (its constructors, the constants upload, the first
 forward) kills this process, not the server or the exporter that started it.
@@ -53,12 +53,12 @@ class Markers:
 
 
 def marking_phases(markers: Markers) -> object:
-    """A :class:`~predictor.pt2.loader.StartupPhases` whose every phase is also a step.
+    """A :class:`~predictor.packages.phases.StartupPhases` whose every phase is also a step.
 
     When a nested phase ends, the phase around it is announced again: the
     last step reached is then always the one running.
     """
-    from predictor.pt2.loader import StartupPhases
+    from predictor.packages.phases import StartupPhases
 
     class MarkingPhases(StartupPhases):
         def __init__(self) -> None:
@@ -92,8 +92,8 @@ def _die_with_parent() -> None:
 def _zeros(metadata: dict[str, str], device: object) -> tuple[object, ...]:
     import torch
 
-    from predictor.pt2.dtypes import dtype_from_name
-    from predictor.pt2.metadata import INPUTS_KEY, provenance, read_field
+    from predictor.packages.dtypes import dtype_from_name
+    from predictor.packages.metadata import INPUTS_KEY, provenance, read_field
 
     batch = max(1, int(provenance(metadata).get("min_batch", 1)))
     return tuple(
@@ -107,8 +107,8 @@ def run(args: argparse.Namespace, markers: Markers) -> None:
     markers.step("import_torch")
     import torch
 
-    from predictor.pt2.loader import load_package
-    from predictor.pt2.metadata import read_metadata
+    from predictor.packages.metadata import read_metadata
+    from predictor.runtime.loader import load_package
 
     markers.step("read_metadata")
     metadata = read_metadata(args.package)
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs the probe; 0 when the package loaded and ran, 3 on a Python error."""
     faulthandler.enable(all_threads=True)
     _die_with_parent()
-    parser = argparse.ArgumentParser(prog="python -m predictor.pt2.load_child")
+    parser = argparse.ArgumentParser(prog="python -m predictor.runtime.load_child")
     parser.add_argument("package")
     parser.add_argument("device")
     parser.add_argument("runner")

@@ -5,7 +5,7 @@ constructors, the constants upload to the device, the first kernels). When
 that code crashes, the process that loaded it dies by a signal with nothing
 said: a server that took it would exit 139 after its first log line, a pod
 in CrashLoopBackOff with a blank log. :func:`probe_load` loads the package in
-a fresh ``python -m predictor.pt2.load_child`` first, in its own process
+a fresh ``python -m predictor.runtime.load_child`` first, in its own process
 group, with a deadline (``time.monotonic()``), and reads the child's flushed
 per-step markers from a pipe; the child's stderr (``faulthandler``'s stack on
 a fatal signal, or every thread's stack just before the deadline) goes to a
@@ -38,12 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from predictor.errors import CheckpointError
-from predictor.pt2.metadata import CPU_BUILD_KEY, provenance, read_field
-from predictor.pt2.weights_layout import EMBEDDED, FLAG, MAPPED, library_layout
+from predictor.packages.metadata import CPU_BUILD_KEY, provenance, read_field
+from predictor.packages.weights_layout import EMBEDDED, FLAG, MAPPED, library_layout
 
 logger = logging.getLogger("histoserve")
 
-CHILD_MODULE = "predictor.pt2.load_child"
+CHILD_MODULE = "predictor.runtime.load_child"
 SERVER_OFF_HINT = (
     "--load_probe off skips this check, and the same crash then kills the server itself"
 )
@@ -56,7 +56,7 @@ def probe_wanted(setting: str, metadata: Mapping[str, str], *, loaded_before: bo
 
     ``auto`` probes every CUDA package (their loads were seen to crash on one
     node and not another) and every CPU package this host has not loaded
-    before (``loaded_before``: :mod:`predictor.pt2.probe_record`), so a
+    before (``loaded_before``: :mod:`predictor.packages.probe_record`), so a
     library that hangs, crashes or exits in its load is exit 2 with a
     message at the defaults too, while the common restart pays nothing.
     """
@@ -118,7 +118,7 @@ def child_command(
     timeout_s: float,
     exchange: tuple[Path, Path] | None = None,
 ) -> list[str]:
-    """The child's command line (``python -m predictor.pt2.load_child ...``)."""
+    """The child's command line (``python -m predictor.runtime.load_child ...``)."""
     argv = [sys.executable, "-X", "faulthandler", "-m", CHILD_MODULE]
     argv += [str(path), device, runner, str(marker_fd)]
     argv += ["--dump_after_s", f"{timeout_s * _DUMP_MARGIN:.3f}"]

@@ -1,20 +1,12 @@
-"""Start-up side of ``.pt2`` packages: find, verify, inspect, check and load, once.
+"""Loading a ``.pt2`` package onto its device, once, behind one callable: :class:`LoadedPackage`.
 
-Start-up is fail-fast: every problem is a :class:`~predictor.errors.StartupError`
-with one clear line, raised before the server reports ready. The order is
-:func:`find_candidates` (several are a package set:
-:mod:`predictor.pt2.package_set` chooses), then :func:`inspect_package` (the one SHA-256, checked
-against a ``.sha256`` file when there is one and reported to clients,
-:mod:`predictor.pt2.digest`: a package holds a shared library, so loading
-one runs its code; then the metadata, read straight from the zip), then
-:func:`open_package` (host checks, :mod:`predictor.pt2.host`, then the
-load). The probe that checks outputs against the spec is
-:mod:`predictor.pt2.probe`, run by the model's family.
-
-Each step's duration is recorded in :class:`StartupPhases` (``digest``,
-``metadata``, ``load``; the model adds ``probe`` and ``warmup``), logged once
-and served by ``GET /v2/models/{name}/config``: on a multi-GB package the
-split says where a cold start goes.
+Start-up first learns the package's facts without loading it
+(:mod:`predictor.packages.facts`: the candidates, the one SHA-256, the
+metadata), then :func:`open_package` checks the host can run it
+(:mod:`predictor.packages.host`) and loads it. The probe that checks outputs
+against the spec is :mod:`predictor.runtime.probe`, run by the model's family.
+The load's duration is the ``load`` phase of
+:class:`~predictor.packages.phases.StartupPhases`.
 
 Loading extracts the package's files (the ``.so`` and its weights) into a
 fresh ``$TMPDIR/aotinductor_XXXXXX`` directory (``/tmp`` when ``TMPDIR`` is
@@ -34,117 +26,30 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from predictor.errors import CheckpointError, IncompatiblePackage
-from predictor.pt2.device_context import on_device
-from predictor.pt2.digest import package_sha256
-from predictor.pt2.host import HostFacts, check_host_compat
-from predictor.pt2.metadata import (
+from predictor.errors import CheckpointError
+from predictor.packages.facts import PackageFacts
+from predictor.packages.host import HostFacts, check_host_compat
+from predictor.packages.metadata import (
     embedded_spec,
     package_input_dtype,
     provenance,
     read_metadata,
 )
-from predictor.pt2.runners import load_kind
+from predictor.packages.phases import StartupPhases
+from predictor.runtime.device_context import on_device
+from predictor.runtime.runners import load_kind
 from predictor.spec import ModelSpec
 
 logger = logging.getLogger("histoserve")
 
 CHECK_INPUTS_ENV = "AOTI_RUNTIME_CHECK_INPUTS"
-
-
-class StartupPhases:
-    """Seconds spent in each start-up phase, in the order they ran.
-
-    Phases: ``digest`` (SHA-256 of the package), ``metadata`` (read from the
-    zip), ``extraction`` (the GIL-free runner's model library out of the zip;
-    absent with torch's loader, whose ``load`` includes it), ``load`` (host
-    checks and load), then the model's ``probe`` (output check) and
-    ``warmup``. Timed with ``time.monotonic()``. Phases are exclusive: time
-    spent in a phase nested inside another counts for the inner one only, so
-    the phases add up to the time they cover.
-    """
-
-    def __init__(self) -> None:
-        self._seconds: dict[str, float] = {}
-        self._open: list[float] = []  # per open phase: seconds of its nested phases
-
-    @contextmanager
-    def time(self, phase: str) -> Iterator[None]:
-        """Times the ``with`` block as ``phase`` (added to an earlier run of it).
-
-        A phase timed inside this block is subtracted from this one.
-        """
-        start = time.monotonic()
-        self._open.append(0.0)
-        try:
-            yield
-        finally:
-            elapsed = time.monotonic() - start
-            nested = self._open.pop()
-            self._seconds[phase] = self._seconds.get(phase, 0.0) + elapsed - nested
-            if self._open:
-                self._open[-1] += elapsed
-
-    def as_dict(self) -> dict[str, float]:
-        """Phase name to seconds (rounded to the millisecond), in run order."""
-        return {name: round(seconds, 3) for name, seconds in self._seconds.items()}
-
-    def summary(self) -> str:
-        """One log line: ``digest 1.234s, metadata 0.002s, ...``."""
-        return ", ".join(f"{name} {seconds:.3f}s" for name, seconds in self.as_dict().items())
-
-
-def find_candidates(model_dir: Path, checkpoint: str | None) -> tuple[Path, ...]:
-    """The packages start-up may serve: ``model_dir/checkpoint``, or every ``*.pt2`` there.
-
-    Several are a package set: :func:`predictor.pt2.package_set.choose_package`
-    takes the one that fits.
-
-    Raises:
-        CheckpointError: The directory or named file is missing, the name
-            escapes the directory, or there is no ``*.pt2`` and no name was given.
-    """
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise CheckpointError(f"model directory {model_dir} does not exist")
-    if checkpoint:
-        path = model_dir / checkpoint
-        if Path(checkpoint).is_absolute() or ".." in Path(checkpoint).parts:
-            raise CheckpointError(
-                f"checkpoint {checkpoint!r} must be a file name inside {model_dir}"
-            )
-        if not path.is_file():
-            raise CheckpointError(f"checkpoint {checkpoint!r} not found in {model_dir}")
-        return (path,)
-    candidates = tuple(sorted(p for p in model_dir.glob("*.pt2") if p.is_file()))
-    if not candidates:
-        raise CheckpointError(
-            f"no *.pt2 checkpoint in {model_dir}; export one with "
-            f"histoserve export --spec SPEC <--demo|--timm ARCH|--module M> --package_set {model_dir}"
-        )
-    return candidates
-
-
-@dataclass(frozen=True)
-class PackageFacts:
-    """What start-up learns of a package before loading it.
-
-    Attributes:
-        metadata: Its AOTInductor metadata, read from the zip.
-        sha256: Its hex SHA-256 (the one hash of start-up).
-    """
-
-    metadata: Mapping[str, str]
-    sha256: str
 
 
 @dataclass(frozen=True)
@@ -158,11 +63,11 @@ class LoadedPackage:
         device: The device it runs on.
         input_dtype: Dtype of its first (tile) input.
         runner: The loaded model: torch's, or a
-            :class:`~predictor.pt2.aoti_runner.GilFreeRunner`.
+            :class:`~predictor.runtime.aoti_runner.GilFreeRunner`.
         phases: The start-up phases so far (the model adds its own).
         sha256: Its hex SHA-256 when start-up hashed it, else ``""``.
         choice: How start-up chose it among the model directory's packages
-            (:meth:`predictor.pt2.package_set.PackageChoice.as_dict`), else ``{}``.
+            (:meth:`predictor.packages.package_set.PackageChoice.as_dict`), else ``{}``.
     """
 
     path: Path
@@ -180,7 +85,7 @@ class LoadedPackage:
 
         Outputs may be padded along the batch axis (some vendor packages pad
         to a fixed batch); callers trim to their batch size. Runs with the
-        package's device current (:func:`~predictor.pt2.device_context.on_device`),
+        package's device current (:func:`~predictor.runtime.device_context.on_device`),
         keeping the stream a worker made current for it.
         """
         with on_device(self.device):
@@ -201,49 +106,6 @@ class LoadedPackage:
         if "min_batch" in prov and "max_batch" in prov:
             return int(prov["min_batch"]), int(prov["max_batch"])
         return None
-
-
-def inspect_package(
-    path: Path, phases: StartupPhases, metadata: Mapping[str, str] | None = None
-) -> PackageFacts:
-    """Hashes the package (the only hash of start-up; checked against a
-    ``.sha256`` file when present) and reads its metadata (unless ``metadata``
-    was read already, when start-up chose it among a package set).
-
-    Nothing of the package is loaded or run.
-
-    Raises:
-        CheckpointError: Digest mismatch or malformed digest file, or a zip
-            that is corrupt, truncated or holds no AOTInductor metadata.
-    """
-    with phases.time("digest"):
-        sha256 = package_sha256(path)
-    with phases.time("metadata"):
-        read = dict(metadata) if metadata is not None else read_metadata(path)
-        return PackageFacts(metadata=read, sha256=sha256)
-
-
-def check_batch_size(metadata: Mapping[str, str], max_batch_size: int) -> None:
-    """Refuses a ``--max_batch_size`` above the batch range the package was exported for.
-
-    Every full batch would fail the package's own input check, and because
-    the generated code checks its inputs before it takes ownership of them,
-    each failed call also leaks the whole input batch. Packages that record
-    no range (built elsewhere) are not checked.
-
-    Raises:
-        IncompatiblePackage: One line naming both numbers.
-    """
-    prov = provenance(metadata)
-    if "max_batch" not in prov:
-        return
-    low, high = int(prov.get("min_batch", 1)), int(prov["max_batch"])
-    if max_batch_size > high:
-        raise IncompatiblePackage(
-            f"--max_batch_size {max_batch_size} is above the batch range the package was "
-            f"exported for ({low}..{high}); serve with --max_batch_size {high} or less, "
-            f"or re-export with --max_batch {max_batch_size}"
-        )
 
 
 def open_package(
@@ -294,7 +156,7 @@ def load_package(
         metadata: The package's metadata when already read (else read here).
         phases: Where start-up records its phases; a fresh record when None.
         runner: ``torch`` (torch's loader), ``gil_free``
-            (:class:`~predictor.pt2.aoti_runner.GilFreeRunner`, CPU only)
+            (:class:`~predictor.runtime.aoti_runner.GilFreeRunner`, CPU only)
             or ``auto`` (``gil_free`` on the CPU where it can serve the
             package, else torch's; see :func:`_load_runner`).
         instances: Model copies in the container, so that many threads run
@@ -339,7 +201,7 @@ def _load_runner(
 ) -> Any:
     """``aoti_load_package`` without its device-info probe, when torch allows.
 
-    ``kind="gil_free"`` loads :class:`~predictor.pt2.aoti_runner.GilFreeRunner`
+    ``kind="gil_free"`` loads :class:`~predictor.runtime.aoti_runner.GilFreeRunner`
     instead (CPU only; it refuses another device with a ``ValueError``),
     handing it the metadata already read (not read again) and timing its
     extraction as the ``extraction`` phase. ``kind="auto"`` (the server's

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from predictor.errors import SpecMismatch
-from predictor.pt2.loader import LoadedPackage
-from predictor.pt2.metadata import INPUTS_KEY, read_field
+from predictor.packages.metadata import INPUTS_KEY, read_field
+from predictor.runtime.loader import LoadedPackage
 from predictor.spec import ModelSpec
 
 

@@ -9,7 +9,7 @@ positional tensors and return flat tensors, so the specs are read once, at
 load, and checked to be flat there; each call is one ``boxed_run``. On CUDA
 the forward still only launches kernels, with the GIL held for the launch
 (torch's binding does not release it); the GIL-free C-ABI runner
-(:mod:`predictor.pt2.aoti_runner`) serves CPU packages.
+(:mod:`predictor.runtime.aoti_runner`) serves CPU packages.
 
 Model copies: on CUDA every instance is served by two pipelined lanes
 (``predictor.device.pipeline``) whose forwards run back to back on one
@@ -119,7 +119,7 @@ def load_kind(
     """One runner of ``kind`` (``gil_free`` or ``torch``), no fallback.
 
     ``torch`` builds torch's loader without ``aoti_load_package``'s ISA probe
-    (see :func:`predictor.pt2.loader._load_runner`) with ``instances``
+    (see :func:`predictor.runtime.loader._load_runner`) with ``instances``
     model copies (:data:`CUDA_COPIES_PER_INSTANCE` times that on CUDA); where
     that private API differs, the public call, one copy only.
 
@@ -127,7 +127,7 @@ def load_kind(
         CheckpointError: ``instances`` above 1 where only the public call works.
     """
     if kind == "gil_free":
-        from predictor.pt2.aoti_runner import GilFreeRunner
+        from predictor.runtime.aoti_runner import GilFreeRunner
 
         # The device worker builds each batch tensor itself and no other
         # thread sees it: no input is ever resized during a forward.

@@ -204,8 +204,8 @@ def test_an_export_whose_proof_crashes_the_loader_is_tried_again_with_mapped_wei
     from bench.gpu import packages
     from harness.native_crash import misbehaving_model_dir
     from predictor.errors import CheckpointError
-    from predictor.pt2.load_probe import probe_load
-    from predictor.pt2.metadata import read_metadata
+    from predictor.packages.metadata import read_metadata
+    from predictor.runtime.load_probe import probe_load
 
     crashing = package_in(misbehaving_model_dir(embedding_package_dir, "segv", tmp_path / "segv"))
     what = "stage load-in-fresh-process"

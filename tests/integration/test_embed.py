@@ -31,7 +31,7 @@ from harness.embed import (
 from harness.packages import copy_package_dir, module_package, package_in
 from harness.reference import Reference, normalise_reference
 from harness.server import Server, start_server
-from predictor.pt2.digest import sha256_file
+from predictor.packages.digest import sha256_file
 
 pytestmark = pytest.mark.integration
 SAMPLE = 6  # tiles per slide checked against the package run in-process

@@ -21,8 +21,8 @@ from histoserve import HistoserveClient
 from predictor.cli import build_parser, configs_from_args
 from predictor.config import ModelConfig
 from predictor.errors import CheckpointError
-from predictor.pt2.aoti_runner import GilFreeRunner
-from predictor.pt2.loader import _load_runner, load_package
+from predictor.runtime.aoti_runner import GilFreeRunner
+from predictor.runtime.loader import _load_runner, load_package
 
 CPU = torch.device("cpu")
 

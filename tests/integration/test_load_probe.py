@@ -11,7 +11,7 @@ and ``faulthandler`` (on in the server either way) leaves the Python stack. A
 good package serves with the probe on. The failing starts run in parallel.
 
 At the defaults (``--load_probe auto``) a CPU package this host has not
-loaded before is probed too (:mod:`predictor.pt2.probe_record`): a library
+loaded before is probed too (:mod:`predictor.packages.probe_record`): a library
 that crashes (SIGSEGV, SIGBUS), hangs or calls ``_exit(0)`` on load is exit 2
 naming the package, the step and the signal; in a package set, a broken
 preferred build gives way to the next fitting build of the model, and the log
@@ -87,7 +87,7 @@ def test_a_package_that_crashes_or_hangs_on_load_stops_start_up_with_exit_2(
     assert codes["segv-off"] == -signal.SIGSEGV, logs["segv-off"][-3000:]
     assert not _cannot_start(logs["segv-off"])
     assert "Fatal Python error: Segmentation fault" in logs["segv-off"]
-    assert "predictor/pt2/loader.py" in logs["segv-off"]
+    assert "predictor/runtime/loader.py" in logs["segv-off"]
 
     assert codes["hang-on"] == 2, logs["hang-on"][-3000:]
     (line,) = _cannot_start(logs["hang-on"])

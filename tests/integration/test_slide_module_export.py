@@ -12,7 +12,7 @@ import tritonclient.http as httpclient
 
 from harness.server import start_server
 from predictor.export.build import main as export_main
-from predictor.pt2.metadata import read_metadata
+from predictor.packages.metadata import read_metadata
 from predictor.spec import spec_from_dict
 from tests.integration.slide_heads import build
 

@@ -17,9 +17,10 @@ from predictor.errors import CheckpointError
 from predictor.families import server_model
 from predictor.model.base import BaseServerModel
 from predictor.model.metrics import create_metrics
-from predictor.pt2 import digest, loader
-from predictor.pt2.loader import StartupPhases
-from predictor.pt2.probe_record import FOLDER
+from predictor.packages import digest
+from predictor.packages import phases as phases_module
+from predictor.packages.phases import StartupPhases
+from predictor.packages.probe_record import FOLDER
 from predictor.spec import BUILTIN_SPECS
 
 PHASES = ["digest", "metadata", "load", "probe", "warmup"]
@@ -28,7 +29,7 @@ GIL_FREE_PHASES = ["digest", "metadata", "extraction", *PHASES[2:]]
 
 @pytest.fixture
 def hashed(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """Every path :func:`predictor.pt2.digest.sha256_file` hashes, in order (a spy)."""
+    """Every path :func:`predictor.packages.digest.sha256_file` hashes, in order (a spy)."""
     calls: list[Path] = []
     real = digest.sha256_file
 
@@ -201,7 +202,7 @@ class FakeClock:
 def test_nested_phases_are_exclusive(monkeypatch: pytest.MonkeyPatch) -> None:
     """Extraction timed inside load counts once: the phases add up to the time they cover."""
     clock = FakeClock()
-    monkeypatch.setattr(loader, "time", clock)  # the phases' clock only, not the process's
+    monkeypatch.setattr(phases_module, "time", clock)  # the phases' clock only, not the process's
     phases = StartupPhases()
     start = clock.monotonic()
     with phases.time("load"):
@@ -253,7 +254,7 @@ def test_tf32_is_for_fp32_packages_on_cuda_when_asked() -> None:
     import torch
 
     from predictor.cli import build_parser, configs_from_args
-    from predictor.pt2.host import apply_gpu_settings
+    from predictor.runtime.devices import apply_gpu_settings
 
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     saved = matmul.allow_tf32, cudnn.allow_tf32

@@ -33,8 +33,9 @@ from predictor.device.workers import DeviceWorkers
 from predictor.errors import DeviceLost, StartupError
 from predictor.model.forward import BatchItem
 from predictor.model.metrics import create_metrics
-from predictor.pt2.host import HostFacts, resolve_devices
-from predictor.pt2.loader import open_package
+from predictor.packages.host import HostFacts
+from predictor.runtime.devices import resolve_devices
+from predictor.runtime.loader import open_package
 
 FLAGS = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"})
 

@@ -9,7 +9,7 @@ import torch
 from predictor.device.failures import OomCounter, classify_error, counting_ooms
 from predictor.device.normalizer import Normalizer
 from predictor.errors import DeviceLost, ErrorKind, ForwardError, InvalidInput, forward_failure
-from predictor.pt2.dtypes import dtype_from_name
+from predictor.packages.dtypes import dtype_from_name
 from predictor.spec import BUILTIN_SPECS
 
 
@@ -95,7 +95,9 @@ def test_the_device_layer_builds_a_packages_slot_and_normaliser(embedding_packag
     """A real package loaded on the CPU: its slot's normaliser follows its device and dtype."""
     from harness.packages import package_in
     from predictor.device.slot import build_slot
-    from predictor.pt2.loader import StartupPhases, inspect_package, open_package
+    from predictor.packages.facts import inspect_package
+    from predictor.packages.phases import StartupPhases
+    from predictor.runtime.loader import open_package
 
     path, phases = package_in(embedding_package_dir), StartupPhases()
     package = open_package(path, torch.device("cpu"), inspect_package(path, phases), phases)

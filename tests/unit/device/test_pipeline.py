@@ -154,7 +154,7 @@ def test_the_models_warm_up_forward_runs_the_real_package_at_the_batch() -> None
     from predictor.model.options import ServingOptions
     from predictor.model.served_package import ServedPackage
     from predictor.model.tiles import TileFamily
-    from predictor.pt2.loader import load_package
+    from predictor.runtime.loader import load_package
 
     package = load_package(demo_package("h0-mini"), torch.device("cpu"))
     family = TileFamily(SPEC, ServingOptions(), ServedPackage(package))

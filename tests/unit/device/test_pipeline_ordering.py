@@ -28,7 +28,7 @@ from predictor.errors import ErrorKind, StartupError
 from predictor.model.options import ServingOptions
 from predictor.model.served_package import ServedPackage
 from predictor.model.tiles import TileFamily
-from predictor.pt2.device_context import use_device_context
+from predictor.runtime.device_context import use_device_context
 from tests.unit.device.fakes import (
     SHIM,
     SPEC,

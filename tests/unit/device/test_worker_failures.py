@@ -20,7 +20,7 @@ from predictor.device.normalizer import Normalizer
 from predictor.device.slot import DeviceSlot
 from predictor.device.workers import DeviceWorkers
 from predictor.errors import DeviceLost, ErrorKind
-from predictor.pt2.device_context import use_device_context
+from predictor.runtime.device_context import use_device_context
 from predictor.spec import BUILTIN_SPECS
 from tests.unit.device.fakes import SHIM, STICKY, FakeGpuPackage, Nowhere, Stats
 

@@ -29,10 +29,10 @@ from predictor.export import package_set
 from predictor.export.build import main as export_main
 from predictor.export.commit import commit
 from predictor.export.sources import weights_digest
-from predictor.pt2.build_key import BuildKey, key_from_metadata
-from predictor.pt2.digest import package_sha256
-from predictor.pt2.metadata import read_metadata
-from predictor.pt2.weights_layout import library_layout
+from predictor.packages.build_key import BuildKey, key_from_metadata
+from predictor.packages.digest import package_sha256
+from predictor.packages.metadata import read_metadata
+from predictor.packages.weights_layout import library_layout
 
 
 @pytest.fixture(scope="module")

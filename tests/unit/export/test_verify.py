@@ -76,7 +76,7 @@ def test_a_package_that_crashes_on_load_fails_the_fresh_process_stage(
 
 
 def test_a_good_package_passes(embedding_package_dir: Path) -> None:
-    from predictor.pt2.loader import load_package
+    from predictor.runtime.loader import load_package
 
     path = embedding_package_dir / "h0-mini.pt2"
     inputs = (torch.randn(2, 3, 224, 224),)

@@ -1,4 +1,4 @@
-"""Start-up side of packages: find, verify, read metadata, host checks, load, probe.
+"""A package's facts before it loads: find, verify, read metadata, host checks, batch range.
 
 Host facts are faked with :class:`HostFacts` (the suite's only fake) to play
 hosts we do not have: a GPU node, a CPU without AVX-512, another architecture.
@@ -15,18 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.factories import WRONG_DIM_TARGET
-from harness.packages import module_package
-from predictor import families
-from predictor.errors import CheckpointError, IncompatiblePackage, SpecMismatch, StartupError
-from predictor.families import build_demo_model, demo_example_inputs
-from predictor.pt2 import digest as pkg_digest
-from predictor.pt2 import host as pkg_host
-from predictor.pt2 import loader, probe
-from predictor.pt2 import metadata as pkg_meta
-from predictor.pt2.genes import demo_gene_ids, parse_gene_ids, read_gene_ids, write_gene_ids
-from predictor.pt2.host import HostFacts, read_cpu_flags
-from predictor.spec import BUILTIN_SPECS, spec_from_dict
+from predictor.errors import CheckpointError, IncompatiblePackage
+from predictor.packages import digest as pkg_digest
+from predictor.packages import facts
+from predictor.packages import host as pkg_host
+from predictor.packages import metadata as pkg_meta
+from predictor.packages.host import HostFacts, read_cpu_flags
+from predictor.runtime import loader
+from predictor.spec import BUILTIN_SPECS
 
 CPU = torch.device("cpu")
 AVX2_FLAGS = frozenset(
@@ -47,16 +43,16 @@ def test_find_the_only_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "model.pt2").write_bytes(b"x")
     (tmp_path / "model.pt2.sha256").write_text("0" * 64)
     (tmp_path / "genes_in.csv").write_text("gene_id\n")
-    assert loader.find_candidates(tmp_path, None) == (tmp_path / "model.pt2",)
+    assert facts.find_candidates(tmp_path, None) == (tmp_path / "model.pt2",)
 
 
 def test_several_checkpoints_are_all_candidates(tmp_path: Path) -> None:
     # Several packages used to be "exit 2 listing them"; they are now a package set,
-    # from which start-up takes the one that fits (tests/unit/pt2/test_package_set.py).
+    # from which start-up takes the one that fits (tests/unit/packages/test_package_set.py).
     for name in ("b.pt2", "a.pt2"):
         (tmp_path / name).write_bytes(b"x")
-    assert loader.find_candidates(tmp_path, None) == (tmp_path / "a.pt2", tmp_path / "b.pt2")
-    assert loader.find_candidates(tmp_path, "b.pt2") == (tmp_path / "b.pt2",)
+    assert facts.find_candidates(tmp_path, None) == (tmp_path / "a.pt2", tmp_path / "b.pt2")
+    assert facts.find_candidates(tmp_path, "b.pt2") == (tmp_path / "b.pt2",)
 
 
 @pytest.mark.parametrize(
@@ -71,12 +67,12 @@ def test_several_checkpoints_are_all_candidates(tmp_path: Path) -> None:
 def test_find_checkpoint_errors(tmp_path: Path, setup, checkpoint, needle: str) -> None:
     setup(tmp_path)
     with pytest.raises(CheckpointError, match=needle):
-        loader.find_candidates(tmp_path, checkpoint)
+        facts.find_candidates(tmp_path, checkpoint)
 
 
 def test_missing_model_dir(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="does not exist"):
-        loader.find_candidates(tmp_path / "nope", None)
+        facts.find_candidates(tmp_path / "nope", None)
 
 
 # -- sha256 -------------------------------------------------------------------------------
@@ -143,7 +139,7 @@ def test_truncated_or_foreign_files(embedding_package_dir: Path, tmp_path: Path)
         pkg_meta.read_metadata(other)
 
 
-# -- devices and host compatibility -------------------------------------------------------
+# -- host compatibility -------------------------------------------------------------------
 def test_detect_reads_this_host(tmp_path: Path) -> None:
     host = HostFacts.detect()
     assert host.machine and host.platform
@@ -154,34 +150,6 @@ def test_detect_reads_this_host(tmp_path: Path) -> None:
     fake.write_text("processor : 0\nflags : fpu sse avx2 avx512f\n\nprocessor : 1\nflags : x\n")
     assert read_cpu_flags(fake) == frozenset({"fpu", "sse", "avx2", "avx512f"})
     assert read_cpu_flags(tmp_path / "missing") == frozenset()
-
-
-@pytest.mark.parametrize(
-    ("requested", "host", "expected"),
-    [
-        ("auto", CPU_HOST, "cpu"),
-        ("auto", GPU_HOST, "cuda:0"),
-        ("cpu", GPU_HOST, "cpu"),
-        ("cuda", GPU_HOST, "cuda:0"),
-        ("cuda:0", GPU_HOST, "cuda:0"),
-    ],
-)
-def test_resolve_device(requested: str, host: HostFacts, expected: str) -> None:
-    assert pkg_host.resolve_device(requested, host) == torch.device(expected)
-
-
-@pytest.mark.parametrize(
-    ("requested", "host", "needle"),
-    [
-        ("cuda", CPU_HOST, "no usable CUDA GPU"),
-        ("cuda:1", GPU_HOST, "has 1 GPU"),
-        ("tpu", CPU_HOST, "'tpu'"),
-        ("banana", CPU_HOST, "'banana'"),
-    ],
-)
-def test_resolve_device_errors(requested: str, host: HostFacts, needle: str) -> None:
-    with pytest.raises(StartupError, match=needle):
-        pkg_host.resolve_device(requested, host)
 
 
 def _meta(**values: str) -> dict[str, str]:
@@ -274,189 +242,7 @@ def test_a_package_exported_with_another_torch_or_cuda_is_refused_naming_both() 
 
 def test_max_batch_size_above_the_exported_range_is_refused() -> None:
     metadata = _built_with("2.13.0", None)
-    loader.check_batch_size(metadata, 64)
+    facts.check_batch_size(metadata, 64)
     with pytest.raises(IncompatiblePackage, match=r"--max_batch_size 65 is above .* \(1\.\.64\)"):
-        loader.check_batch_size(metadata, 65)
-    loader.check_batch_size(_meta(), 10_000)  # no recorded range: not checked
-
-
-def test_the_fallback_loader_refuses_several_instances(
-    embedding_package_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Where torch's private loader API differs, the public one builds one model copy only."""
-    real = torch._C._aoti.AOTIModelPackageLoader
-    calls: list[tuple] = []
-
-    def changed_signature(*args: object) -> object:
-        calls.append(args)
-        if len(calls) == 1:  # our direct call: as if this torch's signature differed
-            raise TypeError("incompatible function arguments (fake)")
-        return real(*args)  # torch's own call, from the public aoti_load_package
-
-    changed_signature.load_metadata_from_package = real.load_metadata_from_package  # type: ignore[attr-defined]
-    monkeypatch.setattr(torch._C._aoti, "AOTIModelPackageLoader", changed_signature)
-    path = embedding_package_dir / "h0-mini.pt2"
-    with pytest.raises(CheckpointError, match=r"--instances_per_device 2 needs .* use 1 instance"):
-        loader.load_package(path, CPU, instances=2)
-    assert len(calls) == 1
-    calls.clear()
-    loaded = loader.load_package(path, CPU, instances=1)
-    assert len(calls) == 2
-    assert loaded(torch.zeros(1, 3, 224, 224))[0].shape == (1, 1536)
-
-
-# -- load, probe, consistency -------------------------------------------------------------
-def test_loaded_package_matches_the_eager_module(embedding_package_dir: Path) -> None:
-    loaded = loader.load_package(embedding_package_dir / "h0-mini.pt2", CPU)
-    assert loaded.path.name == "h0-mini.pt2" and loaded.device == CPU
-    assert loaded.input_dtype == torch.float32
-    assert loaded.embedded_spec == BUILTIN_SPECS["h0-mini"]
-    (tiles,) = demo_example_inputs(BUILTIN_SPECS["h0-mini"], 3, seed=11)
-    out = loaded(tiles)
-    assert isinstance(out, tuple) and len(out) == 1
-    with torch.no_grad():
-        expected = build_demo_model(BUILTIN_SPECS["h0-mini"])(tiles)
-    torch.testing.assert_close(out[0], expected, rtol=1e-4, atol=1e-4)
-
-
-def test_probe_and_consistency_per_family(
-    embedding_package_dir: Path, multimodal_package_dir: Path, padded_segmentation_package_dir: Path
-) -> None:
-    cases = [
-        (embedding_package_dir / "h0-mini.pt2", "h0-mini", (torch.Size([1536]),)),
-        (
-            multimodal_package_dir / "m-optimus.pt2",
-            "m-optimus",
-            (torch.Size([32]), torch.Size([1536])),
-        ),
-        (
-            padded_segmentation_package_dir / "tissue-seg.pt2",
-            "tissue-seg",
-            (torch.Size([1, 512, 512]),),
-        ),
-    ]
-    for path, name, expected in cases:
-        loaded = loader.load_package(path, CPU)
-        shapes = probe.probe_outputs(loaded, BUILTIN_SPECS[name], {})
-        assert shapes == expected
-        families.check_consistency(BUILTIN_SPECS[name], shapes)
-    assert loaded(torch.zeros(3, 3, 512, 512))[0].shape[0] == 8  # padded: callers trim
-
-
-def test_wrong_dim_package_is_a_one_line_mismatch() -> None:
-    path = module_package("h0-mini", WRONG_DIM_TARGET)
-    loaded = loader.load_package(path, CPU)
-    shapes = probe.probe_outputs(loaded, BUILTIN_SPECS["h0-mini"], {})
-    assert shapes == (torch.Size([768]),)
-    with pytest.raises(SpecMismatch) as exc:
-        families.check_consistency(BUILTIN_SPECS["h0-mini"], shapes)
-    assert str(exc.value) == "spec 'h0-mini' says embedding_dim 1536 but the package returns 768"
-
-
-def test_multimodal_gene_counts(multimodal_package_dir: Path) -> None:
-    loaded = loader.load_package(multimodal_package_dir / "m-optimus.pt2", CPU)
-    spec = BUILTIN_SPECS["m-optimus"]
-    assert probe.declared_input_dim(loaded, "bulk_rna") == 64
-    assert probe.declared_input_dim(loaded, "nope") is None
-    shapes = probe.probe_outputs(loaded, spec, {"bulk_rna": 64})
-    families.check_consistency(spec, shapes, prediction_dim=32)
-    with pytest.raises(
-        SpecMismatch, match="output gene list has 30 genes but the package predicts 32"
-    ):
-        families.check_consistency(spec, shapes, prediction_dim=30)
-    with pytest.raises(SpecMismatch, match="60 input genes but the package takes 64"):
-        probe.probe_outputs(loaded, spec, {"bulk_rna": 60})
-    vendor_like = dataclasses.replace(
-        loaded, metadata={k: v for k, v in loaded.metadata.items() if k != pkg_meta.INPUTS_KEY}
-    )
-    with pytest.raises(SpecMismatch, match="cannot tell the package's bulk RNA gene count"):
-        probe.probe_outputs(vendor_like, spec, {})
-    assert probe.probe_outputs(vendor_like, spec, {"bulk_rna": 64}) == shapes
-
-
-def test_multimodal_package_handles_missing_bulk_rna(multimodal_package_dir: Path) -> None:
-    loaded = loader.load_package(multimodal_package_dir / "m-optimus.pt2", CPU)
-    spec = BUILTIN_SPECS["m-optimus"]
-    tiles, bulk = demo_example_inputs(spec, 3, seed=5)
-    assert bool(torch.isnan(bulk[-1]).all())
-    prediction, embedding = loaded(tiles, bulk)
-    assert bool(torch.isfinite(prediction).all()) and prediction.shape == (3, 32)
-    with torch.no_grad():
-        expected = build_demo_model(spec)(tiles, bulk)
-    torch.testing.assert_close(prediction, expected[0], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(embedding, expected[1], rtol=1e-4, atol=1e-4)
-
-
-def test_spec_and_package_inputs_disagree(
-    embedding_package_dir: Path, segmentation_package_dir: Path
-) -> None:
-    loaded = loader.load_package(embedding_package_dir / "h0-mini.pt2", CPU)
-    big = spec_from_dict(BUILTIN_SPECS["h0-mini"].to_dict() | {"name": "big", "tile_size": 448})
-    with pytest.raises(
-        SpecMismatch,
-        match=r"input 'tiles' is \[-1, 3, 448, 448\] but the package takes \[-1, 3, 224, 224\]",
-    ):
-        probe.probe_outputs(loaded, big)
-    with pytest.raises(SpecMismatch, match="feeds 2 input"):
-        probe.probe_outputs(loaded, BUILTIN_SPECS["m-optimus"], {"bulk_rna": 64})
-    seg = loader.load_package(segmentation_package_dir / "tissue-seg.pt2", CPU)
-    shapes = probe.probe_outputs(seg, BUILTIN_SPECS["tissue-seg"])
-    with pytest.raises(SpecMismatch, match="expects a per-tile embedding vector"):
-        families.check_consistency(BUILTIN_SPECS["h0-mini"], shapes)
-
-
-@pytest.mark.parametrize(
-    ("name", "shapes", "needle"),
-    [
-        ("m-optimus", [torch.Size([1536])], "expects 2 output"),
-        ("m-optimus", [torch.Size([4, 8]), torch.Size([1536])], "prediction vector"),
-        (
-            "m-optimus",
-            [torch.Size([32]), torch.Size([768])],
-            "embedding_dim 1536 but the package returns 768",
-        ),
-        ("tissue-seg", [torch.Size([1, 256, 256])], "512x512"),
-        ("h0", [torch.Size([1536]), torch.Size([3])], "expects 1 output"),
-    ],
-)
-def test_check_consistency_messages(name: str, shapes: list, needle: str) -> None:
-    with pytest.raises(SpecMismatch, match=needle):
-        families.check_consistency(BUILTIN_SPECS[name], shapes)
-
-
-# -- gene lists ---------------------------------------------------------------------------
-def test_gene_lists_roundtrip(tmp_path: Path) -> None:
-    ids = demo_gene_ids(5)
-    assert ids[0] == "ENSG00000000001" and len(set(ids)) == 5
-    path = write_gene_ids(tmp_path / "genes.csv", ids)
-    assert path.read_text().splitlines()[0] == "gene_id"
-    assert read_gene_ids(path) == ids
-    assert parse_gene_ids("gene_id\nENSG00000141510.17\nENSMUSG00000059552\n") == (
-        "ENSG00000141510.17",
-        "ENSMUSG00000059552",
-    )
-
-
-@pytest.mark.parametrize(
-    ("text", "needle"),
-    [
-        ("", "empty"),
-        ("gene_id\n", "no genes"),
-        ("symbol\nTP53\n", "first row must be 'gene_id'"),
-        ("gene_id\nENSG00000141510\nTP53\n", "line 3: 'TP53' is not an Ensembl gene ID"),
-        ("gene_id\nENSG00000141510\nENSG00000141510\n", "duplicate gene 'ENSG00000141510'"),
-    ],
-)
-def test_bad_gene_lists(text: str, needle: str) -> None:
-    with pytest.raises(CheckpointError, match=needle):
-        parse_gene_ids(text, source="genes.csv")
-
-
-def test_gene_list_file_errors(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match="cannot read gene list"):
-        read_gene_ids(tmp_path / "missing.csv")
-    with pytest.raises(CheckpointError, match="empty gene list"):
-        write_gene_ids(tmp_path / "g.csv", [])
-    with pytest.raises(CheckpointError, match="n >= 1"):
-        demo_gene_ids(0)
-    assert not (tmp_path / "g.csv").exists()
+        facts.check_batch_size(metadata, 65)
+    facts.check_batch_size(_meta(), 10_000)  # no recorded range: not checked

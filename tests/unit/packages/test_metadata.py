@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from predictor.errors import CheckpointError
-from predictor.pt2.build_key import key_from_metadata
-from predictor.pt2.metadata import MAX_METADATA_BYTES, json_field, read_metadata
+from predictor.packages.build_key import key_from_metadata
+from predictor.packages.metadata import MAX_METADATA_BYTES, json_field, read_metadata
 from predictor.spec import METADATA_KEY
 
 MEMBER = "h0/data/aotinductor/model/cxyz_metadata.json"

@@ -19,11 +19,12 @@ import torch
 
 from harness.package_sets import claim, lie, rewrite_metadata, three_builds
 from predictor.errors import CheckpointError, IncompatiblePackage
-from predictor.pt2 import package_set
-from predictor.pt2.build_key import BUILD_KEY_KEY, BuildKey, key_from_metadata
-from predictor.pt2.host import HostFacts, check_host_compat
-from predictor.pt2.loader import StartupPhases, inspect_package
-from predictor.pt2.metadata import CPU_BUILD_KEY, read_metadata
+from predictor.packages import package_set
+from predictor.packages.build_key import BUILD_KEY_KEY, BuildKey, key_from_metadata
+from predictor.packages.facts import inspect_package
+from predictor.packages.host import HostFacts, check_host_compat
+from predictor.packages.metadata import CPU_BUILD_KEY, read_metadata
+from predictor.packages.phases import StartupPhases
 
 CPU = torch.device("cpu")
 

@@ -10,7 +10,7 @@ import pytest
 
 from harness.packages import package_in
 from predictor.errors import CheckpointError
-from predictor.pt2 import weights_layout as layouts
+from predictor.packages import weights_layout as layouts
 
 LIBRARY = "pkg/data/aotinductor/model/c1.wrapper.so"
 

@@ -20,9 +20,10 @@ import pytest
 import torch
 
 from harness.packages import demo_package, proxy_executor_package
-from predictor.pt2 import aoti_runner, extract
-from predictor.pt2.aoti_runner import AotiRunError, GilFreeRunner, extract_member
-from predictor.pt2.metadata import read_metadata
+from predictor.packages import extract
+from predictor.packages.metadata import read_metadata
+from predictor.runtime import aoti_runner
+from predictor.runtime.aoti_runner import AotiRunError, GilFreeRunner, extract_member
 
 
 def _reference(path: Path) -> Callable[..., tuple[torch.Tensor, ...]]:

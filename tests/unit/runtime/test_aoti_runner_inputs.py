@@ -23,9 +23,9 @@ import pytest
 import torch
 
 from harness.packages import demo_package
-from predictor.pt2.aoti_runner import AotiRunError, GilFreeRunner, _check_unmoved
-from predictor.pt2.input_checks import InputSpec, specs_from_cpp, specs_from_metadata
-from predictor.pt2.metadata import read_metadata
+from predictor.packages.metadata import read_metadata
+from predictor.runtime.aoti_runner import AotiRunError, GilFreeRunner, _check_unmoved
+from predictor.runtime.input_checks import InputSpec, specs_from_cpp, specs_from_metadata
 
 CHECKS_ENV = "AOTI_RUNTIME_CHECK_INPUTS"
 

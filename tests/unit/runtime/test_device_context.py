@@ -10,7 +10,7 @@ and say so:
   ``cuda:0``, ``cuda:1`` (torch accepts ``cpu:N`` and keeps its tensors on
   the CPU), so start-up, the probe and the batcher run for real;
 * the device context: a :class:`Recorder` injected through
-  :func:`predictor.pt2.device_context.use_device_context` keeps, per
+  :func:`predictor.runtime.device_context.use_device_context` keeps, per
   thread, the current device and each device's current stream the way CUDA
   does, and the package's runner records them at every call;
 * the workers' CUDA streams: one :class:`FakeStream` per worker.
@@ -38,8 +38,8 @@ from predictor.config import BatchingConfig, LimitsConfig, ModelConfig
 from predictor.device import streams as device_mod
 from predictor.model.forward import BatchItem
 from predictor.model.metrics import create_metrics
-from predictor.pt2 import loader
-from predictor.pt2.device_context import on_device, use_device_context
+from predictor.runtime import loader
+from predictor.runtime.device_context import on_device, use_device_context
 
 
 class Recorder:

@@ -13,7 +13,8 @@ import pytest
 
 from harness.packages import demo_package, package_in
 from predictor.errors import CheckpointError
-from predictor.pt2.load_probe import (
+from predictor.packages.metadata import read_metadata
+from predictor.runtime.load_probe import (
     _Context,
     _failure_message,
     _Outcome,
@@ -21,7 +22,6 @@ from predictor.pt2.load_probe import (
     probe_load,
     probe_wanted,
 )
-from predictor.pt2.metadata import read_metadata
 
 # The metadata a CUDA package records (none can be exported here: no GPU).
 CUDA_METADATA = {

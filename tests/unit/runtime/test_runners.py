@@ -16,9 +16,9 @@ from torch.export.pt2_archive._package import AOTICompiledModel
 
 from harness.packages import demo_package
 from predictor.device.pipeline import LANES
-from predictor.pt2 import runners
-from predictor.pt2.loader import load_package
-from predictor.pt2.runners import CUDA_COPIES_PER_INSTANCE, TorchRunner, as_torch_runner
+from predictor.runtime import runners
+from predictor.runtime.loader import load_package
+from predictor.runtime.runners import CUDA_COPIES_PER_INSTANCE, TorchRunner, as_torch_runner
 
 
 class CountingLoader:
