@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-LOG_FORMATS = ("text", "json")
 _MAX_REQUEST_ID = 128
 _REQUEST_ID = re.compile(rf"[!#-&(-~]{{1,{_MAX_REQUEST_ID}}}")  # printable; no space or quote
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")

@@ -28,7 +28,6 @@ from predictor.device.jpeg import (
     Decoder,
     DeviceJpeg,
     SlideTiles,
-    host_decoder,
     nvjpeg_decoder,
 )
 from predictor.errors import InvalidInput
@@ -78,11 +77,6 @@ class JpegDecodePlace:
         self._decoders[device] = DeviceJpeg(decode, device, self._tile_size, interpolation)
         logger.info("JPEG tiles decode on %s (--jpeg_decode %s)", device, setting)
         return True
-
-    @classmethod
-    def for_tests(cls, tile_size: int, interpolation: str = "bicubic") -> JpegDecodePlace:
-        """The device path on the CPU, libjpeg-turbo standing in for nvJPEG."""
-        return cls("device", torch.device("cpu"), tile_size, interpolation, host_decoder)
 
     def defer(self, region: JpegRegion) -> bool:
         """Stage 1: whether ``region`` waits for the device (checked), else decode it now.

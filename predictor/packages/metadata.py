@@ -302,18 +302,6 @@ def _dumpable(value: Any) -> bool:
     return True
 
 
-def json_field(metadata: Mapping[str, str], key: str, default: Any) -> Any:
-    """A JSON-valued metadata entry, or ``default`` when absent.
-
-    Raises:
-        CheckpointError: The entry is present but not valid JSON.
-    """
-    text = metadata.get(key)
-    if not text:
-        return default
-    return loads_metadata(text, f"package metadata {key!r}")
-
-
 def json_member(archive: zipfile.ZipFile, member: str, where: str) -> Any:
     """A metadata member parsed as JSON, refused before reading when it declares more
     than :data:`MAX_METADATA_BYTES` (zip's own CRC check catches a member longer than declared).

@@ -1,8 +1,8 @@
 """Where a package keeps its weights: in its model library's data section, or appended to it.
 
 AOTInductor links a package's weights (its constants) into the data section
-of the model library (the ``.so``) when they total at most
-:data:`EMBED_LIMIT_BYTES`; larger ones cannot be linked there, so torch
+of the model library (the ``.so``) when they total at most 2 GB (torch's own
+limit); larger ones cannot be linked there, so torch, whatever is asked,
 appends them to the library file, which maps them from itself when loaded
 (``aot_inductor.force_mmap_weights`` asks for that at any size). A CUDA
 package's constants are copied to the device by the model container's
@@ -48,8 +48,6 @@ LAYOUTS = (AUTO, MAPPED)
 """``histoserve export --weights_layout``'s choices."""
 FLAG = "--weights_layout"
 
-EMBED_LIMIT_BYTES = 2_000_000_000
-"""Above this many bytes of constants torch maps the weights whatever is asked (its own limit)."""
 AUTO_MAPS_ABOVE_BYTES = 1_900_000_000
 """``auto`` maps from here: the count of :func:`resolve`'s caller is close to torch's, not
 equal (torch pads each constant), so ``auto`` never leaves the choice to torch's rule."""

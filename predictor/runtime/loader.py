@@ -99,14 +99,6 @@ class LoadedPackage:
         """Which runner serves it: ``gil_free`` or ``torch`` (``auto`` resolved)."""
         return str(getattr(self.runner, "forward_runner", "torch"))
 
-    @property
-    def batch_range(self) -> tuple[int, int] | None:
-        """The batch sizes the package was exported for, when it records them."""
-        prov = provenance(self.metadata)
-        if "min_batch" in prov and "max_batch" in prov:
-            return int(prov["min_batch"]), int(prov["max_batch"])
-        return None
-
 
 def open_package(
     path: Path,

@@ -214,7 +214,8 @@ def test_dynamic_batch_1_and_5_match_eager(request, fixture: str) -> None:
 
 def test_batch_above_the_exported_range_is_refused(embedding_package_dir: Path) -> None:
     loaded = loader.load_package(only_pt2(embedding_package_dir), CPU)
-    assert loaded.batch_range == (1, 256)
+    prov = pkg_meta.provenance(loaded.metadata)
+    assert (prov["min_batch"], prov["max_batch"]) == (1, 256)
     with pytest.raises(RuntimeError, match="too large"):
         loaded(torch.zeros(257, 3, 224, 224))
 

@@ -14,7 +14,7 @@ import pytest
 
 from predictor.errors import CheckpointError
 from predictor.packages.build_key import key_from_metadata
-from predictor.packages.metadata import MAX_METADATA_BYTES, json_field, read_metadata
+from predictor.packages.metadata import MAX_METADATA_BYTES, provenance, read_metadata
 from predictor.spec import METADATA_KEY
 
 MEMBER = "h0/data/aotinductor/model/cxyz_metadata.json"
@@ -51,7 +51,7 @@ def test_deep_metadata_is_a_named_checkpoint_error_not_a_recursion_error(tmp_pat
 def test_a_deep_json_field_is_a_named_checkpoint_error() -> None:
     deep = "[" * 5000 + "]" * 5000
     with pytest.raises(CheckpointError, match=r"package metadata 'histoserve.provenance'"):
-        json_field({"histoserve.provenance": deep}, "histoserve.provenance", {})
+        provenance({"histoserve.provenance": deep})
     with pytest.raises(CheckpointError, match="the package's embedded spec"):
         key_from_metadata(
             {"histoserve.provenance": json.dumps({"torch_version": "2.13.0"}), METADATA_KEY: deep}
