@@ -35,7 +35,7 @@ from predictor.config import BatchingConfig, LimitsConfig, ModelConfig, Reposito
 from predictor.device.cpus import available_cpus, resolve_instances, threads_per_instance
 from predictor.device.faults import parse_fault_spec
 from predictor.errors import CheckpointError, IncompatiblePackage, SpecError
-from predictor.families import load_model_class, server_model
+from predictor.families import family_for, load_model_class, server_model
 from predictor.model.base import BaseServerModel, ServingOptions
 from predictor.model.metrics import create_metrics, memory_budget_gauge, model_memory_gauge
 from predictor.packages.facts import (
@@ -45,7 +45,13 @@ from predictor.packages.facts import (
     inspect_package,
 )
 from predictor.packages.host import check_host_compat
-from predictor.packages.package_set import PackageChoice, choose_package, missing_hint, taken
+from predictor.packages.package_set import (
+    PackageChoice,
+    ServedBatch,
+    choose_package,
+    missing_hint,
+    taken,
+)
 from predictor.packages.phases import StartupPhases
 from predictor.packages.probe_record import ProbeRecord, probe_id
 from predictor.repository.memory import MemoryMeter, mib
@@ -73,6 +79,23 @@ def resolve_model_spec(metadata: Mapping[str, str], override: str | None) -> Mod
     return spec_from_json(embedded)
 
 
+def served_batching(
+    spec: ModelSpec, batching: BatchingConfig, limits: LimitsConfig
+) -> BatchingConfig:
+    """The batching the model of ``spec`` serves with, known before its package loads: the
+    flags as its family resolves them (:meth:`~predictor.model.family.Family.serving_options`:
+    a slide head's one slide a forward).
+
+    What start-up checks a package's batch range against, alone and in a package set
+    (``max_batch_size``, never the raw flag). The model resolves the same flags by the same
+    rule once more with its loaded package (``BaseServerModel.batching``, what every part
+    reads), where a family bounds only what no batch range is checked against (a slide's
+    tiles and its queue, from the package's own range).
+    """
+    options = ServingOptions(batching=batching, limits=limits)
+    return family_for(spec).serving_options(options, None).batching
+
+
 def build_model(
     config: ModelConfig,
     batching: BatchingConfig,
@@ -93,10 +116,17 @@ def build_model(
     logger.info("start-up begins at monotonic %.6f s", time.monotonic())
     devices = resolve_devices(config.device)
     device = devices[0]
-    choice = choose_checkpoint(config, device, batching.max_batch_size)
+
+    def served_batch(metadata: Mapping[str, str]) -> int:
+        spec = resolve_model_spec(metadata, config.spec)
+        return served_batching(spec, batching, limits).max_batch_size
+
+    choice = choose_checkpoint(config, device, served_batch)
     phases = StartupPhases()
     record = ProbeRecord.open() if config.load_probe == "auto" else ProbeRecord(None)
-    choice, facts, spec, probed = _probed_choice(config, device, batching, choice, phases, record)
+    choice, facts, spec, probed = _probed_choice(
+        config, device, served_batch, choice, phases, record
+    )
     checkpoint = choice.path
     cls = load_model_class(config.model_class) if config.model_class else None
     # Each device's package holds one model copy per instance; each worker
@@ -201,13 +231,16 @@ def shared_scheduler(environ: Mapping[str, str] = os.environ) -> DeviceScheduler
 def _probed_choice(
     config: ModelConfig,
     device: torch.device,
-    batching: BatchingConfig,
+    served_batch: ServedBatch,
     choice: PackageChoice,
     phases: StartupPhases,
     record: ProbeRecord,
 ) -> tuple[PackageChoice, PackageFacts, ModelSpec, str]:
     """The chosen package, hashed, read and probed under ``--load_probe``; in a package set,
     the next fitting package of the model when one fails its probe (logged).
+
+    ``served_batch``: the most items the model puts in one forward of a package
+    (:func:`served_batching`), which its batch range must hold.
 
     Returns:
         The choice served, its facts, its spec and its identity in ``record``.
@@ -219,8 +252,8 @@ def _probed_choice(
     failures: list[str] = []
     while True:
         facts = inspect_package(choice.path, phases, choice.metadata)
-        check_batch_size(facts.metadata, batching.max_batch_size)
         spec = resolve_model_spec(facts.metadata, config.spec)
+        check_batch_size(facts.metadata, served_batch(facts.metadata))
         identity = probe_id(facts.sha256, str(device), config.forward_runner)
         wanted = probe_wanted(
             config.load_probe, facts.metadata, loaded_before=record.passed(identity)
@@ -288,9 +321,12 @@ def _probe(
 
 
 def choose_checkpoint(
-    config: ModelConfig, device: torch.device, max_batch_size: int
+    config: ModelConfig, device: torch.device, served_batch: ServedBatch | None = None
 ) -> PackageChoice:
     """``--checkpoint``'s file, else the package of ``--model_dir`` that fits (logged).
+
+    ``served_batch``: the most items the model puts in one forward of a candidate
+    (:func:`served_batching`), which its batch range must hold; None: not checked.
 
     Raises:
         CheckpointError: No package, or packages of different models fit.
@@ -302,7 +338,7 @@ def choose_checkpoint(
         choice = taken(candidates[0], "named by --checkpoint")
     else:
         choice = choose_package(
-            Path(config.model_dir), candidates, device, max_batch_size=max_batch_size
+            Path(config.model_dir), candidates, device, served_batch=served_batch
         )
     logger.info("package: %s", choice.log_line())
     return choice

@@ -192,9 +192,10 @@ def fitting_package(folder: Path, key: BuildKey, *, weights_layout: str = AUTO) 
         return None
     device = torch.device("cuda" if key.target.startswith("sm_") else "cpu")
     host = HostFacts.detect()
-    # a package at least as wide as asked: the server's --max_batch_size may need it all
+    # a package at least as wide as asked (a package fact, the export's --max_batch, not a
+    # serving bound): the server's --max_batch_size may need it all
     judged = [
-        judge(p, device, host, max_batch_size=key.max_batch)
+        judge(p, device, host, served_batch=lambda _: key.max_batch)
         for p in sorted(folder.glob("*.pt2"))
         if p.is_file()
     ]

@@ -87,9 +87,12 @@ def inspect_package(
 
 
 def check_batch_size(metadata: Mapping[str, str], max_batch_size: int) -> None:
-    """Refuses a ``--max_batch_size`` above the batch range the package was exported for.
+    """Refuses a batch bound above the batch range the package was exported for.
 
-    Every full batch would fail the package's own input check, and because
+    ``max_batch_size`` is the most items the server puts in one forward: the
+    model's ``--max_batch_size`` as its family resolves it (a slide head's
+    one slide, whose tiles its family bounds by this range itself), never the
+    raw flag. Every full batch would fail the package's own input check, and because
     the generated code checks its inputs before it takes ownership of them,
     each failed call also leaks the whole input batch. Packages that record
     no range (built elsewhere) are not checked.

@@ -9,7 +9,8 @@ keeps those that fit:
 - this host can run it (:func:`~predictor.packages.host.check_host_compat`: device
   kind, platform, CPU instruction sets, GPU compute capability, torch release
   and, for CUDA, the CUDA version);
-- its batch range holds ``--max_batch_size``.
+- its batch range holds the most items the server puts in one of its forwards
+  (:data:`ServedBatch`: ``--max_batch_size`` as the model's family resolves it).
 
 Each candidate's build key is derived from what the package says of itself
 (:func:`~predictor.packages.build_key.key_from_metadata`); a recorded key that
@@ -35,7 +36,7 @@ chosen one fails its load probe (:mod:`predictor.startup`).
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,11 @@ from predictor.packages.metadata import provenance, read_metadata
 
 if TYPE_CHECKING:
     import torch
+
+ServedBatch = Callable[[Mapping[str, str]], int]
+"""The most items the server puts in one forward of a package with this metadata: its
+model's ``--max_batch_size`` as the model's family resolves it (a slide head's one slide),
+never the raw flag; start-up derives it (:func:`predictor.startup.served_batching`)."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +152,7 @@ def judge(
     device: torch.device,
     host: HostFacts,
     *,
-    max_batch_size: int | None = None,
+    served_batch: ServedBatch | None = None,
 ) -> Candidate:
     """Reads one package's metadata and says whether it fits (see the module docstring).
 
@@ -163,7 +169,7 @@ def judge(
         return Candidate(path, None, "", f"unreadable: {path}: {_why(exc, path)}")
     if lies:
         return Candidate(path, key, created, f"lies about its build: {'; '.join(lies)}", metadata)
-    mismatch = _mismatch(metadata, device, host, max_batch_size)
+    mismatch = _mismatch(metadata, device, host, served_batch)
     return Candidate(path, key, created, mismatch, metadata)
 
 
@@ -180,12 +186,12 @@ def _mismatch(
     metadata: Mapping[str, str],
     device: torch.device,
     host: HostFacts,
-    max_batch_size: int | None,
+    served_batch: ServedBatch | None,
 ) -> str:
     try:
         check_host_compat(metadata, device, host)
-        if max_batch_size is not None:
-            check_batch_size(metadata, max_batch_size)
+        if served_batch is not None:
+            check_batch_size(metadata, served_batch(metadata))
     except StartupError as exc:
         return str(exc)
     return ""
@@ -205,7 +211,7 @@ def choose_package(
     device: torch.device,
     host: HostFacts | None = None,
     *,
-    max_batch_size: int | None = None,
+    served_batch: ServedBatch | None = None,
 ) -> PackageChoice:
     """The package to serve from ``candidates`` (every ``*.pt2`` of ``model_dir``).
 
@@ -218,7 +224,8 @@ def choose_package(
         candidates: Its ``*.pt2`` files.
         device: The device the server runs on.
         host: This host's facts; detected when ``None`` (tests pass fakes).
-        max_batch_size: ``--max_batch_size``: a package's range must hold it.
+        served_batch: The most items a forward of each candidate holds
+            (:data:`ServedBatch`): its batch range must hold it; None: not checked.
 
     Raises:
         IncompatiblePackage: None fits: names each candidate and its mismatch,
@@ -229,7 +236,7 @@ def choose_package(
     if len(candidates) == 1:
         return taken(candidates[0], f"the only *.pt2 in {model_dir}")
     host = host or HostFacts.detect()
-    judged = [judge(p, device, host, max_batch_size=max_batch_size) for p in candidates]
+    judged = [judge(p, device, host, served_batch=served_batch) for p in candidates]
     fitting = rank(judged)
     if not fitting:
         raise IncompatiblePackage(_none_fits(model_dir, judged, device, host))

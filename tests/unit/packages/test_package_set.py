@@ -94,7 +94,7 @@ def test_three_builds_on_this_cpu_take_the_native_one(
 ) -> None:
     candidates = _set(tmp_path, builds, "native", "v3", "gpu")
     choice = package_set.choose_package(
-        tmp_path, candidates, CPU, HostFacts.detect(), max_batch_size=8
+        tmp_path, candidates, CPU, HostFacts.detect(), served_batch=lambda _: 8
     )
     assert choice.path.name == builds["native"].name
     rejected = dict(choice.rejected)
@@ -112,7 +112,7 @@ def test_a_cpu_without_the_native_build_s_instructions_takes_the_portable_one(
 ) -> None:
     candidates = _set(tmp_path, builds, "native", "v3", "gpu")
     choice = package_set.choose_package(
-        tmp_path, candidates, CPU, _narrow_cpu(builds), max_batch_size=8
+        tmp_path, candidates, CPU, _narrow_cpu(builds), served_batch=lambda _: 8
     )
     assert choice.path.name == builds["v3"].name
     assert "missing" in dict(choice.rejected)[builds["native"].name]
@@ -121,12 +121,12 @@ def test_a_cpu_without_the_native_build_s_instructions_takes_the_portable_one(
 def test_the_batch_size_flag_is_part_of_the_fit(tmp_path: Path, builds: dict[str, Path]) -> None:
     candidates = _set(tmp_path, builds, "v3", "native")
     choice = package_set.choose_package(
-        tmp_path, candidates, CPU, _narrow_cpu(builds), max_batch_size=8
+        tmp_path, candidates, CPU, _narrow_cpu(builds), served_batch=lambda _: 8
     )
     assert choice.path.name == builds["v3"].name
     with pytest.raises(IncompatiblePackage) as failed:
         package_set.choose_package(
-            tmp_path, candidates, CPU, _narrow_cpu(builds), max_batch_size=32
+            tmp_path, candidates, CPU, _narrow_cpu(builds), served_batch=lambda _: 32
         )
     assert "--max_batch_size 32 is above the batch range" in str(failed.value)
 
@@ -137,7 +137,7 @@ def test_on_a_gpu_node_the_gpu_build_of_its_architecture_is_taken(
     candidates = _set(tmp_path, builds, "native", "v3", "gpu")
     cuda = torch.device("cuda", 0)
     choice = package_set.choose_package(
-        tmp_path, candidates, cuda, _gpu_host("90"), max_batch_size=8
+        tmp_path, candidates, cuda, _gpu_host("90"), served_batch=lambda _: 8
     )
     assert choice.path.name == builds["gpu"].name
     assert choice.key is not None and choice.key.target == "sm_90+x86-64-v3"
@@ -149,7 +149,9 @@ def test_none_fitting_names_each_candidate_the_missing_key_and_the_command(
     candidates = _set(tmp_path, builds, "native", "v3", "gpu")
     cuda = torch.device("cuda", 0)
     with pytest.raises(IncompatiblePackage) as failed:
-        package_set.choose_package(tmp_path, candidates, cuda, _gpu_host("80"), max_batch_size=8)
+        package_set.choose_package(
+            tmp_path, candidates, cuda, _gpu_host("80"), served_batch=lambda _: 8
+        )
     text = str(failed.value)
     assert text.startswith(f"no package in {tmp_path} fits this host (cuda:0, sm_80")
     assert f"{builds['gpu'].name}: package was built for sm_90" in text
@@ -193,7 +195,7 @@ def test_an_unreadable_member_of_a_set_is_a_named_mismatch(
     (tmp_path / "half-copied.pt2").write_bytes(b"PK\x03\x04 truncated")
     choice = package_set.choose_package(
         tmp_path, [*candidates, tmp_path / "half-copied.pt2"], CPU, HostFacts.detect(),
-        max_batch_size=8,
+        served_batch=lambda _: 8,
     )  # fmt: skip
     assert choice.path.name == builds["v3"].name
     assert dict(choice.rejected)["half-copied.pt2"].startswith("unreadable: ")
@@ -323,7 +325,7 @@ def test_each_mistyped_field_is_that_candidate_s_named_mismatch_and_the_others_a
 ) -> None:
     (good,) = _set(tmp_path, builds, "v3")
     choice = package_set.choose_package(
-        tmp_path, [good, *mistyped.values()], CPU, _narrow_cpu(builds), max_batch_size=8
+        tmp_path, [good, *mistyped.values()], CPU, _narrow_cpu(builds), served_batch=lambda _: 8
     )
     assert choice.path == good
     rejected = dict(choice.rejected)
