@@ -41,8 +41,10 @@ from predictor.model.forward import ForwardBatch, batch_forward, item_tiles, que
 from predictor.model.metrics import DeviceSampler, Metrics
 from predictor.model.options import ServingOptions
 from predictor.model.served_package import ServedPackage
-from predictor.pt2.loader import LoadedPackage, StartupPhases, inspect_package, open_package
-from predictor.pt2.package_set import config_facts
+from predictor.packages.facts import inspect_package
+from predictor.packages.package_set import config_facts
+from predictor.packages.phases import StartupPhases
+from predictor.runtime.loader import LoadedPackage, open_package
 from predictor.spec import ModelSpec
 
 logger = logging.getLogger("histoserve")

@@ -99,14 +99,14 @@ def test_the_batcher_and_the_workers_run_one_slide_a_forward(
     monkeypatch.setattr(DeviceWorkers, "runs", runs)
     sizes: list[int] = []
     gate = threading.Event()
-    forward_batch = model.forward_batch
+    forward_batch = model.family.forward_batch
 
-    def recording(samples, requests, mode):
+    def recording(samples, requests, mode, slot):
         sizes.append(len(samples))
         gate.wait(30)  # the running forwards wait until every slide is queued
-        return forward_batch(samples, requests, mode)
+        return forward_batch(samples, requests, mode, slot)
 
-    monkeypatch.setattr(model, "forward_batch", recording)
+    monkeypatch.setattr(model.family, "forward_batch", recording)
     features = np.random.default_rng(0).normal(size=(5, SPEC.feature_dim)).astype(np.float32)
 
     def request() -> InferRequest:
