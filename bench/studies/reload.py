@@ -9,9 +9,10 @@ p99 within 2x of without". One server, ``--model_control explicit --models a``,
   back (:mod:`bench.load.generator`, its own process): the device saturated;
 * ``b``: the demo ``tissue-seg`` segmenter (the model a lab loads beside its
   encoder), its folder's ``histoserve.json`` setting ``load_probe``
-  (``--b-probe``, default ``on``: every load of ``b`` pays the load probe's
-  child process, ``import torch`` and all, the worst case; ``auto`` probes only
-  the first load on a host).
+  (``--b-probe``): ``auto``, the default, probes only a package's first load
+  on a host (the untimed warm-up load here), so every timed load is a reload;
+  ``on`` makes every load pay the load probe's child process (``import
+  torch``, the load, one batch: seconds of CPU), the worst case.
 
 Phases alternate (``steady, churn, churn, steady`` per two rounds) over
 ``--rounds``, each ``--window-s`` measured seconds after a warm-up: in a
@@ -22,9 +23,18 @@ the whole phase. Per phase: ``a``'s tiles/s, p50/p99 and errors (must be
 none), the loads and unloads done and their seconds, and the cores used by the
 server, the clients and everything else. The figure is ``a``'s p99 in churn
 over its p99 in steady (issue 51's target: at most 2), per pair of adjacent
-phases and over all of them.
+phases and over all of them. Beside it, the event loop's responsiveness:
+``GET /v2/health/live`` every 100 ms through each phase (p99 and max), and
+from the server's log the median seconds of each step of ``b``'s loads
+(digest, metadata, extraction, load, the load probe's child, the family's
+check, warm-up): where a load's time goes.
 
-With ``--before COMMIT`` the server at that commit (only ``predictor/``
+With ``--server-cpus LIST`` each server (its threads and the load probe's
+child) runs on those cores only (``taskset``): on this shared 2-core machine
+other people's jobs otherwise take most of the second core, and what the
+load takes from the serving model is lost in their noise; on one core the
+load competes with the serving model alone, as in a pod with a one-core
+limit. With ``--before COMMIT`` the server at that commit (only ``predictor/``
 differs, :mod:`bench.servers.before`) runs beside this checkout's, both
 started at once, and each round runs both arms' phases, the arms' order
 alternating: a before-and-after from one stretch of time.
@@ -38,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import statistics
 import tempfile
@@ -86,7 +97,11 @@ def _model_dir(root: Path, args: argparse.Namespace) -> Path:
 
 
 def _start(
-    model_dir: Path, root: Path, arm: str, extra: tuple[str, ...], source: Path | None
+    model_dir: Path,
+    root: Path,
+    extra: tuple[str, ...],
+    source: Path | None,
+    cpus: str | None,
 ) -> Any:
     from bench.servers.launch import bench_env
     from harness.server import free_port, predictor_command, spawn
@@ -96,6 +111,8 @@ def _start(
         model_dir, ports, "--device", "cpu", "--preprocess_workers", "2",
         "--model_control", "explicit", "--models", "a", "--drain_timeout_s", "10", *extra,
     )  # fmt: skip
+    if cpus:  # the server, its threads and the load probe's child on these cores only
+        args = ["taskset", "-c", cpus, *args]
     env = bench_env(1)
     kind = "before" if source else "histoserve"
     env["XDG_CACHE_HOME"] = str(root / f"cache-{kind}")  # a fresh load-probe record
@@ -156,6 +173,66 @@ class Churn:
             self.call("unload")
 
 
+class LoopProbe:
+    """``GET /v2/health/live`` every ``interval_s`` until stopped: the event loop's
+    responsiveness (a load holding the GIL or the cores shows as its latency)."""
+
+    def __init__(self, base: str, interval_s: float = 0.1):
+        self._url, self._interval_s = f"{base}/v2/health/live", interval_s
+        self._stop = threading.Event()
+        self.latencies_s: list[float] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        """Starts polling in its thread."""
+        self._thread.start()
+
+    def stop(self) -> dict[str, float | None]:
+        """Ends polling; p50, p99 and max latency in ms."""
+        self._stop.set()
+        self._thread.join(60)
+        return latency_ms(self.latencies_s)
+
+    def _run(self) -> None:
+        import httpx
+
+        with httpx.Client(timeout=30, trust_env=False) as client:
+            while not self._stop.wait(self._interval_s):
+                started = time.monotonic()
+                try:
+                    client.get(self._url)
+                except httpx.HTTPError:
+                    continue
+                self.latencies_s.append(time.monotonic() - started)
+
+
+def latency_ms(values_s: list[float]) -> dict[str, float | None]:
+    """p50, p99 and max of ``values_s`` in ms (None when empty)."""
+    if not values_s:
+        return {"p50_ms": None, "p99_ms": None, "max_ms": None}
+    ordered = sorted(values_s)
+
+    def at(q: float) -> float:
+        return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
+
+    return {"p50_ms": at(0.5), "p99_ms": at(0.99), "max_ms": round(1000 * ordered[-1], 1)}
+
+
+_PHASES_LINE = re.compile(r"/models/b/.*start-up phases: (.*)$")
+_PHASE = re.compile(r"(\w+) ([0-9.]+)s")
+
+
+def load_phases(log: str) -> dict[str, float]:
+    """Median seconds of each start-up phase over ``b``'s loads in a server log
+    (``loaded ... models/b/...; start-up phases: digest 0.003s, ...``)."""
+    seen: dict[str, list[float]] = {}
+    for line in log.splitlines():
+        found = _PHASES_LINE.search(line)
+        for name, value in _PHASE.findall(found.group(1)) if found else ():
+            seen.setdefault(name, []).append(float(value))
+    return {name: round(statistics.median(v), 3) for name, v in seen.items()}
+
+
 def _job(server: Any, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "protocol": "v2-pixels",
@@ -178,10 +255,13 @@ def _job(server: Any, args: argparse.Namespace) -> dict[str, Any]:
 def run_phase(client: Any, server: Any, kind: str, args: argparse.Namespace) -> dict[str, Any]:
     """One phase: ``a``'s load generator for a warm-up and a window, with or without churn."""
     churn = Churn(server.base) if kind == "churn" else None
+    loop = LoopProbe(server.base)
+    loop.start()
     if churn:
         churn.start()
     result = client.run(_job(server, args))
     calls = churn.stop() if churn else []
+    health = loop.stop()
     if "failed" in result:
         raise RuntimeError(f"{kind}: the load generator failed: {result['failed']}")
     cores = {
@@ -197,9 +277,15 @@ def run_phase(client: Any, server: Any, kind: str, args: argparse.Namespace) -> 
         "requests": result["requests"],
         "errors": result["errors"],
         "forward_busy": result.get("forward_busy"),
+        "health_ms": health,
         "cores": cores,
         "calls": calls,
     }
+
+
+def _median_of(values: Any) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 1) if known else None
 
 
 def summarise(phases: list[dict[str, Any]]) -> dict[str, Any]:
@@ -227,6 +313,11 @@ def summarise(phases: list[dict[str, Any]]) -> dict[str, Any]:
             "unloads": len(unloads),
             "calls_failed": sum(1 for c in calls if c["status"] != 200),
             "load_s_median": round(statistics.median(loads), 2) if loads else None,
+            "health_p99_ms": _median_of(p.get("health_ms", {}).get("p99_ms") for p in mine),
+            "health_max_ms": max(
+                (p["health_ms"]["max_ms"] for p in mine if p.get("health_ms", {}).get("max_ms")),
+                default=None,
+            ),
             "unload_s_median": round(statistics.median(unloads), 2) if unloads else None,
         }
     pairs = [phases[i : i + 2] for i in range(0, len(phases) - 1, 2)]
@@ -251,7 +342,7 @@ def markdown(summary: dict[str, Any]) -> str:
     """The summary as one Markdown table."""
     head = [
         "phase", "a tiles/s", "a p50 ms", "a p99 ms (each phase)", "a errors",
-        "b loads / unloads", "load s / unload s (median)",
+        "b loads / unloads", "load s / unload s (median)", "health p99 / max ms",
     ]  # fmt: skip
     body = []
     for kind in PHASES:
@@ -261,7 +352,8 @@ def markdown(summary: dict[str, Any]) -> str:
             [kind, number(s["tiles_per_s"]), number(s["p50_ms"], 0),
              f"{number(s['p99_ms'], 0)} ({each})", str(s["errors"]),
              f"{s['loads']} / {s['unloads']}",
-             f"{number(s['load_s_median'], 2)} / {number(s['unload_s_median'], 2)}"]
+             f"{number(s['load_s_median'], 2)} / {number(s['unload_s_median'], 2)}",
+             f"{number(s['health_p99_ms'], 0)} / {number(s['health_max_ms'], 0)}"]
         )  # fmt: skip
     ratios = ", ".join(number(v, 2) for v in summary["pair_ratios"])
     lines = table(head, body)
@@ -273,7 +365,7 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def measure(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
+def measure(args: argparse.Namespace, root: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Starts the server(s), loads and unloads ``b`` once on each, runs :func:`phase_order`."""
     from bench.matrix.cells import LoadClient
 
@@ -284,7 +376,9 @@ def measure(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
 
         sources[f"before ({args.before})"] = source_tree(args.before)
     extra = tuple(args.server_flag)
-    servers = {arm: _start(model_dir, root, arm, extra, src) for arm, src in sources.items()}
+    servers = {
+        arm: _start(model_dir, root, extra, src, args.server_cpus) for arm, src in sources.items()
+    }
     client = None
     try:
         for arm, server in servers.items():
@@ -309,7 +403,7 @@ def measure(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
             client.close()
         for server in servers.values():
             server.stop()
-    return phases
+    return phases, {arm: load_phases(server.log()) for arm, server in servers.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8, help="a's closed-loop clients")
     parser.add_argument("--tiles", type=int, default=16, help="tiles per request to a")
     parser.add_argument("--batch", type=int, default=32, help="a's max_batch_size")
-    parser.add_argument("--b-probe", choices=("auto", "on", "off"), default="on")
+    parser.add_argument("--b-probe", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--warmup-s", type=float, default=3.0)
     parser.add_argument("--window-s", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=2, help="pairs of phases")
@@ -325,6 +419,12 @@ def main(argv: list[str] | None = None) -> int:
         "--server-flag", action="append", default=[], help="one more server flag (repeat)"
     )
     parser.add_argument("--before", default=None, help="also run the server at this commit")
+    parser.add_argument(
+        "--server-cpus",
+        default=None,
+        help="the servers' cores (taskset -c LIST), e.g. 1: serving and loading share one "
+        "core, as in a pod limited to one; default: every core",
+    )
     parser.add_argument("--machine", default="", help="what the run ran on, for the record")
     parser.add_argument("--out", type=Path, default=None, help="JSON results file")
     args = parser.parse_args(argv)
@@ -337,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="reload-"))
     try:
-        phases = measure(args, root)
+        phases, steps = measure(args, root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     arms = list(dict.fromkeys(p["arm"] for p in phases))
@@ -350,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.monotonic() - started, 1),
         "target_p99_ratio": TARGET_P99_RATIO,
         "summary": summary,
+        "load_steps_s_median": steps,
         "phases": phases,
     }
     if args.out:

@@ -104,3 +104,23 @@ def test_the_studies_import_without_starting_anything() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_reload_reads_each_load_step_from_the_server_log_and_health_percentiles() -> None:
+    log = "\n".join(
+        [
+            "INFO loaded /m/a/h0-mini.pt2 (h0-mini) on cpu; start-up phases: digest 9.000s",
+            "INFO loaded /m/b/x.pt2 (x) on cpu; start-up phases: digest 0.002s, probe 0.200s",
+            "INFO loaded /m/b/x.pt2 (x) on cpu; start-up phases: digest 0.004s, probe 0.100s, "
+            "load_probe 3.000s",
+            "INFO loaded /m/b/x.pt2 (x) on cpu; start-up phases: digest 0.006s, probe 0.300s",
+        ]
+    )
+    log = log.replace("/m/", "/tmp/r/models/")
+    assert reload.load_phases(log) == {"digest": 0.004, "probe": 0.2, "load_probe": 3.0}
+    assert reload.latency_ms([0.001] * 99 + [0.5]) == {
+        "p50_ms": 1.0,
+        "p99_ms": 500.0,
+        "max_ms": 500.0,
+    }
+    assert reload.latency_ms([])["p99_ms"] is None
