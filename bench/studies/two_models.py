@@ -31,9 +31,11 @@ closed-loop clients at once, each model's from its own load generator process
 (:mod:`bench.load.generator`, same warm-up and window), histoserve and Triton
 back to back, their order alternating between rounds (H, T, then T, H) so a
 machine that slows down weighs on both. Per cell and model: tiles/s, p50/p99
-request latency, errors, the model's busy seconds on the device from the
-server's own counters (histoserve's ``histoserve_forward_seconds``, Triton's
-``nv_inference_compute_infer_duration_us``); per cell the cores used by the
+request latency, errors, and the model's *busy share* (seconds busy per
+second) from the server's own counters: histoserve's forward seconds (its
+batches on the device), Triton's compute duration (for a Python backend the
+whole execution: the stub, pytriton's proxy and the callable, waits for the
+GIL included, so its two models' shares may sum past one); per cell the cores used by the
 server, the two clients and everything else on the machine. The in-process
 forward of each model at its request's batch (the *limit*, one thread) is
 measured before and after the rounds: each model's tiles/s over its limit is
@@ -214,7 +216,7 @@ COUNTERS = {
         "nv_inference_request_success",
     ),
 }
-"""The Prometheus counters read per model around a cell: each server's device time."""
+"""The Prometheus counters read per model around a cell: each server's busy seconds."""
 _MODEL_LABEL = re.compile(r'model="([^"]+)"')
 
 
@@ -233,9 +235,9 @@ def read_counters(text: str, names: tuple[str, ...]) -> dict[str, dict[str, floa
 def device_seconds(
     kind: str, before: Mapping[str, Mapping[str, float]], after: Mapping[str, Mapping[str, float]]
 ) -> dict[str, float]:
-    """Each model's seconds on the device between two readings of :data:`COUNTERS`.
+    """Each model's busy seconds between two readings of :data:`COUNTERS`.
 
-    histoserve's forward seconds are per batch. Triton's compute duration is
+    histoserve's forward seconds are per batch (its device time). Triton's compute duration is
     per request, every request of a batch counted with the whole batch's
     time, so it is scaled by batches over requests: exact when the batches of
     the window hold the same number of requests, an estimate otherwise.
@@ -313,7 +315,7 @@ def run_cell(
             "p99_ms": r["p99_ms"],
             "requests": r["requests"],
             "errors": sum(r["errors"].values()),
-            "device_share": busy.get(m.name, 0.0) / wall,
+            "busy_share": busy.get(m.name, 0.0) / wall,
         }
     first = results[models[0].name]
     clients_cores = sum(results[m.name].get("client_cores", 0.0) for m in models)
@@ -394,8 +396,8 @@ def summarise(cells: list[dict[str, Any]], limit_tps: Mapping[str, float]) -> li
                 )
                 row[f"{server}_p99_ms"] = round(statistics.median(f["p99_ms"] for f in figures), 1)
                 row[f"{server}_errors"] = sum(f["errors"] for f in figures)
-                row[f"{server}_device_share"] = round(
-                    statistics.fmean(f["device_share"] for f in figures), 3
+                row[f"{server}_busy_share"] = round(
+                    statistics.fmean(f["busy_share"] for f in figures), 3
                 )
             per_round = []
             for r in rounds:
@@ -421,7 +423,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     """The summary as one Markdown table."""
     head = [
         "protocol", "model", "histoserve tiles/s", "Triton tiles/s", "H/T tiles/s (rounds)",
-        "histoserve p99 ms", "Triton p99 ms", "H/T p99", "device share H / T", "errors H / T",
+        "histoserve p99 ms", "Triton p99 ms", "H/T p99", "busy share H / T", "errors H / T",
     ]  # fmt: skip
     body = []
     for r in rows:
@@ -453,7 +455,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                 number(r["histoserve_p99_ms"], 0),
                 number(r["triton_p99_ms"], 0),
                 number(r["p99_ratio"], 2),
-                f"{number(r['histoserve_device_share'], 2)} / {number(r['triton_device_share'], 2)}",
+                f"{number(r['histoserve_busy_share'], 2)} / {number(r['triton_busy_share'], 2)}",
                 f"{r['histoserve_errors']} / {r['triton_errors']}",
             ]
         )
@@ -551,7 +553,8 @@ UNFAIR = (
     "Against histoserve: Triton's HTTP/gRPC front ends and batchers are C++ threads outside "
     "any GIL; histoserve parses both models' requests in one Python event loop, and its "
     "device scheduler runs one batch at a time across the models (one CPU device), where "
-    "Triton may run both models' batches at once (each its own instance).",
+    "Triton starts both models' batches at once (each its own instance; their forwards then "
+    "contend for the GIL and the two cores).",
     "The split between models is each server's policy: histoserve shares device time by "
     "equal weights; Triton runs whatever each instance's batcher hands it. Per-model tiles/s "
     "therefore differ by policy as well as by cost; the *model work* row (tiles/s over each "

@@ -13,7 +13,7 @@ from bench.studies import reload, two_models
 
 def _cell(server: str, rnd: int, tps: dict[str, float], p99: float = 100.0) -> dict:
     models = {
-        name: {"tiles_per_s": v, "p99_ms": p99, "errors": 0, "device_share": 0.4}
+        name: {"tiles_per_s": v, "p99_ms": p99, "errors": 0, "busy_share": 0.4}
         for name, v in tps.items()
     }
     return {"server": server, "protocol": "v2-pixels", "round": rnd, "models": models}
