@@ -369,7 +369,8 @@ def summarise(cells: list[dict[str, Any]], limit_tps: Mapping[str, float]) -> li
     both, and the ratio of each round (its H and T cells ran back to back) so
     the spread shows. ``model work`` sums tiles/s over ``limit_tps`` across the
     models: the share of one core's worth of model forwards each server got
-    done, whatever its split between the models.
+    done, whatever its split between the models; that row also gives the cores the
+    server and everything else on the machine used (the mean over its cells).
     """
     rows: list[dict[str, Any]] = []
     for protocol in PROTOCOLS:
@@ -389,6 +390,11 @@ def summarise(cells: list[dict[str, Any]], limit_tps: Mapping[str, float]) -> li
                 got = [at[server, r] for r in rounds if (server, r) in at]
                 if name == "model work":
                     row[f"{server}_work"] = round(statistics.fmean(work(c) for c in got), 3)
+                    for part in ("server", "other"):
+                        known = [c["cores"][part] for c in got if c.get("cores", {}).get(part)]
+                        row[f"{server}_{part}_cores"] = (
+                            round(statistics.fmean(known), 2) if known else None
+                        )
                     continue
                 figures = [c["models"][name] for c in got]
                 row[f"{server}_tiles_per_s"] = round(
@@ -420,7 +426,7 @@ def summarise(cells: list[dict[str, Any]], limit_tps: Mapping[str, float]) -> li
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    """The summary as one Markdown table."""
+    """The summary as one Markdown table, then each protocol's cores (server, everything else)."""
     head = [
         "protocol", "model", "histoserve tiles/s", "Triton tiles/s", "H/T tiles/s (rounds)",
         "histoserve p99 ms", "Triton p99 ms", "H/T p99", "busy share H / T", "errors H / T",
@@ -459,7 +465,17 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                 f"{r['histoserve_errors']} / {r['triton_errors']}",
             ]
         )
-    return "\n".join(table(head, body))
+    lines = table(head, body)
+    for r in rows:
+        if r["model"] == "model work":
+            h, t = "histoserve", "triton"
+            lines.append(
+                f"\n{r['protocol']}: cores used by the server H "
+                f"{number(r.get(f'{h}_server_cores'), 2)} / T {number(r.get(f'{t}_server_cores'), 2)}, "
+                f"by everything else on the machine H {number(r.get(f'{h}_other_cores'), 2)} "
+                f"/ T {number(r.get(f'{t}_other_cores'), 2)}"
+            )
+    return "\n".join(lines)
 
 
 # -- the run -----------------------------------------------------------------------------------

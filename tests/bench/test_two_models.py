@@ -16,7 +16,14 @@ def _cell(server: str, rnd: int, tps: dict[str, float], p99: float = 100.0) -> d
         name: {"tiles_per_s": v, "p99_ms": p99, "errors": 0, "busy_share": 0.4}
         for name, v in tps.items()
     }
-    return {"server": server, "protocol": "v2-pixels", "round": rnd, "models": models}
+    cores = {"server": 0.9, "clients": 0.1, "other": 0.5 if server == "triton" else 0.25}
+    return {
+        "server": server,
+        "protocol": "v2-pixels",
+        "round": rnd,
+        "models": models,
+        "cores": cores,
+    }
 
 
 def test_ratios_are_per_model_per_round_and_model_work_sums_shares_of_the_limit() -> None:
@@ -39,6 +46,7 @@ def test_ratios_are_per_model_per_round_and_model_work_sums_shares_of_the_limit(
     assert work["throughput_ratio_rounds"] == [pytest.approx(1.333, abs=1e-3), 0.6]
     table = two_models.markdown(rows)
     assert "| v2-pixels | enc | 150.0 | 100.0 | 1.50 (2.00, 1.00) | 125 | 250 | 0.50 |" in table
+    assert "server H 0.90 / T 0.90, by everything else on the machine H 0.25 / T 0.50" in table
 
 
 def test_device_seconds_scale_tritons_per_request_time_by_batches_over_requests() -> None:
