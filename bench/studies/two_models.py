@@ -37,10 +37,12 @@ batches on the device), Triton's compute duration (for a Python backend the
 whole execution: the stub, pytriton's proxy and the callable, waits for the
 GIL included, so its two models' shares may sum past one); per cell the cores used by the
 server, the two clients and everything else on the machine. The in-process
-forward of each model at its request's batch (the *limit*, one thread) is
-measured before and after the rounds: each model's tiles/s over its limit is
-the share of one core's model work it got, and their sum, *model work*, is
-what the server got done of the device, whatever the split between models.
+forward of each model at its request's batch (the *limit*, one thread, in
+tiles per CPU second) is measured before and after the rounds: each model's
+tiles/s over its limit is the cores of model forwards it got, and their sum,
+*model work*, is what the server got done, whatever the split between models;
+over the cores the server used, it is the share of the server's CPU that went
+into forwards (the figure least moved by what the neighbours took).
 
 JSON with ``--out`` (the machine, the commit, every cell and the summary) and
 a Markdown table on stdout. A few minutes; not part of ``make bench``.
@@ -333,7 +335,9 @@ def run_cell(
 def limits(
     models: tuple[ModelLoad, ...], packages: Mapping[str, Path], seconds: float
 ) -> dict[str, float]:
-    """Each package's in-process tiles/s at its request's batch, one torch thread."""
+    """Each package's in-process tiles per CPU second at its request's batch, one torch
+    thread: CPU time, not wall time, so the neighbours' share of the cores while it is
+    measured does not lower it (a shared core would make a wall-clock limit too low)."""
     import torch
 
     from bench.triton.baseline import package_facts
@@ -346,11 +350,11 @@ def limits(
         x = torch.rand(m.tiles, 3, m.tile_size, m.tile_size).to(getattr(torch, facts["dtype"]))
         with torch.inference_mode():
             model(x)
-            n, started = 0, time.perf_counter()
-            while time.perf_counter() - started < seconds:
+            n, started = 0, time.thread_time()
+            while time.thread_time() - started < seconds:
                 model(x)
                 n += 1
-        out[m.name] = n * m.tiles / (time.perf_counter() - started)
+        out[m.name] = n * m.tiles / (time.thread_time() - started)
         del model
     return out
 
@@ -358,6 +362,10 @@ def limits(
 # -- the summary (pure) ------------------------------------------------------------------------
 def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
+
+
+def _server_cores(cell: Mapping[str, Any]) -> float:
+    return float(cell.get("cores", {}).get("server") or 0.0)
 
 
 def summarise(cells: list[dict[str, Any]], limit_tps: Mapping[str, float]) -> list[dict[str, Any]]:
@@ -370,7 +378,9 @@ def summarise(cells: list[dict[str, Any]], limit_tps: Mapping[str, float]) -> li
     the spread shows. ``model work`` sums tiles/s over ``limit_tps`` across the
     models: the share of one core's worth of model forwards each server got
     done, whatever its split between the models; that row also gives the cores the
-    server and everything else on the machine used (the mean over its cells).
+    server and everything else on the machine used (the mean over its cells), and
+    the model work per core the server used (``work_per_core``: what its CPU
+    bought, the figure least moved by how much of the machine others took).
     """
     rows: list[dict[str, Any]] = []
     for protocol in PROTOCOLS:
@@ -390,6 +400,10 @@ def summarise(cells: list[dict[str, Any]], limit_tps: Mapping[str, float]) -> li
                 got = [at[server, r] for r in rounds if (server, r) in at]
                 if name == "model work":
                     row[f"{server}_work"] = round(statistics.fmean(work(c) for c in got), 3)
+                    per_core = [work(c) / c["cores"]["server"] for c in got if _server_cores(c)]
+                    row[f"{server}_work_per_core"] = (
+                        round(statistics.fmean(per_core), 3) if per_core else None
+                    )
                     for part in ("server", "other"):
                         known = [c["cores"][part] for c in got if c.get("cores", {}).get(part)]
                         row[f"{server}_{part}_cores"] = (
@@ -419,7 +433,11 @@ def summarise(cells: list[dict[str, Any]], limit_tps: Mapping[str, float]) -> li
             key = "work" if name == "model work" else "tiles_per_s"
             row["throughput_ratio"] = _ratio(row[f"histoserve_{key}"], row[f"triton_{key}"])
             row["throughput_ratio_rounds"] = per_round
-            if name != "model work":
+            if name == "model work":
+                row["work_per_core_ratio"] = _ratio(
+                    row["histoserve_work_per_core"], row["triton_work_per_core"]
+                )
+            else:
                 row["p99_ratio"] = _ratio(row["histoserve_p99_ms"], row["triton_p99_ms"])
             rows.append(row)
     return rows
@@ -473,7 +491,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                 f"\n{r['protocol']}: cores used by the server H "
                 f"{number(r.get(f'{h}_server_cores'), 2)} / T {number(r.get(f'{t}_server_cores'), 2)}, "
                 f"by everything else on the machine H {number(r.get(f'{h}_other_cores'), 2)} "
-                f"/ T {number(r.get(f'{t}_other_cores'), 2)}"
+                f"/ T {number(r.get(f'{t}_other_cores'), 2)}; model work per server core H "
+                f"{number(r.get(f'{h}_work_per_core'), 2)} / T {number(r.get(f'{t}_work_per_core'), 2)}"
+                f" ({number(r.get('work_per_core_ratio'), 2)})"
             )
     return "\n".join(lines)
 
