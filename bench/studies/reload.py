@@ -27,7 +27,10 @@ phases and over all of them. Beside it, the event loop's responsiveness:
 ``GET /v2/health/live`` every 100 ms through each phase (p99 and max), and
 from the server's log the median seconds of each step of ``b``'s loads
 (digest, metadata, extraction, load, the load probe's child, the family's
-check, warm-up): where a load's time goes.
+check, warm-up): where a load's time goes. With ``--py-spy PATH`` each
+server is sampled in one more churn phase before the timed ones (``py-spy record`` at 100 Hz:
+first only where a thread holds the GIL, then every thread not idle), the
+most sampled frames kept: what the serving model waits for.
 
 With ``--server-cpus LIST`` each server (its threads and the load probe's
 child) runs on those cores only (``taskset``): on this shared 2-core machine
@@ -233,6 +236,41 @@ def load_phases(log: str) -> dict[str, float]:
     return {name: round(statistics.median(v), 3) for name, v in seen.items()}
 
 
+def py_spy_profile(py_spy: str, pid: int, seconds: float, gil: bool) -> dict[str, Any]:
+    """``py-spy record`` of ``pid`` for ``seconds`` at 100 Hz: samples per thread and the
+    most sampled innermost three frames. With ``gil``, only samples where a thread
+    holds the GIL (their count over ``100 * seconds`` is the GIL's busy share);
+    without, every thread not idle (running or waiting for a core)."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "raw.txt"
+        cmd = [py_spy, "record", "--threads", "--nonblocking", "-r", "100", "-d",
+               str(int(seconds)), "-f", "raw", "-o", str(out), "--pid", str(pid)]  # fmt: skip
+        done = subprocess.run(
+            [*cmd, "--gil"] if gil else cmd, capture_output=True, text=True, timeout=seconds + 60
+        )
+        if not out.is_file():
+            return {"failed": done.stderr[-500:]}
+        return summarise_raw(out.read_text(), 100 * int(seconds))
+
+
+def summarise_raw(raw: str, possible: int) -> dict[str, Any]:
+    """py-spy's ``raw`` output (``thread (tid): name;frame (file:line);... count``) summed."""
+    total = 0
+    frames: dict[str, int] = {}
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        inner = ";".join(part.split(" (")[0] for part in stack.split(";")[1:][-3:])
+        frames[inner] = frames.get(inner, 0) + n
+    top = sorted(frames.items(), key=lambda kv: -kv[1])[:15]
+    return {"samples": total, "possible": possible, "top_frames": dict(top)}
+
+
 def _job(server: Any, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "protocol": "v2-pixels",
@@ -252,14 +290,31 @@ def _job(server: Any, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def run_phase(client: Any, server: Any, kind: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One phase: ``a``'s load generator for a warm-up and a window, with or without churn."""
+def run_phase(
+    client: Any, server: Any, kind: str, args: argparse.Namespace, profile: bool = False
+) -> dict[str, Any]:
+    """One phase: ``a``'s load generator for a warm-up and a window, with or without churn;
+    with ``profile``, py-spy samples the server in the window (GIL, then every thread)."""
     churn = Churn(server.base) if kind == "churn" else None
     loop = LoopProbe(server.base)
     loop.start()
     if churn:
         churn.start()
+    profiled: dict[str, Any] = {}
+    if profile:
+        span = max(1.0, (args.window_s - 1) / 2)
+
+        def sample() -> None:
+            time.sleep(args.warmup_s + 0.5)
+            for gil in (True, False):
+                key = "gil" if gil else "cpu"
+                profiled[key] = py_spy_profile(args.py_spy, server.pid, span, gil)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
     result = client.run(_job(server, args))
+    if profile:
+        sampler.join(args.window_s + 120)
     calls = churn.stop() if churn else []
     health = loop.stop()
     if "failed" in result:
@@ -279,6 +334,7 @@ def run_phase(client: Any, server: Any, kind: str, args: argparse.Namespace) -> 
         "forward_busy": result.get("forward_busy"),
         "health_ms": health,
         "cores": cores,
+        **({"py_spy": profiled} if profiled else {}),
         "calls": calls,
     }
 
@@ -366,7 +422,9 @@ def markdown(summary: dict[str, Any]) -> str:
 
 
 def measure(args: argparse.Namespace, root: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Starts the server(s), loads and unloads ``b`` once on each, runs :func:`phase_order`."""
+    """Starts the server(s), loads and unloads ``b`` once on each, profiles one churn phase
+    each (``--py-spy``), runs :func:`phase_order`; the phases, and what the logs and
+    profiles say."""
     from bench.matrix.cells import LoadClient
 
     model_dir = _model_dir(root, args)
@@ -380,6 +438,7 @@ def measure(args: argparse.Namespace, root: Path) -> tuple[list[dict[str, Any]],
         arm: _start(model_dir, root, extra, src, args.server_cpus) for arm, src in sources.items()
     }
     client = None
+    profiles: dict[str, Any] = {}
     try:
         for arm, server in servers.items():
             server.wait_ready()
@@ -393,6 +452,9 @@ def measure(args: argparse.Namespace, root: Path) -> tuple[list[dict[str, Any]],
             print(json.dumps({"arm": arm, "warm-up": warm.calls}), flush=True)
         client = LoadClient()
         phases = []
+        for arm in servers if args.py_spy else ():  # an extra churn phase each, not timed
+            profiled = run_phase(client, servers[arm], "churn", args, profile=True)
+            profiles[arm] = {k: profiled[k] for k in ("py_spy", "tiles_per_s", "p99_ms")}
         for arm, kind in phase_order(args.rounds, tuple(servers)):
             phases.append({"arm": arm, **run_phase(client, servers[arm], kind, args)})
             p = phases[-1]
@@ -403,7 +465,8 @@ def measure(args: argparse.Namespace, root: Path) -> tuple[list[dict[str, Any]],
             client.close()
         for server in servers.values():
             server.stop()
-    return phases, {arm: load_phases(server.log()) for arm, server in servers.items()}
+    steps = {arm: load_phases(server.log()) for arm, server in servers.items()}
+    return phases, {"load_steps_s_median": steps, "py_spy_churn": profiles}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -425,6 +488,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the servers' cores (taskset -c LIST), e.g. 1: serving and loading share one "
         "core, as in a pod limited to one; default: every core",
     )
+    parser.add_argument(
+        "--py-spy",
+        default=None,
+        help="py-spy's path: sample each server in its first churn phase (who holds the GIL, "
+        "then where every thread is)",
+    )
     parser.add_argument("--machine", default="", help="what the run ran on, for the record")
     parser.add_argument("--out", type=Path, default=None, help="JSON results file")
     args = parser.parse_args(argv)
@@ -437,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="reload-"))
     try:
-        phases, steps = measure(args, root)
+        phases, found = measure(args, root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     arms = list(dict.fromkeys(p["arm"] for p in phases))
@@ -450,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.monotonic() - started, 1),
         "target_p99_ratio": TARGET_P99_RATIO,
         "summary": summary,
-        "load_steps_s_median": steps,
+        **found,
         "phases": phases,
     }
     if args.out:

@@ -132,3 +132,17 @@ def test_reload_reads_each_load_step_from_the_server_log_and_health_percentiles(
         "max_ms": 500.0,
     }
     assert reload.latency_ms([])["p99_ms"] is None
+
+
+def test_reload_sums_py_spys_raw_samples_by_innermost_frames() -> None:
+    raw = "\n".join(
+        [
+            "thread (1): MainThread;run (a.py:1);forward (b.py:2);call (c.py:3);native (d.py:4) 7",
+            "thread (2): batcher;run (a.py:1);forward (b.py:2);call (c.py:3);native (d.py:4) 3",
+            "thread (3): load;load (l.py:1);probe (p.py:2) 5",
+            "garbage line",
+        ]
+    )
+    got = reload.summarise_raw(raw, 800)
+    assert got["samples"] == 15 and got["possible"] == 800
+    assert got["top_frames"] == {"forward;call;native": 10, "load;probe": 5}
