@@ -1,16 +1,17 @@
 """A load's blocking work in its own thread at a lower OS priority, awaited from the serving loop.
 
 A model loaded while others serve (``--model_control explicit``) costs the CPU:
-the load probe's child process (``import torch``, the package's load and one
-batch: seconds of CPU), the digest, the package's load, the family's check and
-warm-up forwards. At the same priority as the serving models' device workers
-and event loop, that work takes their cores: with one model saturating a 2-core
-host and another loaded and unloaded back to back, the serving model's p99
-was 2.5x its p99 without (``docs/deployment.md``, "Load and unload under
+the load probe's child process on a first load (``import torch``, the
+package's load and one batch: seconds of CPU), then the digest, the package's
+load and the family's check of its outputs (a forward at batches of 1 and 2,
+the largest part of a reload). At the same priority as the serving models'
+device workers, that work takes their cores: reloads back to back on a
+server confined to one core cost the serving model 32-68 % of its tiles/s
+and up to 3.8x its p99 (``docs/deployment.md``, "Load and unload under
 load"). :func:`run_lowered` runs the load in a fresh thread whose niceness
 is raised by :data:`LOAD_NICE` (Linux: niceness is per thread, and the probe's
 child inherits it), so the serving threads win the cores and the load takes
-what they leave.
+what they leave (there: 81-120 % of the tiles/s kept, the p99 within 2x).
 
 A thread is made per call and ends with it: a pooled thread would keep the
 lowered priority for whatever ran on it next. Threads the load starts inherit
