@@ -42,6 +42,9 @@ SCRIPTS = Path(__file__).resolve().parent
 """Where :mod:`bench.triton.server` and :mod:`bench.triton.embedding_check` are, run by path in ``VENV``."""
 PROTOCOLS = ("v2-pixels", "v2-grpc")
 COSINE_OK = 0.999  # bf16 packages: the two normalisations may round an input differently
+MASK_AGREE_OK = 0.999
+"""A segmenter's served mask against the in-process one: the share of pixels that must agree
+(a logit within rounding of the threshold may fall either side)."""
 
 UNFAIR = (
     "Against Triton: its Python backend moves every batch across processes "
@@ -103,6 +106,7 @@ def package_facts(package: Path) -> dict[str, str]:
         "dtype": str(package_input_dtype(metadata)).removeprefix("torch."),
         "tile_size": str(spec.tile_size),
         "embedding_dim": str(spec.embedding_dim),
+        "mask_threshold": str(spec.mask_threshold),
     }
 
 
@@ -144,6 +148,61 @@ def start_triton(
     return TritonServer(**base, metrics_port=metrics_port)
 
 
+@dataclass(frozen=True)
+class TritonModel:
+    """One model of a Triton hosting several (``bench/triton/server.py --models_json``)."""
+
+    name: str
+    package: Path
+    output: str  # "embedding" or "mask"
+    max_batch_size: int
+    max_latency_ms: float
+    instances: int = 1
+    mask_threshold: float | None = None  # None: the package's spec's
+
+
+def start_triton_models(
+    models: list[TritonModel], *, device: str, threads: int, log_dir: Path
+) -> TritonServer:
+    """One Triton hosting every model of ``models``, each with its own dynamic batcher
+    and instance group (not yet ready; its ``model_name`` is the first model's).
+
+    Raises:
+        FileNotFoundError: ``.venv-triton`` is missing.
+    """
+    if not available():
+        raise FileNotFoundError(f"{VENV} is missing; `make bench` creates it")
+    entries = []
+    for model in models:
+        facts = package_facts(model.package)
+        entries.append(
+            {
+                "model_name": model.name, "package": str(model.package), "output": model.output,
+                "max_batch_size": model.max_batch_size, "max_latency_ms": model.max_latency_ms,
+                "instances": model.instances, "mean": facts["mean"], "std": facts["std"],
+                "dtype": facts["dtype"], "tile_size": int(facts["tile_size"]),
+                "embedding_dim": int(facts["embedding_dim"]),
+                "mask_threshold": model.mask_threshold or float(facts["mask_threshold"]),
+            }
+        )  # fmt: skip
+    log_dir.mkdir(parents=True, exist_ok=True)
+    models_json = log_dir / "triton-models.json"
+    models_json.write_text(json.dumps(entries, indent=1))
+    ports = (free_port(), free_port())
+    metrics_port = free_port()
+    args = [
+        str(VENV / "bin" / "python"), str(SCRIPTS / "server.py"), "--models_json", str(models_json),
+        "--http_port", str(ports[0]), "--grpc_port", str(ports[1]),
+        "--metrics_port", str(metrics_port), "--device", device, "--threads", str(threads),
+    ]  # fmt: skip
+    server = spawn(
+        args, ports=ports, log_dir=log_dir, model_name=models[0].name, env=_env(threads),
+        kind="triton",
+    )  # fmt: skip
+    base = {f.name: getattr(server, f.name) for f in fields(Server)}
+    return TritonServer(**base, metrics_port=metrics_port)
+
+
 def start_triton_defaults(package: Path, *, model: str, device: str, log_dir: Path) -> TritonServer:
     """Triton as a user would first configure it for this package (not yet ready).
 
@@ -176,20 +235,34 @@ def ready_beside_triton(
     return started
 
 
-def check_embeddings(package: Path, servers: Mapping[str, Server]) -> dict[str, Any]:
-    """Served embeddings vs the in-process forward, per server and protocol.
+def check_embeddings(
+    package: Path,
+    servers: Mapping[str, Server],
+    *,
+    model: str | None = None,
+    output: str = "embedding",
+    mask_threshold: float | None = None,
+) -> dict[str, Any]:
+    """Served answers vs the in-process forward, per server and protocol.
+
+    ``model`` names the model on every server (default: each server's own
+    ``model_name``); ``output`` is ``embedding`` (cosine at least
+    :data:`COSINE_OK`) or a segmenter's ``mask`` (pixels agreeing at least
+    :data:`MASK_AGREE_OK`) at ``mask_threshold`` (default: the package's spec's).
 
     Returns:
-        ``{server: {protocol: {"max_abs", "min_cosine", "ok"}}}``, or
+        ``{server: {protocol: {"max_abs", "min_cosine", "ok"}}}`` (a mask's:
+        ``agree``, ``tissue``, ``expected_tissue``, ``ok``), or
         ``{"failed": reason}`` if the check itself could not run.
     """
     facts = package_facts(package)
     args = [
         str(VENV / "bin" / "python"), str(SCRIPTS / "embedding_check.py"),
         "--package", str(package), "--mean", facts["mean"], "--std", facts["std"],
-        "--dtype", facts["dtype"], "--tile_size", facts["tile_size"],
+        "--dtype", facts["dtype"], "--tile_size", facts["tile_size"], "--output", output,
+        "--mask_threshold", str(mask_threshold or facts["mask_threshold"]),
         *(item for name, s in servers.items()
-          for item in ("--server", f"{name}={s.http_url},{s.grpc_url},{s.model_name}")),
+          for item in ("--server", f"{name}={s.http_url},{s.grpc_url},{model or s.model_name}")),
     ]  # fmt: skip
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300, env=_env(1))
     if proc.returncode != 0:
@@ -197,7 +270,10 @@ def check_embeddings(package: Path, servers: Mapping[str, Server]) -> dict[str, 
     report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     for protocols in report.values():
         for result in protocols.values():
-            result["ok"] = result.get("min_cosine", 0.0) >= COSINE_OK
+            if output == "mask":
+                result["ok"] = result.get("agree", 0.0) >= MASK_AGREE_OK
+            else:
+                result["ok"] = result.get("min_cosine", 0.0) >= COSINE_OK
     return report
 
 

@@ -17,6 +17,15 @@ What it serves, to match histoserve's work per tile:
   ``(x/255 - mean)/std`` in float32 as one ``addcmul``, cast to the package
   dtype, contiguous, one forward through ``torch._inductor.aoti_load_package``.
 
+Several models in one Triton (:mod:`bench.studies.two_models`): ``--models_json
+FILE`` lists them, each a JSON object of the per-model flags below without
+``--`` (``model_name``, ``package``, ``mean``, ``std``, ``dtype``,
+``tile_size``, ``embedding_dim``, ``max_batch_size``, ``max_latency_ms``,
+``instances``) plus ``output``: ``embedding`` (the default) or ``mask``, a
+segmenter's ``UINT8 [-1, T, T]`` mask (``logits > logit(mask_threshold)``,
+histoserve's segmentation family's rule). The flags then give only the ports,
+threads and device.
+
 Run as ``python bench/triton/server.py --package P.pt2 --http_port N
 --grpc_port M --metrics_port K --mean a,b,c --std a,b,c --dtype float32
 --embedding_dim 1536 --tile_size 224``. SIGTERM stops Triton and exits 0.
@@ -25,10 +34,13 @@ Run as ``python bench/triton/server.py --package P.pt2 --http_port N
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import math
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,7 +57,7 @@ def _floats(text: str) -> tuple[float, float, float]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Command-line flags (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="bench/triton/server.py", description=__doc__)
-    parser.add_argument("--package", required=True)
+    parser.add_argument("--package")
     parser.add_argument("--model_name", default="bench")
     parser.add_argument("--http_port", type=int, required=True)
     parser.add_argument("--grpc_port", type=int, required=True)
@@ -55,14 +67,49 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--mean", type=_floats, default=(0.0, 0.0, 0.0))
     parser.add_argument("--std", type=_floats, default=(1.0, 1.0, 1.0))
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
-    parser.add_argument("--embedding_dim", type=int, required=True)
-    parser.add_argument("--tile_size", type=int, required=True)
+    parser.add_argument("--embedding_dim", type=int)
+    parser.add_argument("--tile_size", type=int)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (the package's)")
     parser.add_argument(
         "--instances", type=int, default=1, help="model instances (each its own package load)"
     )
-    return parser.parse_args(argv)
+    parser.add_argument("--models_json", type=Path, default=None, help="several models (above)")
+    args = parser.parse_args(argv)
+    missing = [
+        f"--{k}" for k in ("package", "embedding_dim", "tile_size") if getattr(args, k) is None
+    ]
+    if args.models_json is None and missing:
+        parser.error(f"{', '.join(missing)} required (or --models_json)")
+    return args
+
+
+OUTPUTS = ("embedding", "mask")
+"""What a served model answers: a tile encoder's ``embedding`` or a segmenter's ``mask``."""
+_PER_MODEL = (
+    "model_name", "package", "mean", "std", "dtype", "tile_size", "embedding_dim",
+    "max_batch_size", "max_latency_ms", "instances",
+)  # fmt: skip
+
+
+def served_models(args: argparse.Namespace) -> list[argparse.Namespace]:
+    """One namespace per model: ``--models_json``'s entries over the flags, else the flags'.
+
+    Raises:
+        SystemExit: An entry has an unknown key or an unknown ``output``.
+    """
+    if args.models_json is None:
+        return [argparse.Namespace(**vars(args), output="embedding", mask_threshold=0.5)]
+    models = []
+    for entry in json.loads(args.models_json.read_text()):
+        unknown = set(entry) - {*_PER_MODEL, "output", "mask_threshold"}
+        if unknown or entry.get("output", "embedding") not in OUTPUTS:
+            raise SystemExit(f"{args.models_json}: bad model entry {entry} (keys {_PER_MODEL})")
+        model = argparse.Namespace(**vars(args), output="embedding", mask_threshold=0.5)
+        for key, value in entry.items():
+            setattr(model, key, _floats(value) if key in ("mean", "std") else value)
+        models.append(model)
+    return models
 
 
 class PackageForward:
@@ -81,33 +128,29 @@ class PackageForward:
         self.scale = (1.0 / (255.0 * std)).view(1, 3, 1, 1).to(self.device)
         self.shift = (-mean / std).view(1, 3, 1, 1).to(self.device)
         self.dtype = getattr(torch, args.dtype)
+        self.mask = args.output == "mask"
+        self.cut = math.log(args.mask_threshold / (1.0 - args.mask_threshold))
 
     @torch.inference_mode()
     def __call__(self, pixels: np.ndarray) -> np.ndarray:
-        """``uint8 [B, T, T, 3]`` -> ``float32 [B, D]`` (uint8 crosses to the device)."""
+        """``uint8 [B, T, T, 3]`` -> ``float32 [B, D]``, or a mask's ``uint8 [B, T, T]``
+        (uint8 crosses to the device)."""
         x = torch.from_numpy(pixels).to(self.device)
         x = x.permute(0, 3, 1, 2).contiguous().to(torch.float32)
         x = torch.addcmul(self.shift, x, self.scale).to(self.dtype).contiguous()
         out = self.model(x)
         out = out[0] if isinstance(out, (list, tuple)) else out
-        return out[: len(pixels)].float().cpu().numpy()
+        out = out[: len(pixels)]
+        if self.mask:
+            logits = out.squeeze(1) if out.dim() == 4 else out
+            return (logits > self.cut).to(torch.uint8).cpu().numpy()
+        return out.float().cpu().numpy()
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Binds the model and serves until SIGTERM/SIGINT."""
-    from pytriton.decorators import batch
+    """Binds every model and serves until SIGTERM/SIGINT."""
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig
-
-    def instance(forward: PackageForward) -> Any:
-        @batch
-        def infer(pixels: np.ndarray) -> dict[str, Any]:
-            return {"embedding": forward(pixels)}
-
-        return infer
-
-    # pytriton: a list of callables is an instance group, one instance each.
-    infers = [instance(PackageForward(args)) for _ in range(args.instances)]
 
     config = TritonConfig(
         http_address="127.0.0.1",
@@ -120,17 +163,28 @@ def serve(args: argparse.Namespace) -> int:
         log_verbose=0,
         exit_timeout_secs=5,
     )
-    batcher = DynamicBatcher(max_queue_delay_microseconds=int(args.max_latency_ms * 1000))
-    size = args.tile_size
     with Triton(config=config) as triton:
-        triton.bind(
-            model_name=args.model_name,
-            infer_func=infers if len(infers) > 1 else infers[0],
-            inputs=[Tensor(name="pixels", dtype=np.uint8, shape=(size, size, 3))],
-            outputs=[Tensor(name="embedding", dtype=np.float32, shape=(args.embedding_dim,))],
-            config=ModelConfig(max_batch_size=args.max_batch_size, batcher=batcher),
-            strict=True,
-        )
+        for model in served_models(args):
+            # pytriton: a list of callables is an instance group, one instance each.
+            infers = [_instance(PackageForward(model)) for _ in range(model.instances)]
+            delay_us = int(model.max_latency_ms * 1000)
+            size = model.tile_size
+            output = (
+                Tensor(name="mask", dtype=np.uint8, shape=(size, size))
+                if model.output == "mask"
+                else Tensor(name="embedding", dtype=np.float32, shape=(model.embedding_dim,))
+            )
+            triton.bind(
+                model_name=model.model_name,
+                infer_func=infers if len(infers) > 1 else infers[0],
+                inputs=[Tensor(name="pixels", dtype=np.uint8, shape=(size, size, 3))],
+                outputs=[output],
+                config=ModelConfig(
+                    max_batch_size=model.max_batch_size,
+                    batcher=DynamicBatcher(max_queue_delay_microseconds=delay_us),
+                ),
+                strict=True,
+            )
 
         def stop(signum: int, frame: Any) -> None:
             triton.stop()
@@ -138,6 +192,19 @@ def serve(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, stop)
         triton.serve()
     return 0
+
+
+def _instance(forward: PackageForward) -> Any:
+    """One model instance's callable: the batch's ``pixels`` through ``forward``."""
+    from pytriton.decorators import batch
+
+    name = "mask" if forward.mask else "embedding"
+
+    @batch
+    def infer(pixels: np.ndarray) -> dict[str, Any]:
+        return {name: forward(pixels)}
+
+    return infer
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -60,6 +60,11 @@ class CostOrderedPool:
     than ``costly_pixels`` run on at most ``threads - 1`` threads at once (one,
     with one thread), so a thread is always left for cheaper work.
 
+    The threads start with the first job, from the thread that submits it (the
+    serving loop's), not where the pool is made: a model loaded while others
+    serve is built in a thread at a lower priority
+    (:mod:`predictor.repository.background`), which threads started there would keep.
+
     Args:
         threads: The pool's threads.
         costly_pixels: The cost above which a job may not take the last free thread.
@@ -84,8 +89,7 @@ class CostOrderedPool:
             threading.Thread(target=self._serve, name=f"histoserve-prep_{i}", daemon=True)
             for i in range(threads)
         ]
-        for thread in self._threads:
-            thread.start()
+        self._started = False
 
     def submit(self, cost: int, job: Callable[[], Any]) -> Future[Any]:
         """``job()``'s future, run when it is the cheapest waiting job that may run."""
@@ -93,6 +97,10 @@ class CostOrderedPool:
         with self._ready:
             if self._stopped:
                 raise RuntimeError("stage-1 pool is shut down")
+            if not self._started:
+                self._started = True
+                for thread in self._threads:
+                    thread.start()
             start = time.monotonic() + cost / self._pixels_per_s
             heapq.heappush(self._heap, (start, next(self._order), cost, job, future))
             self._ready.notify()

@@ -7,7 +7,8 @@ every model folder with its state (``READY``, ``LOADING``, ``UNLOADING``,
 loads and unloads while the other models serve.
 
 - A load goes through start-up's whole path for the folder (its settings
-  file, the package choice, the load probe), in a thread, one load at a time;
+  file, the package choice, the load probe), one load at a time, in a thread
+  at a lower OS priority than the serving models' (:mod:`.background`);
   it is refused before loading when the loaded models and the new one's
   smallest package would pass ``--memory_budget``, and undone when its
   measured cost does. A failed load leaves the model ``UNAVAILABLE`` with the
@@ -40,6 +41,7 @@ from predictor.errors import (
     ModelNotReady,
     StartupError,
 )
+from predictor.repository.background import run_lowered
 from predictor.repository.layout import check_name
 from predictor.repository.memory import MemoryMeter, mib, smallest_package_bytes
 from predictor.repository.settings import model_settings
@@ -198,8 +200,7 @@ class Repository:
         async with self._serial():
             if entry.state == READY:
                 return {"name": entry.name, "load": True}
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, self._load_now, entry, False)
+            await run_lowered(self._load_now, entry, False)
             model = entry.model
             try:
                 self._publish(model)

@@ -14,6 +14,8 @@ its own interpreter: it cannot share this process with kserve).
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -29,7 +31,7 @@ from harness.grpc_client import GrpcClient, GrpcError
 from harness.native_crash import misbehaving_model_dir
 from harness.packages import copy_package_dir, demo_package
 from harness.server import Server, start_server
-from harness.tiles import random_tiles
+from harness.tiles import bytes_array, encode_png, random_tiles
 
 pytestmark = pytest.mark.integration
 
@@ -208,6 +210,38 @@ def test_an_unload_answers_every_accepted_request(server):
         thread.join(60)
     assert results.count((1, 1536)) == 1 and results.count((3, 1536)) == 4, results
     assert _index(server)["slow"]["state"] == "UNAVAILABLE"
+
+
+def _thread_niceness(pid: int) -> dict[int, int]:
+    """``{thread id: niceness}`` of every thread of process ``pid`` (Linux ``/proc``)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[int(tid)] = int(stat.rsplit(")", 1)[1].split()[16])
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness: Linux")
+def test_a_model_loaded_while_others_serve_keeps_no_thread_at_the_loads_priority(server):
+    """A load runs at a lower OS priority than the serving models (so the probe, the
+    package's load and the warm-up take what the serving threads leave); the model it
+    built then serves at the server's priority: its decode threads, its device worker."""
+    with _client(server) as client:
+        client.load_model("tissue-seg")
+        tiles = httpclient.InferInput("tiles", [2], "BYTES")
+        tiles.set_data_from_numpy(bytes_array([encode_png(t) for t in random_tiles(2, 512)]))
+        assert client.infer("tissue-seg", [tiles]).as_numpy("mask").shape == (2, 512, 512)
+    server_nice = _thread_niceness(server.pid)[server.pid]
+    deadline = time.monotonic() + 10
+    while True:  # the load's own thread ends just after the load: wait for it, not the model's
+        lowered = {t: n for t, n in _thread_niceness(server.pid).items() if n != server_nice}
+        if not lowered or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not lowered, f"threads left at the load's priority: {lowered}"
 
 
 def test_grpc_repository_calls(server):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 import time
 
@@ -173,4 +175,26 @@ def test_a_stream_of_cheaper_jobs_never_starves_a_costlier_one():
         waiting.append(pool.submit(1, cheap))
     assert costly.done(), "the costly job never ran while cheaper ones kept coming"
     assert 0 < ran.index("costly") < len(ran)  # cheaper ones went first for a while
+    pool.shutdown()
+
+
+def _niceness() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness: Linux")
+def test_a_pool_made_at_a_lower_priority_runs_at_its_submitters():
+    """A model loaded while others serve is built in a thread at a lower priority: its
+    pool's threads start with the first job, from the serving loop, at its priority."""
+    made: list[CostOrderedPool] = []
+
+    def make() -> None:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, _niceness() + 5))
+        made.append(CostOrderedPool(2))
+
+    maker = threading.Thread(target=make)
+    maker.start()
+    maker.join(30)
+    (pool,) = made
+    assert pool.submit(1, _niceness).result(30) == _niceness()
     pool.shutdown()
