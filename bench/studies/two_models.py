@@ -141,7 +141,7 @@ def _start_histoserve(
     from bench.servers.launch import bench_env
     from harness.packages import copy_package_dir
     from harness.server import free_port, predictor_command, spawn
-    from predictor.pt2.metadata import embedded_spec, read_metadata
+    from predictor.packages.metadata import embedded_spec, read_metadata
 
     model_dir = root / "models"
     for m in models:
