@@ -115,7 +115,6 @@ def test_a_modelcar_holds_the_folders_at_its_root(render, validate_object):
         ({"models": [{"name": "a"}, {"name": "a", "spec": "h0-mini"}]}, '"a" is listed twice'),
         ({**TWO, "model.build.enabled": True}, "set build.enabled on each models: entry"),
         ({**TWO, "model.checkpoint": "h0-mini.pt2"}, "model.checkpoint, model.spec"),
-        ({**TWO, "server.frontends": 2}, "server.frontends > 1 with models"),
         (
             {
                 "models": [{"name": "a", "build": {"enabled": True, "module": "m:f"}}],
@@ -140,3 +139,10 @@ def test_the_settings_are_json_the_server_takes(render):
     objs = render(set_json={"models": [{"name": "m", "batching": {"instancesPerDevice": 1}}]})
     data = _settings_map(objs)["data"]
     assert json.loads(data["m.json"]) == {"instances_per_device": 1}
+
+
+def test_front_ends_serve_the_model_folders(render, validate_object):
+    """--frontends > 1 serves every folder (the device owner loads them; each front end decodes)."""
+    objs = _validated(render, validate_object, set_json={**TWO, "server.frontends": 2})
+    args = args_of(isvc_container(objs))
+    assert args["frontends"] == "2" and args["models"] == "h0-mini,tissue-seg"

@@ -146,8 +146,34 @@ def test_shm_holds_every_front_ends_slab_as_the_server_sizes_it(
     limit = volumes_of(render(set_json=values))["dshm"]["emptyDir"]["sizeLimit"]
     assert limit.endswith("Mi")
     # H0-mini's tile and its 1536-float embedding, 2 CPU workers (the GPU's 1 needs less).
-    slab = layout_for(224, 0, 1536 * 8, 2 * (queue + batch * 2)).slab_bytes
+    levels = 2  # the server's --priority_levels default: a queue bound per class
+    slab = layout_for(224, 0, 1536 * 8, 2 * (queue * levels + batch * 2)).slab_bytes
     assert int(limit[:-2]) * 2**20 >= 2 * 2**30 + frontends * slab
     assert int(limit[:-2]) * 2**20 < 2 * 2**30 + frontends * slab * 1.05  # not wasteful
     explicit = {**values, "shm.sizeLimit": "16Gi"}
     assert volumes_of(render(set_json=explicit))["dshm"]["emptyDir"]["sizeLimit"] == "16Gi"
+
+
+def test_shm_holds_a_slab_per_model_with_each_entrys_batching(render):
+    """With models:, a front end allocates one slab per model, sized from that model's batching."""
+    from predictor.multiprocess.shm import layout_for
+
+    values = {
+        "server.frontends": 2,
+        "batching.maxQueueSize": 2048,
+        "models": [
+            {"name": "h0-mini"},
+            {
+                "name": "small",
+                "spec": "h0-mini",
+                "batching": {"maxQueueSize": 256, "maxBatchSize": 8},
+            },
+        ],
+    }
+    limit = volumes_of(render(set_json=values))["dshm"]["emptyDir"]["sizeLimit"]
+    slabs = sum(
+        layout_for(224, 0, 1536 * 8, 2 * (queue * 2 + batch * 2)).slab_bytes
+        for queue, batch in ((2048, 32), (256, 8))
+    )
+    assert int(limit[:-2]) * 2**20 >= 2 * 2**30 + 2 * slabs
+    assert int(limit[:-2]) * 2**20 < 2 * 2**30 + 2 * slabs * 1.05

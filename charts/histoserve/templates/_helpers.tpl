@@ -505,10 +505,12 @@ TORCHINDUCTOR_CACHE_DIR; Triton and the CUDA JIT cache go under the cache dir.
 {{- end -}}
 
 {{/*
-/dev/shm: shm.sizeLimit, or 2Gi plus every front end's slab (the server's
-predictor/multiprocess/supervisor.py:slot_layout: 2 x (queue + batch x workers)
-slots, 164 KiB each for a 224-px tile and up to 1,536 float64 outputs; workers
-counted as 2, the CPU's auto and more than a GPU's 1).
+/dev/shm: shm.sizeLimit, or 2Gi plus every front end's slabs, one per model (the
+server's predictor/multiprocess/supervisor.py:slot_layout: 2 x (queue x priority
+levels + batch x workers) slots, 164 KiB each for a 224-px tile and up to 1,536
+float64 outputs; 2 priority levels, the server's default; workers counted as 2,
+the CPU's auto and more than a GPU's 1). With models:, each entry's batching
+over batching.*.
 */}}
 {{- define "histoserve.shmSizeLimit" -}}
 {{- $fe := include "histoserve.frontends" . | int -}}
@@ -517,15 +519,21 @@ counted as 2, the CPU's auto and more than a GPU's 1).
 {{- else if le $fe 1 -}}
 2Gi
 {{- else -}}
-{{- $b := .Values.batching -}}
+{{- $entries := .Values.models | default (list dict) -}}
+{{- $perFrontEnd := 0 -}}
+{{- range $entries -}}
+{{- $own := default dict .batching -}}
+{{- $b := merge (deepCopy $own) (deepCopy $.Values.batching) -}}
 {{- $queue := 1024 -}}
 {{- if ne $b.maxQueueSize nil }}{{ $queue = int $b.maxQueueSize }}{{ end -}}
 {{- $batch := 32 -}}
 {{- if ne $b.maxBatchSize nil }}{{ $batch = int $b.maxBatchSize }}{{ end -}}
 {{- $workers := 2 -}}
 {{- if ne $b.instancesPerDevice nil }}{{ $workers = max 2 (int $b.instancesPerDevice) }}{{ end -}}
-{{- $slabMi := add1 (div (mul 2 (add $queue (mul $batch $workers)) 164) 1024) -}}
-{{- add 2048 (mul $fe $slabMi) }}Mi
+{{- $slots := mul 2 (add (mul $queue 2) (mul $batch $workers)) -}}
+{{- $perFrontEnd = add $perFrontEnd (add1 (div (mul $slots 164) 1024)) -}}
+{{- end -}}
+{{- add 2048 (mul $fe $perFrontEnd) }}Mi
 {{- end -}}
 {{- end -}}
 

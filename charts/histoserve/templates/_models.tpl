@@ -81,9 +81,6 @@ the entry's values over model.build's (image, timeouts and scratch are model.bui
 {{- if or .Values.model.checkpoint .Values.model.spec .Values.model.modelClass -}}
 {{- fail "model.checkpoint, model.spec and model.modelClass are one model's: with models, set spec and modelClass on each entry (each folder's package is chosen in it)" -}}
 {{- end -}}
-{{- if gt (include "histoserve.frontends" . | int) 1 -}}
-{{- fail "server.frontends > 1 with models: the server serves model folders with one front end (docs/deployment.md, \"Several models in one server\")" -}}
-{{- end -}}
 {{- if and (include "histoserve.modelBuilds" . | fromJsonArray) (not (include "histoserve.usesPvc" .)) -}}
 {{- fail (printf "models: build needs the model volume on a PVC the pod may write (storage.pvc or a pvc:// storageUri): storage.storageUri %q arrives read-only; ship each model's folder in it instead" .Values.storage.storageUri) -}}
 {{- end -}}
