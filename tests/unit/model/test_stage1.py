@@ -14,6 +14,7 @@ import torch
 
 from predictor.codecs.samples import ModelRequest, PreparedSample
 from predictor.errors import InvalidInput
+from predictor.model import stage1
 from predictor.model.stage1 import COSTLY_PIXELS, CostOrderedPool, Stage1Pool
 
 SIZE = 2  # the tile size these pools check prepared tiles against
@@ -197,4 +198,25 @@ def test_a_pool_made_at_a_lower_priority_runs_at_its_submitters():
     maker.join(30)
     (pool,) = made
     assert pool.submit(1, _niceness).result(30) == _niceness()
+    pool.shutdown()
+
+
+def test_an_urgent_class_decodes_ahead_of_an_earlier_bulk_job_of_the_same_cost(monkeypatch):
+    """A viewer's request (priority 1) queued behind a cohort's (priority 2) of the same
+    cost went after it (cost alone ordered the pool); now it goes first, while a bulk
+    job that has waited CLASS_LAG_S goes before an urgent one arriving after that."""
+    monkeypatch.setattr(stage1, "CLASS_LAG_S", 0.05)
+    pool = CostOrderedPool(1, costly_pixels=10**9, pixels_per_s=1e9)
+    ran: list[str] = []
+    for pause_s, order in ((0.0, ["urgent", "bulk"]), (0.1, ["bulk", "urgent"])):
+        gate = threading.Event()
+        ran.clear()
+        blocker = pool.submit(0, lambda g=gate: g.wait(5))
+        bulk = pool.submit(100, lambda: ran.append("bulk"), priority=2)
+        time.sleep(pause_s)
+        urgent = pool.submit(100, lambda: ran.append("urgent"), priority=1)
+        gate.set()
+        for future in (blocker, bulk, urgent):
+            future.result(5)
+        assert ran == order, pause_s
     pool.shutdown()
