@@ -46,10 +46,10 @@ class BatchingConfig:
             urgent than the one it serves is active (has tiles waiting, or
             a request in the last second): such batches are cut to the
             size whose forward took about this long (learnt from the
-            forwards), so an urgent arrival waits for at most about that on
-            a device it cannot preempt. Costs throughput where a smaller
-            batch costs more per tile (a GPU), only while urgent traffic
-            comes; 0: never cut.
+            forwards), never below the urgent class's own last batch, so an
+            urgent arrival waits for at most about that on a device it
+            cannot preempt. Costs throughput where a smaller batch costs
+            more per tile, only while urgent traffic comes; 0: never cut.
         weight: This model's share of a device it shares with other models
             (:mod:`predictor.batching.scheduler`): under contention each
             model's device time goes as its weight; set per model in its

@@ -34,8 +34,11 @@ Contract:
       has items, or one arrived within :data:`URGENT_WINDOW_S`), a batch is
       cut to the size whose forward takes at most ``urgent_wait_s``
       (:class:`DeviceTimes`, learnt from the forwards the batcher reports to
-      :meth:`BatchPolicy.observe`): the urgent arrival then waits at most
-      about one such chunk. Bulk alone keeps whole batches.
+      :meth:`BatchPolicy.observe`), but never below the last batch that
+      active class led: the urgent arrival then waits at most about one such
+      chunk, and never for more than its own batch's device time again (what
+      "at most twice its idle latency" allows), so bulk is not cut finer than
+      that buys. Bulk alone keeps whole batches.
 
 Only the event loop thread touches a queue; it knows nothing of workers.
 """
@@ -326,6 +329,7 @@ class BatchPolicy:
         self.max_latency_s = max_latency_s
         self.max_queue_delay_s = tuple(max_queue_delay_s)
         self.times = DeviceTimes(max_batch_size, urgent_wait_s) if urgent_wait_s else None
+        self._led: dict[int, int] = {}  # per class, the live items of the last batch it led
 
     def observe(self, n_items: int, seconds: float) -> None:
         """A batch of ``n_items`` ran on the device in ``seconds`` (what :meth:`limit` learns from)."""
@@ -335,13 +339,19 @@ class BatchPolicy:
     def limit(self, queue: BatchQueue[T, R], lead: int, now: float) -> int:
         """Most live items in a batch led by class ``lead``: ``max_batch_size``, or, while a
         more urgent class has items or admitted a request in the last
-        :data:`URGENT_WINDOW_S`, the largest batch estimated to take ``urgent_wait_s``."""
+        :data:`URGENT_WINDOW_S`, the largest batch estimated to take ``urgent_wait_s``,
+        at least as large as the last batch such a class led."""
         if self.times is None:
             return self.max_batch_size
-        for priority in range(1, lead):
-            if queue.lane(priority) or now - queue.arrived_at(priority) < URGENT_WINDOW_S:
-                return min(self.max_batch_size, self.times.fits)
-        return self.max_batch_size
+        active = [
+            priority
+            for priority in range(1, lead)
+            if queue.lane(priority) or now - queue.arrived_at(priority) < URGENT_WINDOW_S
+        ]
+        if not active:
+            return self.max_batch_size
+        floor = max(self._led.get(priority, 1) for priority in active)
+        return min(self.max_batch_size, max(self.times.fits, floor))
 
     def _delay_s(self, priority: int) -> float | None:
         delays = self.max_queue_delay_s
@@ -425,4 +435,6 @@ class BatchPolicy:
                     batch.append(entry)
                 elif not entry.future.done():
                     expired.append(entry)
+        if batch:
+            self._led[batch[0].priority] = len(batch)
         return batch, expired

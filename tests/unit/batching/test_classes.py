@@ -237,6 +237,21 @@ def test_bulk_batches_are_cut_while_an_urgent_class_is_active_and_whole_after() 
     assert len(policy.take(queue, now=1.0 + URGENT_WINDOW_S)[0]) == 8  # quiet: whole again
 
 
+def test_a_cut_batch_is_never_smaller_than_the_urgent_class_s_own_last_batch() -> None:
+    """Waiting for one bulk batch as long as its own at most doubles an urgent request's
+    device time, which the 2x target allows: cutting finer only costs bulk throughput.
+    A device slow enough that one tile passes urgent_wait_s still runs bulk in batches
+    of the interactive request's size (3), not of 1."""
+    queue, _ = _queue([(2, f"b{n}", 0.0) for n in range(10)])
+    policy = _cut_policy(0.400)  # 50 ms a tile, 20 ms allowed: one tile already passes it
+    loop = asyncio.new_event_loop()
+    queue.admit(["i0", "i1", "i2"], "k", loop, 1.0, 1)
+    loop.close()
+    assert _names(policy.take(queue, now=1.0)[0]) == ["i0", "i1", "i2"]
+    assert policy.times is not None and policy.times.fits == 1
+    assert len(policy.take(queue, now=1.1)[0]) == 3
+
+
 def test_without_urgent_wait_bulk_batches_are_never_cut() -> None:
     queue, _ = _queue([(2, f"b{n}", 0.0) for n in range(10)] + [(1, "i0", 0.5)])
     policy = BatchPolicy(8, max_latency_s=0.0, max_queue_delay_s=(None, 10.0))
