@@ -1,33 +1,39 @@
 """``python -m bench.studies.classes``: interactive latency under a bulk backlog, with classes and without.
 
-Two servers of the demo ``h0-mini`` package (one device worker each, so a
-device's busy share is its worker's): one with the server's defaults, one
-with ``--urgent_wait_ms 0`` (bulk batches never cut while interactive
-requests come: the rule before the cut). Bulk clients keep one server's
-queue full (``--bulk-clients`` threads, each sending requests of
-``--bulk-tiles`` tiles back to back with ``priority`` 2) while one
-interactive client sends a request of ``--tiles`` tiles every ``--gap-s``.
-Phases, every round:
+Servers of the demo ``h0-mini`` package (one device worker each, so a
+device's busy share is its worker's), one per ``--urgent-wait-ms`` value:
+by default the server's own (bulk batches cut to about that much device
+time while interactive requests come) and ``0`` (never cut: the rule
+before the cut). Bulk clients keep one server's queue full
+(``--bulk-clients`` threads, each sending requests of ``--bulk-tiles``
+tiles back to back with ``priority`` 2) while one interactive client sends
+a request of ``--tiles`` tiles every ``--gap-s``. Phases, every round:
 
 * ``idle``: the interactive client alone (its idle latency);
+* ``idle device, CPU shared with a backlog``: the interactive client on the
+  second server, whose device is idle, while the first serves the backlog:
+  what the backlog's CPU use (its server's and the load generator's) alone
+  adds, without any wait for the device;
+* ``without classes``: under the backlog, it asks for priority 2 (it joins
+  the bulk queue: one FIFO, the behaviour without classes);
 * ``with classes``: under the backlog, the interactive client asks for
   priority 1 (it goes ahead of the queued bulk tiles; bulk batches are cut
-  to about ``--urgent_wait_ms`` of device time while it comes);
-* ``with classes, no cut``: the same against the server run with
-  ``--urgent_wait_ms 0``: it waits for a whole bulk batch on the device;
-* ``without classes``: under the backlog, it asks for priority 2 (it joins
-  the bulk queue: one FIFO, the behaviour without classes).
+  while it comes); ``with classes, urgent_wait_ms N``: the same against the
+  server run with that value (0: it waits for a whole bulk batch on the
+  device).
 
-Rounds alternate the order (the idle phase first, then one server's loaded
-phases, then the other's, reversed every other round), so a machine that
-slows down weighs on all. Per phase: the interactive p50/p99 (ms), its p99
-over the idle p99 (idle phases of every round pooled), bulk tiles/s, the
-device's busy share (the worker's ``histoserve_forward_seconds`` over the
-wall time), the interactive class's mean queue wait as the server counts it
-(``histoserve_queue_wait_seconds`` of the class it asked for), and who used
-the two cores: the server, this load generator (the interactive and bulk
-clients, one process) and the rest of the machine. Target (issue 51): with
-classes, p99 at most 2x idle while the device stays at least 90 % busy.
+Rounds alternate the order (the idle phase first, then each server's
+backlog with its phases, the servers and phases reversed every other
+round), so a machine that slows down weighs on all. Per phase: the
+interactive p50/p99 (ms), its p99 over the idle p99 (the idle phases of
+every round pooled), bulk tiles/s, the device's busy share (the worker's
+``histoserve_forward_seconds`` over the wall time), the interactive class's
+queue wait as the server counts it (``histoserve_queue_wait_seconds`` of the
+class it asked for: the mean, and the upper bound of the bucket holding its
+99th percentile), and who used the two cores: the server, this load
+generator (the interactive and bulk clients, one process) and the rest of
+the machine. Target (issue 51): with classes, p99 at most 2x idle while the
+device stays at least 90 % busy.
 JSON with ``--out``, a Markdown table on stdout. A few minutes; not part of
 ``make bench``.
 """
@@ -54,27 +60,35 @@ from bench.markdown import table
 
 SETTINGS = {"max_batch_size": 16, "max_latency_ms": 5.0, "max_queue_size": 1024}
 _FORWARD_SUM = re.compile(r'^histoserve_forward_seconds_sum\{model="bench"\} (\S+)$', re.M)
+_BATCH = r'^histoserve_batch_size_{}\{{model="bench"\}} (\S+)$'
 _WAIT = r'^histoserve_queue_wait_seconds_{}\{{model="bench",priority="{}"\}} (\S+)$'
 _WAIT_BUCKET = re.compile(
     r'^histoserve_queue_wait_seconds_bucket\{le="([^"]+)",model="bench",priority="(\d+)"\} (\S+)$',
     re.M,
 )
-Phase = tuple[str, str, int, bool]
-"""A phase: its name, its server, the interactive request's priority, whether bulk runs."""
+Phase = tuple[str, str, int, str | None]
+"""A phase: its name, the interactive client's server, its priority, the bulk clients'
+server (None: bulk pauses)."""
+CONTENDED = "idle device, CPU shared with a backlog"
 
 
 def servers_and_phases(urgent_wait_ms: list[str]) -> tuple[dict[str, tuple[str, ...]], list[Phase]]:
     """The servers (name: extra flags), one per ``--urgent_wait_ms`` value (``default``: the
-    server's own), and the phases: idle and without classes on the first, with classes on each."""
+    server's own), and the phases: idle, without classes and with classes on the first, with
+    classes on each other, and (given two servers) the interactive client on the second's
+    idle device while the first serves the backlog: the same CPU contention, no device wait."""
     servers: dict[str, tuple[str, ...]] = {}
     for value in urgent_wait_ms:
         name = "default" if value == "default" else f"urgent_wait_ms {value}"
         servers[name] = () if value == "default" else ("--urgent_wait_ms", value)
-    first = next(iter(servers))
-    phases: list[Phase] = [("idle", first, 1, False), ("without classes", first, 2, True)]
-    for name in servers:
+    names = list(servers)
+    phases: list[Phase] = [("idle", names[0], 1, None)]
+    if len(names) > 1:
+        phases.append((CONTENDED, names[1], 1, names[0]))
+    phases.append(("without classes", names[0], 2, names[0]))
+    for name in names:
         label = "with classes" if name == "default" else f"with classes, {name}"
-        phases.append((label, name, 1, True))
+        phases.append((label, name, 1, name))
     return servers, phases
 
 
@@ -164,6 +178,8 @@ def _counters(server: Any, priority: int) -> dict[str, Any]:
     text = server.metrics()
     found = {
         "forward_s": _FORWARD_SUM.search(text),
+        "batch_tiles": re.search(_BATCH.format("sum"), text, re.M),
+        "batches": re.search(_BATCH.format("count"), text, re.M),
         "wait_s": re.search(_WAIT.format("sum", priority), text, re.M),
         "waits": re.search(_WAIT.format("count", priority), text, re.M),
     }
@@ -197,6 +213,7 @@ def _phase(
         "queue_wait_buckets": {le: n - a["buckets"].get(le, 0.0) for le, n in b["buckets"].items()},
         "bulk_tiles_per_s": (sum(x.done for x in bulk) - done_before) / wall if bulk else 0.0,
         "device_busy": (b["forward_s"] - a["forward_s"]) / wall,
+        "mean_batch": (b["batch_tiles"] - a["batch_tiles"]) / max(1.0, b["batches"] - a["batches"]),
         "queue_wait_ms": 1000.0 * (b["wait_s"] - a["wait_s"]) / waits if waits else 0.0,
         "server_cores": server_cores,
         "client_cores": client_cores,
@@ -238,16 +255,20 @@ def measure(args: argparse.Namespace, log_dir: Path) -> list[dict[str, Any]]:
         for r in range(args.rounds):
             order = list(configs) if r % 2 == 0 else list(configs)[::-1]
             _load(bulk, None, 1.0)
-            for name, server_name, priority, loaded in plan:
-                if not loaded:
+            for name, server_name, priority, bulk_on in plan:
+                if bulk_on is None:
                     phases.append(_phase(servers[server_name], args, name, priority, []))
-            for server_name in order:
-                mine = [p for p in plan if p[1] == server_name and p[3]]
-                _load(bulk, urls[server_name], 3.0)  # the backlog builds
-                for name, _, priority, _ in mine if r % 2 == 0 else mine[::-1]:
+                    phases[-1]["round"] = r
+            for target in order:
+                mine = [p for p in plan if p[3] == target]
+                _load(bulk, urls[target], 3.0)  # the backlog builds
+                for name, server_name, priority, _ in mine if r % 2 == 0 else mine[::-1]:
                     phases.append(_phase(servers[server_name], args, name, priority, bulk))
+                    phases[-1]["round"] = r
                     shown = {
-                        k: v for k, v in phases[-1].items() if not k.endswith(("ms", "buckets"))
+                        k: v
+                        for k, v in phases[-1].items()
+                        if not k.endswith(("latencies_ms", "buckets"))
                     }
                     print(json.dumps(shown))
         for b in bulk:
@@ -263,9 +284,11 @@ def measure(args: argparse.Namespace, log_dir: Path) -> list[dict[str, Any]]:
 
 def _rows(phases: list[dict[str, Any]], names: list[str], bulk_errors: int) -> list[dict[str, Any]]:
     rows = []
+    idle_p99 = {p["round"]: _p(p["latencies_ms"], 99) for p in phases if p["phase"] == "idle"}
     means = (
         "bulk_tiles_per_s",
         "device_busy",
+        "mean_batch",
         "queue_wait_ms",
         "server_cores",
         "client_cores",
@@ -284,15 +307,22 @@ def _rows(phases: list[dict[str, Any]], names: list[str], bulk_errors: int) -> l
                 "requests": len(latencies),
                 "p50_ms": _p(latencies, 50),
                 "p99_ms": _p(latencies, 99),
+                "mean_ms": statistics.mean(latencies),
                 **{k: statistics.mean(p[k] for p in mine) for k in means},
                 "queue_wait_p99_at_most_ms": _bucket_p99_ms(buckets),
                 "per_round_p99_ms": [_p(p["latencies_ms"], 99) for p in mine],
+                "per_round_p99_over_idle_p99": [
+                    _p(p["latencies_ms"], 99) / idle_p99[p["round"]] for p in mine
+                ],
                 "bulk_errors": bulk_errors if name != "idle" else 0,
             }
         )
-    idle_p99 = rows[0]["p99_ms"]
+    pooled_idle_p99 = rows[0]["p99_ms"]
     for row in rows:
-        row["p99_over_idle_p99"] = row["p99_ms"] / idle_p99
+        row["p99_over_idle_p99"] = row["p99_ms"] / pooled_idle_p99
+        row["median_round_p99_over_idle_p99"] = statistics.median(
+            row["per_round_p99_over_idle_p99"]
+        )
     return rows
 
 
@@ -300,11 +330,11 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     head = [
         "phase",
         "requests",
-        "p50 ms",
-        "p99 ms",
-        "p99 / idle p99",
+        "p50 / mean / p99 ms",
+        "p99 / idle p99: pooled, rounds' median (range)",
         "bulk tiles/s",
         "device busy",
+        "mean batch",
         "queue wait: mean / p99 at most, ms",
         "cores: server / load / other",
     ]
@@ -312,11 +342,13 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         [
             r["phase"],
             r["requests"],
-            f"{r['p50_ms']:.0f}",
-            f"{r['p99_ms']:.0f}",
-            f"{r['p99_over_idle_p99']:.2f}",
+            f"{r['p50_ms']:.0f} / {r['mean_ms']:.0f} / {r['p99_ms']:.0f}",
+            f"{r['p99_over_idle_p99']:.2f}, {r['median_round_p99_over_idle_p99']:.2f} "
+            f"({min(r['per_round_p99_over_idle_p99']):.2f}-"
+            f"{max(r['per_round_p99_over_idle_p99']):.2f})",
             f"{r['bulk_tiles_per_s']:.0f}",
             f"{100 * r['device_busy']:.0f} %",
+            f"{r['mean_batch']:.1f}",
             f"{r['queue_wait_ms']:.1f} / {r['queue_wait_p99_at_most_ms']:.0f}",
             f"{r['server_cores']:.2f} / {r['client_cores']:.2f} / {r['other_cores']:.2f}",
         ]
