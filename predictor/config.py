@@ -42,6 +42,14 @@ class BatchingConfig:
             tiles waiting before its oldest goes first (the age bound that
             keeps more urgent classes from starving it): one value for
             every class but the first, or one per class (0: no bound).
+        urgent_wait_ms: The device time a batch may take while a class more
+            urgent than the one it serves is active (has tiles waiting, or
+            a request in the last second): such batches are cut to the
+            size whose forward took about this long (learnt from the
+            forwards), never below the urgent class's own last batch, so an
+            urgent arrival waits for at most about that on a device it
+            cannot preempt. Costs throughput where a smaller batch costs
+            more per tile, only while urgent traffic comes; 0: never cut.
         weight: This model's share of a device it shares with other models
             (:mod:`predictor.batching.scheduler`): under contention each
             model's device time goes as its weight; set per model in its
@@ -66,6 +74,12 @@ class BatchingConfig:
         "longest a class waits unserved before it goes first: one value for every class "
         "but the first, or a comma-separated value per class (0: no bound)",
         type=per_class,
+    )
+    urgent_wait_ms: float = flag(
+        25.0,
+        "while a more urgent class is active, less urgent batches are cut to about this much "
+        "device time (the wait of an urgent arrival); 0: never cut",
+        type=float,
     )
     weight: float = flag(
         1.0,
@@ -94,6 +108,8 @@ class BatchingConfig:
                 f"default_priority must be 0..priority_levels ({self.priority_levels}), "
                 f"got {self.default_priority}"
             )
+        if not 0 <= self.urgent_wait_ms <= 60_000:
+            raise ConfigError(f"urgent_wait_ms must be 0..60000, got {self.urgent_wait_ms}")
         if not 0 < self.weight <= 1000:
             raise ConfigError(f"weight must be > 0 and <= 1000, got {self.weight}")
         delays = self.max_queue_delay_ms

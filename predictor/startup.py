@@ -37,7 +37,12 @@ from predictor.device.faults import parse_fault_spec
 from predictor.errors import CheckpointError, IncompatiblePackage, SpecError
 from predictor.families import family_for, load_model_class, server_model
 from predictor.model.base import BaseServerModel, ServingOptions
-from predictor.model.metrics import create_metrics, memory_budget_gauge, model_memory_gauge
+from predictor.model.metrics import (
+    create_metrics,
+    memory_budget_gauge,
+    model_memory_gauge,
+    series_remover,
+)
 from predictor.packages.facts import (
     PackageFacts,
     check_batch_size,
@@ -205,6 +210,7 @@ def build_repository(
         meter,
         drain_timeout_s,
         memory_gauge=model_memory_gauge(),
+        forget_series=series_remover(),
     )
     memory_budget_gauge(repository.budget_bytes)
     logger.info(

@@ -23,7 +23,9 @@ Contract:
       first free worker (in the mapping's order).
     * A batch holds at most ``max_batch_size`` items of one ``key`` (the lead
       class's head item's), FIFO within each class, never items less urgent
-      than its lead's; a request larger than a batch is split.
+      than its lead's; a request larger than a batch is split. While a more
+      urgent class is active, a less urgent batch is cut to about
+      ``--urgent_wait_ms`` of device time (learnt from each forward's time).
     * Several models on one device: given the process's
       :class:`~predictor.batching.scheduler.DeviceScheduler`, the batcher asks
       it for a turn on a free worker's device once its batch is ready, cuts
@@ -195,7 +197,10 @@ class DynamicBatcher(Generic[T, R]):
         self._name = name
         self._queue = BatchQueue[T, R](config.max_queue_size, weight, config.priority_levels)
         self._policy = BatchPolicy(
-            config.max_batch_size, config.max_latency_ms / 1000.0, config.queue_delays_s()
+            config.max_batch_size,
+            config.max_latency_ms / 1000.0,
+            config.queue_delays_s(),
+            config.urgent_wait_ms / 1000.0 or None,
         )
         self._started = False
         self._closed = False
@@ -540,6 +545,7 @@ class DynamicBatcher(Generic[T, R]):
         self._observer.on_worker_forward(worker.name, len(entries), outcome.seconds, ok)
         if outcome.error is None:
             assert outcome.results is not None
+            self._policy.observe(len(entries), outcome.seconds)
             settle(entries, outcome.results)
             return
         kind = outcome.kind or classify(outcome.error, self._classify_error, self._name)

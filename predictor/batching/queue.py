@@ -29,6 +29,16 @@ Contract:
       ``max_latency_s``), :meth:`BatchPolicy.take` pops it, with the entries
       whose deadline has passed among it, which never run. A change to how
       batches form is a change to this class only.
+    * A device cannot be preempted, so an urgent arrival waits for the batch
+      on the device. While a more urgent class than the lead is *active* (it
+      has items, or one arrived within :data:`URGENT_WINDOW_S`), a batch is
+      cut to the size whose forward takes at most ``urgent_wait_s``
+      (:class:`DeviceTimes`, learnt from the forwards the batcher reports to
+      :meth:`BatchPolicy.observe`), but never below the last batch that
+      active class led: the urgent arrival then waits at most about one such
+      chunk, and never for more than its own batch's device time again (what
+      "at most twice its idle latency" allows), so bulk is not cut finer than
+      that buys. Bulk alone keeps whole batches.
 
 Only the event loop thread touches a queue; it knows nothing of workers.
 """
@@ -36,6 +46,7 @@ Only the event loop thread touches a queue; it knows nothing of workers.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
@@ -43,6 +54,14 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+URGENT_WINDOW_S = 1.0
+"""How long after a class's last arrival it counts as active, so batches of less urgent
+classes stay cut: a viewer's requests come a few a second while someone looks at a
+slide, so a second without any ends the cut and bulk runs whole batches again."""
+
+DEVICE_TIME_SMOOTHING = 0.25
+"""The newest forward's weight in a batch size's moving average (about the last four count)."""
 
 
 @dataclass(eq=False)
@@ -110,6 +129,7 @@ class BatchQueue(Generic[T, R]):
         self._lanes: list[deque[Entry[T, R]]] = [deque() for _ in range(priority_levels)]
         self._depths = [0] * priority_levels
         self._served_at = [float("-inf")] * priority_levels
+        self._arrived_at = [float("-inf")] * priority_levels
         self._limit = max_queue_size
         self._weigh = weight
 
@@ -137,6 +157,10 @@ class BatchQueue(Generic[T, R]):
     def served_at(self, priority: int) -> float:
         """When a batch last took an item of class ``priority`` (``-inf``: never)."""
         return self._served_at[priority - 1]
+
+    def arrived_at(self, priority: int) -> float:
+        """When class ``priority`` last admitted a request (``-inf``: never)."""
+        return self._arrived_at[priority - 1]
 
     def admit(
         self,
@@ -169,6 +193,7 @@ class BatchQueue(Generic[T, R]):
         ]
         self._lanes[p].extend(entries)
         self._depths[p] += n
+        self._arrived_at[p] = now
         return entries
 
     def drop_cancelled_head(self) -> None:
@@ -204,6 +229,65 @@ class BatchQueue(Generic[T, R]):
             self._depths[p] = 0
 
 
+class DeviceTimes:
+    """How long a batch of ``n`` items takes on the device, learnt from the forwards, and the
+    largest batch that takes at most ``within_s``.
+
+    Per batch size, a moving average of its forwards' seconds; through those,
+    a line ``t(n) = a + b n`` (least squares, every size seen counting once;
+    through the origin while one size alone was seen). A line is what both
+    devices do near enough: a CPU's time grows about linearly from almost
+    nothing, a GPU's from a fixed cost per call that a few more items hardly
+    change. The pick shrinks when the device slows (another process on its
+    CPU) and grows back as it recovers.
+
+    Args:
+        max_batch_size: The largest batch.
+        within_s: The device time a batch may take.
+    """
+
+    def __init__(self, max_batch_size: int, within_s: float) -> None:
+        self._seconds: dict[int, float] = {}
+        self._max = max_batch_size
+        self._within_s = within_s
+        self._line = (math.inf, 0.0)
+        self._fits = max_batch_size
+
+    @property
+    def fits(self) -> int:
+        """The largest batch estimated to take at most ``within_s`` (at least 1); every
+        size before any forward is seen (a first batch is not cut blind)."""
+        return self._fits
+
+    def estimate_s(self, n_items: int) -> float:
+        """A batch of ``n_items``' seconds on the line (``inf``: no forward seen yet)."""
+        a, b = self._line
+        return a + b * n_items
+
+    def observe(self, n_items: int, seconds: float) -> None:
+        """A forward of ``n_items`` took ``seconds`` (sizes past ``max_batch_size`` are ignored)."""
+        if not 1 <= n_items <= self._max or not seconds >= 0:
+            return
+        old = self._seconds.get(n_items)
+        self._seconds[n_items] = (
+            seconds if old is None else old + DEVICE_TIME_SMOOTHING * (seconds - old)
+        )
+        self._line = a, b = self._fit()
+        if b <= 0:
+            self._fits = self._max if a <= self._within_s else 1
+        else:
+            self._fits = max(1, min(self._max, math.floor((self._within_s - a) / b)))
+
+    def _fit(self) -> tuple[float, float]:
+        sizes, times = list(self._seconds), list(self._seconds.values())
+        if len(sizes) == 1:
+            return 0.0, times[0] / sizes[0]
+        mean_n, mean_t = sum(sizes) / len(sizes), sum(times) / len(times)
+        spread = sum((n - mean_n) ** 2 for n in sizes)
+        b = sum((n - mean_n) * (t - mean_t) for n, t in zip(sizes, times, strict=True)) / spread
+        return mean_t - b * mean_n, b
+
+
 @dataclass(frozen=True)
 class Cut:
     """The head batch as :meth:`BatchPolicy.head` reads it.
@@ -221,7 +305,8 @@ class Cut:
 
 
 class BatchPolicy:
-    """The batch rule: the lead class's head key, FIFO, then more urgent classes, at most ``max_batch_size``.
+    """The batch rule: the lead class's head key, FIFO, then more urgent classes, at most ``max_batch_size``
+    (less while a more urgent class is active: :meth:`limit`).
 
     Args:
         max_batch_size: Most items per batch.
@@ -229,6 +314,8 @@ class BatchPolicy:
         max_queue_delay_s: Per class (index 0: priority 1), how long it may go
             unserved while it has items before it leads; ``None``: no bound.
             Shorter than the queue's classes: the missing ones have no bound.
+        urgent_wait_s: The device time a batch may take while a class more
+            urgent than its lead is active; ``None``: batches are never cut.
     """
 
     def __init__(
@@ -236,10 +323,35 @@ class BatchPolicy:
         max_batch_size: int,
         max_latency_s: float = 0.0,
         max_queue_delay_s: Sequence[float | None] = (),
+        urgent_wait_s: float | None = None,
     ) -> None:
         self.max_batch_size = max_batch_size
         self.max_latency_s = max_latency_s
         self.max_queue_delay_s = tuple(max_queue_delay_s)
+        self.times = DeviceTimes(max_batch_size, urgent_wait_s) if urgent_wait_s else None
+        self._led: dict[int, int] = {}  # per class, the live items of the last batch it led
+
+    def observe(self, n_items: int, seconds: float) -> None:
+        """A batch of ``n_items`` ran on the device in ``seconds`` (what :meth:`limit` learns from)."""
+        if self.times is not None:
+            self.times.observe(n_items, seconds)
+
+    def limit(self, queue: BatchQueue[T, R], lead: int, now: float) -> int:
+        """Most live items in a batch led by class ``lead``: ``max_batch_size``, or, while a
+        more urgent class has items or admitted a request in the last
+        :data:`URGENT_WINDOW_S`, the largest batch estimated to take ``urgent_wait_s``,
+        at least as large as the last batch such a class led."""
+        if self.times is None:
+            return self.max_batch_size
+        active = [
+            priority
+            for priority in range(1, lead)
+            if queue.lane(priority) or now - queue.arrived_at(priority) < URGENT_WINDOW_S
+        ]
+        if not active:
+            return self.max_batch_size
+        floor = max(self._led.get(priority, 1) for priority in active)
+        return min(self.max_batch_size, max(self.times.fits, floor))
 
     def _delay_s(self, priority: int) -> float | None:
         delays = self.max_queue_delay_s
@@ -275,6 +387,7 @@ class BatchPolicy:
         if lead is None:
             return Cut(0, tuple((p, len(queue.lane(p))) for p in range(1, queue.levels + 1)), False)
         order = [lead, *range(1, lead)]  # never less urgent than the lead
+        limit = self.limit(queue, lead, now)
         key: Hashable = None
         live, spans, complete = 0, [], False
         for priority in order:
@@ -285,14 +398,14 @@ class BatchPolicy:
                     continue
                 if live == 0:
                     key = entry.key
-                elif entry.key != key or live >= self.max_batch_size:
+                elif entry.key != key or live >= limit:
                     complete = True
                     break
                 live += 1
                 span += 1
             if span:
                 spans.append((priority, span))
-        complete = complete or live >= self.max_batch_size
+        complete = complete or live >= limit
         return Cut(live, tuple(spans), complete)
 
     def deadline(self, queue: BatchQueue[T, R]) -> float:
@@ -322,4 +435,6 @@ class BatchPolicy:
                     batch.append(entry)
                 elif not entry.future.done():
                     expired.append(entry)
+        if batch:
+            self._led[batch[0].priority] = len(batch)
         return batch, expired

@@ -199,3 +199,15 @@ def stage_histograms(model_name: str) -> tuple[Any, Any, Any]:
         _metrics.PREDICT_HIST_TIME.labels(**labels),
         _metrics.POST_HIST_TIME.labels(**labels),
     )
+
+
+def forget_stage_histograms(model_name: str) -> None:
+    """Removes one model's children of KServe's stage histograms (its unload)."""
+    for histogram in (
+        _metrics.PRE_HIST_TIME,
+        _metrics.PREDICT_HIST_TIME,
+        _metrics.POST_HIST_TIME,
+        _metrics.EXPLAIN_HIST_TIME,
+    ):
+        with contextlib.suppress(KeyError):
+            histogram.remove(*_metrics.get_labels(model_name).values())

@@ -9,13 +9,16 @@ collectors (at zero): a query the chart or a dashboard runs against a server
 that has not answered yet finds a series, not nothing. The device series
 (``histoserve_device_memory_bytes``, ``histoserve_device_utilization_ratio``)
 are set by :class:`DeviceSampler`, once a second, in the process that owns the
-devices.
+devices. A model unloaded from a model repository takes its series with it
+(:func:`series_remover`): a stale queue depth would go on counting in every
+sum over the pod's models, the autoscaling presets' included.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 import weakref
@@ -26,6 +29,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
+from predictor.kserve.compat import forget_stage_histograms
 from predictor.model.device_stats import DeviceStatsReader
 
 logger = logging.getLogger(__name__)
@@ -86,6 +90,20 @@ class Metrics:
             child = collector.labels(self.model, *labels)
             self._children[key] = child
         return child
+
+    def forget(self) -> None:
+        """Removes every series this model bound from its collectors (its unload).
+
+        Not under ``PROMETHEUS_MULTIPROC_DIR`` (several front ends): there each
+        process's values live in its files, which prometheus_client cannot
+        remove a series from.
+        """
+        if _multiprocess():
+            return
+        for collector, labels in list(self._children):
+            with contextlib.suppress(KeyError):
+                collector.remove(self.model, *labels)
+        self._children.clear()
 
     def bind_at_start(self) -> None:
         """Creates every series labelled by the model alone, and each outcome, at zero
@@ -245,7 +263,36 @@ def create_metrics(model: str, registry: CollectorRegistry | None = None) -> Met
         collectors = _REGISTERED[reg] = _collectors(reg)
     metrics = Metrics(model=model, **collectors)
     metrics.bind_at_start()
+    _MODELS.setdefault(reg, {})[model] = metrics
     return metrics
+
+
+def series_remover(registry: CollectorRegistry | None = None) -> Callable[[str], None]:
+    """``forget(model)``: removes every series of ``model`` from ``/metrics``, for a
+    model repository's unload (and a load undone).
+
+    The ``histoserve_*`` series :func:`create_metrics` made for it (queue
+    depth and wait of every class, tiles by outcome, forwards per worker, ...)
+    and KServe's stage histograms (``request_*_seconds{model_name}``); the
+    other models' series, the device series and the memory budget stay. A
+    later load of the same name starts its series again from zero, which
+    ``rate()`` reads as a counter reset.
+    """
+    reg = REGISTRY if registry is None else registry
+
+    def forget(model: str) -> None:
+        metrics = _MODELS.get(reg, {}).pop(model, None)
+        if metrics is not None:
+            metrics.forget()
+        if reg is REGISTRY and not _multiprocess():
+            forget_stage_histograms(model)
+
+    return forget
+
+
+def _multiprocess() -> bool:
+    """prometheus_client's multiprocess mode (``--frontends``): its env variable, as it reads it."""
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
 _REGISTERED: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, Any]] = (
@@ -253,6 +300,10 @@ _REGISTERED: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, Any]] = (
 )
 """Each registry's histoserve collectors (a registry refuses a name registered twice)."""
 _MEMORY_GAUGES: weakref.WeakKeyDictionary[CollectorRegistry, Gauge] = weakref.WeakKeyDictionary()
+_MODELS: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, Metrics]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Each registry's models' :class:`Metrics`, by model name (the last made for a name)."""
 
 
 def _collectors(reg: CollectorRegistry) -> dict[str, Any]:

@@ -284,7 +284,7 @@ class Pipeline:
         assert self._pool is not None
         with self._admission.staged(request_tiles(decoded.items), depth, cost, priority):
             return await self._pool.prepare(
-                decoded.items, decoded.tile_input, self._prepare_sample, cost
+                decoded.items, decoded.tile_input, self._prepare_sample, cost, priority
             )
 
     # -- description ----------------------------------------------------------------------

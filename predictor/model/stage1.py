@@ -17,7 +17,11 @@ bounds), so an ordinary request never queues behind a costly one's decoding
 (issue 53: a jpeg request of 4 tiles may ask for a second of CPU). A costly
 request (over :data:`COSTLY_PIXELS`) is split box by box, so no chunk of it
 holds a thread long, and its chunks never take the pool's last free thread,
-so ordinary work always finds one.
+so ordinary work always finds one. A request's class of service
+(``priority``) orders it too: a less urgent class's job waits behind more
+urgent ones arriving up to :data:`CLASS_LAG_S` a class later, so a viewer's
+tiles decode ahead of a cohort's backlog (which the batcher's queue then also
+puts behind them) and bulk still moves.
 """
 
 from __future__ import annotations
@@ -49,9 +53,16 @@ in a second of one core here (2 x 2 slide tiles of 4096 px and their 4 boxes,
 most about as long as its own decode would take."""
 
 
+CLASS_LAG_S = 1.0
+"""How far each class of service's jobs start behind the class above's, in virtual time:
+the batcher's default age bound (``--max_queue_delay_ms`` 1000), so an urgent
+stream holds bulk back in stage 1 no longer than it may in the queue."""
+
+
 class CostOrderedPool:
     """Threads that run the waiting job of the earliest virtual start first: its arrival
-    plus its cost at ``pixels_per_s`` (shortest job first, with ageing).
+    plus its cost at ``pixels_per_s`` plus :data:`CLASS_LAG_S` per class below the
+    most urgent (shortest job first, urgent classes first, with ageing).
 
     A job's cost is its request's decode pixels. Among jobs waiting together
     the cheapest goes first, but a job is never passed over for ever: a job
@@ -91,8 +102,9 @@ class CostOrderedPool:
         ]
         self._started = False
 
-    def submit(self, cost: int, job: Callable[[], Any]) -> Future[Any]:
-        """``job()``'s future, run when it is the cheapest waiting job that may run."""
+    def submit(self, cost: int, job: Callable[[], Any], priority: int = 1) -> Future[Any]:
+        """``job()``'s future, run when it is the first waiting job in order that may run
+        (``priority``: its request's class of service, 1 the most urgent)."""
         future: Future[Any] = Future()
         with self._ready:
             if self._stopped:
@@ -101,7 +113,8 @@ class CostOrderedPool:
                 self._started = True
                 for thread in self._threads:
                     thread.start()
-            start = time.monotonic() + cost / self._pixels_per_s
+            lag_s = (priority - 1) * CLASS_LAG_S
+            start = time.monotonic() + cost / self._pixels_per_s + lag_s
             heapq.heappush(self._heap, (start, next(self._order), cost, job, future))
             self._ready.notify()
         return future
@@ -185,12 +198,14 @@ class Stage1Pool:
         tile_input: str,
         prepare: PrepareFn,
         decode_pixels: int = 0,
+        priority: int = 1,
     ) -> list[PreparedSample]:
         """Prepared samples in item order; ``InvalidInput`` located at the first bad tile.
 
         ``decode_pixels``: the request's decode cost, which orders its chunks
         in the pool (cheapest first) and, over :data:`COSTLY_PIXELS`, makes
-        each item a chunk of its own.
+        each item a chunk of its own. ``priority``: its class of service,
+        which orders them too (:class:`CostOrderedPool`).
         """
         if not any(_decodes(item) for item in items):
             return prepare_chunk(items, tile_input, prepare, self._tile_size)
@@ -201,6 +216,7 @@ class Stage1Pool:
                 self._pool.submit(
                     decode_pixels,
                     lambda c=chunk: prepare_chunk(c, tile_input, prepare, self._tile_size),
+                    priority,
                 )
             )
             for chunk in chunks

@@ -15,8 +15,9 @@ loads and unloads while the other models serve.
   reason and the others serving.
 - An unload withdraws the model from the server first (a request for it is
   then a 503 naming its state; server readiness is the other models'),
-  answers every request it had accepted (the model's drain), then stops it
-  and frees its memory.
+  answers every request it had accepted (the model's drain), then stops it,
+  frees its memory and removes its series from ``/metrics`` (as a load undone
+  does).
 
 The server is given to it as ``publish``/``withdraw`` (KServe's registry,
 :mod:`predictor.http.app`); models are built by start-up's function.
@@ -91,6 +92,8 @@ class Repository:
         meter: Measures loads on the models' device.
         drain_timeout_s: Longest an unload waits for the model's accepted requests.
         memory_gauge: Sets (bytes) or, with None, removes a model's memory series.
+        forget_series: Removes a model's every series (queue, tiles, stage
+            times, ...) once its model is gone (unloaded, or a load undone).
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class Repository:
         meter: MemoryMeter,
         drain_timeout_s: float,
         memory_gauge: Callable[[str, int | None], None] = lambda name, n: None,
+        forget_series: Callable[[str], None] = lambda name: None,
     ):
         self._model_dir = model_dir
         self._folders = dict(folders)
@@ -114,6 +118,7 @@ class Repository:
         self.budget_bytes = control.budget_of(meter.total_bytes())
         self._drain_timeout_s = drain_timeout_s
         self._memory_gauge = memory_gauge
+        self._forget_series = forget_series
         self._publish: Callable[[Any], None] = lambda model: None
         self._withdraw: Callable[[str], None] = lambda name: None
         self._lock: asyncio.Lock | None = None  # made in the serving loop
@@ -213,6 +218,7 @@ class Repository:
                 entry.model, entry.memory_bytes = None, None
                 self._meter.release()
                 self._memory_gauge(entry.name, None)
+                self._forget_series(entry.name)
                 entry.state, entry.reason = UNAVAILABLE, f"did not start: {exc}"
                 raise LoadRefused(f"model {entry.name!r} did not start: {exc}") from exc
             entry.state, entry.reason = READY, ""
@@ -243,6 +249,7 @@ class Repository:
                 entry.reason = "unloaded" if drained else "unloaded at the drain deadline"
                 entry.memory_bytes = None
                 self._memory_gauge(entry.name, None)
+                self._forget_series(entry.name)
                 logger.info("model %s: %s", entry.name, entry.reason)
         return {"name": entry.name, "unload": True}
 
@@ -279,10 +286,20 @@ class Repository:
         return sum(e.memory_bytes or 0 for e in self._entries.values())
 
     def _over_budget(self, name: str, needs: int, what: str) -> LoadRefused:
+        """The refusal naming what ``name`` costs, what each loaded model costs, their sum
+        and the budget."""
+        budget = f"the memory budget of {mib(self.budget_bytes)} (--memory_budget {self._control.memory_budget})"
+        loaded = [e for e in self._entries.values() if e.memory_bytes is not None]
+        if not loaded:
+            return LoadRefused(
+                f"model {name!r} not loaded: it {what} {mib(needs)}, over {budget}; "
+                "no model is loaded"
+            )
+        parts = ", ".join(f"{e.name} {mib(e.memory_bytes or 0)}" for e in loaded)
         return LoadRefused(
-            f"model {name!r} not loaded: it {what} {mib(needs)} and the memory budget is "
-            f"{mib(self.budget_bytes)} (--memory_budget {self._control.memory_budget}); "
-            f"{self._loaded_text()}{': unload one first' if self._held_bytes() else ''}"
+            f"model {name!r} not loaded: it {what} {mib(needs)}, and with the models loaded "
+            f"({parts}) that is {mib(self._held_bytes() + needs)}, over {budget}: "
+            "unload one first"
         )
 
     def _load_now(self, entry: Entry, ready: bool = True) -> None:
@@ -306,10 +323,12 @@ class Repository:
             with self._meter.measuring(at_least) as measured:
                 model = self._build(model_config, batching, limits)
         except HistoserveError as exc:
+            self._forget_series(entry.name)
             entry.state, entry.reason = UNAVAILABLE, f"load failed: {exc}"
             raise LoadRefused(f"model {entry.name!r} did not load: {exc}") from exc
         except Exception as exc:  # a bug in a user's model class: the model's, not the server's
             logger.exception("model %s: load failed", entry.name)
+            self._forget_series(entry.name)
             entry.state, entry.reason = UNAVAILABLE, f"load failed: {type(exc).__name__}: {exc}"
             raise LoadRefused(f"model {entry.name!r} did not load: {exc}") from exc
         if self._held_bytes() + measured.bytes > self.budget_bytes:
@@ -317,6 +336,7 @@ class Repository:
             del model
             gc.collect()
             self._meter.release()
+            self._forget_series(entry.name)
             exc = self._over_budget(entry.name, measured.bytes, "measured")
             entry.state, entry.reason = UNAVAILABLE, str(exc)
             raise exc

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -108,6 +109,65 @@ def test_the_index_lists_every_model_folder_with_its_state_and_memory(server):
     assert 'histoserve_model_memory_bytes{model="tissue-seg"}' not in metrics
 
 
+def _a_and_b(root: Path, budget: str) -> Server:
+    """A server of two copies of one package, ``a`` loaded at start, ``b`` to load."""
+    package = demo_package("h0-mini")
+    for name in ("a", "b"):
+        if not (root / "models" / name).exists():
+            copy_package_dir(package, root / "models" / name)
+    return start_server(
+        root / "models",
+        root / f"logs-{budget}",
+        *("--model_control", "explicit", "--models", "a", "--memory_budget", budget),
+        *("--load_probe", "off", "--instances_per_device", "1"),
+        model_name="a",
+    )
+
+
+def test_a_load_is_refused_when_it_and_the_loaded_model_pass_the_budget(tmp_path):
+    """Model a is loaded; b alone would fit (its package, even what it measures, is well
+    under the budget), but a and b together pass --memory_budget: b's load is refused
+    naming what b costs, what each loaded model costs, their sum and the budget, and a
+    keeps serving. The budget comes from what this machine measures: a first server runs
+    the same steps under the default budget (a at start, then b), and the budget is a's
+    cost and half b's."""
+    first = _a_and_b(tmp_path, "90%")
+    try:
+        with _client(first) as client:
+            client.load_model("b")
+        costs = {name: row["memory_bytes"] for name, row in _index(first).items()}
+    finally:
+        first.stop()
+    budget = costs["a"] + costs["b"] // 2
+    assert demo_package("h0-mini").stat().st_size < costs["b"] < budget
+    server = _a_and_b(tmp_path, str(budget))
+    try:
+        with _client(server) as client, pytest.raises(InferenceServerException) as err:
+            client.load_model("b")
+        message = err.value.message()
+        assert err.value.status() == "409"
+        found = re.fullmatch(
+            r"model 'b' not loaded: it (measured|needs at least \(its package\)) "
+            r"(\d+\.\d) MiB, and with the models loaded \(a (\d+\.\d) MiB\) that is "
+            r"(\d+\.\d) MiB, over the memory budget of (\d+\.\d) MiB "
+            rf"\(--memory_budget {budget}\): unload one first",
+            message,
+        )
+        assert found, message
+        b_cost, a_cost, together, said_budget = map(float, found.groups()[1:])
+        rows = _index(server)
+        mib = 1 << 20
+        assert a_cost == round(rows["a"]["memory_bytes"] / mib, 1)
+        assert said_budget == round(budget / mib, 1)
+        assert b_cost < said_budget < together == pytest.approx(a_cost + b_cost, abs=0.11)
+        assert (rows["a"]["state"], rows["b"]["state"]) == ("READY", "UNAVAILABLE")
+        assert rows["b"]["reason"] == message and rows["b"]["memory_bytes"] is None
+        assert _embed(server, "a", random_tiles(2)).shape == (2, 1536)
+        assert 'model="b"' not in server.metrics()
+    finally:
+        server.stop()
+
+
 def test_each_model_has_its_own_settings_and_config(server):
     """The slow folder's histoserve.json set its batch bound; h0-mini keeps the server's."""
     slow = httpx.get(f"{server.base}/v2/models/slow/config", timeout=10).json()
@@ -139,20 +199,50 @@ def test_the_models_take_turns_on_the_one_device(server):
     assert done == ["slow", "h0-mini"]
 
 
+def _series_of(metrics: str, model: str) -> list[str]:
+    """The ``/metrics`` lines of ``model``'s series: histoserve's (``model``) and KServe's
+    stage histograms (``model_name``)."""
+    return [
+        line
+        for line in metrics.splitlines()
+        if not line.startswith("#")
+        and (f'model="{model}"' in line or f'model_name="{model}"' in line)
+    ]
+
+
 def test_load_unload_and_reload(server):
+    """An unloaded model's series leave /metrics (every one: a stale queue depth would count
+    in every sum over the pod's models); the other models' stay; a reload brings them back."""
     with _client(server) as client:
         client.load_model("tissue-seg")
         assert client.is_model_ready("tissue-seg")
         assert _index(server)["tissue-seg"]["state"] == "READY"
+        tile = httpclient.InferInput("pixels", [1, 512, 512, 3], "UINT8")
+        tile.set_data_from_numpy(random_tiles(1, size=512))
+        client.infer("tissue-seg", [tile])
+    loaded = _series_of(server.metrics(), "tissue-seg")
+    for name in (
+        "histoserve_queue_depth",
+        "histoserve_tiles_total",
+        "histoserve_device_forwards_total",
+        "request_predict_seconds_count",
+    ):
+        assert any(line.startswith(name) for line in loaded), (name, loaded)
+    with _client(server) as client:
         client.unload_model("tissue-seg")
         assert not client.is_model_ready("tissue-seg")
     answer = httpx.post(f"{server.base}/v2/models/tissue-seg/infer", json={"inputs": []})
     assert answer.status_code == 503
     assert "'tissue-seg' is UNAVAILABLE (unloaded)" in answer.json()["error"]
-    assert 'histoserve_model_memory_bytes{model="tissue-seg"}' not in server.metrics()
+    metrics = server.metrics()
+    assert _series_of(metrics, "tissue-seg") == []
+    others = _series_of(metrics, "h0-mini")
+    assert 'histoserve_queue_depth{model="h0-mini",priority="1"} 0.0' in others
+    assert any(line.startswith("histoserve_tiles_total") for line in others)
     with _client(server) as client:
         client.load_model("tissue-seg")
         assert client.is_model_ready("tissue-seg")
+    assert 'histoserve_queue_depth{model="tissue-seg",priority="2"} 0.0' in server.metrics()
     assert _embed(server, "h0-mini", random_tiles(1)).shape == (1, 1536)
 
 
@@ -277,8 +367,10 @@ def test_a_load_over_the_memory_budget_is_refused_naming_it(tmp_path):
             client.load_model("h0-mini")
         message = err.value.message()
         assert err.value.status() == "409"
-        assert "memory budget is 3.8 MiB (--memory_budget 4000000)" in message
-        assert "no model is loaded" in message
+        assert message == (
+            "model 'h0-mini' not loaded: it needs at least (its package) 4.0 MiB, over the "
+            "memory budget of 3.8 MiB (--memory_budget 4000000); no model is loaded"
+        )
         assert _index(server)["h0-mini"]["state"] == "UNAVAILABLE"
     finally:
         server.stop()

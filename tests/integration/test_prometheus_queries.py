@@ -14,13 +14,15 @@ preset and CI values file that autoscales on Prometheus, the dashboard's
 panel targets (``charts/histoserve/dashboards/histoserve.json``, Grafana's
 variables filled in) and the inline PromQL of the docs. Each is evaluated at
 three moments: on the freshly started servers, under load, and while each
-server holds a known number of tiles in its queue (a request of
+server holds a known number of tiles in its queues (a bulk request of
 ``max_batch_size + k`` tiles: a full batch runs, ``k`` tiles wait out
-``--max_latency_ms``). Each must return a series at every moment, finite
+``--max_latency_ms``; then an interactive one, priority 1, of ``j`` tiles,
+which wait with them). Each must return a series at every moment, finite
 under load and held, and at the fresh and held moments the same numbers as
 itself with every selector held to one scrape job (one series per replica,
 what each server's own ``/metrics`` says, checked against the servers' own
-pages); the held queue depth is the servers' own sum (6 + 4), not 16.
+pages); the held queue depth is the servers' own sum (6 + 4 bulk and 3 + 2
+interactive: 15, not 21), the interactive class's 3 + 2.
 
 Series only a cluster exporter provides (``kube_*``) are named in
 :data:`CLUSTER_ONLY` and only checked to parse. A deliberately broken query
@@ -100,7 +102,7 @@ CLUSTER_ONLY = {
     "kube_deployment_spec_replicas": "kube-state-metrics: a Deployment's desired replicas",
 }
 """Series a cluster exporter provides and nothing here can: their queries must parse only."""
-MAX_BATCH, HELD = 8, (6, 4)
+MAX_BATCH, HELD, HELD_URGENT = 8, (6, 4), (3, 2)
 LOAD_S = 3.0
 # dcgm-exporter's labels (it names the pod using each GPU); Prometheus renames them
 # exported_namespace / exported_pod (no honor_labels), as the presets say
@@ -170,6 +172,7 @@ class Observed:
 
 
 QUEUE = "histoserve_queue_depth{model=h0-mini,priority=2}"  # bulk: the default class
+URGENT_QUEUE = "histoserve_queue_depth{model=h0-mini,priority=1}"
 FORWARDS = "histoserve_forward_seconds_count{model=h0-mini}"
 BATCHES = "histoserve_batch_size_count{model=h0-mini}"
 
@@ -276,11 +279,21 @@ def observed(
 def _hold(
     servers: list[Server], ports: tuple[int, int], prometheus: Prometheus
 ) -> tuple[Moment, tuple[dict[str, float], ...]]:
-    """Each server holds HELD tiles in its queue; the moment every job has scraped them."""
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    """Each server holds HELD bulk and HELD_URGENT interactive tiles in its queues; the
+    moment every job has scraped them."""
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
         answers = [
             pool.submit(_infer, server, random_tiles(MAX_BATCH + k, seed=k))
             for server, k in zip(servers, HELD, strict=True)
+        ]
+        wait_until(
+            lambda: all(_own_samples(p)[QUEUE] == k for p, k in zip(ports, HELD, strict=True)),
+            "the bulk tiles held",
+            interval_s=0.05,
+        )
+        answers += [
+            pool.submit(_infer, server, random_tiles(j, seed=10 + j), 1)
+            for server, j in zip(servers, HELD_URGENT, strict=True)
         ]
 
         def scraped_held() -> tuple[dict[str, float], ...] | None:
@@ -288,8 +301,10 @@ def _hold(
             still (the queue held, every dispatched batch's forward counted) and every
             job's last scrape holds the same."""
             own = tuple(_own_samples(p) for p in ports)
-            for mine, held in zip(own, HELD, strict=True):
-                if mine[QUEUE] != held or mine[FORWARDS] != mine[BATCHES]:
+            for mine, held, urgent in zip(own, HELD, HELD_URGENT, strict=True):
+                if (mine[QUEUE], mine[URGENT_QUEUE]) != (held, urgent):
+                    return None
+                if mine[FORWARDS] != mine[BATCHES]:
                     return None
             want = {
                 (pod, job, name): own[i][name]
@@ -298,10 +313,10 @@ def _hold(
                     (0, PODS[0], SECOND_JOB),
                     (1, PODS[1], POD_JOB),
                 )
-                for name in (QUEUE, FORWARDS)
+                for name in (QUEUE, URGENT_QUEUE, FORWARDS)
             }
             seen = {}
-            for name in (QUEUE, FORWARDS):
+            for name in (QUEUE, URGENT_QUEUE, FORWARDS):
                 selector = name.replace("=", '="').replace(",", '",').replace("}", '"}')
                 for sample in prometheus.query(selector):
                     seen[(sample.labels["pod"], sample.labels["job"], name)] = sample.value
@@ -314,8 +329,10 @@ def _hold(
     return moment, own
 
 
-def _infer(server: Server, tiles: np.ndarray) -> None:
-    with HistoserveClient(server.base, server.model_name, timeout_s=60) as client:
+def _infer(server: Server, tiles: np.ndarray, priority: int | None = None) -> None:
+    with HistoserveClient(
+        server.base, server.model_name, timeout_s=60, priority=priority
+    ) as client:
         assert client.infer_pixels(tiles)["embedding"].shape[0] == len(tiles)
 
 
@@ -457,11 +474,13 @@ def _all_problems(
 
 def test_the_held_queues_are_the_servers_own(observed: Observed) -> None:
     """The anchor: one job's series are each server's own numbers, and the chart's
-    queue-depth query sums the replicas once each (6 + 4), the doubly scraped one too."""
+    queue-depth queries sum the replicas once each, the doubly scraped one too: the whole
+    backlog (6 + 4 bulk, 3 + 2 interactive) and the interactive class's (3 + 2)."""
     held = observed.moments[2]
     for pod, own in zip(PODS, observed.servers_held, strict=True):
         for series, labels in (
             ("histoserve_queue_depth", {"priority": "2"}),
+            ("histoserve_queue_depth", {"priority": "1"}),
             ("histoserve_inflight_requests", {}),
         ):
             extra = "".join(f', {k}="{v}"' for k, v in labels.items())
@@ -476,16 +495,23 @@ def test_the_held_queues_are_the_servers_own(observed: Observed) -> None:
                 held.at,
             )
             assert sample.value == own[f"histoserve_tiles_total{{model=h0-mini,outcome={outcome}}}"]
-    queue_queries = [q for _, q in chart_queries() if "histoserve_queue_depth" in q]
+    queue_queries = {w: q for w, q in chart_queries() if "histoserve_queue_depth" in q}
+    interactive = queue_queries.pop("keda-interactive-queue-depth.yaml")
+    (sample,) = observed.prometheus.query(interactive, held.at)
+    assert sample.value == sum(HELD_URGENT)
     assert queue_queries
-    for query in queue_queries:
+    for query in queue_queries.values():
         (sample,) = observed.prometheus.query(query, held.at)
-        assert sample.value == sum(HELD)
+        assert sample.value == sum(HELD) + sum(HELD_URGENT)
 
 
 def test_every_chart_query_returns_the_replicas_numbers(observed: Observed) -> None:
     queries = chart_queries()
-    assert {"keda-queue-depth.yaml", "keda-gpu-utilization.yaml"} <= {w for w, _ in queries}
+    assert {
+        "keda-queue-depth.yaml",
+        "keda-interactive-queue-depth.yaml",
+        "keda-gpu-utilization.yaml",
+    } <= {w for w, _ in queries}
     assert _all_problems(observed, queries) == {}
     for where, query in queries:  # KEDA takes one number
         for moment in observed.moments:

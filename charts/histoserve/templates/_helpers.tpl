@@ -115,6 +115,11 @@ imagePullSecrets:
 {{- default "histoserve" .Values.servingRuntime.name -}}
 {{- end -}}
 
+{{/* The metrics KEDA scales on, declared once (the schema's enums list them too). */}}
+{{- define "histoserve.kedaMetrics" -}}
+gpu-utilization queue-depth interactive-queue-depth prometheus
+{{- end -}}
+
 {{/*
 Autoscaler class actually used ("kpa", "hpa", "keda", "none", "external").
 */}}
@@ -124,7 +129,7 @@ Autoscaler class actually used ("kpa", "hpa", "keda", "none", "external").
 {{- $a.class -}}
 {{- else if eq .Values.deploymentMode "Knative" -}}
 kpa
-{{- else if has $a.metric (list "gpu-utilization" "queue-depth" "prometheus") -}}
+{{- else if has $a.metric (splitList " " (include "histoserve.kedaMetrics" .)) -}}
 keda
 {{- else if has $a.metric (list "cpu" "memory") -}}
 hpa
@@ -153,7 +158,7 @@ queue-depth
 {{/* Target per replica, with per-metric defaults. */}}
 {{- define "histoserve.autoscalerTarget" -}}
 {{- $metric := include "histoserve.autoscalerMetric" . -}}
-{{- $defaults := dict "concurrency" 4 "rps" 50 "cpu" 80 "memory" 80 "gpu-utilization" 80 "queue-depth" 64 "prometheus" 1 -}}
+{{- $defaults := dict "concurrency" 4 "rps" 50 "cpu" 80 "memory" 80 "gpu-utilization" 80 "queue-depth" 64 "interactive-queue-depth" 16 "prometheus" 1 -}}
 {{- if ne .Values.autoscaling.target nil -}}
 {{- .Values.autoscaling.target -}}
 {{- else -}}
@@ -177,7 +182,10 @@ predictor's pods; KEDA divides by the target (AverageValue) to get replicas.
 {{- $gpus := int .Values.gpu.count -}}
 {{- printf "sum(max by (%s, gpu) (DCGM_FI_DEV_GPU_UTIL{%s}))%s" $k.podLabel $sel (ternary (printf " / %d" $gpus) "" (gt $gpus 1)) -}}
 {{- else if eq $metric "queue-depth" -}}
-{{- printf "sum(max by (%s, priority) (histoserve_queue_depth{%s}))" $k.podLabel $sel -}}
+{{- printf "sum(max by (%s, model, priority) (histoserve_queue_depth{%s}))" $k.podLabel $sel -}}
+{{- else if eq $metric "interactive-queue-depth" -}}
+{{- /* the most urgent class of service (a request's V2 priority 1) alone */ -}}
+{{- printf "sum(max by (%s, model) (histoserve_queue_depth{%s, priority=\"1\"}))" $k.podLabel $sel -}}
 {{- else -}}
 {{- $k.query -}}
 {{- end -}}
@@ -735,8 +743,9 @@ Checks the schema cannot express (it cannot compare two values).
 {{- if and (eq $class "hpa") (not (has $metric (list "cpu" "memory"))) -}}
 {{- fail (printf "autoscaling.metric %q does not work with HPA: use cpu or memory (or class keda)" $metric) -}}
 {{- end -}}
-{{- if and (eq $class "keda") (not (has $metric (list "gpu-utilization" "queue-depth" "prometheus"))) -}}
-{{- fail (printf "autoscaling.metric %q does not work with KEDA: use gpu-utilization, queue-depth or prometheus" $metric) -}}
+{{- $keda := splitList " " (include "histoserve.kedaMetrics" .) -}}
+{{- if and (eq $class "keda") (not (has $metric $keda)) -}}
+{{- fail (printf "autoscaling.metric %q does not work with KEDA: use one of %s" $metric (join ", " $keda)) -}}
 {{- end -}}
 {{- if and (eq (int $a.minReplicas) 0) (ne $class "kpa") -}}
 {{- fail "autoscaling.minReplicas 0 (scale to zero) needs deploymentMode Knative (KPA): a scaled-to-zero Deployment never reports the load that would wake it" -}}

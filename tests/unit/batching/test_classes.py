@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from predictor.batching.queue import BatchPolicy, BatchQueue, Entry
+from predictor.batching.queue import URGENT_WINDOW_S, BatchPolicy, BatchQueue, DeviceTimes, Entry
 from predictor.config import BatchingConfig
 from predictor.errors import ConfigError, InvalidInput, Overloaded, QueueTimeout
-from tests.unit.batching.fakes import Fake, busy, outcomes, run, started
+from tests.unit.batching.fakes import Fake, FifoDevice, busy, outcomes, run, started
 
 
 def _queue(
@@ -190,3 +190,93 @@ def test_the_classes_config() -> None:
         BatchingConfig(max_queue_delay_ms=(1.0, 2.0, 3.0))
     with pytest.raises(ConfigError, match="default_priority"):
         BatchingConfig(default_priority=3)
+    with pytest.raises(ConfigError, match="urgent_wait_ms"):
+        BatchingConfig(urgent_wait_ms=-1)
+
+
+def test_device_times_fit_a_line_and_pick_the_largest_batch_within_the_bound() -> None:
+    """Before any forward nothing is cut; one size seen, time is taken to grow with the
+    batch from nothing; two sizes, the line through them (a GPU's fixed cost per call
+    counts); a device that slows cuts further."""
+    times = DeviceTimes(16, within_s=0.025)
+    assert times.fits == 16 and times.estimate_s(4) == float("inf")
+    times.observe(16, 0.112)  # 7 ms a tile
+    assert times.fits == 3 and times.estimate_s(3) == pytest.approx(0.021)
+    times.observe(4, 0.034)  # the line through both: t(n) = 0.008 + 0.0065 n
+    assert times.estimate_s(2) == pytest.approx(0.008 + 0.013) and times.fits == 2
+    gpu = DeviceTimes(64, within_s=0.025)
+    gpu.observe(64, 0.040)
+    gpu.observe(8, 0.012)  # 8 ms a call + 0.5 ms a tile
+    assert gpu.fits == 34
+    for _ in range(10):
+        gpu.observe(34, 0.080)  # slowed
+    assert gpu.fits < 34
+
+
+def _cut_policy(fits_after: float) -> BatchPolicy:
+    policy = BatchPolicy(8, max_latency_s=0.0, max_queue_delay_s=(None, 10.0), urgent_wait_s=0.02)
+    policy.observe(8, fits_after)
+    return policy
+
+
+def test_bulk_batches_are_cut_while_an_urgent_class_is_active_and_whole_after() -> None:
+    """The device cannot be preempted: a bulk batch on it is what an interactive arrival
+    waits for. While interactive requests come (one in the last URGENT_WINDOW_S, or
+    waiting), bulk batches take about urgent_wait_s (here 2 of 10 ms a tile); bulk alone
+    runs whole batches."""
+    queue, _ = _queue([(2, f"b{n}", 0.0) for n in range(20)])
+    policy = _cut_policy(0.080)
+    assert len(policy.take(queue, now=1.0)[0]) == 8  # no interactive request yet
+    loop = asyncio.new_event_loop()
+    queue.admit(["i0"], "k", loop, 1.0, 1)
+    loop.close()
+    assert _names(policy.take(queue, now=1.0)[0]) == ["i0"]
+    assert policy.ready(queue, now=1.1)  # the cut batch is complete: cut at once
+    assert _names(policy.take(queue, now=1.1)[0]) == ["b8", "b9"]
+    assert len(policy.take(queue, now=1.0 + URGENT_WINDOW_S - 0.01)[0]) == 2
+    assert len(policy.take(queue, now=1.0 + URGENT_WINDOW_S)[0]) == 8  # quiet: whole again
+
+
+def test_a_cut_batch_is_never_smaller_than_the_urgent_class_s_own_last_batch() -> None:
+    """Waiting for one bulk batch as long as its own at most doubles an urgent request's
+    device time, which the 2x target allows: cutting finer only costs bulk throughput.
+    A device slow enough that one tile passes urgent_wait_s still runs bulk in batches
+    of the interactive request's size (3), not of 1."""
+    queue, _ = _queue([(2, f"b{n}", 0.0) for n in range(10)])
+    policy = _cut_policy(0.400)  # 50 ms a tile, 20 ms allowed: one tile already passes it
+    loop = asyncio.new_event_loop()
+    queue.admit(["i0", "i1", "i2"], "k", loop, 1.0, 1)
+    loop.close()
+    assert _names(policy.take(queue, now=1.0)[0]) == ["i0", "i1", "i2"]
+    assert policy.times is not None and policy.times.fits == 1
+    assert len(policy.take(queue, now=1.1)[0]) == 3
+
+
+def test_without_urgent_wait_bulk_batches_are_never_cut() -> None:
+    queue, _ = _queue([(2, f"b{n}", 0.0) for n in range(10)] + [(1, "i0", 0.5)])
+    policy = BatchPolicy(8, max_latency_s=0.0, max_queue_delay_s=(None, 10.0))
+    policy.observe(8, 10.0)
+    assert _names(policy.take(queue, now=1.0)[0]) == ["i0"]
+    assert len(policy.take(queue, now=1.0)[0]) == 8
+
+
+def test_batcher_cuts_bulk_batches_while_interactive_requests_come() -> None:
+    """A device taking 10 ms a tile, batches of 8, --urgent_wait_ms 35: once an
+    interactive request has come, the next bulk request runs in batches of at most 3
+    (about 30 ms each, learnt from the forwards); with --urgent_wait_ms 0 in one batch."""
+
+    async def sizes(urgent_wait_ms: float) -> list[int]:
+        device = FifoDevice(s_per_item=0.01)
+        config = BatchingConfig(
+            max_batch_size=8, max_latency_ms=0, max_queue_size=16, urgent_wait_ms=urgent_wait_ms
+        )
+        b = await started(device.run_batch("m"), config)
+        await outcomes(b.submit(list(range(8)), priority=2))
+        await outcomes(b.submit(["i"], priority=1))
+        await outcomes(b.submit(list(range(8)), priority=2))
+        await b.close()
+        return [n for _, n, _, _ in device.log]
+
+    cut = run(lambda: sizes(35.0))
+    assert cut[:2] == [8, 1] and sum(cut[2:]) == 8 and max(cut[2:]) <= 3, cut
+    assert run(lambda: sizes(0.0)) == [8, 1, 8]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from predictor.model.metrics import create_metrics
+from predictor.model.metrics import create_metrics, series_remover
 
 
 def _value(registry, name, labels):
@@ -114,3 +114,25 @@ def test_every_class_has_its_queue_series_from_start_up():
         labels = {"model": "m", "priority": priority}
         assert _value(registry, "histoserve_queue_depth", labels) == 0
         assert _value(registry, "histoserve_queue_wait_seconds_count", labels) == 0
+
+
+def test_forgetting_a_model_removes_its_every_series_and_keeps_the_others():
+    """An unloaded model's series leave /metrics; another model's, and a forgotten name
+    made again (a reload), are there from zero."""
+    registry = CollectorRegistry()
+    a, b = create_metrics("a", registry), create_metrics("b", registry)
+    for metrics in (a, b):
+        metrics.classes_started(2)
+        metrics.workers_started(["cpu"])
+        metrics.on_enqueue(3, 3, 2)
+        metrics.on_worker_forward("cpu", 3, 0.01, ok=True)
+        metrics.count_tiles("ok", 3)
+    forget = series_remover(registry)
+    forget("a")
+    page = generate_latest(registry).decode()
+    assert 'model="a"' not in page
+    assert 'histoserve_queue_depth{model="b",priority="2"} 3.0' in page
+    assert 'histoserve_device_forwards_total{model="b",outcome="ok",worker="cpu"} 1.0' in page
+    forget("a")  # twice: nothing left to remove
+    create_metrics("a", registry).classes_started(2)
+    assert _value(registry, "histoserve_queue_depth", {"model": "a", "priority": "2"}) == 0

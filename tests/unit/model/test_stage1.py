@@ -14,6 +14,7 @@ import torch
 
 from predictor.codecs.samples import ModelRequest, PreparedSample
 from predictor.errors import InvalidInput
+from predictor.model import stage1
 from predictor.model.stage1 import COSTLY_PIXELS, CostOrderedPool, Stage1Pool
 
 SIZE = 2  # the tile size these pools check prepared tiles against
@@ -141,14 +142,28 @@ def test_costly_jobs_never_take_the_last_free_thread():
 
 
 def test_a_costly_request_is_prepared_one_box_a_chunk_in_order():
+    """Each box a chunk of its own, never two at once on a pool of two (the last free
+    thread stays for cheaper work); which thread takes the next is the pool's choice
+    (its threads start with the first job, so either may be first to wait)."""
     pool = Stage1Pool(2, SIZE)
-    threads: set[str] = set()
+    lock = threading.Lock()
+    running, most = 0, 0
+    record = _prepare_recording(set())
+
+    def prepare(item: ModelRequest) -> PreparedSample:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.01)
+        with lock:
+            running -= 1
+        return record(item)
+
     items = [ModelRequest(i, image_data=b"png") for i in range(5)]
-    samples = asyncio.run(
-        pool.prepare(items, "tiles", _prepare_recording(threads), COSTLY_PIXELS + 1)
-    )
+    samples = asyncio.run(pool.prepare(items, "tiles", prepare, COSTLY_PIXELS + 1))
     assert [int(s.tile[0, 0, 0]) for s in samples] == list(range(5))
-    assert len(threads) == 1  # never the last free thread of two
+    assert most == 1  # never the last free thread of two
     pool.shutdown()
 
 
@@ -197,4 +212,25 @@ def test_a_pool_made_at_a_lower_priority_runs_at_its_submitters():
     maker.join(30)
     (pool,) = made
     assert pool.submit(1, _niceness).result(30) == _niceness()
+    pool.shutdown()
+
+
+def test_an_urgent_class_decodes_ahead_of_an_earlier_bulk_job_of_the_same_cost(monkeypatch):
+    """A viewer's request (priority 1) queued behind a cohort's (priority 2) of the same
+    cost went after it (cost alone ordered the pool); now it goes first, while a bulk
+    job that has waited CLASS_LAG_S goes before an urgent one arriving after that."""
+    monkeypatch.setattr(stage1, "CLASS_LAG_S", 0.05)
+    pool = CostOrderedPool(1, costly_pixels=10**9, pixels_per_s=1e9)
+    ran: list[str] = []
+    for pause_s, order in ((0.0, ["urgent", "bulk"]), (0.1, ["bulk", "urgent"])):
+        gate = threading.Event()
+        ran.clear()
+        blocker = pool.submit(0, lambda g=gate: g.wait(5))
+        bulk = pool.submit(100, lambda: ran.append("bulk"), priority=2)
+        time.sleep(pause_s)
+        urgent = pool.submit(100, lambda: ran.append("urgent"), priority=1)
+        gate.set()
+        for future in (blocker, bulk, urgent):
+            future.result(5)
+        assert ran == order, pause_s
     pool.shutdown()
