@@ -166,7 +166,7 @@ def test_standard_keda_queue_depth(render):
     p = pred(render(values=["standard-keda-queue-depth-values.yaml"]))
     ext = p["autoScaling"]["metrics"][0]["external"]
     assert ext["metric"]["query"] == (
-        f'sum(max by (pod, priority) (histoserve_queue_depth{{namespace="{NAMESPACE}", pod=~"{PREDICTOR}-.*"}}))'
+        f'sum(max by (pod, model, priority) (histoserve_queue_depth{{namespace="{NAMESPACE}", pod=~"{PREDICTOR}-.*"}}))'
     )
     assert ext["target"]["value"] == "128"
     assert ext["authenticationRef"] == {
