@@ -313,7 +313,7 @@ def check_shapes(
     Raises:
         SpecMismatch: One line naming the spec, the expectation and the package's value.
     """
-    expected = len(family.PACKAGE_OUTPUTS)
+    expected = len(family.package_outputs(spec))
     if len(shapes) != expected:
         raise SpecMismatch(
             f"spec {spec.name!r} ({spec.family}) expects {expected} output(s) but the package "
