@@ -172,7 +172,7 @@ def bf16_vs_fp32(ctx: Context) -> dict[str, Any]:
 
 def bf16_families(ctx: Context) -> dict[str, Any]:
     """bf16 m-optimus (every mode, with and without bulk RNA) and tissue-seg, served vs direct."""
-    from predictor.pt2.genes import read_gene_ids
+    from predictor.families.multimodal.genes import read_gene_ids
 
     packages = {n: ctx.require(n) for n in ("m-optimus-bf16", "tissue-seg-bf16")}
     out: dict[str, Any] = {}

@@ -47,6 +47,7 @@ from predictor.export.scratch import fresh_inductor_cache, owned_dir
 from predictor.export.verify import LOAD_TIMEOUT_S, Verifier, add_verify_flags
 from predictor.families import build_demo_model, demo_example_inputs, family_for
 from predictor.families.embedding import PRESETS
+from predictor.families.multimodal import genes
 from predictor.packages import host
 from predictor.packages import weights_layout as layouts
 from predictor.packages.build_key import BUILD_KEY_KEY
@@ -58,7 +59,6 @@ from predictor.packages.metadata import (
     PROVENANCE_KEY,
     read_metadata,
 )
-from predictor.pt2 import genes
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec
 
 # --cpu_target: None = inductor's default (-march=native, widest vector ISA).

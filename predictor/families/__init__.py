@@ -1,8 +1,8 @@
 """Model families: the one registry of what differs per family, found by name.
 
-A family ``NAME`` is the module ``predictor/families/NAME.py``, and the
-registry's :data:`FAMILIES` are these modules (what a spec may name). The
-module owns all of the family: ``FAMILY``, its hooks (a
+A family ``NAME`` is the module ``predictor/families/NAME.py`` (or a small
+package, ``NAME/``), and the registry's :data:`FAMILIES` are these modules
+(what a spec may name). The module owns all of the family: ``FAMILY``, its hooks (a
 :class:`~predictor.model.family.Family`) with its declaration (its modes and
 what each answers, a table of :mod:`histoserve.wire.modes` the client reads
 too; its section of the spec and that section's check), its inputs and
@@ -11,7 +11,8 @@ outputs, its package checks, and its demo model:
 * :mod:`~predictor.families.embedding`: ViT backbones (``h0-mini``, ``h0``,
   ``h1``), the tile family's defaults
   (:class:`~predictor.model.tiles.TileFamily`) and the demo ViT;
-* :mod:`~predictor.families.multimodal`: tile + bulk RNA (``m-optimus``);
+* :mod:`~predictor.families.multimodal`: tile + bulk RNA (``m-optimus``),
+  with its gene lists (:mod:`~predictor.families.multimodal.genes`);
 * :mod:`~predictor.families.segmentation`: tissue masks (``tissue-seg``);
 * :mod:`~predictor.families.slide`: slide heads over tile features
   (``abmil-demo``, ``mean-pool``).

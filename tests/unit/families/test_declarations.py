@@ -5,7 +5,7 @@ of :mod:`histoserve.wire.modes`, the one the client checks answers against:
 referenced, never copied), its spec section and check, its package inputs
 and outputs, its demo model and example inputs, a built-in spec, its
 server test (``tests/integration/test_NAME_server.py``) and its place in
-``docs/architecture.md``. No module of the repository's code (tests aside:
+``docs/architecture.md`` (its module, or its package's folder). No module of the repository's code (tests aside:
 they state expected values on their own) repeats a mode table, a family's
 outputs or the list of families.
 """
@@ -79,7 +79,9 @@ def test_a_family_of_the_registry_has_every_part(name: str) -> None:
         assert model.family.input_types()
     # its tests and docs
     assert (ROOT / "tests" / "integration" / f"test_{name}_server.py").is_file()
-    assert f"predictor/families/{name}.py" in (ROOT / "docs" / "architecture.md").read_text()
+    path = Path(module.__file__).relative_to(ROOT)
+    named = path.parent if path.name == "__init__.py" else path  # a small package: its folder
+    assert f"`{named}" in (ROOT / "docs" / "architecture.md").read_text(), named
 
 
 def _check_demo(spec: ModelSpec) -> None:

@@ -10,7 +10,8 @@ with and without bulk RNA. The package returns ``(prediction, embedding)``
 from one forward pass; predictions go out ``expm1``-transformed and rounded.
 
 Gene lists (input and output Ensembl IDs) load from CSV assets beside the
-checkpoint; their lengths must match the package's shapes at start-up.
+checkpoint (:mod:`~predictor.families.multimodal.genes`); their lengths must
+match the package's shapes at start-up.
 
 The family declares its modes (:data:`histoserve.wire.MODE_OUTPUTS`, every
 tile mode), its spec section (the transforms, their rounding and the gene
@@ -37,10 +38,10 @@ from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
 from predictor.device.slot import DeviceSlot
 from predictor.errors import InvalidInput, SpecError, SpecMismatch
 from predictor.families.embedding import DemoViT, vit_for
+from predictor.families.multimodal import genes
 from predictor.model.family import OutputSpec
 from predictor.model.finite import first_beyond, input_limit
 from predictor.model.tiles import TileFamily, check_embedding_shape
-from predictor.pt2 import genes
 from predictor.runtime.loader import LoadedPackage
 from predictor.runtime.probe import declared_input_dim
 from predictor.spec import ModelSpec
