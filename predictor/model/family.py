@@ -86,9 +86,9 @@ class Family:
         options: The serving options (after :meth:`serving_options`).
         served: The served package's facts, set as the model loads.
         fault_hook: Test-only forward fault injection; ``None`` in production.
-        seed_hooks: The served model's hooks named in ``SEED_HOOKS``, bound
-            to it (so a model class's override is what runs); a family built
-            without a model calls its own defaults.
+        seed_hooks: The served model's overrides of the seed hooks named in
+            ``SEED_HOOKS``, bound to it, so a model class's override is what
+            runs; a hook not given is the family's own.
     """
 
     MODE_OUTPUTS: ClassVar[Mapping[str, tuple[str, ...]]] = {}
