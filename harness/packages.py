@@ -30,13 +30,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 CACHE_ENV = "HISTOSERVE_TEST_PACKAGE_CACHE"
 KEY_SOURCES = (
-    "predictor/pt2/*.py",
     "predictor/export/*.py",
     "predictor/packages/*.py",
-    "predictor/families/*.py",
+    "predictor/families/**/*.py",
 )
-"""Globs of the exporter's sources: their text is part of every package's key (the demo
-modules, the exporter, what a package file holds, the families)."""
+"""Globs of the exporter's sources: their text is part of every package's key (the
+exporter, what a package file holds, the families with their demo modules)."""
 KEY_EXCLUDES = ("predictor/packages/extract.py",)
 """Modules in those folders that never shape a package (a zip member written out for the
 runner to load), so editing them rebuilds nothing. ``predictor/runtime/`` runs packages

@@ -144,12 +144,8 @@ class SlideServer:
         if self.tamper == "400":
             return _error(400, "refused on purpose")
         asked = str(params.get("mode") or "prediction").split(",")
-        names = {
-            "prediction": "prediction",
-            "attention": "attention",
-            "embedding": "slide_embedding",
-        }
-        wanted = {names[m] for m in asked if m in names}
+        tables = wire.SLIDE_MODE_OUTPUTS  # the contract's table, as a server implements it
+        wanted = {name for m in asked if m in tables for name in tables[m]}
         answer = {k: v for k, v in self.expected(features).items() if k in wanted}
         outputs = _tampered(self.tamper, answer)
         entries = [wire.encode_tensor(n, v) for n, v in outputs.items()]

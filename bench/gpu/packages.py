@@ -2,7 +2,7 @@
 
 A ``.pt2`` is tied to the torch that exported it, so ``make gpu-check``
 exports everything where it runs, from the project's own ViT builder
-(:mod:`predictor.pt2.demo_models`, no timm): H-optimus-0's ViT-g/14
+(:mod:`predictor.families.embedding`, no timm): H-optimus-0's ViT-g/14
 (``vit-g``: 4 registers, SwiGLU, CLS out) and H0-mini's ViT-B/14 (``vit-b``:
 4 registers, SwiGLU, CLS + patch mean), both 224 px, 1536 out, bf16, random
 weights with a LayerScale that lets every block count; the tiny demo ViT in
@@ -64,7 +64,7 @@ class Export:
     Attributes:
         name: The package's name in the check (``vit-g-bf16``).
         spec: Built-in spec it is exported for.
-        preset: Demo preset of :mod:`predictor.pt2.demo_models`.
+        preset: Demo preset of :data:`predictor.families.embedding.PRESETS`.
         dtype: ``fp32`` or ``bf16``.
         deadline_s: The export is killed (a failed stage) past this.
         threads: Compile threads (``TORCHINDUCTOR_COMPILE_THREADS``, OpenMP) on a GPU machine.

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from bench.load.payloads import he_crops
+from histoserve.wire import MODES
 
 SHIM_FAILURE = (
     "aoti_torch_empty_strided(...) API call failed at model.wrapper.cpp, line 1 (dry run)"
@@ -171,7 +172,7 @@ def bf16_vs_fp32(ctx: Context) -> dict[str, Any]:
 
 def bf16_families(ctx: Context) -> dict[str, Any]:
     """bf16 m-optimus (every mode, with and without bulk RNA) and tissue-seg, served vs direct."""
-    from predictor.pt2.genes import read_gene_ids
+    from predictor.families.multimodal.genes import read_gene_ids
 
     packages = {n: ctx.require(n) for n in ("m-optimus-bf16", "tissue-seg-bf16")}
     out: dict[str, Any] = {}
@@ -186,7 +187,7 @@ def bf16_families(ctx: Context) -> dict[str, Any]:
         _, embedding = direct(mm, ctx.first, tiles[:3], log_rna[:3])
         _, lone = direct(mm, ctx.first, tiles[3:], log_rna[3:])
         embedding = np.concatenate([embedding, lone])
-        for mode in ("prediction", "embedding", "prediction_with_embedding"):
+        for mode in MODES:
             got = infer(running["m-optimus-bf16"], {"pixels": tiles[:3], "bulk_rna": rna[:3]}, mode)
             finite = all(bool(np.isfinite(v).all()) for v in got.values())
             entry: dict[str, Any] = {"outputs": sorted(got), "finite": finite}

@@ -30,7 +30,7 @@ DRY_BATCHES = (1, 2)
 
 def flops_per_tile(name: str, dry_run: bool) -> float:
     """FLOPs of one tile's forward through package ``name`` (its preset, at the dry depth there)."""
-    from predictor.pt2.demo_models import PRESETS
+    from predictor.families.embedding import PRESETS
     from predictor.spec import resolve_spec
 
     entry = planned(name)

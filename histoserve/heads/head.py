@@ -35,9 +35,8 @@ from typing import Any
 from histoserve.errors import EmbedError, UsageError
 from histoserve.remote.answers import ANY, ROWS, AnswerCheck, Expected
 from histoserve.remote.client import HistoserveClient
-from histoserve.wire import SLIDE_INPUT, SLIDE_MODE_OUTPUTS
+from histoserve.wire import SLIDE_INPUT, SLIDE_MODE_OUTPUTS, SLIDE_OUTPUTS
 
-SLIDE_OUTPUTS = ("prediction", "attention", "slide_embedding")
 _MODE_WORDS = {mode: outputs[0] for mode, outputs in SLIDE_MODE_OUTPUTS.items()}
 
 

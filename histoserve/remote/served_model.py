@@ -432,7 +432,7 @@ def info_from_metadata(
     modes = ("embedding",) if "embedding" in out_names else ()
     if "prediction" in out_names:
         family = "multimodal" if "bulk_rna" in shapes else family
-        modes = ("prediction", "embedding", "prediction_with_embedding")
+        modes = ("prediction", *(m for m in wire.MODES if m != "prediction"))  # prediction first
     return ServerInfo(
         model=name,
         family=family,

@@ -22,7 +22,8 @@ read with ``np.frombuffer`` (no copy; the arrays are read-only views of the
 body); only ``BYTES`` length prefixes are walked element by element.
 
 The request parameter ``mode`` is declared here too (:mod:`histoserve.wire.modes`):
-its values and the outputs each asks for, read by server and client alike.
+each kind of model's modes and the outputs each asks for, the one table the
+server's families and the client's checks both read.
 """
 
 from histoserve.wire.format import (
@@ -40,6 +41,7 @@ from histoserve.wire.modes import (
     SLIDE_INPUT,
     SLIDE_MODE_OUTPUTS,
     SLIDE_MODES,
+    SLIDE_OUTPUTS,
 )
 from histoserve.wire.read import (
     binary_slice,
@@ -67,6 +69,7 @@ __all__ = [
     "SLIDE_INPUT",
     "SLIDE_MODES",
     "SLIDE_MODE_OUTPUTS",
+    "SLIDE_OUTPUTS",
     "Tensor",
     "WireError",
     "binary_body",

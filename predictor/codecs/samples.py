@@ -24,7 +24,7 @@ instead (the seed's layout, a numpy array or a host tensor);
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
@@ -41,32 +41,38 @@ Pixels = Union[np.ndarray, "torch.Tensor"]
 
 @dataclass
 class ModelRequest:
-    """One tile of a client request, decoded from its protocol but not validated.
+    """One item of a client request (a tile, or a slide), decoded from its protocol but not validated.
+
+    A tile item carries its tile in one of ``image_data``, ``pixels`` or
+    ``jpeg``; what else a family's requests carry is that family's, in
+    ``family_input``, decoded by the codec the family chose and read by its
+    own ``prepare_sample``.
 
     Attributes:
-        index: Position of the tile in its request (named in errors).
+        index: Position of the item in its request (named in errors).
         image_data: Encoded image bytes (PNG/JPEG/TIFF), base64 already removed.
         pixels: Raw RGB tile, ``uint8 [H, W, 3]`` (possibly a view).
-        bulk_rna: Raw bulk RNA counts for this tile, ``float32 [G]``.
-        features: A whole slide's tile features, ``[N, D]`` float (the
-            ``slide`` family: one request item is one slide).
-        coords: That slide's tile coordinates, ``int64 [N, 2]``, when sent.
         jpeg: The tile as a box of the request's slide JPEG tiles
             (:class:`~predictor.codecs.jpeg_input.JpegRegion`), decoded in stage 1.
+        family_input: The family's own input for this item, or None: the
+            multimodal family's raw bulk RNA counts (``float32 [G]``), the
+            slide family's whole slide
+            (:class:`~predictor.codecs.v2_slide.SlideInput`).
+        tiles: Tiles this item stands for, what queue bounds count: a slide's
+            ``N`` (its codec says), else 1.
     """
 
     index: int
     image_data: bytes | None = None
     pixels: np.ndarray | None = None
-    bulk_rna: np.ndarray | None = None
-    features: np.ndarray | None = None
-    coords: np.ndarray | None = None
     jpeg: JpegRegion | None = None
+    family_input: Any = None
+    tiles: int = 1
 
     @property
-    def tiles(self) -> int:
-        """Tiles this item stands for: a slide's ``N``, else 1 (what queue bounds count)."""
-        return 1 if self.features is None else int(self.features.shape[0])
+    def has_tile(self) -> bool:
+        """Whether it carries a tile (a slide's item carries its features instead)."""
+        return self.pixels is not None or self.image_data is not None or self.jpeg is not None
 
 
 @dataclass
@@ -109,8 +115,9 @@ class PreparedSample:
             layout, see the module docstring) or ``[3, H, W]`` (the seed's
             CHW); a numpy array or a host tensor. Normalisation happens on
             the device, in the batch.
-        extra_tensors: Further model inputs keyed by input name (e.g.
-            ``bulk_rna`` ``float32 [G]``); empty for embedding backbones.
+        extra_tensors: Further model inputs keyed by input name (the
+            multimodal family's ``bulk_rna`` ``float32 [G]``); empty for
+            embedding backbones.
     """
 
     tile: Pixels

@@ -161,7 +161,7 @@ def _instance(inst: Any, index: int, spec: ModelSpec, limits: LimitsConfig) -> M
     bulk = inst.get(BULK_RNA)
     if bulk is not None:
         bulk = _bulk_rna(bulk, spec, limits, f"{where}.{BULK_RNA}")
-    return ModelRequest(index=index, image_data=image, bulk_rna=bulk)
+    return ModelRequest(index=index, image_data=image, family_input=bulk)
 
 
 def _bulk_rna(value: Any, spec: ModelSpec, limits: LimitsConfig, where: str) -> np.ndarray:

@@ -351,7 +351,7 @@ def _attach_bulk_rna(items: list[ModelRequest], inp: Any, limits: LimitsConfig) 
             "non-finite value (NaN, inf or out of FP32 range)", input_name=BULK_RNA, tile=tile
         )
     for item, row in zip(items, array, strict=True):
-        item.bulk_rna = row
+        item.family_input = row
 
 
 def _numeric(inp: Any, shape: tuple[int, ...]) -> np.ndarray:

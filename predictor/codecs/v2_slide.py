@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,19 @@ SLIDE_INPUTS: Mapping[str, tuple[tuple[str, ...], str]] = {
 """Input name to (accepted datatypes, shape) as the slide contract fixes them."""
 
 
+@dataclass(frozen=True)
+class SlideInput:
+    """One slide as decoded: the ``family_input`` of a slide model's one request item.
+
+    Attributes:
+        features: The slide's tile features, ``[N, D]`` (float32, or float16 as sent).
+        coords: Their level-0 coordinates, ``int64 [N, 2]``, when sent.
+    """
+
+    features: np.ndarray
+    coords: np.ndarray | None = None
+
+
 class SlideV2Codec(V2Codec):
     """The V2 protocol for one slide model (see the module docstring).
 
@@ -60,7 +74,7 @@ class SlideV2Codec(V2Codec):
     """
 
     def decode(self, request: InferRequest) -> V2DecodedRequest:
-        """One item for the whole slide (its ``features`` and ``coords``).
+        """One item for the whole slide (its ``features`` and ``coords``: a :class:`SlideInput`).
 
         Raises:
             InvalidInput: Naming the input and the reason.
@@ -72,9 +86,9 @@ class SlideV2Codec(V2Codec):
                 f"a slide model takes 'features' [N, D]; inputs are {list(SLIDE_INPUTS)}"
             )
         features = self._features(inputs[FEATURES])
-        item = ModelRequest(index=0, features=features)
-        if COORDS in inputs:
-            item.coords = _coords(inputs[COORDS], features.shape[0])
+        n = int(features.shape[0])
+        coords = _coords(inputs[COORDS], n) if COORDS in inputs else None
+        item = ModelRequest(index=0, family_input=SlideInput(features, coords), tiles=n)
         return decoded_request(request, params, [item], FEATURES)
 
     def encode(

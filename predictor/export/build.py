@@ -46,6 +46,8 @@ from predictor.export.reductions import unguarded_cpu_sums
 from predictor.export.scratch import fresh_inductor_cache, owned_dir
 from predictor.export.verify import LOAD_TIMEOUT_S, Verifier, add_verify_flags
 from predictor.families import build_demo_model, demo_example_inputs, family_for
+from predictor.families.embedding import PRESETS
+from predictor.families.multimodal import genes
 from predictor.packages import host
 from predictor.packages import weights_layout as layouts
 from predictor.packages.build_key import BUILD_KEY_KEY
@@ -57,8 +59,6 @@ from predictor.packages.metadata import (
     PROVENANCE_KEY,
     read_metadata,
 )
-from predictor.pt2 import genes
-from predictor.pt2.demo_models import PRESETS
 from predictor.spec import METADATA_KEY, ModelSpec, resolve_spec
 
 # --cpu_target: None = inductor's default (-march=native, widest vector ISA).
@@ -339,7 +339,7 @@ def export_demo(spec: ModelSpec, output: Path, *, preset: str = "tiny", **opts: 
     Args:
         spec: Any spec; its family picks the demo model.
         output: Where the ``.pt2`` goes.
-        preset: ``tiny``, ``vit-s`` or ``vit-g`` (see :mod:`predictor.pt2.demo_models`).
+        preset: ``tiny``, ``vit-s`` or ``vit-g`` (see :data:`predictor.families.embedding.PRESETS`).
         **opts: :func:`export_package` options (``device``, ``dtype``,
             ``min_batch``, ``max_batch``, ``cpu_target``) and the rest to
             :func:`~predictor.families.build_demo_model` (e.g.
@@ -355,7 +355,7 @@ def export_demo(spec: ModelSpec, output: Path, *, preset: str = "tiny", **opts: 
     pad = opts.get("pad_to_batch")
     if pad is not None:
         export_opts["max_batch"] = min(export_opts.get("max_batch", 256), pad)
-    inputs = demo_example_inputs(spec, 2, genes_in=getattr(module, "genes_in", 64))
+    inputs = demo_example_inputs(spec, 2, genes_in=getattr(module, "genes_in", None))
     return export_package(
         module, spec, output, example_inputs=inputs, source=f"demo:{preset}", **export_opts
     )

@@ -108,7 +108,8 @@ def module_example_inputs(
     custom = getattr(module, "example_inputs", None)
     if callable(custom):
         return tuple(custom(batch))
-    return demo_example_inputs(spec, batch, genes_in=int(getattr(module, "genes_in", 64)))
+    genes_in = getattr(module, "genes_in", None)
+    return demo_example_inputs(spec, batch, genes_in=None if genes_in is None else int(genes_in))
 
 
 def build_timm(spec: ModelSpec, arch: str, weights: Path) -> tuple[nn.Module, str]:

@@ -10,7 +10,10 @@ takes ``features [N, D]`` (``N`` its dynamic axis) and returns, in order,
 
 Modes: ``prediction`` (``prediction``), ``embedding`` (``slide_embedding``),
 ``attention`` (``attention``), or several joined by commas
-(``prediction,attention``): one forward either way.
+(``prediction,attention``): one forward either way
+(:data:`histoserve.wire.SLIDE_MODE_OUTPUTS`, the table the client reads).
+The family's spec section: ``feature_dim``, ``classes`` (exactly when the
+spec has the ``prediction`` mode) and the tile encoder it follows.
 
 Batching: one slide a forward (``max_batch_size`` is 1 slide). The queue is
 bounded in tiles: a slide counts its ``N`` against ``--max_queue_size``
@@ -21,7 +24,14 @@ package dtype's finite range (FP16's 65504: the cast would overflow), 400
 naming the tile, and casts to float32; stage 2 moves the slide to the device
 in the package's dtype, runs it and checks every output finite there: NaN or
 infinity is a :class:`~predictor.errors.NonFiniteOutput` for that slide
-(422, never a 200). The demo modules are in :mod:`predictor.pt2.slide_models`.
+(422, never a 200).
+
+Its demo models: :class:`GatedABMIL` (Ilse et al., 2018, "Attention-based
+Deep Multiple Instance Learning", gated variant: ``prediction [C]``, the
+softmax of the class logits; ``attention [N]``, a softmax over the slide's
+tiles; ``slide_embedding [E]``) for a spec with classes, :class:`MeanPool`
+(the uniform attention ``1/N`` and the mean of the features; no weights, no
+classes) for one without.
 """
 
 from __future__ import annotations
@@ -35,11 +45,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from histoserve.wire import SLIDE_MODE_OUTPUTS
+from histoserve.wire import SLIDE_MODE_OUTPUTS, SLIDE_OUTPUTS
 from predictor.codecs.base import Codec
 from predictor.codecs.common import first_non_finite
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
-from predictor.codecs.v2_slide import COORDS, FEATURES, SlideV2Codec
+from predictor.codecs.v2_slide import COORDS, FEATURES, SlideInput, SlideV2Codec
 from predictor.device.faults import FaultHook
 from predictor.device.normalizer import to_host, unshared
 from predictor.device.slot import DeviceSlot
@@ -49,7 +59,6 @@ from predictor.model.finite import first_beyond, input_limit
 from predictor.model.options import ServingOptions
 from predictor.model.served_package import ServedPackage
 from predictor.packages.metadata import provenance
-from predictor.pt2.slide_models import GatedABMIL, MeanPool
 from predictor.runtime.loader import LoadedPackage
 from predictor.runtime.probe import format_shapes
 from predictor.spec import ModelSpec
@@ -69,8 +78,15 @@ class SlideFamily(Family):
     processes (``CROSSES_PROCESSES`` stays the base's ``False``).
     """
 
+    MODE_OUTPUTS: ClassVar[Mapping[str, tuple[str, ...]]] = SLIDE_MODE_OUTPUTS
+    SPEC_FIELDS: ClassVar[tuple[str, ...]] = (
+        "feature_dim",
+        "classes",
+        "tile_encoder",
+        "tile_encoder_sha256",
+    )
     PACKAGE_INPUTS: ClassVar[tuple[str, ...]] = (FEATURES,)
-    PACKAGE_OUTPUTS: ClassVar[tuple[str, ...]] = ("prediction", "attention", "slide_embedding")
+    PACKAGE_OUTPUTS: ClassVar[tuple[str, ...]] = SLIDE_OUTPUTS
     DEFAULT_MAX_BATCH: ClassVar[int] = 200_000
 
     def __init__(
@@ -79,14 +95,26 @@ class SlideFamily(Family):
         options: ServingOptions,
         served: ServedPackage,
         fault_hook: FaultHook | None = None,
-        bulk_rna_transform: Callable[[np.ndarray], np.ndarray] | None = None,
+        seed_hooks: Mapping[str, Callable[..., Any]] | None = None,
     ) -> None:
-        super().__init__(spec, options, served, fault_hook, bulk_rna_transform)
+        super().__init__(spec, options, served, fault_hook, seed_hooks)
         self._attention_shape: tuple[int, ...] = (-1,)
         self.input_limit = float(np.finfo(np.float32).max)
         """The package dtype's finite range, set by :meth:`bind_device`."""
 
-    # -- export and start-up ----------------------------------------------------------
+    # -- declaration, export and start-up ----------------------------------------------
+    @classmethod
+    def check_spec(cls, spec: ModelSpec) -> None:
+        """The slide modes, a feature width, and classes exactly with the ``prediction`` mode."""
+        super().check_spec(spec)
+        if spec.feature_dim <= 0:
+            raise SpecError(f"spec {spec.name!r}: a slide spec needs feature_dim > 0")
+        if ("prediction" in spec.modes) != bool(spec.classes):
+            raise SpecError(
+                f"spec {spec.name!r}: a slide spec lists classes exactly when it has the "
+                f"prediction mode (modes {list(spec.modes)}, classes {list(spec.classes)})"
+            )
+
     @classmethod
     def package_outputs(cls, spec: ModelSpec) -> tuple[str, ...]:
         return cls.PACKAGE_OUTPUTS if spec.classes else cls.PACKAGE_OUTPUTS[1:]
@@ -125,7 +153,7 @@ class SlideFamily(Family):
 
     @classmethod
     def example_inputs(
-        cls, spec: ModelSpec, batch: int, *, genes_in: int, seed: int
+        cls, spec: ModelSpec, batch: int, *, genes_in: int | None, seed: int
     ) -> tuple[torch.Tensor, ...]:
         """One slide of ``batch`` tiles' features, ``[batch, D]``."""
         gen = torch.Generator().manual_seed(seed)
@@ -202,15 +230,19 @@ class SlideFamily(Family):
     def prepare_sample(self, request: ModelRequest) -> PreparedSample:
         """The slide's features as contiguous float32 (a copy unless already writable fp32).
 
+        The slide is the request's ``family_input``, as the slide codec decoded
+        it (:class:`~predictor.codecs.v2_slide.SlideInput`).
+
         Raises:
             InvalidInput: No features (a V1 or tile request), or a NaN/inf feature.
         """
-        features = request.features
-        if features is None:
+        slide = request.family_input
+        if not isinstance(slide, SlideInput):
             raise InvalidInput(
                 f"slide model {self.spec.name!r} takes V2 'features' [N, D], one slide a request",
                 input_name=FEATURES,
             )
+        features = slide.features
         tile = first_non_finite(features)
         if tile is not None:
             raise InvalidInput(
@@ -228,7 +260,7 @@ class SlideFamily(Family):
             )
         copy = features.dtype != np.float32 or not features.flags.writeable
         x = np.array(features, dtype=np.float32, order="C") if copy else features
-        extra = {} if request.coords is None else {COORDS: request.coords}
+        extra = {} if slide.coords is None else {COORDS: slide.coords}
         return PreparedSample(tile=np.ascontiguousarray(x), extra_tensors=extra)
 
     # -- stage 2 ----------------------------------------------------------------------
@@ -363,3 +395,49 @@ def check_slide_outputs(spec: ModelSpec, shapes: Sequence[tuple[int, ...]]) -> N
 
 FAMILY = SlideFamily
 """The ``slide`` family's hooks (the registry: :func:`predictor.families.family_for`)."""
+
+
+# -- the demo models --------------------------------------------------------------------
+
+
+class GatedABMIL(nn.Module):
+    """Gated-attention MIL pooling with a linear classifier (random weights for the demo).
+
+    ``h = relu(W f)``; ``a = softmax_n(w . (tanh(V h) * sigmoid(U h)))``;
+    ``z = sum_n a_n h_n``; ``prediction = softmax(C z)``.
+
+    Args:
+        feature_dim: ``D``, the tile features' width.
+        embedding_dim: ``E``, the slide embedding's width.
+        classes: ``C``.
+        hidden: Width of the attention branch.
+    """
+
+    def __init__(self, feature_dim: int, embedding_dim: int, classes: int, hidden: int = 256):
+        super().__init__()
+        self.feature_dim = feature_dim
+        self.project = nn.Sequential(nn.Linear(feature_dim, embedding_dim), nn.ReLU())
+        self.attention_v = nn.Linear(embedding_dim, hidden)
+        self.attention_u = nn.Linear(embedding_dim, hidden)
+        self.attention_w = nn.Linear(hidden, 1)
+        self.classifier = nn.Linear(embedding_dim, classes)
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h = self.project(features)
+        gate = torch.tanh(self.attention_v(h)) * torch.sigmoid(self.attention_u(h))
+        attention = torch.softmax(self.attention_w(gate).squeeze(-1), dim=0)
+        embedding = attention @ h
+        prediction = torch.softmax(self.classifier(embedding), dim=-1)
+        return prediction, attention, embedding
+
+
+class MeanPool(nn.Module):
+    """The mean of a slide's tile features, and the uniform attention that gives it."""
+
+    def __init__(self, feature_dim: int):
+        super().__init__()
+        self.feature_dim = feature_dim
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        attention = torch.ones_like(features[:, 0]) / features.shape[0]
+        return attention, features.mean(dim=0)

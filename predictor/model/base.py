@@ -4,8 +4,7 @@ KServe serves a ``Model``; this one holds three parts and hands every call to
 one of them:
 
 * its **family** (:class:`~predictor.model.family.Family`, the hooks that
-  differ per family; :class:`~predictor.model.tiles.TileFamily` for
-  embedding backbones);
+  differ per family: the registry's for the spec's family);
 * its **package side** (:mod:`predictor.model.device_side`): the package and
   the devices in this process (:class:`~predictor.model.device_side.DeviceSide`,
   loaded by :meth:`BaseServerModel.load`), or, in a front end
@@ -48,12 +47,12 @@ from predictor.device.slot import DeviceSlot
 from predictor.errors import SpecError
 from predictor.kserve.compat import InferenceVerb, InferRequest, InferResponse, Model
 from predictor.model.device_side import DeviceSide, FrontEnd, OwnerSide
-from predictor.model.family import Family
+from predictor.model.family import registry_family
 from predictor.model.metrics import Metrics
 from predictor.model.options import ServingOptions
 from predictor.model.pipeline import Pipeline, Prepared
 from predictor.model.served_package import ServedPackage
-from predictor.model.tiles import TileFamily, transform_bulk_rna
+from predictor.model.tiles import TileFamily
 from predictor.packages.phases import StartupPhases
 from predictor.runtime.loader import LoadedPackage
 from predictor.spec import ModelSpec
@@ -86,16 +85,17 @@ class BaseServerModel(Model):
         more_packages: Device name to the same package loaded on each further
             device (one per GPU after the first under ``--device auto``); each
             gets its own worker(s), normaliser and probe.
-        family: The family class whose hooks serve the spec
-            (:func:`predictor.families.family_for`); ``None``: the embedding
-            backbone's (:class:`~predictor.model.tiles.TileFamily`), which
-            only an ``embedding`` spec may use.
         front_end: Set in a front end (:mod:`predictor.multiprocess`): stage 1
             runs here, the package is never loaded in this process (``load``
             reads only the family's assets).
 
+    The family whose hooks serve the spec is the registry's
+    (:func:`predictor.families.family_for`, which checks the spec's family
+    part through it); it is handed the seed hooks it names that this class
+    overrides, so a subclass's override is what it calls.
+
     Raises:
-        SpecError: No family given for a spec of another family than ``embedding``.
+        SpecError: The spec names no family of the registry, or fails its family's check.
     """
 
     def __init__(
@@ -110,15 +110,9 @@ class BaseServerModel(Model):
         fault_hook: FaultHook | None = None,
         package: LoadedPackage | None = None,
         more_packages: Mapping[str, LoadedPackage] | None = None,
-        family: type[Family] | None = None,
         front_end: FrontEnd | None = None,
     ):
-        if family is None and model_spec.family != "embedding":
-            raise SpecError(
-                f"spec {model_spec.name!r} is of the {model_spec.family!r} family: build its "
-                "model with family=predictor.families.family_for(spec)"
-            )
-        family = family or TileFamily
+        family = registry_family(model_spec)
         options = family.serving_options(options or ServingOptions(), package)
         Model.__init__(self, options.name or model_spec.name)
         self._spec = model_spec
@@ -134,7 +128,7 @@ class BaseServerModel(Model):
             options,
             served,
             fault_hook,
-            bulk_rna_transform=self._own_hook("preprocess_bulk_rna"),
+            seed_hooks={name: hook for name in family.SEED_HOOKS if (hook := self._own_hook(name))},
         )
         self.device_side: DeviceSide | OwnerSide
         if front_end is None:
@@ -350,10 +344,12 @@ class BaseServerModel(Model):
     def preprocess_bulk_rna(self, raw: Sequence[float] | np.ndarray) -> np.ndarray:
         """Applies the spec's omics transform to raw counts (``float32``; unchanged when none).
 
-        The seed's hook: a subclass overriding it is what stage 1 applies to
-        every request's counts (its ``ValueError`` is that request's 400).
+        The seed's hook: the family's own (the multimodal family's
+        ``preprocess_bulk_rna``). A subclass overriding it is what stage 1
+        applies to every request's counts (its ``ValueError`` is that request's 400).
         """
-        return transform_bulk_rna(self._spec, raw)
+        own = getattr(self.family, "preprocess_bulk_rna", None)
+        return np.asarray(raw, dtype=np.float32) if own is None else own(raw)
 
     def active_slot(self) -> DeviceSlot:
         """The calling worker's package, normaliser and stream (the model's own off a worker).

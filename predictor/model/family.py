@@ -5,6 +5,10 @@ class for every family; what differs per family is a part it holds, an
 instance of a :class:`Family` subclass (in the spirit of LitServe's
 ``LitAPI``). The hooks, by stage:
 
+* declaration (class-level, what the registry checks a spec against):
+  ``MODE_OUTPUTS`` (its modes and what each answers: the client's table in
+  :mod:`histoserve.wire.modes`, referenced, never copied), ``SPEC_FIELDS``
+  (its section of the spec) and :meth:`~Family.check_spec`;
 * package (class-level, no server needed: export, demo models, the start-up
   check): ``PACKAGE_INPUTS``, :meth:`~Family.package_outputs`,
   :meth:`~Family.recorded_shape`, :meth:`~Family.check_outputs`,
@@ -27,17 +31,22 @@ Per-tile families share the tile hooks of :class:`~predictor.model.tiles.TileFam
 hooks itself and has none of the tile ones. A family reaches what the model
 was given through its parts: the spec, the options, the served package
 (:class:`~predictor.model.served_package.ServedPackage`) and the device
-slot it is handed per batch; it never sees KServe.
+slot it is handed per batch, and the seed's hooks it names (``SEED_HOOKS``)
+bound to the model, so that a model class overriding one is obeyed; it never
+sees KServe.
+
+Every family is found by name in the registry (:mod:`predictor.families`),
+the model included (:func:`registry_family`).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -45,12 +54,15 @@ from predictor.codecs.base import Codec
 from predictor.codecs.samples import ModelRequest, ModelResponse, PreparedSample
 from predictor.device.faults import FaultHook
 from predictor.device.slot import DeviceSlot
-from predictor.errors import InvalidInput, SpecMismatch
+from predictor.errors import InvalidInput, SpecError, SpecMismatch
 from predictor.model.options import ServingOptions
 from predictor.model.served_package import ServedPackage
 from predictor.runtime.loader import LoadedPackage
 from predictor.runtime.probe import format_shapes
 from predictor.spec import ModelSpec
+
+REGISTRY = "predictor.families"
+"""The family registry's package: a family ``NAME`` is its module ``NAME``."""
 
 
 @dataclass(frozen=True)
@@ -74,10 +86,18 @@ class Family:
         options: The serving options (after :meth:`serving_options`).
         served: The served package's facts, set as the model loads.
         fault_hook: Test-only forward fault injection; ``None`` in production.
-        bulk_rna_transform: Raw counts to the package's input (the model's
-            ``preprocess_bulk_rna``, the seed's hook, so that a model class
-            overriding it is obeyed); ``None``: the spec's transform.
+        seed_hooks: The served model's overrides of the seed hooks named in
+            ``SEED_HOOKS``, bound to it, so a model class's override is what
+            runs; a hook not given is the family's own.
     """
+
+    MODE_OUTPUTS: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    """The modes a spec of this family may list, each to the outputs it answers
+    (a table of :mod:`histoserve.wire.modes`, which the client checks answers against)."""
+    SPEC_FIELDS: ClassVar[tuple[str, ...]] = ()
+    """The spec fields that are this family's section: no other family's spec may set them."""
+    SEED_HOOKS: ClassVar[tuple[str, ...]] = ()
+    """Names of the served model's seed hooks this family calls (``preprocess_bulk_rna``)."""
 
     PACKAGE_INPUTS: ClassVar[tuple[str, ...]] = ()
     """Input names recorded in the family's packages, in the package's order."""
@@ -94,13 +114,30 @@ class Family:
         options: ServingOptions,
         served: ServedPackage,
         fault_hook: FaultHook | None = None,
-        bulk_rna_transform: Callable[[np.ndarray], np.ndarray] | None = None,
+        seed_hooks: Mapping[str, Callable[..., Any]] | None = None,
     ) -> None:
         self.spec = spec
         self.options = options
         self.served = served
         self.fault_hook = fault_hook
-        self.bulk_rna_transform = bulk_rna_transform
+        self.seed_hooks: Mapping[str, Callable[..., Any]] = dict(seed_hooks or {})
+
+    # -- declaration (class-level) ----------------------------------------------------
+    @classmethod
+    def check_spec(cls, spec: ModelSpec) -> None:
+        """Checks ``spec``'s modes and this family's section of it (the registry calls it).
+
+        A subclass checks its ``SPEC_FIELDS`` and calls ``super()``.
+
+        Raises:
+            SpecError: One line naming the spec, the field and what it must be.
+        """
+        allowed = tuple(cls.MODE_OUTPUTS)
+        if any(mode not in cls.MODE_OUTPUTS for mode in spec.modes):
+            raise SpecError(
+                f"spec {spec.name!r} ({spec.family}): modes {list(spec.modes)} must be drawn "
+                f"from {list(allowed)}"
+            )
 
     # -- package (class-level) --------------------------------------------------------
     @classmethod
@@ -131,9 +168,13 @@ class Family:
 
     @classmethod
     def example_inputs(
-        cls, spec: ModelSpec, batch: int, *, genes_in: int, seed: int
+        cls, spec: ModelSpec, batch: int, *, genes_in: int | None, seed: int
     ) -> tuple[torch.Tensor, ...]:
-        """Example package inputs for export and tests, in ``PACKAGE_INPUTS`` order."""
+        """Example package inputs for export and tests, in ``PACKAGE_INPUTS`` order.
+
+        ``genes_in`` sizes a per-tile gene vector where the family takes one
+        (None: its demo's); the others ignore it.
+        """
         raise NotImplementedError(f"{cls.__name__} has no example inputs")
 
     @classmethod
@@ -247,6 +288,20 @@ class Family:
         return {}
 
 
+def registry_family(spec: ModelSpec) -> type[Family]:
+    """``spec``'s family from the registry (:func:`predictor.families.family_for`, which
+    checks the spec's family section through it).
+
+    Found by name when called, as the registry finds its families: the family
+    modules subclass :class:`Family`, so their layer sits above this one and
+    no module here imports them.
+
+    Raises:
+        SpecError: The spec names no family of the registry, or fails its family's check.
+    """
+    return importlib.import_module(REGISTRY).family_for(spec)
+
+
 def check_shapes(
     family: type[Family],
     spec: ModelSpec,
@@ -258,7 +313,7 @@ def check_shapes(
     Raises:
         SpecMismatch: One line naming the spec, the expectation and the package's value.
     """
-    expected = len(family.PACKAGE_OUTPUTS)
+    expected = len(family.package_outputs(spec))
     if len(shapes) != expected:
         raise SpecMismatch(
             f"spec {spec.name!r} ({spec.family}) expects {expected} output(s) but the package "

@@ -233,8 +233,8 @@ class Stage1Pool:
 
 
 def _decodes(item: ModelRequest) -> bool:
-    """Whether preparing ``item`` is work worth a thread (decoding, a slide's features)."""
-    return item.image_data is not None or item.features is not None or item.jpeg is not None
+    """Whether preparing ``item`` is work worth a thread: all but raw pixels (decoding, a slide's features)."""
+    return item.pixels is None
 
 
 def prepare_chunk(
@@ -251,9 +251,7 @@ def prepare_chunk(
     for item in items:
         try:
             sample = prepare(item)
-            if (
-                item.features is None and sample.tile is not item.jpeg
-            ):  # features, or a deferred region
+            if item.has_tile and sample.tile is not item.jpeg:  # not a slide, nor a deferred region
                 tile_hwc(sample.tile, tile_size)
         except InvalidInput as exc:
             raise exc.at(input_name=tile_input, tile=item.index) from exc

@@ -1,10 +1,11 @@
 """:class:`TileFamily`: the hooks of a per-tile family, with the embedding backbone's defaults.
 
-The defaults are an embedding backbone's, so the ``embedding`` family is
-this class as is: a square RGB tile in, normalised on the device, one
-package forward per batch, one ``embedding [D]`` row per tile out. A
-per-tile family (:mod:`predictor.families`) subclasses it and overrides the
-tile hooks it needs, calling ``super()`` where the defaults serve:
+The defaults are an embedding backbone's: a square RGB tile in, normalised
+on the device, one package forward per batch, one ``embedding [D]`` row per
+tile out. A per-tile family (:mod:`predictor.families`) subclasses it,
+declares what a family declares (its modes, its spec section, its demo
+model; the ``embedding`` family adds nothing else) and overrides the tile
+hooks it needs, calling ``super()`` where the defaults serve:
 
 * stage 1, per tile: :meth:`~TileFamily.prepare_sample` (a ``uint8
   [H, W, 3]`` tile, or a jpeg-transport region deferred to the device);
@@ -23,7 +24,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch import nn
 
 from predictor import tracing
 from predictor.codecs.base import Codec
@@ -36,14 +36,17 @@ from predictor.errors import InvalidInput, SpecMismatch
 from predictor.model.device_jpeg import device_batch
 from predictor.model.family import Family, OutputSpec, check_shapes
 from predictor.model.finite import FiniteCheck, non_finite_error
-from predictor.pt2.demo_models import vit_for
 from predictor.runtime.loader import LoadedPackage
 from predictor.runtime.probe import expected_inputs, probe_outputs
 from predictor.spec import ModelSpec
 
 
 class TileFamily(Family):
-    """A per-tile family; as is, the embedding backbone (``h0-mini``, ``h0``, ``h1``)."""
+    """A per-tile family, with the embedding backbone's hooks (``h0-mini``, ``h0``, ``h1``).
+
+    The ``embedding`` family (:mod:`predictor.families.embedding`) is these
+    hooks plus its declaration and demo model.
+    """
 
     PACKAGE_INPUTS: ClassVar[tuple[str, ...]] = ("tiles",)
     PACKAGE_OUTPUTS: ClassVar[tuple[str, ...]] = ("embedding",)
@@ -58,13 +61,8 @@ class TileFamily(Family):
         check_embedding_shape(spec, shapes[0])
 
     @classmethod
-    def build_demo(cls, spec: ModelSpec, preset: str, opts: dict[str, Any]) -> nn.Module:
-        """A random-weight ViT/14."""
-        return vit_for(spec, preset, opts)
-
-    @classmethod
     def example_inputs(
-        cls, spec: ModelSpec, batch: int, *, genes_in: int, seed: int
+        cls, spec: ModelSpec, batch: int, *, genes_in: int | None, seed: int
     ) -> tuple[torch.Tensor, ...]:
         """Normalised float tiles ``[batch, 3, T, T]``."""
         gen = torch.Generator().manual_seed(seed)
@@ -244,11 +242,3 @@ def check_embedding_shape(spec: ModelSpec, shape: tuple[int, ...]) -> None:
         raise SpecMismatch(
             f"spec {spec.name!r} says embedding_dim {spec.embedding_dim} but the package returns {shape[0]}"
         )
-
-
-def transform_bulk_rna(spec: ModelSpec, raw: Sequence[float] | np.ndarray) -> np.ndarray:
-    """Applies the spec's omics transform to raw counts (``float32``; unchanged when none)."""
-    values = np.asarray(raw, dtype=np.float32)
-    if spec.bulk_rna_transform == "log1p":
-        return np.log1p(values)
-    return values

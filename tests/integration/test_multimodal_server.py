@@ -14,7 +14,7 @@ from harness.packages import copy_package_dir, demo_package, package_in
 from harness.reference import Reference, normalise_reference
 from harness.server import start_server
 from harness.tiles import b64, bytes_array, encode_png, random_tiles
-from predictor.pt2.genes import read_gene_ids
+from predictor.families.multimodal.genes import read_gene_ids
 
 pytestmark = pytest.mark.integration
 MODES = ("prediction", "embedding", "prediction_with_embedding")

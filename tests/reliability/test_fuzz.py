@@ -340,7 +340,7 @@ model_requests = st.builds(
     index=st.integers(0, 7),
     image_data=st.none() | images,
     pixels=st.none() | pixel_arrays(),
-    bulk_rna=st.none() | bulk_values.map(_as_array),
+    family_input=st.none() | bulk_values.map(_as_array),
 )
 
 

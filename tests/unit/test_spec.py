@@ -116,20 +116,35 @@ def test_unknown_key_is_named(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("changes", "needle"),
     [
-        ({"family": "classifier"}, "classifier"),
+        ({"family": ""}, "family"),
         ({"tile_size": 0}, "tile_size"),
         ({"mean": [0.5, 0.5]}, "mean"),
         ({"std": [1.0, 0.0, 1.0]}, "std"),
-        ({"modes": ["embed"]}, "embed"),
         ({"modes": []}, "modes"),
-        ({"bulk_rna_transform": "log2"}, "log2"),
-        ({"prediction_transform": "exp"}, "exp"),
+        ({"modes": ["embedding", "embedding"]}, "twice"),
         ({"name": ""}, "name"),
     ],
 )
 def test_bad_values_name_the_value(changes: dict, needle: str) -> None:
+    """What every spec has; the family part is the family's (``tests/unit/families``)."""
     with pytest.raises(SpecError, match=needle):
         spec_from_dict(_custom(**changes))
+
+
+def test_the_spec_module_names_no_family_and_imports_no_torch() -> None:
+    """Foundation: the families' names, modes and sections live in the families."""
+    import subprocess
+    import sys
+
+    import predictor.spec
+
+    assert not hasattr(predictor.spec, "FAMILIES")
+    code = "import sys, predictor.spec; print(sorted({'torch', 'predictor.families'} & set(sys.modules)))"
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
+    )
+    assert out.stdout.strip() == "[]"
 
 
 def test_incomplete_spec() -> None:

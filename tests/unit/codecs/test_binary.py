@@ -56,7 +56,7 @@ def test_raw_png_tiles_stay_bytes(png_tiles, multimodal_spec, limits):
     decoded = decode_v2(request, spec=multimodal_spec, limits=limits)
     assert [item.image_data for item in decoded.items] == png_tiles
     for i, item in enumerate(decoded.items):
-        np.testing.assert_array_equal(item.bulk_rna, rna[i])
+        np.testing.assert_array_equal(item.family_input, rna[i])
     assert decoded.mode == "prediction" and decoded.request_id == "req-1"
     assert decoded.requested_outputs == ("prediction",)
     assert decoded.output_binary == {"prediction": True}
@@ -90,7 +90,7 @@ def test_mixed_json_and_binary_inputs(png_tiles, multimodal_spec, limits):
         ]
     )
     decoded = decode_v2(parse_binary_body(body, length), spec=multimodal_spec, limits=limits)
-    assert decoded.items[2].bulk_rna.tolist() == [1.0] * 4
+    assert decoded.items[2].family_input.tolist() == [1.0] * 4
 
 
 def test_pure_json_body_without_header_length(encoder_spec, limits):

@@ -33,8 +33,7 @@ def test_v1_codec_keeps_the_echo_fields_and_answers_in_order(multimodal_spec, li
     decoded = codec.decode(body)
     # Batch items carry the tile and nothing to echo: that stays in the codec's request.
     assert all(
-        set(vars(item))
-        == {"index", "image_data", "pixels", "bulk_rna", "features", "coords", "jpeg"}
+        set(vars(item)) == {"index", "image_data", "pixels", "jpeg", "family_input", "tiles"}
         for item in decoded.items
     )
     codec.check_outputs(decoded, ["prediction"])  # V1 names no outputs: nothing to refuse

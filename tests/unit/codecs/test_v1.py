@@ -48,8 +48,8 @@ def test_instances_become_items_with_metadata(encode, rgb, limits):
     assert (decoded.tile_input, decoded.mode) == ("image_data", "prediction")
     first, second = decoded.items
     assert first.index == 0 and first.image_data == png
-    assert first.bulk_rna.dtype == np.float32 and first.bulk_rna.tolist() == [1.0, 2.5, 0.0]
-    assert second.index == 1 and second.bulk_rna is None
+    assert first.family_input.dtype == np.float32 and first.family_input.tolist() == [1.0, 2.5, 0.0]
+    assert second.index == 1 and second.family_input is None
     assert decoded.echo == [meta, {}]  # echo fields stay with the codec, not the items
     assert set(INSTANCE_FIELDS) == {"image_data", "bulk_rna", *METADATA_FIELDS}
 
@@ -58,7 +58,7 @@ def test_mode_is_optional(limits):
     decoded = decode_v1(
         {"instances": [{"image_data": IMAGE, "bulk_rna": None}]}, spec=ENCODER, limits=limits
     )
-    assert decoded.mode is None and decoded.items[0].bulk_rna is None
+    assert decoded.mode is None and decoded.items[0].family_input is None
 
 
 REFUSALS = [

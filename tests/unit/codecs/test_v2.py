@@ -87,7 +87,7 @@ def test_json_bulk_rna_rows_follow_tiles(tiles, limits):
     )
     decoded = decode_v2(request, spec=MULTI, limits=limits)
     for i, item in enumerate(decoded.items):
-        assert item.bulk_rna.dtype == np.float32 and item.bulk_rna.tolist() == rna[i]
+        assert item.family_input.dtype == np.float32 and item.family_input.tolist() == rna[i]
     assert decoded.requested_outputs == ("prediction", "embedding")
     assert decoded.output_binary == {"prediction": True}
 
@@ -139,7 +139,7 @@ def test_grpc_raw_contents_from_tritonclient(grpc_requests, limits):
     assert request.from_grpc and isinstance(request.inputs[0]._raw_data, bytes)
     decoded = decode_v2(request, spec=MULTI, limits=limits)
     assert [item.image_data for item in decoded.items] == tiles
-    assert decoded.items[1].bulk_rna.tolist() == [4.0, 5.0, 6.0, 7.0]
+    assert decoded.items[1].family_input.tolist() == [4.0, 5.0, 6.0, 7.0]
     assert (decoded.mode, decoded.request_id, decoded.requested_outputs) == (
         "prediction",
         "g1",

@@ -16,13 +16,14 @@ from harness.packages import demo_package, module_package
 from predictor.errors import CheckpointError, IncompatiblePackage, SpecError, SpecMismatch
 from predictor.export import build as export
 from predictor.families import build_demo_model, demo_example_inputs
+from predictor.families.embedding import PRESETS
+from predictor.families.multimodal.genes import demo_gene_ids, read_gene_ids, write_gene_ids
+from predictor.families.segmentation import DemoSegmenter
 from predictor.packages import digest as pkg_digest
 from predictor.packages import host as pkg_host
 from predictor.packages import metadata as pkg_meta
 from predictor.packages import weights_layout
 from predictor.packages.host import HostFacts
-from predictor.pt2.demo_models import PRESETS, DemoSegmenter
-from predictor.pt2.genes import demo_gene_ids, read_gene_ids, write_gene_ids
 from predictor.runtime import loader, probe
 from predictor.runtime.load_probe import describe_build
 from predictor.spec import BUILTIN_SPECS, METADATA_KEY

@@ -12,6 +12,7 @@ from kserve import InferInput, InferRequest
 
 from predictor.batching.queue import BatchPolicy, BatchQueue
 from predictor.codecs.samples import ModelRequest, ModelResponse
+from predictor.codecs.v2_slide import SlideInput
 from predictor.config import BatchingConfig, LimitsConfig
 from predictor.errors import InvalidInput, SpecError
 from predictor.families import build_demo_model, family_for, server_model
@@ -40,6 +41,11 @@ def _features(array: np.ndarray, datatype: str = "FP32") -> InferInput:
     return inp
 
 
+def _slide(features: np.ndarray) -> ModelRequest:
+    """One slide's request item, as the slide codec makes it."""
+    return ModelRequest(index=0, family_input=SlideInput(features), tiles=len(features))
+
+
 def _decode(model: BaseServerModel, *inputs: InferInput) -> ModelRequest:
     decoded = model.family.v2_codec(model.name).decode(_request(*inputs))
     assert len(decoded.items) == 1
@@ -54,27 +60,30 @@ def test_the_family_is_registered_with_its_specs() -> None:
 
 
 def test_a_slide_spec_needs_a_width_and_classes_with_prediction() -> None:
+    """The slide family's section, checked through the registry (the spec builds alone)."""
     base = {**ABMIL.to_dict(), "name": "x"}
-    with pytest.raises(SpecError, match="feature_dim"):
-        spec_from_dict({**base, "feature_dim": 0})
-    with pytest.raises(SpecError, match="classes"):
-        spec_from_dict({**base, "classes": []})
-    with pytest.raises(SpecError, match="modes"):
-        spec_from_dict({**base, "modes": ["prediction_with_embedding"]})
+    for changes, needle in (
+        ({"feature_dim": 0}, "feature_dim"),
+        ({"classes": []}, "classes"),
+        ({"modes": ["prediction_with_embedding"]}, "modes"),
+    ):
+        with pytest.raises(SpecError, match=needle):
+            family_for(spec_from_dict({**base, **changes}))
     assert spec_from_dict(ABMIL.to_dict()) == ABMIL
+    assert family_for(ABMIL) is SlideFamily
 
 
 def test_features_decode_as_one_item_whatever_the_float_type(model: BaseServerModel) -> None:
     x = np.random.default_rng(0).normal(size=(7, 1536)).astype(np.float32)
-    assert np.array_equal(_decode(model, _features(x)).features, x)
-    half = _decode(model, _features(x.astype(np.float16), "FP16")).features
+    assert np.array_equal(_decode(model, _features(x)).family_input.features, x)
+    half = _decode(model, _features(x.astype(np.float16), "FP16")).family_input.features
     assert half.dtype == np.float16 and np.array_equal(half, x.astype(np.float16))
     bf16 = (x.view(np.uint32) >> 16).astype(np.uint16)  # truncated to bfloat16
-    widened = _decode(model, _features(bf16, "BF16")).features
+    widened = _decode(model, _features(bf16, "BF16")).family_input.features
     assert np.allclose(widened, x, rtol=1e-2) and widened.dtype == np.float32
     coords = InferInput("coords", [7, 2], "INT64", data=list(range(14)))
     item = _decode(model, _features(x), coords)
-    assert item.tiles == 7 and item.coords.shape == (7, 2)
+    assert item.tiles == 7 and item.family_input.coords.shape == (7, 2)
 
 
 @pytest.mark.parametrize(
@@ -111,7 +120,7 @@ def test_a_non_finite_feature_is_a_400_naming_its_tile(model: BaseServerModel) -
     x = np.ones((5, 1536), np.float32)
     x[3, 10] = np.nan
     with pytest.raises(InvalidInput, match="non-finite") as err:
-        model.prepare_sample(ModelRequest(index=0, features=x))
+        model.prepare_sample(_slide(x))
     assert (err.value.input_name, err.value.tile) == ("features", 3)
     with pytest.raises(InvalidInput, match="takes V2 'features'"):
         model.prepare_sample(ModelRequest(index=0, image_data=b"png"))
@@ -130,18 +139,18 @@ def test_a_feature_beyond_the_package_dtype_is_a_400_naming_its_tile(
     x[3, 10] = -1e5
     assert first_beyond(x, input_limit(torch.float16)) == (3, -1e5)
     assert first_beyond(x, input_limit(torch.float32)) is None
-    model.prepare_sample(ModelRequest(index=0, features=x))  # an FP32 package takes it
+    model.prepare_sample(_slide(x))  # an FP32 package takes it
     model.family.input_limit = input_limit(
         torch.float16
     )  # what bind_device sets for an FP16 package
     with pytest.raises(InvalidInput, match="beyond the package's finite range") as err:
-        model.prepare_sample(ModelRequest(index=0, features=x))
+        model.prepare_sample(_slide(x))
     assert (err.value.input_name, err.value.tile) == ("features", 3)
 
 
 def test_stage_1_gives_writable_contiguous_float32(model: BaseServerModel) -> None:
     x = np.frombuffer(np.ones((4, 1536), np.float16).tobytes(), np.float16).reshape(4, 1536)
-    tile = model.prepare_sample(ModelRequest(index=0, features=x)).tile
+    tile = model.prepare_sample(_slide(x)).tile
     assert tile.dtype == np.float32 and tile.flags.writeable and tile.flags.c_contiguous
 
 

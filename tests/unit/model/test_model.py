@@ -127,7 +127,7 @@ class WrongLength(BaseServerModel):
 
 
 def _rna_request(counts: np.ndarray) -> ModelRequest:
-    return ModelRequest(0, pixels=random_tiles(1, seed=3)[0], bulk_rna=counts)
+    return ModelRequest(0, pixels=random_tiles(1, seed=3)[0], family_input=counts)
 
 
 def test_a_model_class_s_preprocess_bulk_rna_is_what_stage_1_applies(multimodal_package_dir):

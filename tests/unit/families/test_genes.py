@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 
 from predictor.errors import CheckpointError
-from predictor.pt2.genes import demo_gene_ids, parse_gene_ids, read_gene_ids, write_gene_ids
+from predictor.families.multimodal.genes import (
+    demo_gene_ids,
+    parse_gene_ids,
+    read_gene_ids,
+    write_gene_ids,
+)
 
 
 def test_gene_lists_roundtrip(tmp_path: Path) -> None:

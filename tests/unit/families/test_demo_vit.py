@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from predictor.families import build_demo_model
-from predictor.pt2.demo_models import PRESETS, ViTConfig
+from predictor.families.embedding import PRESETS, ViTConfig
 from predictor.spec import BUILTIN_SPECS
 
 
