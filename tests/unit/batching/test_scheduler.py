@@ -68,11 +68,11 @@ def test_weights_3_to_1_split_the_device_3_to_1_under_saturation() -> None:
         )
         a = models["a"].submit(list(range(600)))
         b = models["b"].submit(list(range(600)))
-        await _until(lambda: len(device.log) >= 44)
+        await _until(lambda: len(device.log) >= 124)
         for batcher in models.values():
             await batcher.close()
         await outcomes(a + b)
-        return device.seconds("a", 4, 44) / device.seconds("b", 4, 44)
+        return device.seconds("a", 4, 124) / device.seconds("b", 4, 124)
 
     ratio = run(body)
     assert 2.2 <= ratio <= 4.0, f"device time a:b = {ratio:.2f}, weights 3:1; log {device.log}"
